@@ -1,0 +1,61 @@
+"""Resume credentials: 256-bit random tokens, kept only as SHA-256 digests.
+
+Rotation rule (PROTOCOL.md, Resume): a resume that presents a valid token is issued a
+new one; until the new token is itself presented, the presented one stays valid too, so
+a client whose ``session.resumed`` was lost can try again. Presenting the new token
+kills every older one. At most two digests are ever valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+import attrs
+
+TOKEN_BYTES = 32  # 256 bits of randomness per token
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+@attrs.define(eq=False, repr=False)
+class Credentials:
+    _current: bytes
+    _pending: bytes | None = None
+
+    @classmethod
+    def issue(cls) -> tuple[Credentials, str]:
+        token = new_token()
+        return cls(_digest(token)), token
+
+    def _matches(self, token: str) -> tuple[bool, bool]:
+        presented = _digest(token)
+        # Both comparisons always run, so timing says nothing about which one matched.
+        current = hmac.compare_digest(presented, self._current)
+        pending = hmac.compare_digest(presented, self._pending or b"")
+        return current, pending
+
+    def check(self, token: object) -> bool:
+        if not isinstance(token, str):
+            return False
+        current, pending = self._matches(token)
+        return current or pending
+
+    def rotate(self, presented: str) -> str:
+        """Issue a new token after ``presented`` passed ``check``; return it (plain)."""
+        _, pending = self._matches(presented)
+        if pending:
+            self._current = self._pending  # type: ignore[assignment]
+        token = new_token()
+        self._pending = _digest(token)
+        return token
+
+    def __repr__(self) -> str:
+        return "Credentials(<redacted>)"

@@ -1,0 +1,122 @@
+"""The engine API: what produces a session's output.
+
+An engine is an object with a set of accepted client event types, an optional
+synchronous ``check`` that validates one event's fields, and ``async run(session)``.
+``run`` is started once the session's ``session.created`` has been delivered, lives in a
+nursery owned by the session (so it survives reconnects), and is cancelled when the
+session ends. Returning ends the session with ``engine_finished``; raising ends it with
+``engine_error``.
+
+A complete engine::
+
+    class Shout(Engine):
+        accepts = frozenset({"input.text.append"})
+
+        def check(self, event):
+            if not isinstance(event.get("text"), str):
+                raise BadEvent("text must be a string", param="text")
+
+        async def run(self, session):
+            async for event in session:
+                await session.send({"type": "response.output_text.delta",
+                                    "text": event["text"].upper()})
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any, ClassVar
+
+import attrs
+import trio
+
+from ._protocol import CONTROL_EVENTS, ProtocolError
+
+Event = dict[str, Any]
+
+
+class BadEvent(ProtocolError):
+    """Raised by ``Engine.check`` for an event whose fields are malformed."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__("bad_event", message, param=param)
+
+
+class Engine:
+    """Base class for engines. Subclasses set ``accepts`` and implement ``run``."""
+
+    accepts: ClassVar[Collection[str]] = frozenset()
+
+    def check(self, event: Event) -> None:
+        """Validate one accepted event's fields; raise BadEvent to refuse it.
+
+        Runs in the connection's reader, before the event is queued, so a refused event
+        never reaches ``run`` and never counts as received.
+        """
+
+    async def run(self, session: EngineSession) -> None:
+        raise NotImplementedError
+
+
+EngineFactory = Callable[[Mapping[str, Any]], Engine]
+"""Called with the session's initial configuration; returns that session's engine."""
+
+
+@attrs.define(eq=False)
+class EngineSession:
+    """An engine's handle on its session: read client events, send server events.
+
+    ``send`` gives the event its ``server_event_seq``, journals it and hands it to the
+    attached connection; it waits while that connection is too far behind (backpressure).
+    """
+
+    session_id: str
+    config: dict[str, Any]
+    _inbox: trio.MemoryReceiveChannel[Event]
+    _emit: Callable[[Event], Awaitable[None]]
+
+    async def send(self, event: Event) -> None:
+        kind = event.get("type")
+        if not isinstance(kind, str) or kind in CONTROL_EVENTS:
+            raise ValueError(f"an engine cannot send an event of type {kind!r}")
+        await self._emit(event)
+
+    async def receive(self) -> Event:
+        """The next client event. ``session.update`` is answered here, not returned."""
+        while True:
+            event = await self._inbox.receive()
+            if event["type"] != "session.update":
+                return event
+            self.config.update(event["session"])
+            await self.send(
+                {"type": "session.updated", "session_id": self.session_id, "session": self.config}
+            )
+
+    def __aiter__(self) -> EngineSession:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+
+def load_engine_factory(spec: str) -> EngineFactory:
+    """Resolve ``echo``, ``voice`` or ``package.module:factory`` to a factory."""
+    from .engines import BUILTIN
+
+    if spec in BUILTIN:
+        spec = BUILTIN[spec]
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"engine {spec!r} is not a built-in name nor 'package.module:factory'")
+    try:
+        module = importlib.import_module(module_name)
+        factory = getattr(module, attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load engine {spec!r}: {exc}") from exc
+    if not callable(factory):
+        raise ValueError(f"engine {spec!r} is not callable")
+    return factory  # type: ignore[no-any-return]

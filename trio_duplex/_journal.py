@@ -1,0 +1,98 @@
+"""The per-session journal of engine events: sequence numbers, replay, bounds.
+
+Sans-IO: time is passed in. Entries hold the encoded frame, so an event is encoded once
+and the same string is sent live, journaled and replayed.
+
+Bounds (PROTOCOL.md, Events and the journal): ``max_bytes`` of compact JSON and
+``ttl_s`` of age. Overflow is never silent: when appending event N would exceed the byte
+bound every entry up to N-1 is dropped and the caller is told ``dropped_through = N-1``
+(an event that alone exceeds the bound is not journaled: ``dropped_through = N``). TTL
+drops are quiet; a replay that needs a dropped entry reports a gap instead.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import islice
+
+import attrs
+
+
+@attrs.define(slots=True)
+class Entry:
+    seq: int
+    frame: str
+    size: int
+    time: float
+
+
+@attrs.define(eq=False)
+class Journal:
+    max_bytes: int
+    ttl_s: float
+    head: int = 0
+    """The newest seq handed out (0: none yet)."""
+    dropped_through: int = 0
+    """Every seq up to this one is lost to overflow or TTL (acked entries don't count)."""
+    acked_through: int = 0
+    _entries: deque[Entry] = attrs.field(factory=deque)
+    _bytes: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def append(self, frame: str, size: int, now: float) -> int | None:
+        """Journal event ``head + 1`` (the caller has already stamped it with that seq).
+
+        Returns ``dropped_through`` when this append dropped entries (the attached client
+        must be sent ``session.resync_required`` before the event), else None.
+        """
+        self.head = seq = self.head + 1
+        self._expire(now)
+        if size > self.max_bytes:
+            self._drop_all(seq)
+            return seq
+        notice = None
+        if self._bytes + size > self.max_bytes:
+            self._drop_all(seq - 1)
+            notice = seq - 1
+        self._entries.append(Entry(seq, frame, size, now))
+        self._bytes += size
+        return notice
+
+    def ack(self, seq: int) -> None:
+        """Free entries up to and including ``seq``; the caller validated 0 <= seq <= head."""
+        entries = self._entries
+        while entries and entries[0].seq <= seq:
+            self._bytes -= entries.popleft().size
+        if seq > self.acked_through:
+            self.acked_through = seq
+
+    def replay(self, after: int, now: float) -> list[Entry] | None:
+        """Every entry after ``after`` up to head, in order; None when one is missing."""
+        self._expire(now)
+        if after >= self.head:
+            return []
+        entries = self._entries
+        if not entries or entries[0].seq > after + 1:
+            return None
+        return list(islice(entries, after + 1 - entries[0].seq, None))
+
+    def _drop_all(self, through: int) -> None:
+        self._entries.clear()
+        self._bytes = 0
+        if through > self.dropped_through:
+            self.dropped_through = through
+
+    def _expire(self, now: float) -> None:
+        entries = self._entries
+        cutoff = now - self.ttl_s
+        while entries and entries[0].time <= cutoff:
+            entry = entries.popleft()
+            self._bytes -= entry.size
+            if entry.seq > self.dropped_through:
+                self.dropped_through = entry.seq

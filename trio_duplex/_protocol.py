@@ -1,0 +1,134 @@
+"""Wire format of protocol v1: event names, error and close codes, JSON framing.
+
+Everything here is pure: text in, dicts out, dicts in, text out. The typed errors carry
+the code the peer must be answered with, so the layers above never invent one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import attrs
+
+PROTOCOL_VERSION: Final = 1
+DEFAULT_PATH: Final = "/v1/duplex"
+
+# Close codes (PROTOCOL.md, "Close codes").
+CLOSE_NORMAL: Final = 1000
+CLOSE_GOING_AWAY: Final = 1001
+CLOSE_NOT_AUTHORISED: Final = 1008
+CLOSE_TOO_BIG: Final = 1009
+CLOSE_INTERNAL_ERROR: Final = 1011
+CLOSE_TRY_AGAIN_LATER: Final = 1013
+CLOSE_REPLACED: Final = 4000
+CLOSE_RESUME_REFUSED: Final = 4001
+CLOSE_CONFIG_TIMEOUT: Final = 4002
+
+# Terminal reasons.
+REASON_CLIENT_CLOSE: Final = "client_close"
+REASON_ENGINE_FINISHED: Final = "engine_finished"
+REASON_ENGINE_ERROR: Final = "engine_error"
+REASON_UNDELIVERED: Final = "session_created_undelivered"
+REASON_SHUTDOWN: Final = "server_shutdown"
+REASON_GRACE_EXPIRED: Final = "disconnect_grace_expired"
+REASON_IDLE_EXPIRED: Final = "idle_ttl_expired"
+EXPIRY_REASONS: Final = frozenset({REASON_GRACE_EXPIRED, REASON_IDLE_EXPIRED})
+
+# Error codes that may be retried by sending the same request later.
+RETRYABLE_CODES: Final = frozenset(
+    {"resource_exhausted", "input_backpressure", "session_resume_conflict", "server_shutting_down"}
+)
+
+# Server events that are never journaled and never carry server_event_seq.
+CONTROL_EVENTS: Final = frozenset(
+    {
+        "session.created",
+        "session.resumed",
+        "session.replaced",
+        "session.resync_required",
+        "session.heartbeat_ack",
+        "session.going_away",
+        "session.closed",
+        "session.expired",
+        "error",
+    }
+)
+
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+encode = _encoder.encode
+"""Compact JSON: the form that is sent and whose size the journal counts."""
+
+
+def utf8_len(text: str) -> int:
+    """Bytes of ``text`` in UTF-8, without copying it when it is ASCII (the common case)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+@attrs.frozen
+class ProtocolError(Exception):
+    """A client event that must be answered with ``error{code}``.
+
+    ``close_code`` is set when the answer also ends the connection.
+    """
+
+    code: str
+    message: str
+    event_id: str | None = None
+    param: str | None = None
+    close_code: int | None = None
+
+    @property
+    def retryable(self) -> bool:
+        return self.code in RETRYABLE_CODES
+
+    def to_event(self) -> dict[str, Any]:
+        return error_event(self.code, self.message, event_id=self.event_id, param=self.param)
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+def error_event(
+    code: str, message: str, *, event_id: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "type": "error",
+        "code": code,
+        "message": message,
+        "retryable": code in RETRYABLE_CODES,
+    }
+    if event_id is not None:
+        event["event_id"] = event_id
+    if param is not None:
+        event["param"] = param
+    return event
+
+
+def decode(text: str | bytes) -> dict[str, Any]:
+    """Parse one client frame into an event dict with a string ``type``.
+
+    Raises ProtocolError(bad_event) for binary frames and ill-shaped objects,
+    ProtocolError(invalid_json) for text that is not JSON.
+    """
+    if not isinstance(text, str):
+        raise ProtocolError("bad_event", "binary frames are not accepted; send JSON text")
+    try:
+        event = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ProtocolError("invalid_json", "frame is not valid JSON") from None
+    if not isinstance(event, dict):
+        raise ProtocolError("bad_event", "an event must be a JSON object")
+    event_id = event.get("event_id")
+    if event_id is not None and not isinstance(event_id, str):
+        raise ProtocolError("bad_event", "event_id must be a string", param="event_id")
+    if not isinstance(event.get("type"), str):
+        raise ProtocolError(
+            "bad_event", "an event needs a string field 'type'", event_id=event_id, param="type"
+        )
+    return event
+
+
+def is_seq(value: object) -> bool:
+    """A non-negative integer (bools are not integers here)."""
+    return type(value) is int and value >= 0

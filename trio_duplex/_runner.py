@@ -1,0 +1,210 @@
+"""A session's life in trio: its engine, its timer, and the connection attached to it.
+
+A ``SessionRunner`` task lives in the server's sessions nursery, not in any connection's,
+so the session and its engine outlive connections. It owns the engine's cancel scope;
+teardown (the engine gone) happens before the slot is released, and the slot is released
+before the terminal event is queued for the attached connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ._connection import Connection
+from ._core import Commit, Session, Terminal
+from ._engine import Engine, EngineSession, Event
+from ._protocol import (
+    CLOSE_REPLACED,
+    REASON_CLIENT_CLOSE,
+    REASON_ENGINE_ERROR,
+    REASON_ENGINE_FINISHED,
+    REASON_SHUTDOWN,
+    ProtocolError,
+    encode,
+    error_event,
+    is_seq,
+)
+
+if TYPE_CHECKING:
+    from ._server import DuplexServer
+
+log = logging.getLogger("trio_duplex")
+
+_CONTROL_INPUT = frozenset({"session.update", "session.heartbeat", "session.close"})
+
+
+def check_input(engine: Engine, event: Event) -> None:
+    """Validate a client event bound for a session (not a resume). Raises ProtocolError."""
+    kind = event["type"]
+    if kind == "session.update":
+        if not isinstance(event.get("session"), dict):
+            raise ProtocolError("bad_event", "session must be an object", param="session")
+    elif kind == "session.event_ack" or kind in _CONTROL_INPUT:
+        return
+    elif kind == "session.resume":
+        raise ProtocolError(
+            "unsupported_session_resume",
+            "session.resume must be the first message of a new connection",
+        )
+    elif kind not in engine.accepts:
+        raise ProtocolError("unknown_event", f"event type {kind!r} is not accepted", param="type")
+    else:
+        engine.check(event)
+    seq = event.get("client_event_seq")
+    if seq is not None and not (is_seq(seq) and seq > 0):
+        raise ProtocolError(
+            "bad_event", "client_event_seq must be a positive integer", param="client_event_seq"
+        )
+
+
+@attrs.define(eq=False)
+class SessionRunner:
+    server: DuplexServer
+    session: Session
+    engine: Engine
+    conn: Connection | None = None
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _timer: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _inbox_send: trio.MemorySendChannel[Event] = attrs.field(init=False)
+    _inbox_recv: trio.MemoryReceiveChannel[Event] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        bound = self.server.config.max_pending_input
+        self._inbox_send, self._inbox_recv = trio.open_memory_channel[Event](bound)
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        session = self.session
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._run_timer)
+                    await self._run_engine()
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._inbox_send.close()
+            if session.terminal is None:  # the server itself was cancelled
+                session.begin_close(REASON_SHUTDOWN, trio.current_time())
+            self.server.registry.release(session)
+            self.server.runners.pop(session.id, None)
+            self.server.changed()
+            terminal = session.terminal
+            conn = self.conn
+            if terminal is not None and conn is not None and terminal.generation == conn.generation:
+                conn.finish([encode(terminal.event)], terminal.close_code)
+            log.info("session %s ended: %s", session.id, terminal and terminal.reason)
+
+    async def _run_engine(self) -> None:
+        handle = EngineSession(self.session.id, self.session.config, self._inbox_recv, self._emit)
+        try:
+            await self.engine.run(handle)
+        except Exception:
+            log.exception("engine of session %s failed", self.session.id)
+            self.end(REASON_ENGINE_ERROR)
+        else:
+            self.end(REASON_ENGINE_FINISHED)
+
+    async def _run_timer(self) -> None:
+        while True:
+            deadline = self.session.next_deadline()
+            with trio.CancelScope(deadline=deadline) as scope:
+                self._timer = scope
+                await trio.sleep_forever()
+            self.apply(self.session.poll(trio.current_time()))
+
+    def reschedule(self) -> None:
+        """A deadline moved (detach, resume begun or ended): the timer looks again."""
+        self._timer.cancel()
+
+    def apply(self, terminal: Terminal | None) -> None:
+        """The core decided the end: tear down (the ``run`` finally does the rest)."""
+        if terminal is not None:
+            self._scope.cancel()
+
+    def end(self, reason: str) -> None:
+        self.apply(self.session.begin_close(reason, trio.current_time()))
+
+    # -- attachment --------------------------------------------------------------------
+
+    def attach(self, conn: Connection, commit: Commit) -> None:
+        old, self.conn = self.conn, conn
+        conn.generation = commit.generation
+        if old is not None and old is not conn:
+            old.release_waiters()
+            if commit.replaced == old.generation:
+                replaced = {
+                    "type": "session.replaced",
+                    "session_id": self.session.id,
+                    "attachment_generation": commit.generation,
+                }
+                old.finish([encode(replaced)], CLOSE_REPLACED, flush=False)
+                old.abort_after(self.server.close_timeout_s)
+
+    def connection_lost(self, conn: Connection) -> None:
+        if self.session.detach(conn.generation, trio.current_time()):
+            log.info("session %s detached (generation %d)", self.session.id, conn.generation)
+            self.reschedule()
+        if self.conn is conn:
+            conn.release_waiters()
+
+    # -- the per-event paths -----------------------------------------------------------
+
+    async def _emit(self, event: Event) -> None:
+        await trio.lowlevel.checkpoint()
+        emitted = self.session.emit(event, trio.current_time())
+        conn = self.conn
+        if emitted is None or conn is None or not self.session.is_current(conn.generation):
+            return
+        if emitted.notice is not None:
+            conn.push(emitted.notice)
+        conn.push(emitted.frame)
+        while conn.congested and conn.close_code is None and self.conn is conn:
+            await conn.wait_drained()
+
+    def handle(self, conn: Connection, event: Event) -> None:
+        """One client event from ``conn``, already decoded. Never awaits."""
+        session = self.session
+        if not session.is_current(conn.generation):
+            return  # a replaced or ending attachment: fenced off
+        now = trio.current_time()
+        session.touch(now)
+        try:
+            check_input(self.engine, event)
+            kind = event["type"]
+            if kind == "session.heartbeat":
+                conn.push(encode({"type": "session.heartbeat_ack", "session_id": session.id}))
+            elif kind == "session.event_ack":
+                session.ack(event.get("server_event_seq"))
+            elif kind == "session.close":
+                self.end(REASON_CLIENT_CLOSE)
+            else:
+                self._to_engine(event)
+        except ProtocolError as exc:
+            conn.push(encode(_error_for(exc, event)))
+
+    def _to_engine(self, event: Event) -> None:
+        seq = event.get("client_event_seq")
+        session = self.session
+        if seq is not None and not session.is_new_client_seq(seq):
+            return  # a resend of something already received
+        try:
+            self._inbox_send.send_nowait(event)
+        except trio.WouldBlock:
+            raise ProtocolError(
+                "input_backpressure", "the session's input queue is full; retry later"
+            ) from None
+        if seq is not None:
+            session.note_client_seq(seq)
+
+
+def _error_for(exc: ProtocolError, event: dict[str, Any]) -> dict[str, Any]:
+    event_id = event.get("event_id")
+    return error_event(
+        exc.code, exc.message, event_id=event_id if isinstance(event_id, str) else None,
+        param=exc.param,
+    )

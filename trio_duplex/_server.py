@@ -1,0 +1,374 @@
+"""The trio server shell: listeners, the WebSocket handshake, opening and resuming.
+
+Task tree::
+
+    DuplexServer.run
+    ├── sessions nursery ── SessionRunner.run (one per session: engine + timer)
+    └── connections nursery
+        ├── trio.serve_listeners
+        └── one task per TCP connection, owning a nursery with
+            trio-websocket's reader, our reader, the pump and the keepalive
+
+Nothing that one connection does can raise out of its own task: every error ends that
+connection (1011) and is logged, and the session it held follows PROTOCOL.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import attrs
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
+
+from ._config import ServerConfig
+from ._connection import Connection
+from ._core import Commit, Registry, resync_frame
+from ._engine import Engine, EngineFactory, Event
+from ._protocol import (
+    CLOSE_CONFIG_TIMEOUT,
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_RESUME_REFUSED,
+    CLOSE_TOO_BIG,
+    ProtocolError,
+    decode,
+    encode,
+    error_event,
+    is_seq,
+    utf8_len,
+)
+from ._runner import SessionRunner, _error_for, check_input
+
+log = logging.getLogger("trio_duplex")
+
+_HANDSHAKE_TIMEOUT_S = 10.0
+
+
+@attrs.define(eq=False)
+class DuplexServer:
+    config: ServerConfig
+    engine_factory: EngineFactory
+    close_timeout_s: float = 2.0
+    """How long a closing connection may take to send its last frames and close."""
+    registry: Registry = attrs.field(init=False)
+    runners: dict[str, SessionRunner] = attrs.field(factory=dict, init=False)
+    connections: set[Connection] = attrs.field(factory=set, init=False)
+    _sessions: trio.Nursery | None = attrs.field(default=None, init=False)
+    _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _shutdown_deadline: float = attrs.field(default=0.0, init=False)
+    _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.registry = Registry(self.config)
+
+    # -- running -----------------------------------------------------------------------
+
+    async def run_tcp(
+        self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen on ``config.host:config.port``; reports the bound port when ready."""
+        listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+        port: int = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.run, listeners)
+            task_status.started(port)
+
+    async def run(
+        self,
+        listeners: Sequence[trio.abc.Listener[Any]],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve until ``begin_shutdown`` has drained every session."""
+        async with trio.open_nursery() as sessions:
+            self._sessions = sessions
+            async with trio.open_nursery() as conns:
+                await conns.start(
+                    partial(trio.serve_listeners, self._handle_stream, list(listeners),
+                            handler_nursery=conns)
+                )
+                task_status.started()
+                await self._shutdown.wait()
+                await self._drain()
+                conns.cancel_scope.cancel()
+            sessions.cancel_scope.cancel()
+
+    def begin_shutdown(self) -> None:
+        """Refuse new opens and resumes, warn attached clients, and start the drain."""
+        if self.registry.shutting_down:
+            return
+        self.registry.shutting_down = True
+        self._shutdown_deadline = trio.current_time() + self.config.drain_timeout_s
+        going = encode(
+            {"type": "session.going_away", "time_left_ms": int(self.config.drain_timeout_s * 1000)}
+        )
+        for runner in self.runners.values():
+            if runner.conn is not None and runner.session.is_current(runner.conn.generation):
+                runner.conn.push(going)
+        self._shutdown.set()
+
+    async def _drain(self) -> None:
+        with trio.move_on_at(self._shutdown_deadline):
+            while self.runners:
+                await self._wait_changed()
+        for runner in list(self.runners.values()):
+            runner.end("server_shutdown")
+        with trio.move_on_after(self.close_timeout_s):
+            while self.runners or self.connections:
+                await self._wait_changed()
+
+    async def _wait_changed(self) -> None:
+        await self._changed.park()
+
+    def changed(self) -> None:
+        """A session or connection ended (the drain waits on this)."""
+        self._changed.unpark_all()
+
+    @property
+    def slots_held(self) -> int:
+        return self.registry.slots_held
+
+    # -- one connection ----------------------------------------------------------------
+
+    async def _handle_stream(self, stream: trio.abc.Stream) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                ws = None
+                with trio.move_on_after(_HANDSHAKE_TIMEOUT_S):
+                    request = await wrap_server_stream(
+                        nursery,
+                        stream,
+                        message_queue_size=self.config.message_queue_size,
+                        # chars <= bytes, so the library's check never refuses a legal
+                        # message; _too_big counts the bytes.
+                        max_message_size=self.config.max_event_bytes,
+                    )
+                    url = urlsplit(request.path)
+                    if url.path != self.config.path:
+                        await request.reject(404, body=b"no such endpoint\n")
+                    else:
+                        ws = await request.accept()
+                if ws is not None:
+                    await self._serve(ws, parse_qs(url.query))
+                nursery.cancel_scope.cancel()
+        except* (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except* Exception as group:
+            log.error("connection failed: %r", group.exceptions[0], exc_info=group)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _serve(self, ws: WebSocketConnection, query: dict[str, list[str]]) -> None:
+        conn = Connection(ws, self.config.max_pending_output)
+        self.connections.add(conn)
+        close_code = CLOSE_INTERNAL_ERROR
+        try:
+            with trio.CancelScope() as conn.scope:
+                await self._converse(conn, query)
+        except trio.Cancelled:
+            close_code = CLOSE_GOING_AWAY
+            raise
+        finally:
+            if conn.close_code is not None:
+                close_code = conn.close_code
+            self.connections.discard(conn)
+            self.changed()
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + self.close_timeout_s):
+                try:
+                    await ws.aclose(close_code)
+                except Exception:  # the peer may already be gone; nothing left to save
+                    pass
+
+    async def _converse(self, conn: Connection, query: dict[str, list[str]]) -> None:
+        """The whole conversation on one connection, whatever it turns out to be for."""
+        runner: SessionRunner | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump_then_stop, conn, nursery.cancel_scope)
+                if query.get("autostart") == ["1"]:
+                    runner = await self._open(conn, {}, None, self.engine_factory({}))
+                else:
+                    runner = await self._first_message(conn)
+                if runner is not None:
+                    nursery.start_soon(
+                        conn.keepalive, self.config.ping_interval_s, self.config.ping_timeout_s
+                    )
+                    await self._read(conn, runner)
+        finally:
+            if runner is not None:
+                runner.connection_lost(conn)
+
+    async def _pump_then_stop(self, conn: Connection, scope: trio.CancelScope) -> None:
+        try:
+            await conn.pump()
+        finally:
+            scope.cancel()
+
+    async def _first_message(self, conn: Connection) -> SessionRunner | None:
+        """Wait for the message that decides what this connection is for."""
+        deadline = trio.current_time() + self.config.config_timeout_s
+        while True:
+            with trio.move_on_at(deadline):
+                text = await conn.ws.get_message()
+            if trio.current_time() >= deadline:
+                conn.finish(
+                    [encode(error_event("config_timeout", "no first message in time"))],
+                    CLOSE_CONFIG_TIMEOUT,
+                )
+                return None
+            if self._too_big(conn, text):
+                return None
+            event: Event = {}
+            try:
+                event = decode(text)
+                if event["type"] == "session.resume":
+                    return await self._resume(conn, event)
+                return await self._open_with(conn, event)
+            except ProtocolError as exc:
+                error = encode(_error_for(exc, event))
+                if exc.close_code is not None:
+                    conn.finish([error], exc.close_code)
+                    return None
+                # No session was opened; the config timeout keeps running.
+                await conn.ws.send_message(error)
+
+    async def _open_with(self, conn: Connection, event: Event) -> SessionRunner | None:
+        """Open a session for a first message other than a resume, if it is valid."""
+        kind = event["type"]
+        if kind == "session.update":
+            check_input(_NO_ENGINE, event)
+            config = dict(event["session"])
+            return await self._open(conn, config, None, self.engine_factory(config))
+        engine = self.engine_factory({})
+        check_input(engine, event)
+        if kind == "session.event_ack" and event.get("server_event_seq") != 0:
+            raise ProtocolError(
+                "invalid_event_ack", "no server event has been sent yet",
+                param="server_event_seq",
+            )
+        return await self._open(conn, {}, event, engine)
+
+    async def _open(
+        self,
+        conn: Connection,
+        config: dict[str, Any],
+        first: Event | None,
+        engine: Engine,
+    ) -> SessionRunner | None:
+        try:
+            session, token = self.registry.admit(config)
+        except ProtocolError as exc:
+            conn.finish([encode(exc.to_event())], exc.close_code or CLOSE_INTERNAL_ERROR)
+            return None
+        try:
+            # The handshake rule: resumable only once this send has completed.
+            await conn.ws.send_message(encode(self.registry.created_event(session, token)))
+        except BaseException:
+            session.handshake_failed(trio.current_time())
+            self.registry.release(session)  # nothing ran yet: teardown is already done
+            log.info("session %s: session.created undelivered", session.id)
+            raise
+        session.handshake_delivered(trio.current_time())
+        runner = SessionRunner(self, session, engine)
+        runner.attach(conn, Commit(session.generation, None))
+        self.runners[session.id] = runner
+        assert self._sessions is not None
+        self._sessions.start_soon(runner.run)  # synchronous: no cancel point in between
+        log.info("session %s opened", session.id)
+        if first is not None:
+            runner.handle(conn, first)
+        return runner
+
+    async def _resume(self, conn: Connection, event: Event) -> SessionRunner | None:
+        session_id = event.get("session_id")
+        token = event.get("resume_token")
+        last = event.get("last_received_server_event_seq", 0)
+        if not isinstance(session_id, str) or not isinstance(token, str) or not is_seq(last):
+            raise ProtocolError(
+                "invalid_session_resume",
+                "session.resume needs session_id, resume_token (strings) and an optional "
+                "non-negative integer last_received_server_event_seq",
+                close_code=CLOSE_RESUME_REFUSED,
+            )
+        session = self.registry.lookup_for_resume(session_id)
+        runner = self.runners.get(session.id)
+        if runner is None:  # still opening: its session.created is not delivered
+            raise ProtocolError(
+                "session_resume_expired", "no such session, or it has ended",
+                close_code=CLOSE_RESUME_REFUSED,
+            )
+        now = trio.current_time()
+        runner.apply(session.poll(now))  # a due expiry wins before the resume is looked at
+        attempt = session.begin_resume(token, last, now)
+        runner.reschedule()
+        try:
+            await conn.ws.send_message(encode(session.resumed_event(attempt)))
+            cursor = attempt.last_seq
+            if session.replay(cursor, trio.current_time()) is None:
+                cursor = session.journal.head  # no replay: live events follow
+                await conn.ws.send_message(resync_frame("journal_gap", cursor))
+            while True:
+                entries = session.replay(cursor, trio.current_time())
+                if entries is None:  # overflow while replaying: say so and go on
+                    cursor = session.journal.dropped_through
+                    await conn.ws.send_message(resync_frame("journal_overflow", cursor))
+                    continue
+                if not entries:
+                    break
+                for entry in entries:
+                    await conn.ws.send_message(entry.frame)
+                    cursor = entry.seq
+            # Caught up with the journal and no await since: switch the attachment now.
+            commit = session.commit_resume(attempt, trio.current_time())
+        except BaseException:
+            runner.apply(session.abort_resume(attempt, trio.current_time()))
+            runner.reschedule()
+            raise
+        runner.reschedule()
+        if commit is None:
+            raise ProtocolError(
+                "session_resume_expired", "the session ended during the resume",
+                close_code=CLOSE_RESUME_REFUSED,
+            )
+        runner.attach(conn, commit)
+        log.info("session %s resumed (generation %d)", session.id, commit.generation)
+        return runner
+
+    async def _read(self, conn: Connection, runner: SessionRunner) -> None:
+        get, handle = conn.ws.get_message, runner.handle
+        while conn.close_code is None:
+            text = await get()
+            if self._too_big(conn, text):
+                return
+            try:
+                event = decode(text)
+            except ProtocolError as exc:
+                conn.push(encode(exc.to_event()))
+                continue
+            handle(conn, event)
+        # Closing: keep reading so pings and the peer's close are seen while the pump
+        # sends the last frames.
+        while True:
+            await get()
+
+    def _too_big(self, conn: Connection, text: str | bytes) -> bool:
+        size = utf8_len(text) if isinstance(text, str) else len(text)
+        if size <= self.config.max_event_bytes:
+            return False
+        conn.finish([], CLOSE_TOO_BIG, flush=False)
+        return True
+
+
+class _NoEngine:
+    accepts: frozenset[str] = frozenset()
+
+    def check(self, event: Event) -> None:
+        pass
+
+
+_NO_ENGINE: Any = _NoEngine()
