@@ -171,7 +171,7 @@ class VoiceEngine(Engine):
     async def run(self, session: EngineSession) -> None:
         # The reader never waits on speech, so input (and above all a cancel) is read
         # while a response plays: that is the full duplex.
-        send_text, receive_text = trio.open_memory_channel[str](self.max_queued)
+        send_text, receive_text = trio.open_memory_channel[str](1000)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._speak_queued, session, receive_text)
             async with send_text:
@@ -208,8 +208,8 @@ class VoiceEngine(Engine):
         scope = trio.CancelScope()
         self._speaking = _Speaking(response_id, scope)
         try:
+            await session.send({"type": "response.created", "response_id": response_id})
             with scope:
-                await session.send({"type": "response.created", "response_id": response_id})
                 await self._stream(session, response_id, text)
         finally:
             # No checkpoint since the scope closed: a later cancel cannot reach this one.
