@@ -42,11 +42,16 @@ class Harness:
     inbox: trio.MemorySendChannel[Event]
     inbox_out: trio.MemoryReceiveChannel[Event]
     on_emit: Hook | None = None
+    before_emit: Hook | None = None
     events: list[Event] = attrs.Factory(list)
     times: list[float] = attrs.Factory(list)
 
     async def emit(self, event: Event) -> None:
-        # Recorded first, like a journal entry, then the hook may block like a slow client.
+        # before_emit may block like a session waiting for room in the journal; then the
+        # event is recorded (journaled, given its seq); then on_emit may block like a
+        # slow client.
+        if self.before_emit is not None:
+            await self.before_emit(self, event)
         self.events.append({**event, "server_event_seq": len(self.events) + 1})
         self.times.append(trio.current_time())
         if self.on_emit is not None:
@@ -73,10 +78,12 @@ class Harness:
 
 @asynccontextmanager
 async def running(
-    engine: VoiceEngine | None = None, on_emit: Hook | None = None
+    engine: VoiceEngine | None = None,
+    on_emit: Hook | None = None,
+    before_emit: Hook | None = None,
 ) -> AsyncIterator[Harness]:
     send, receive = trio.open_memory_channel[Event](100)
-    h = Harness(engine or VoiceEngine({}), send, receive, on_emit)
+    h = Harness(engine or VoiceEngine({}), send, receive, on_emit, before_emit)
     session = EngineSession("sess_test", {}, inbox=receive, emit=h.emit)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(h.engine.run, session)
@@ -264,15 +271,19 @@ async def test_cancel_interrupts_a_send_blocked_by_backpressure(
     assert h.of("response.cancelled")[0][0] == pytest.approx(t0 + 3 * FRAME)
 
 
+@pytest.mark.parametrize("blocks", ["before_emit", "on_emit"])
 async def test_cancel_while_created_is_sent_gives_no_audio(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, blocks: str
 ) -> None:
+    """created is sent whole even if the cancel comes before it is journaled."""
+
     async def cancel_at_created(h: Harness, event: Event) -> None:
         if event["type"] == "response.created":
             h.inbox.send_nowait({"type": "response.cancel"})
             await trio.testing.wait_all_tasks_blocked()
 
-    async with running(on_emit=cancel_at_created) as h:
+    hooks = {blocks: cancel_at_created}
+    async with running(on_emit=hooks.get("on_emit"), before_emit=hooks.get("before_emit")) as h:
         await h.put("input.text.append", text="hello world")
         await trio.sleep(5)
     assert h.types() == ["response.created", "response.cancelled"]

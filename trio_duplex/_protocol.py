@@ -7,6 +7,7 @@ the code the peer must be answered with, so the layers above never invent one.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Final
 
 import attrs
@@ -61,8 +62,24 @@ encode = _encoder.encode
 
 
 def utf8_len(text: str) -> int:
-    """Bytes of ``text`` in UTF-8, without copying it when it is ASCII (the common case)."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    """Bytes of ``text`` in UTF-8, without copying it when it is ASCII (the common case).
+
+    Raises UnicodeEncodeError for a lone surrogate: such text could never be sent.
+    """
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
 
 
 @attrs.frozen
@@ -119,6 +136,10 @@ def decode(text: str | bytes) -> dict[str, Any]:
         raise ProtocolError("invalid_json", "frame is not valid JSON") from None
     if not isinstance(event, dict):
         raise ProtocolError("bad_event", "an event must be a JSON object")
+    # Valid UTF-8 on the wire can still decode to a lone surrogate through a \u escape;
+    # echoing such a string could never be encoded, so refuse it here (cheap test first).
+    if ("\\ud" in text or "\\uD" in text) and _has_lone_surrogate(event):
+        raise ProtocolError("bad_event", "strings must not hold lone UTF-16 surrogates")
     event_id = event.get("event_id")
     if event_id is not None and not isinstance(event_id, str):
         raise ProtocolError("bad_event", "event_id must be a string", param="event_id")

@@ -166,12 +166,13 @@ class DuplexServer:
     async def _serve(self, ws: WebSocketConnection, query: dict[str, list[str]]) -> None:
         conn = Connection(ws, self.config.max_pending_output)
         self.connections.add(conn)
-        close_code = CLOSE_INTERNAL_ERROR
+        close_code = CLOSE_GOING_AWAY
         try:
             with trio.CancelScope() as conn.scope:
                 await self._converse(conn, query)
-        except trio.Cancelled:
-            close_code = CLOSE_GOING_AWAY
+        except BaseException as exc:
+            if not _only_cancelled(exc):
+                close_code = CLOSE_INTERNAL_ERROR
             raise
         finally:
             if conn.close_code is not None:
@@ -362,6 +363,12 @@ class DuplexServer:
             return False
         conn.finish([], CLOSE_TOO_BIG, flush=False)
         return True
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, (trio.Cancelled, ConnectionClosed))
 
 
 class _NoEngine:

@@ -171,7 +171,7 @@ class VoiceEngine(Engine):
     async def run(self, session: EngineSession) -> None:
         # The reader never waits on speech, so input (and above all a cancel) is read
         # while a response plays: that is the full duplex.
-        send_text, receive_text = trio.open_memory_channel[str](1000)
+        send_text, receive_text = trio.open_memory_channel[str](self.max_queued)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._speak_queued, session, receive_text)
             async with send_text:
