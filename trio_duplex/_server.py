@@ -16,7 +16,7 @@ connection (1011) and is logged, and the session it held follows PROTOCOL.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -190,33 +190,28 @@ class DuplexServer:
         runner: SessionRunner | None = None
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pump_then_stop, conn, nursery.cancel_scope)
+                nursery.start_soon(_then_cancel, conn.pump, nursery.cancel_scope)
                 if query.get("autostart") == ["1"]:
                     runner = await self._open(conn, {}, None, self.engine_factory({}))
                 else:
                     runner = await self._first_message(conn)
                 if runner is not None:
-                    nursery.start_soon(
+                    keepalive = partial(
                         conn.keepalive, self.config.ping_interval_s, self.config.ping_timeout_s
                     )
+                    nursery.start_soon(_then_cancel, keepalive, nursery.cancel_scope)
                     await self._read(conn, runner)
         finally:
             if runner is not None:
                 runner.connection_lost(conn)
 
-    async def _pump_then_stop(self, conn: Connection, scope: trio.CancelScope) -> None:
-        try:
-            await conn.pump()
-        finally:
-            scope.cancel()
-
     async def _first_message(self, conn: Connection) -> SessionRunner | None:
         """Wait for the message that decides what this connection is for."""
         deadline = trio.current_time() + self.config.config_timeout_s
         while True:
-            with trio.move_on_at(deadline):
+            with trio.move_on_at(deadline) as waiting:
                 text = await conn.ws.get_message()
-            if trio.current_time() >= deadline:
+            if waiting.cancelled_caught:
                 conn.finish(
                     [encode(error_event("config_timeout", "no first message in time"))],
                     CLOSE_CONFIG_TIMEOUT,
@@ -365,10 +360,20 @@ class DuplexServer:
         return True
 
 
+async def _then_cancel(task: Callable[[], Awaitable[None]], scope: trio.CancelScope) -> None:
+    """Run ``task``; when it ends, however it ends, so does the connection."""
+    try:
+        await task()
+    finally:
+        scope.cancel()
+
+
 def _only_cancelled(exc: BaseException) -> bool:
+    """Did the conversation end by cancellation or by the peer, not by our own error?"""
+    benign = (trio.Cancelled, ConnectionClosed, trio.BrokenResourceError)
     if isinstance(exc, BaseExceptionGroup):
-        return exc.split(trio.Cancelled)[1] is None
-    return isinstance(exc, (trio.Cancelled, ConnectionClosed))
+        return exc.split(benign)[1] is None
+    return isinstance(exc, benign)
 
 
 class _NoEngine:
