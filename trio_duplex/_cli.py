@@ -97,10 +97,14 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     server = DuplexServer(config, factory)
+    failed: list[OSError] = []
     try:
         trio.run(_serve_until_signalled, server, args.engine)
-    except OSError as exc:
-        print(f"trio-duplex: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+    except* OSError as group:  # raised inside a nursery: it arrives in a group
+        failed.extend(e for e in group.exceptions if isinstance(e, OSError))
+    if failed:
+        print(f"trio-duplex: cannot listen on {config.host}:{config.port}: {failed[0]}",
+              file=sys.stderr)
         return 1
     return 0
 

@@ -270,7 +270,9 @@ class Session:
             code = CLOSE_GOING_AWAY
         else:
             code = CLOSE_NORMAL
-        attached = self.generation if self.state is State.ATTACHED else None
+        # An OPENING session's terminal goes to the connection carrying session.created,
+        # should that send complete.
+        attached = self.generation if self.state in (State.ATTACHED, State.OPENING) else None
         self.state = State.CLOSING
         self.grace_deadline = self.idle_deadline = math.inf
         self.terminal = Terminal(

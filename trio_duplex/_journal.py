@@ -42,6 +42,12 @@ class Journal:
     def bytes(self) -> int:
         return self._bytes
 
+    @property
+    def floor(self) -> int:
+        """Every seq up to this one is no longer held (acked, overflowed or expired)."""
+        entries = self._entries
+        return entries[0].seq - 1 if entries else self.head
+
     def __len__(self) -> int:
         return len(self._entries)
 

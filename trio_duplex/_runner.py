@@ -144,6 +144,8 @@ class SessionRunner:
                 }
                 old.finish([encode(replaced)], CLOSE_REPLACED, flush=False)
                 old.abort_after(self.server.close_timeout_s)
+        if self.server.registry.shutting_down:  # attached during the drain: warn it too
+            conn.push(self.server.going_away_frame())
 
     def connection_lost(self, conn: Connection) -> None:
         if self.session.detach(conn.generation, trio.current_time()):
@@ -163,7 +165,11 @@ class SessionRunner:
         if emitted.notice is not None:
             conn.push(emitted.notice)
         conn.push(emitted.frame)
-        while conn.congested and conn.close_code is None and self.conn is conn:
+        # Wait only while this connection is still the session's live attachment: once
+        # it is lost or replaced, output goes to the journal without waiting.
+        while conn.congested and conn.close_code is None and self.session.is_current(
+            conn.generation
+        ):
             await conn.wait_drained()
 
     def handle(self, conn: Connection, event: Event) -> None:
@@ -185,7 +191,7 @@ class SessionRunner:
             else:
                 self._to_engine(event)
         except ProtocolError as exc:
-            conn.push(encode(_error_for(exc, event)))
+            conn.push(encode(error_for(exc, event)))
 
     def _to_engine(self, event: Event) -> None:
         seq = event.get("client_event_seq")
@@ -202,8 +208,9 @@ class SessionRunner:
             session.note_client_seq(seq)
 
 
-def _error_for(exc: ProtocolError, event: dict[str, Any]) -> dict[str, Any]:
-    event_id = event.get("event_id")
+def error_for(exc: ProtocolError, event: dict[str, Any]) -> dict[str, Any]:
+    """The ``error`` answering ``event``, echoing its ``event_id``."""
+    event_id = exc.event_id or event.get("event_id")
     return error_event(
         exc.code, exc.message, event_id=event_id if isinstance(event_id, str) else None,
         param=exc.param,

@@ -35,6 +35,7 @@ from ._protocol import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_RESUME_REFUSED,
     CLOSE_TOO_BIG,
+    REASON_SHUTDOWN,
     ProtocolError,
     decode,
     encode,
@@ -42,7 +43,7 @@ from ._protocol import (
     is_seq,
     utf8_len,
 )
-from ._runner import SessionRunner, _error_for, check_input
+from ._runner import SessionRunner, check_input, error_for
 
 log = logging.getLogger("trio_duplex")
 
@@ -61,6 +62,7 @@ class DuplexServer:
     _sessions: trio.Nursery | None = attrs.field(default=None, init=False)
     _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
     _shutdown_deadline: float = attrs.field(default=0.0, init=False)
+    _drained: bool = attrs.field(default=False, init=False)
     _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -104,22 +106,26 @@ class DuplexServer:
             return
         self.registry.shutting_down = True
         self._shutdown_deadline = trio.current_time() + self.config.drain_timeout_s
-        going = encode(
-            {"type": "session.going_away", "time_left_ms": int(self.config.drain_timeout_s * 1000)}
-        )
+        going = self.going_away_frame()
         for runner in self.runners.values():
             if runner.conn is not None and runner.session.is_current(runner.conn.generation):
                 runner.conn.push(going)
         self._shutdown.set()
 
+    def going_away_frame(self) -> str:
+        left = max(0.0, self._shutdown_deadline - trio.current_time())
+        return encode({"type": "session.going_away", "time_left_ms": round(left * 1000)})
+
     async def _drain(self) -> None:
+        # Slots, not runners: a session still sending its session.created counts too.
         with trio.move_on_at(self._shutdown_deadline):
-            while self.runners:
+            while self.registry.slots_held:
                 await self._wait_changed()
+        self._drained = True
         for runner in list(self.runners.values()):
-            runner.end("server_shutdown")
+            runner.end(REASON_SHUTDOWN)
         with trio.move_on_after(self.close_timeout_s):
-            while self.runners or self.connections:
+            while self.registry.slots_held or self.connections:
                 await self._wait_changed()
 
     async def _wait_changed(self) -> None:
@@ -177,13 +183,15 @@ class DuplexServer:
         finally:
             if conn.close_code is not None:
                 close_code = conn.close_code
-            self.connections.discard(conn)
-            self.changed()
             with trio.CancelScope(shield=True, deadline=trio.current_time() + self.close_timeout_s):
                 try:
                     await ws.aclose(close_code)
                 except Exception:  # the peer may already be gone; nothing left to save
                     pass
+            # Only now: the drain must not cancel trio-websocket's reader (in our parent's
+            # nursery) while it still waits for the peer's close reply.
+            self.connections.discard(conn)
+            self.changed()
 
     async def _converse(self, conn: Connection, query: dict[str, list[str]]) -> None:
         """The whole conversation on one connection, whatever it turns out to be for."""
@@ -192,7 +200,10 @@ class DuplexServer:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_then_cancel, conn.pump, nursery.cancel_scope)
                 if query.get("autostart") == ["1"]:
-                    runner = await self._open(conn, {}, None, self.engine_factory({}))
+                    try:
+                        runner = await self._open(conn, {}, None, self.engine_factory({}))
+                    except ProtocolError as exc:
+                        conn.finish([encode(exc.to_event())], exc.close_code or CLOSE_GOING_AWAY)
                 else:
                     runner = await self._first_message(conn)
                 if runner is not None:
@@ -226,7 +237,7 @@ class DuplexServer:
                     return await self._resume(conn, event)
                 return await self._open_with(conn, event)
             except ProtocolError as exc:
-                error = encode(_error_for(exc, event))
+                error = encode(error_for(exc, event))
                 if exc.close_code is not None:
                     conn.finish([error], exc.close_code)
                     return None
@@ -256,25 +267,29 @@ class DuplexServer:
         first: Event | None,
         engine: Engine,
     ) -> SessionRunner | None:
-        try:
-            session, token = self.registry.admit(config)
-        except ProtocolError as exc:
-            conn.finish([encode(exc.to_event())], exc.close_code or CLOSE_INTERNAL_ERROR)
-            return None
+        session, token = self.registry.admit(config)  # ProtocolError: full, or draining
         try:
             # The handshake rule: resumable only once this send has completed.
             await conn.ws.send_message(encode(self.registry.created_event(session, token)))
         except BaseException:
             session.handshake_failed(trio.current_time())
             self.registry.release(session)  # nothing ran yet: teardown is already done
+            self.changed()
             log.info("session %s: session.created undelivered", session.id)
             raise
         session.handshake_delivered(trio.current_time())
+        if session.terminal is not None:  # closed while opening (the core allows it)
+            self.registry.release(session)
+            self.changed()
+            conn.finish([encode(session.terminal.event)], session.terminal.close_code)
+            return None
         runner = SessionRunner(self, session, engine)
         runner.attach(conn, Commit(session.generation, None))
         self.runners[session.id] = runner
         assert self._sessions is not None
         self._sessions.start_soon(runner.run)  # synchronous: no cancel point in between
+        if self._drained:  # delivered after the drain ended: it ends with the others
+            runner.end(REASON_SHUTDOWN)
         log.info("session %s opened", session.id)
         if first is not None:
             runner.handle(conn, first)
@@ -310,9 +325,9 @@ class DuplexServer:
                 await conn.ws.send_message(resync_frame("journal_gap", cursor))
             while True:
                 entries = session.replay(cursor, trio.current_time())
-                if entries is None:  # overflow while replaying: say so and go on
-                    cursor = session.journal.dropped_through
-                    await conn.ws.send_message(resync_frame("journal_overflow", cursor))
+                if entries is None:  # lost while replaying (overflow, TTL, an old ack)
+                    cursor = session.journal.floor
+                    await conn.ws.send_message(resync_frame("journal_gap", cursor))
                     continue
                 if not entries:
                     break
