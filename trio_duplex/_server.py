@@ -342,6 +342,12 @@ class DuplexServer:
             raise
         runner.reschedule()
         if commit is None:
+            terminal = session.terminal
+            if terminal is not None and terminal.generation is None:
+                # It ended while detached: nobody else heard how. The resumer, which has
+                # session.resumed already, gets the terminal event in place of live events.
+                conn.finish([encode(terminal.event)], terminal.close_code)
+                return None
             raise ProtocolError(
                 "session_resume_expired", "the session ended during the resume",
                 close_code=CLOSE_RESUME_REFUSED,
