@@ -67,6 +67,8 @@ class SessionRunner:
     session: Session
     engine: Engine
     conn: Connection | None = None
+    resumer: Connection | None = None
+    """A resuming connection owed the terminal event of a session that ended detached."""
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _timer: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _inbox_send: trio.MemorySendChannel[Event] = attrs.field(init=False)
@@ -94,8 +96,10 @@ class SessionRunner:
             self.server.runners.pop(session.id, None)
             self.server.changed()
             terminal = session.terminal
-            conn = self.conn
-            if terminal is not None and conn is not None and terminal.generation == conn.generation:
+            conn = self.conn if terminal and terminal.generation is not None else self.resumer
+            if terminal is not None and conn is not None and terminal.generation in (
+                conn.generation, None
+            ):
                 conn.finish([encode(terminal.event)], terminal.close_code)
             log.info("session %s ended: %s", session.id, terminal and terminal.reason)
 

@@ -27,7 +27,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_st
 
 from ._config import ServerConfig
 from ._connection import Connection
-from ._core import Commit, Registry, resync_frame
+from ._core import Commit, Registry, State, resync_frame
 from ._engine import Engine, EngineFactory, Event
 from ._protocol import (
     CLOSE_CONFIG_TIMEOUT,
@@ -345,8 +345,12 @@ class DuplexServer:
             terminal = session.terminal
             if terminal is not None and terminal.generation is None:
                 # It ended while detached: nobody else heard how. The resumer, which has
-                # session.resumed already, gets the terminal event in place of live events.
-                conn.finish([encode(terminal.event)], terminal.close_code)
+                # session.resumed already, gets the terminal event in place of live
+                # events, once the slot is free (now, or when the teardown finishes).
+                if session.state is State.CLOSED:
+                    conn.finish([encode(terminal.event)], terminal.close_code)
+                else:
+                    runner.resumer = conn
                 return None
             raise ProtocolError(
                 "session_resume_expired", "the session ended during the resume",
