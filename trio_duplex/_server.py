@@ -322,6 +322,7 @@ class DuplexServer:
             cursor = attempt.last_seq
             if session.replay(cursor, trio.current_time()) is None:
                 cursor = session.journal.head  # no replay: live events follow
+                session.journal.ack(cursor)  # given up: no later overflow notice names them
                 await conn.ws.send_message(resync_frame("journal_gap", cursor))
             while True:
                 entries = session.replay(cursor, trio.current_time())

@@ -33,6 +33,7 @@ it is versioned with it.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -61,6 +62,9 @@ __all__ = [
     "SimClient",
     "Simulation",
     "TerminalQueued",
+    "all_tasks",
+    "probing",
+    "resume_event",
     "running_server",
     "settle",
 ]
@@ -172,14 +176,15 @@ class FaultyStream(trio.abc.Stream):
         await self.inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self._read_gate is not None:
-            await self._read_gate.wait()
         if self._reads_ended:
             await trio.lowlevel.checkpoint()
             return b""
         with trio.CancelScope() as self._read_scope:
-            return await self.inner.receive_some(max_bytes)
-        return b""  # end_reads() interrupted the wait: nothing was consumed
+            data = await self.inner.receive_some(max_bytes)
+            if self._read_gate is not None:  # stalled: what arrived waits with us
+                await self._read_gate.wait()
+            return data
+        return b""  # end_reads() interrupted the wait
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -283,6 +288,8 @@ class Probe:
 
     server: DuplexServer
     decided: dict[str, list[Terminal]] = attrs.field(factory=lambda: defaultdict(list))
+    decided_at: dict[str, float] = attrs.field(factory=dict)
+    """When each session's (first) terminal event was decided."""
     queued: list[TerminalQueued] = attrs.field(factory=list)
     attached: dict[str, list[Connection]] = attrs.field(factory=lambda: defaultdict(list))
     violations: list[str] = attrs.field(factory=list)
@@ -331,6 +338,7 @@ class Probe:
     def _on_begin_close(self, session: Session, terminal: Terminal) -> None:
         if session.id in self.server.registry.sessions:
             self.decided[session.id].append(terminal)
+            self.decided_at.setdefault(session.id, trio.current_time())
 
     def _on_queued(self, conn: Connection, frames: list[str]) -> None:
         if conn not in self.server.connections:
@@ -366,7 +374,7 @@ class _ProbeInstrument(trio.abc.Instrument):
 
 
 _PROBES: list[Probe] = []
-_ORIGINALS: dict[tuple[type, str], Any] = {}
+_ORIGINALS: dict[tuple[type, str], tuple[Any, Any]] = {}
 
 
 def _install_patches() -> None:
@@ -409,7 +417,7 @@ def _install_patches() -> None:
         (Connection, "push", spy_push),
         (SessionRunner, "attach", spy_attach),
     ]:
-        _ORIGINALS[(cls, name)] = cls.__dict__[name]
+        _ORIGINALS[(cls, name)] = (cls.__dict__[name], spy)
         setattr(cls, name, spy)
 
 
@@ -428,9 +436,22 @@ def probing(server: DuplexServer) -> Iterator[Probe]:
         trio.lowlevel.remove_instrument(instrument)
         _PROBES.remove(probe)
         if not _PROBES:
-            for (cls, name), original in _ORIGINALS.items():
-                setattr(cls, name, original)
+            for (cls, name), (original, spy) in _ORIGINALS.items():
+                if cls.__dict__.get(name) is spy:  # not patched over since: undo ours
+                    setattr(cls, name, original)
             _ORIGINALS.clear()
+
+
+def all_tasks() -> list[trio.lowlevel.Task]:
+    """Every task of the current run (to pick one for ``CancelAtStep`` to watch)."""
+    found, pending = [], [trio.lowlevel.current_root_task()]
+    while pending:
+        task = pending.pop()
+        if task is None:
+            continue
+        found.append(task)
+        pending.extend(child for nursery in task.child_nurseries for child in nursery.child_tasks)
+    return found
 
 
 @attrs.define(eq=False)
@@ -536,9 +557,14 @@ async def running_server(
     engine_factory: EngineFactory = EchoEngine,
     *,
     probe: bool = True,
+    fail_after_s: float | None = None,
 ) -> AsyncIterator[Simulation]:
     """Run a DuplexServer on a MemoryListener. On a clean exit: check slots, stop the
-    server, and (with ``probe``) assert the probe's findings."""
+    server, and (with ``probe``) assert the probe's findings.
+
+    ``fail_after_s`` bounds the block in clock time: under ``autojump_clock`` a scenario that
+    waits for what never comes then fails at once (TooSlowError) instead of hanging.
+    """
     server = DuplexServer(config or ServerConfig(), engine_factory)
     listener = MemoryListener.create()
     with probing(server) if probe else _nothing() as found:
@@ -552,7 +578,8 @@ async def running_server(
                     sim.stopped.set()
 
             await nursery.start(serve)
-            yield sim
+            with trio.fail_after(math.inf if fail_after_s is None else fail_after_s):
+                yield sim
             sim.assert_no_leak()
             nursery.cancel_scope.cancel()
         if found is not None:
@@ -642,7 +669,9 @@ class ScriptedEngine(Engine):
             self.cancelled = True
             self.tearing_down.set()
             if self.teardown_gate is not None:
-                with trio.CancelScope(shield=True):
+                # Shielded, but bounded: a test that fails before releasing it must not
+                # leave the server waiting forever.
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + 3600):
                     await self.teardown_gate.wait()
             raise
 
