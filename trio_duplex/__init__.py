@@ -1,5 +1,6 @@
 """trio-duplex: resumable full-duplex realtime sessions over WebSocket, on trio."""
 
+from . import client
 from ._config import ServerConfig
 from ._core import Registry, Session, State
 from ._engine import BadEvent, Engine, EngineFactory, EngineSession, Event, load_engine_factory
@@ -19,6 +20,7 @@ __all__ = [
     "ServerConfig",
     "Session",
     "State",
+    "client",
     "load_engine_factory",
 ]
 __version__ = "0.1.0"

@@ -135,7 +135,7 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["connect"]:
-        from ._connect import main as connect_main  # type: ignore[import-not-found,unused-ignore]
+        from ._connect import main as connect_main
 
         return int(connect_main(argv[1:]))
     parser = argparse.ArgumentParser(prog="trio-duplex", description=__doc__)

@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import random
+import sys
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -34,7 +35,7 @@ from typing import Any, Final, Literal
 
 import attrs
 import trio
-from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 from websockets.exceptions import WebSocketException as _WebSocketException
 from websockets.trio.client import ClientConnection
 from websockets.trio.client import connect as _ws_connect
@@ -63,6 +64,7 @@ __all__ = [
     "SessionReplaced",
     "SessionState",
     "StreamFactory",
+    "Verdict",
     "connect",
 ]
 
@@ -643,6 +645,9 @@ class ClientSession:
         self._attached = False
         self._started = False
         self._failure: ClientError | None = None
+        self._scope = trio.CancelScope()
+        """The supervisor's scope: shielded once attached, so that a cancelled block
+        still gets its bounded close; ``connect`` cancels it when done."""
         self._terminal: Event | None = None
         self.duplicates_dropped = 0
         """Server events dropped because their seq had already been received."""
@@ -704,6 +709,8 @@ class ClientSession:
             self._check_usable()
             if core.has_room(options.max_unconfirmed_events, options.max_unconfirmed_bytes):
                 break
+            core.request_confirm()  # a heartbeat barrier frees the buffer soonest
+            self._wake.set()
             progress = self._progress
             await progress.wait()
         seq = core.enqueue(event)
@@ -749,7 +756,8 @@ class ClientSession:
 
     async def detach(self) -> ResumeState:
         """Drop the connection without closing the session; the server keeps it for
-        ``disconnect_grace_s``. Events received but not yet read are discarded."""
+        ``disconnect_grace_s``. Returns what ``connect(resume=...)`` needs. Events already
+        received stay readable here, and a later resume starts after them."""
         state = self.resume_state()
         self._request_detach()
         await self._done.wait()
@@ -799,7 +807,8 @@ class ClientSession:
 
     async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
-            await self._supervise(task_status)
+            with self._scope:
+                await self._supervise(task_status)
         except ClientError as exc:
             log.info("session %s failed: %s", self.session_id, exc)
             self._failure = exc
@@ -876,22 +885,23 @@ class ClientSession:
                 self._change(change)
                 if not self._started:
                     self._started = True
+                    self._scope.shield = True
                     task_status.started()
                 loss = await self._pump(ws)
                 if loss.abort:
                     await trio.aclose_forcefully(ws.stream)
                 return loss
-        except (OSError, TimeoutError, trio.TooSlowError, InvalidMessage, ConnectionClosed) as exc:
+        except InvalidURI as exc:
+            raise ServerRefused(None, f"cannot connect: {exc}") from exc
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if 400 <= status < 500 and status != 429:  # e.g. 404: a wrong path stays wrong
+                raise ServerRefused(None, f"WebSocket handshake refused: HTTP {status}") from exc
+            raise _AttemptFailed(_describe(exc)) from exc
+        except _TRANSIENT as exc:
             if attached:  # lost while closing the transport: still just a loss
                 return _Loss(_describe(exc))
             raise _AttemptFailed(_describe(exc)) from exc
-        except InvalidStatus as exc:
-            status = exc.response.status_code
-            if status >= 500 or status == 429:
-                raise _AttemptFailed(_describe(exc)) from exc
-            raise ServerRefused(None, f"WebSocket handshake refused: HTTP {status}") from exc
-        except (InvalidURI, _WebSocketException) as exc:
-            raise ServerRefused(None, f"cannot connect: {exc}") from exc
         finally:
             self._attached = False
 
@@ -911,6 +921,7 @@ class ClientSession:
             close_timeout=self._options.transport_close_timeout,
             max_size=self._options.max_message_bytes,
             user_agent_header="trio-duplex-client",
+            logger=_WEBSOCKETS_LOG,
         ) as ws:
             yield ws
 
@@ -994,6 +1005,32 @@ class ClientSession:
         pump.cancel()
 
 
+class _WebsocketsLog(logging.LoggerAdapter[logging.Logger]):
+    """websockets 17.4's trio connection logs "unexpected internal error" (EOFError) when a
+    failed send closes the stream while its reader is mid-batch: a benign race on a
+    connection that is ending anyway (what it carried is replayed by the resume).
+    Demoted to DEBUG so a terminal does not show a traceback for an ordinary cut."""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if msg == "unexpected internal error" and isinstance(sys.exc_info()[1], EOFError):
+            level, msg, args, kwargs = logging.DEBUG, "connection ended mid-batch", (), {}
+        super().log(level, msg, *args, **kwargs)
+
+
+_WEBSOCKETS_LOG = _WebsocketsLog(logging.getLogger("websockets.client"), {})
+
+_TRANSIENT = (
+    OSError,  # refused, reset, unreachable
+    TimeoutError,
+    trio.TooSlowError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    _WebSocketException,  # a cut handshake (InvalidMessage), a close (ConnectionClosed), ...
+)
+"""What one connection attempt may fail with and another may not. Attempts are bounded
+by ReconnectPolicy, so a permanent problem misread as transient still ends."""
+
+
 def _parse(message: str | bytes) -> Event | None:
     if not isinstance(message, str):
         return None
@@ -1073,6 +1110,7 @@ async def connect(
                 finally:
                     await client._finish(detach=detach_on_exit or client._detaching)
         finally:
+            client._scope.cancel()
             nursery.cancel_scope.cancel()
     if body_error is not None:
         raise body_error
