@@ -1,0 +1,70 @@
+"""The README's promises, run as a user would: its custom engine, and barge-in through
+the real server with the voice engine."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from websockets.sync.client import connect
+
+from trio_duplex import ServerConfig
+from trio_duplex.engines.voice import VoiceEngine
+from trio_duplex.testing import running_server
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _readme_block(after: str) -> str:
+    """The first ```python block that follows the line containing ``after``."""
+    text = README.read_text()
+    start = text.index(after)
+    match = re.search(r"```python\n(.*?)```", text[start:], re.S)
+    assert match is not None, f"no python block after {after!r}"
+    return match.group(1)
+
+
+@pytest.mark.integration
+def test_readme_custom_engine_runs_under_serve(
+    serve: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    (tmp_path / "shout.py").write_text(_readme_block("## A custom engine"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    server = serve("--engine", "shout:Shout")
+    with connect(server.url, open_timeout=10) as ws:
+        ws.send(json.dumps({"type": "session.update", "session": {}}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        ws.send(json.dumps({"type": "input.text.append", "text": "hello"}))
+        answer = json.loads(ws.recv(timeout=10))
+        assert answer == {"type": "response.output_text.delta", "text": "HELLO",
+                          "server_event_seq": 1}
+        ws.send(json.dumps({"type": "input.text.append", "text": 5, "event_id": "e"}))
+        error = json.loads(ws.recv(timeout=10))
+        assert (error["code"], error["param"], error["event_id"]) == ("bad_event", "text", "e")
+
+
+async def test_barge_in_through_the_server(autojump_clock: Any) -> None:
+    """No audio frame is sequenced after response.cancel was processed."""
+    async with running_server(ServerConfig(), VoiceEngine) as sim:
+        client, _ = await sim.open_session()
+        await client.send({"type": "input.text.append", "text": "a long sentence to speak"})
+        events: list[dict[str, Any]] = []
+        while sum(e["type"] == "response.output_audio.delta" for e in events) < 5:
+            events.append(await client.receive())
+        await client.send({"type": "response.cancel"})
+        while events[-1]["type"] != "response.cancelled":
+            events.append(await client.receive())
+        await trio.sleep(1)  # virtual time: 50 more frames' worth, had it gone on
+        await client.send({"type": "session.heartbeat"})
+        assert (await client.receive())["type"] == "session.heartbeat_ack"  # nothing between
+        kinds = [e["type"] for e in events]
+        assert kinds[0] == "response.created"
+        assert "response.done" not in kinds
+        seqs = [e["server_event_seq"] for e in events]
+        assert seqs == list(range(1, len(seqs) + 1))
+        # the frames that raced the cancel are at most the one in flight
+        assert kinds.count("response.output_audio.delta") <= 6
