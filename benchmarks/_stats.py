@@ -12,6 +12,9 @@ from typing import Any
 
 import attrs
 
+TIMES = "\u00d7"  # the multiplication sign of "0.93x"
+DASH = "\u2013"  # the en dash of "min-max"
+
 
 def percentile(values: Iterable[float], q: float) -> float:
     """The q-th percentile (0..100) by linear interpolation between closest ranks.
@@ -29,7 +32,9 @@ def percentile(values: Iterable[float], q: float) -> float:
     return data[lo] + (data[hi] - data[lo]) * (pos - lo)
 
 
-def percentiles(values: Sequence[float], qs: Iterable[float] = (50, 90, 99, 99.9)) -> dict[str, float]:
+def percentiles(
+    values: Sequence[float], qs: Iterable[float] = (50, 90, 99, 99.9)
+) -> dict[str, float]:
     """``{"p50": .., "p99": .., "p999": ..}`` for the given percentiles (99.9 -> "p999")."""
     return {_pname(q): percentile(values, q) for q in qs}
 
@@ -59,7 +64,7 @@ class Summary:
 
 
 def paired_ratios(ours: Sequence[float], base: Sequence[float]) -> list[float]:
-    """``ours[i] / base[i]`` for runs made side by side (A B A B ...); pairs with a 0 are skipped."""
+    """``ours[i] / base[i]`` for runs made side by side; pairs with a 0 or None are skipped."""
     return [a / b for a, b in zip(ours, base, strict=False) if b not in (0, None) and a is not None]
 
 
@@ -86,7 +91,9 @@ class Row:
             value = self.ratio.median
             if math.isnan(value):
                 return None
-            return value >= self.target_ratio if self.higher_is_better else value <= self.target_ratio
+            if self.higher_is_better:
+                return value >= self.target_ratio
+            return value <= self.target_ratio
         if self.target_abs is not None:
             value = self.ours.median
             if math.isnan(value):
@@ -105,6 +112,8 @@ class Row:
             "ratio": self.ratio.as_dict(),
             "higher_is_better": self.higher_is_better,
             "target": self.target,
+            "target_ratio": self.target_ratio,
+            "target_abs": self.target_abs,
             "met": self.met,
             "note": self.note,
         }
@@ -133,16 +142,16 @@ def fmt_summary(s: Summary, unit: str = "") -> str:
         return "n/a"
     text = fmt_num(s.median)
     if s.n > 1:
-        text += f" ({fmt_num(s.min)}–{fmt_num(s.max)})"
+        text += f" ({fmt_num(s.min)}{DASH}{fmt_num(s.max)})"
     return f"{text} {unit}".rstrip()
 
 
 def fmt_ratio(s: Summary) -> str:
     if s.n == 0:
         return "n/a"
-    text = f"{s.median:.2f}×"
+    text = f"{s.median:.2f}{TIMES}"
     if s.n > 1:
-        text += f" ({s.min:.2f}–{s.max:.2f})"
+        text += f" ({s.min:.2f}{DASH}{s.max:.2f})"
     return text
 
 

@@ -33,7 +33,7 @@ AUDIO_DELTA: Final = "response.output_audio.delta"
 
 
 def ack(seq: int) -> str:
-    return '{"type":"session.event_ack","server_event_seq":%d}' % seq
+    return f'{{"type":"session.event_ack","server_event_seq":{seq}}}'
 
 
 def resume(session_id: str, token: str, last_seq: int) -> str:
@@ -50,7 +50,7 @@ def resume(session_id: str, token: str, last_seq: int) -> str:
 
 def burst_frame(seq: int) -> str:
     """What the bare servers send for ``?burst=K``: a replayed event's shape and size."""
-    return '{"type":"response.output_text.delta","text":"%s","server_event_seq":%d}' % (TEXT, seq)
+    return f'{{"type":"response.output_text.delta","text":"{TEXT}","server_event_seq":{seq}}}'
 
 
 def raise_nofile() -> int:

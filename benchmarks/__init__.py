@@ -1,0 +1,10 @@
+"""Benchmarks for trio-duplex: what the protocol costs, measured against bare baselines.
+
+Run from the repository root::
+
+    python -m benchmarks            # full suite, under 10 minutes on 2 cores
+    python -m benchmarks --quick    # under 2 minutes
+
+Every figure is a ratio against a baseline run in the same invocation, interleaved
+(A B A B ...), reported as the median with min-max. See docs/benchmarks.md.
+"""

@@ -1,0 +1,86 @@
+"""How much of each scenario to run: the full suite (< 10 min) and ``--quick`` (< 2 min)."""
+
+from __future__ import annotations
+
+import attrs
+
+
+def geometric_steps(start: int, factor: float, stop: int) -> list[int]:
+    """Rising session counts start, start*factor, ... (each at least one more), up to stop."""
+    steps = [start]
+    while steps[-1] < stop:
+        steps.append(min(stop, max(steps[-1] + 1, round(steps[-1] * factor))))
+    return steps
+
+
+@attrs.frozen
+class Plan:
+    name: str
+    # Seconds each scenario may take; rounds that would not fit are skipped.
+    budget: dict[str, float]
+    # 1. throughput and 7. peer throughput
+    tp_rounds: int
+    tp_warmup: float
+    tp_duration: float
+    tp_window: int = 100
+    ack_every: int = 100
+    # 2. latency
+    lat_rounds: int = 3
+    lat_samples: int = 5000
+    lat_warmup: int = 300
+    # 3. voice: one coarse ramp per server, then fine ramps around what it found
+    voice_coarse_start: int = 10
+    voice_coarse_factor: float = 1.25
+    voice_fine_rounds: int = 2
+    voice_fine_factor: float = 1.07
+    voice_settle: float = 0.6
+    voice_measure: float = 1.5
+    voice_max_sessions: int = 2000
+    voice_ramp_time: float = 40.0
+    voice_threshold_ms: float = 20.0
+    voice_ack_every: int = 50
+    # 4. idle sessions and 7. peer memory
+    idle_rounds: int = 2
+    idle_count: int = 10_000
+    idle_open_concurrency: int = 100
+    idle_settle: float = 1.0
+    idle_open_limit: float = 60.0  # stop opening after this long and report how many opened
+    # 5. handshakes
+    hs_rounds: int = 3
+    hs_duration: float = 2.0
+    hs_concurrency: int = 8
+    # 6. resume: K -> trials (each trial runs trio-duplex and the bare baseline once)
+    resume_trials: tuple[tuple[int, int], ...] = ((0, 100), (100, 100), (10_000, 6))
+    resume_window: int = 64
+
+
+FULL = Plan(
+    name="full",
+    budget={"1": 70, "2": 55, "3": 150, "4": 160, "5": 30, "6": 60},
+    tp_rounds=3,
+    tp_warmup=0.5,
+    tp_duration=2.0,
+)
+
+QUICK = Plan(
+    name="quick",
+    budget={"1": 22, "2": 11, "3": 32, "4": 20, "5": 8, "6": 12},
+    tp_rounds=2,
+    tp_warmup=0.3,
+    tp_duration=1.0,
+    lat_rounds=2,
+    lat_samples=2000,
+    lat_warmup=200,
+    voice_coarse_factor=1.3,
+    voice_fine_rounds=0,
+    voice_settle=0.5,
+    voice_measure=1.0,
+    voice_ramp_time=25.0,
+    idle_rounds=2,
+    idle_count=1000,
+    idle_settle=0.5,
+    idle_open_limit=12.0,
+    hs_rounds=2,
+    hs_duration=1.0,
+    resume_trials=((0, 30), (100, 30), (10_000, 2)),
+)

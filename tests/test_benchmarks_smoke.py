@@ -1,0 +1,96 @@
+"""The benchmark harness's pure helpers: fast and deterministic, no process, no socket.
+
+The benchmarks themselves run with ``python -m benchmarks``, never in the test suite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the root off
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import _plan, _stats, _workload  # noqa: E402
+
+
+def test_percentile_interpolates_like_numpy_linear() -> None:
+    data = [4.0, 1.0, 3.0, 2.0]
+    assert _stats.percentile(data, 50) == 2.5
+    assert _stats.percentile(data, 0) == 1.0
+    assert _stats.percentile(data, 100) == 4.0
+    assert _stats.percentile(range(1, 1001), 99.9) == pytest.approx(999.001)
+    assert _stats.percentiles([1.0, 2.0, 3.0], (50, 99.9)) == {"p50": 2.0, "p999": 2.998}
+    with pytest.raises(ValueError):
+        _stats.percentile([], 50)
+    with pytest.raises(ValueError):
+        _stats.percentile([1.0], 101)
+
+
+def test_summary_and_paired_ratios() -> None:
+    s = _stats.Summary.of([3.0, 1.0, 2.0, math.nan])
+    assert (s.median, s.min, s.max, s.n) == (2.0, 1.0, 3.0, 3)
+    assert _stats.Summary.of([]).n == 0
+    # A failed run (None) or a zero baseline drops only its own pair.
+    assert _stats.paired_ratios([2.0, None, 9.0, 4.0], [1.0, 5.0, 0, 8.0]) == [2.0, 0.5]
+
+
+def _row(ratio: float, ours: float = 1.0, **kw: object) -> _stats.Row:
+    return _stats.Row(
+        scenario="1",
+        metric="events/s",
+        ours=_stats.Summary.of([ours]),
+        baseline_name="bare",
+        baseline=_stats.Summary.of([1.0]),
+        ratio=_stats.Summary.of([ratio, ratio * 0.9, ratio * 1.1]),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_targets_are_judged_on_the_right_side() -> None:
+    assert _row(0.95, target="≥ 0.9x", target_ratio=0.9).met is True
+    assert _row(0.85, target="≥ 0.9x", target_ratio=0.9).met is False
+    kb = dict(higher_is_better=False, target="≤ 25 KB", target_abs=25.0)
+    assert _row(1.0, ours=24.0, **kb).met is True
+    assert _row(1.0, ours=26.0, **kb).met is False
+    assert _row(1.0).met is None
+
+
+def test_table_shows_median_range_ratio_and_verdict() -> None:
+    row = _row(0.85, ours=6070.0, target="≥ 0.9x", target_ratio=0.9, unit="")
+    table = _stats.format_table([row])
+    header, rule, line = table.splitlines()
+    assert header.split()[:3] == ["#", "metric", "trio-duplex"]
+    assert set(rule) <= {"-", " "}
+    assert "6,070" in line and "0.85\u00d7 (0.77\u20130.94)" in line and "MISS" in line
+    markdown = _stats.format_markdown([row])
+    assert markdown.count("\n") == 2 and markdown.startswith("| # |")
+    assert json.loads(json.dumps(row.as_dict()))["met"] is False
+
+
+def test_voice_ramp_stops_at_the_first_step_over_the_limit() -> None:
+    steps = [(10, 2.0), (20, 5.0), (40, 25.0), (80, 3.0)]
+    assert _stats.largest_passing(steps, 20.0) == 20
+    assert _stats.largest_passing([(10, 30.0)], 20.0) == 0
+    assert _stats.largest_passing([(10, math.nan), (20, 1.0)], 20.0) == 0
+
+
+def test_ramp_steps_and_plans() -> None:
+    assert _plan.geometric_steps(10, 1.25, 40) == [10, 12, 15, 19, 24, 30, 38, 40]
+    assert _plan.geometric_steps(1, 1.01, 4) == [1, 2, 3, 4]
+    assert _plan.QUICK.idle_count < _plan.FULL.idle_count == 10_000
+    assert dict(_plan.FULL.resume_trials).keys() == {0, 100, 10_000}
+
+
+def test_workload_frames_have_the_sizes_the_issue_names() -> None:
+    assert len(_workload.TEXT.encode()) == 100
+    assert len(_workload.AUDIO_RAW) == 640 and len(_workload.AUDIO_B64) == 856
+    assert json.loads(_workload.TEXT_FRAME) == {"type": "input.text.append", "text": _workload.TEXT}
+    assert json.loads(_workload.ack(7)) == {"type": "session.event_ack", "server_event_seq": 7}
+    burst = json.loads(_workload.burst_frame(3))
+    assert burst["server_event_seq"] == 3 and burst["text"] == _workload.TEXT
