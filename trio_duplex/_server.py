@@ -26,7 +26,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
 
 from ._config import ServerConfig
-from ._connection import Connection
+from ._connection import BATCH, Connection, send_many
 from ._core import Commit, Registry, State, resync_frame
 from ._engine import Engine, EngineFactory, Event
 from ._protocol import (
@@ -332,9 +332,10 @@ class DuplexServer:
                     continue
                 if not entries:
                     break
-                for entry in entries:
-                    await conn.ws.send_message(entry.frame)
-                    cursor = entry.seq
+                for start in range(0, len(entries), BATCH):
+                    batch = entries[start : start + BATCH]
+                    await send_many(conn.ws, [entry.frame for entry in batch])
+                    cursor = batch[-1].seq
             # Caught up with the journal and no await since: switch the attachment now.
             commit = session.commit_resume(attempt, trio.current_time())
         except BaseException:
