@@ -415,7 +415,8 @@ async def start_resume(
     sim: Simulation, created: dict[str, Any], last_seq: int = 0, *, hold_after: int = 0
 ) -> SimClient:
     """A new connection sends session.resume; its sends are held after ``hold_after``
-    (0: session.resumed itself, 1: the first replayed event...). Returns once held."""
+    (0: session.resumed itself, 1: the replay, written in batches of up to 64 frames).
+    Returns once held."""
     client = await sim.connect()
     client.transport.hold(after=hold_after)
     await client.send(resume_event(created["session_id"], created["resume_token"], last_seq))
@@ -906,7 +907,7 @@ async def test_13_engine_raises_during_resume_replay(autojump_clock: Any, before
         if before == "detached":
             await old.transport.cut()
             await settle()
-        new = await start_resume(sim, created, 0, hold_after=2)  # seq 2 of the replay held
+        new = await start_resume(sim, created, 0, hold_after=1)  # the replay (one write) is held
         factory.last.fail()
         await settle()
         assert probe(sim).reasons(session.id) == ["engine_error"]
@@ -972,7 +973,7 @@ async def test_14_journal_overflow_during_the_replay(autojump_clock: Any) -> Non
         session = only_session(sim)
         await old.transport.cut()
         await settle()
-        client = await start_resume(sim, created, 0, hold_after=2)  # seq 2 of the replay held
+        client = await start_resume(sim, created, 0, hold_after=1)  # the replay (one write) is held
         for i in range(4, 12):  # overflows the journal under the replay
             await factory.last.emit(f"e{i}")
         client.transport.release()
