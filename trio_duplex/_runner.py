@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_duplex")
 
+_YIELD_EVERY = 16
+
 _CONTROL_INPUT = frozenset({"session.update", "session.heartbeat", "session.close"})
 
 
@@ -68,6 +70,7 @@ class SessionRunner:
     engine: Engine
     conn: Connection | None = None
     resumer: Connection | None = None
+    _unyielded: int = 0
     """A resuming connection owed the terminal event of a session that ended detached."""
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _timer: trio.CancelScope = attrs.field(factory=trio.CancelScope)
@@ -161,7 +164,15 @@ class SessionRunner:
     # -- the per-event paths -----------------------------------------------------------
 
     async def _emit(self, event: Event) -> None:
-        await trio.lowlevel.checkpoint()
+        # A cancellation point on every send, but a scheduler round only on every
+        # _YIELD_EVERY-th one (or when the connection is congested): a full checkpoint
+        # per event cost a task switch per event, and an engine that only sends still
+        # cannot starve the others.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._unyielded += 1
+        if self._unyielded >= _YIELD_EVERY:
+            self._unyielded = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()
         emitted = self.session.emit(event, trio.current_time())
         conn = self.conn
         if emitted is None or conn is None or not self.session.is_current(conn.generation):
