@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from trio_duplex._config import ServerConfig
-from trio_duplex.testing import ScriptedEngine, running_server
+from trio_duplex.testing import ScriptedEngine, ScriptedFactory, running_server
 
 
 def state_of(sim, session_id: str) -> str | None:
@@ -22,13 +22,8 @@ async def echo(client, value: str = "x") -> dict:
     return reply
 
 
-def scripted_factory(engines: list[ScriptedEngine], **kwargs):
-    def factory(config):
-        engine = ScriptedEngine(dict(config), **kwargs)
-        engines.append(engine)
-        return engine
-
-    return factory
+def scripted_factory(engines: list[ScriptedEngine], **kwargs) -> ScriptedFactory:
+    return ScriptedFactory(kwargs, engines)  # every engine it builds lands in ``engines``
 
 
 # -- what detaches ---------------------------------------------------------------------------

@@ -14,16 +14,17 @@ from trio_duplex._config import ServerConfig
 from trio_duplex._engine import Engine
 from trio_duplex._server import DuplexServer
 from trio_duplex.engines.echo import EchoEngine
-from trio_duplex.testing import MemoryListener, ScriptedEngine, Simulation, running_server
+from trio_duplex.testing import (
+    MemoryListener,
+    ScriptedEngine,
+    ScriptedFactory,
+    Simulation,
+    running_server,
+)
 
 
-def scripted_factory(engines: list[ScriptedEngine], **kwargs):
-    def factory(config):
-        engine = ScriptedEngine(dict(config), **kwargs)
-        engines.append(engine)
-        return engine
-
-    return factory
+def scripted_factory(engines: list[ScriptedEngine], **kwargs) -> ScriptedFactory:
+    return ScriptedFactory(kwargs, engines)  # every engine it builds lands in ``engines``
 
 
 async def echo(client, value: str = "x") -> dict:

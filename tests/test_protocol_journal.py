@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from trio_duplex._config import ServerConfig
-from trio_duplex.testing import ScriptedEngine, running_server
+from trio_duplex.testing import ScriptedEngine, ScriptedFactory, running_server
 
 CONTROL = {
     "session.created",
@@ -65,13 +65,8 @@ async def receive_skipping_overflow(client, dropped_through: int) -> dict:
     return event
 
 
-def scripted_factory(engines: list[ScriptedEngine], **kwargs):
-    def factory(config):
-        engine = ScriptedEngine(dict(config), **kwargs)
-        engines.append(engine)
-        return engine
-
-    return factory
+def scripted_factory(engines: list[ScriptedEngine], **kwargs) -> ScriptedFactory:
+    return ScriptedFactory(kwargs, engines)  # every engine it builds lands in ``engines``
 
 
 # -- sequence numbers ----------------------------------------------------------------------
