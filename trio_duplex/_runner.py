@@ -9,6 +9,7 @@ before the terminal event is queued for the attached connection.
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -73,7 +74,8 @@ class SessionRunner:
     _unyielded: int = 0
     """A resuming connection owed the terminal event of a session that ended detached."""
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    _timer: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    due: float = math.inf
+    """When the server's timer will next look at this session (see _timers.py)."""
     _inbox_send: trio.MemorySendChannel[Event] = attrs.field(init=False)
     _inbox_recv: trio.MemoryReceiveChannel[Event] = attrs.field(init=False)
 
@@ -87,16 +89,14 @@ class SessionRunner:
         session = self.session
         try:
             with self._scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._run_timer)
-                    await self._run_engine()
-                    nursery.cancel_scope.cancel()
+                await self._run_engine()
         finally:
             self._inbox_send.close()
             if session.terminal is None:  # the server itself was cancelled
                 session.begin_close(REASON_SHUTDOWN, trio.current_time())
             self.server.registry.release(session)
             self.server.runners.pop(session.id, None)
+            self.server.timers.forget(self)
             self.server.changed()
             terminal = session.terminal
             conn = self.conn if terminal and terminal.generation is not None else self.resumer
@@ -116,17 +116,14 @@ class SessionRunner:
         else:
             self.end(REASON_ENGINE_FINISHED)
 
-    async def _run_timer(self) -> None:
-        while True:
-            deadline = self.session.next_deadline()
-            with trio.CancelScope(deadline=deadline) as scope:
-                self._timer = scope
-                await trio.sleep_forever()
-            self.apply(self.session.poll(trio.current_time()))
+    def poll(self, now: float) -> None:
+        """The server's timer: a deadline of this session may have passed."""
+        self.apply(self.session.poll(now))
+        self.reschedule()
 
     def reschedule(self) -> None:
-        """A deadline moved (detach, resume begun or ended): the timer looks again."""
-        self._timer.cancel()
+        """A deadline may have moved (opened, detached, resume begun or ended)."""
+        self.server.timers.schedule(self)
 
     def apply(self, terminal: Terminal | None) -> None:
         """The core decided the end: tear down (the ``run`` finally does the rest)."""

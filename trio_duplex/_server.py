@@ -44,6 +44,7 @@ from ._protocol import (
     utf8_len,
 )
 from ._runner import SessionRunner, check_input, error_for
+from ._timers import Timers
 
 log = logging.getLogger("trio_duplex")
 
@@ -58,6 +59,7 @@ class DuplexServer:
     """How long a closing connection may take to send its last frames and close."""
     registry: Registry = attrs.field(init=False)
     runners: dict[str, SessionRunner] = attrs.field(factory=dict, init=False)
+    timers: Timers = attrs.field(factory=Timers, init=False)
     connections: set[Connection] = attrs.field(factory=set, init=False)
     _sessions: trio.Nursery | None = attrs.field(default=None, init=False)
     _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -89,6 +91,7 @@ class DuplexServer:
         """Serve until ``begin_shutdown`` has drained every session."""
         async with trio.open_nursery() as sessions:
             self._sessions = sessions
+            sessions.start_soon(self.timers.run)
             async with trio.open_nursery() as conns:
                 await conns.start(
                     partial(trio.serve_listeners, self._handle_stream, list(listeners),
@@ -288,6 +291,7 @@ class DuplexServer:
         self.runners[session.id] = runner
         assert self._sessions is not None
         self._sessions.start_soon(runner.run)  # synchronous: no cancel point in between
+        runner.reschedule()
         if self._drained:  # delivered after the drain ended: it ends with the others
             runner.end(REASON_SHUTDOWN)
         log.info("session %s opened", session.id)
