@@ -10,12 +10,15 @@ nursery is cancelled.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 
 import attrs
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 from wsproto.events import TextMessage
+
+from ._timers import Timers
 
 log = logging.getLogger("trio_duplex")
 
@@ -110,15 +113,43 @@ class Connection:
             else:
                 await self._wake.park()
 
-    async def keepalive(self, interval: float, patience: float) -> None:
-        """Ping every ``interval``; return (connection lost) if a pong takes ``patience``."""
-        while True:
-            await trio.sleep(interval)
-            with trio.move_on_after(patience):
-                try:
-                    await self.ws.ping()
-                except ConnectionClosed:
-                    return
-                continue
-            log.info("connection %s: no pong within %ss", self.ws, patience)
+
+
+@attrs.define(eq=False)
+class Keepalive:
+    """Pings one connection every ``interval``; no pong within ``patience`` ends it.
+
+    Driven by the server's timer heap: between pings it holds no task, and each ping
+    runs in a short task of ``nursery`` that lives until its pong.
+    """
+
+    conn: Connection
+    timers: Timers
+    nursery: trio.Nursery
+    interval: float
+    patience: float
+    due: float = math.inf
+    next_ping: float = math.inf
+
+    def start(self) -> None:
+        self.next_ping = trio.current_time() + self.interval
+        self.timers.schedule(self)
+
+    def next_deadline(self) -> float:
+        return self.next_ping
+
+    def fire(self, now: float) -> None:
+        self.next_ping = math.inf  # the next one is set when the pong arrives
+        self.nursery.start_soon(self._ping)
+
+    async def _ping(self) -> None:
+        with trio.move_on_after(self.patience):
+            try:
+                await self.conn.ws.ping()
+            except ConnectionClosed:
+                return
+            self.start()
             return
+        log.info("connection %s: no pong within %ss", self.conn.ws, self.patience)
+        if self.conn.scope is not None:
+            self.conn.scope.cancel()  # the connection is lost: its session detaches

@@ -116,7 +116,10 @@ class SessionRunner:
         else:
             self.end(REASON_ENGINE_FINISHED)
 
-    def poll(self, now: float) -> None:
+    def next_deadline(self) -> float:
+        return self.session.next_deadline()
+
+    def fire(self, now: float) -> None:
         """The server's timer: a deadline of this session may have passed."""
         self.apply(self.session.poll(now))
         self.reschedule()

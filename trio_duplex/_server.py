@@ -3,11 +3,14 @@
 Task tree::
 
     DuplexServer.run
-    ├── sessions nursery ── SessionRunner.run (one per session: engine + timer)
+    ├── sessions nursery
+    │   ├── Timers.run (every session's deadlines, every connection's next ping)
+    │   ├── SessionRunner.run (one per session: runs its engine)
+    │   └── Keepalive._ping (short-lived: one ping waiting for its pong)
     └── connections nursery
         ├── trio.serve_listeners
         └── one task per TCP connection, owning a nursery with
-            trio-websocket's reader, our reader, the pump and the keepalive
+            trio-websocket's reader, our reader and the pump
 
 Nothing that one connection does can raise out of its own task: every error ends that
 connection (1011) and is logged, and the session it held follows PROTOCOL.md.
@@ -26,7 +29,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
 
 from ._config import ServerConfig
-from ._connection import BATCH, Connection, send_many
+from ._connection import BATCH, Connection, Keepalive, send_many
 from ._core import Commit, Registry, State, resync_frame
 from ._engine import Engine, EngineFactory, Event
 from ._protocol import (
@@ -199,6 +202,7 @@ class DuplexServer:
     async def _converse(self, conn: Connection, query: dict[str, list[str]]) -> None:
         """The whole conversation on one connection, whatever it turns out to be for."""
         runner: SessionRunner | None = None
+        keepalive: Keepalive | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_then_cancel, conn.pump, nursery.cancel_scope)
@@ -210,12 +214,16 @@ class DuplexServer:
                 else:
                     runner = await self._first_message(conn)
                 if runner is not None:
-                    keepalive = partial(
-                        conn.keepalive, self.config.ping_interval_s, self.config.ping_timeout_s
+                    assert self._sessions is not None
+                    keepalive = Keepalive(
+                        conn, self.timers, self._sessions,
+                        self.config.ping_interval_s, self.config.ping_timeout_s,
                     )
-                    nursery.start_soon(_then_cancel, keepalive, nursery.cancel_scope)
+                    keepalive.start()
                     await self._read(conn, runner)
         finally:
+            if keepalive is not None:
+                self.timers.forget(keepalive)
             if runner is not None:
                 runner.connection_lost(conn)
 
