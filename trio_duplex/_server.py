@@ -126,15 +126,16 @@ class DuplexServer:
         # Slots, not runners: a session still sending its session.created counts too.
         with trio.move_on_at(self._shutdown_deadline):
             while self.registry.slots_held:
-                await self._wait_changed()
+                await self.wait_changed()
         self._drained = True
         for runner in list(self.runners.values()):
             runner.end(REASON_SHUTDOWN)
         with trio.move_on_after(self.close_timeout_s):
             while self.registry.slots_held or self.connections:
-                await self._wait_changed()
+                await self.wait_changed()
 
-    async def _wait_changed(self) -> None:
+    async def wait_changed(self) -> None:
+        """Wait until a session or connection ends (for the drain, and for tests)."""
         await self._changed.park()
 
     def changed(self) -> None:
