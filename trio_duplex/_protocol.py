@@ -99,8 +99,12 @@ class ProtocolError(Exception):
     def retryable(self) -> bool:
         return self.code in RETRYABLE_CODES
 
-    def to_event(self) -> dict[str, Any]:
-        return error_event(self.code, self.message, event_id=self.event_id, param=self.param)
+    def to_event(self, cause: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ``error`` event; it echoes the ``event_id`` of the event that caused it."""
+        event_id = self.event_id or (cause or {}).get("event_id")
+        if not isinstance(event_id, str):
+            event_id = None
+        return error_event(self.code, self.message, event_id=event_id, param=self.param)
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
@@ -26,7 +26,6 @@ from ._protocol import (
     REASON_SHUTDOWN,
     ProtocolError,
     encode,
-    error_event,
     is_seq,
 )
 
@@ -40,8 +39,10 @@ _YIELD_EVERY = 16
 _CONTROL_INPUT = frozenset({"session.update", "session.heartbeat", "session.close"})
 
 
-def check_input(engine: Engine, event: Event) -> None:
-    """Validate a client event bound for a session (not a resume). Raises ProtocolError."""
+def check_input(engine: Engine | None, event: Event) -> None:
+    """Validate a client event bound for a session (not a resume). Raises ProtocolError.
+
+    ``engine`` may be None only before one exists, for a first ``session.update``."""
     kind = event["type"]
     if kind == "session.update":
         if not isinstance(event.get("session"), dict):
@@ -53,7 +54,7 @@ def check_input(engine: Engine, event: Event) -> None:
             "unsupported_session_resume",
             "session.resume must be the first message of a new connection",
         )
-    elif kind not in engine.accepts:
+    elif engine is None or kind not in engine.accepts:
         raise ProtocolError("unknown_event", f"event type {kind!r} is not accepted", param="type")
     else:
         engine.check(event)
@@ -71,8 +72,8 @@ class SessionRunner:
     engine: Engine
     conn: Connection | None = None
     resumer: Connection | None = None
-    _unyielded: int = 0
     """A resuming connection owed the terminal event of a session that ended detached."""
+    _unyielded: int = 0
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     due: float = math.inf
     """When the server's timer will next look at this session (see _timers.py)."""
@@ -99,12 +100,16 @@ class SessionRunner:
             self.server.timers.forget(self)
             self.server.changed()
             terminal = session.terminal
-            conn = self.conn if terminal and terminal.generation is not None else self.resumer
-            if terminal is not None and conn is not None and terminal.generation in (
-                conn.generation, None
-            ):
-                conn.finish([encode(terminal.event)], terminal.close_code)
-            log.info("session %s ended: %s", session.id, terminal and terminal.reason)
+            assert terminal is not None
+            if terminal.generation is None:  # ended detached: only a resumer can hear it
+                target = self.resumer
+            elif self.conn is not None and self.conn.generation == terminal.generation:
+                target = self.conn
+            else:
+                target = None
+            if target is not None:
+                target.finish([encode(terminal.event)], terminal.close_code)
+            log.info("session %s ended: %s", session.id, terminal.reason)
 
     async def _run_engine(self) -> None:
         handle = EngineSession(self.session.id, self.session.config, self._inbox_recv, self._emit)
@@ -206,7 +211,7 @@ class SessionRunner:
             else:
                 self._to_engine(event)
         except ProtocolError as exc:
-            conn.push(encode(error_for(exc, event)))
+            conn.push(encode(exc.to_event(event)))
 
     def _to_engine(self, event: Event) -> None:
         seq = event.get("client_event_seq")
@@ -221,12 +226,3 @@ class SessionRunner:
             ) from None
         if seq is not None:
             session.note_client_seq(seq)
-
-
-def error_for(exc: ProtocolError, event: dict[str, Any]) -> dict[str, Any]:
-    """The ``error`` answering ``event``, echoing its ``event_id``."""
-    event_id = exc.event_id or event.get("event_id")
-    return error_event(
-        exc.code, exc.message, event_id=event_id if isinstance(event_id, str) else None,
-        param=exc.param,
-    )

@@ -46,7 +46,7 @@ from ._protocol import (
     is_seq,
     utf8_len,
 )
-from ._runner import SessionRunner, check_input, error_for
+from ._runner import SessionRunner, check_input
 from ._timers import Timers
 
 log = logging.getLogger("trio_duplex")
@@ -249,7 +249,7 @@ class DuplexServer:
                     return await self._resume(conn, event)
                 return await self._open_with(conn, event)
             except ProtocolError as exc:
-                error = encode(error_for(exc, event))
+                error = encode(exc.to_event(event))
                 if exc.close_code is not None:
                     conn.finish([error], exc.close_code)
                     return None
@@ -260,7 +260,7 @@ class DuplexServer:
         """Open a session for a first message other than a resume, if it is valid."""
         kind = event["type"]
         if kind == "session.update":
-            check_input(_NO_ENGINE, event)
+            check_input(None, event)
             config = dict(event["session"])
             return await self._open(conn, config, None, self.engine_factory(config))
         engine = self.engine_factory({})
@@ -415,12 +415,3 @@ def _only_cancelled(exc: BaseException) -> bool:
         return exc.split(benign)[1] is None
     return isinstance(exc, benign)
 
-
-class _NoEngine:
-    accepts: frozenset[str] = frozenset()
-
-    def check(self, event: Event) -> None:
-        pass
-
-
-_NO_ENGINE: Any = _NoEngine()
