@@ -479,12 +479,12 @@ async def test_every_server_frame_is_a_json_text_object(autojump_clock, raw_ws):
         await client.send({"type": "nope"})
         await client.send({"type": "session.close"})
         events = await client.receive_until_closed()  # a binary frame raises
-        assert [event["type"] for event in events] == [
+        types = [event["type"] for event in events]
+        # The engine's output and the reader's answers are not ordered with each other.
+        assert (types[0], sorted(types[1:-1]), types[-1]) == (
             "session.created",
-            "session.heartbeat_ack",
-            "response.output_text.delta",
-            "error",
+            ["error", "response.output_text.delta", "session.heartbeat_ack"],
             "session.closed",
-        ]
+        )
         assert all(isinstance(event, dict) for event in events)
         assert json.loads(json.dumps(events)) == events

@@ -40,7 +40,6 @@ class ServerConfig:
     """Client events queued for the engine before ``input_backpressure``."""
     max_pending_output: int = attrs.field(default=256, validator=v.ge(1))
     """Frames queued for a connection before the engine's ``send`` waits."""
-    message_queue_size: int = attrs.field(default=16, validator=v.ge(1))
 
     def limits(self) -> dict[str, Any]:
         """The ``limits`` object of ``session.created``."""

@@ -3,7 +3,7 @@
 Everything the server says to a client goes through ``Connection.push``, a plain deque
 append, so the session core can answer from synchronous code and a single pump task
 writes to the socket in order. A send that fails or is cancelled ends the connection
-(trio-websocket may have written half a frame): the pump raises and the connection's
+(half a frame may have been written): the pump raises and the connection's
 nursery is cancelled.
 """
 
@@ -15,39 +15,18 @@ from collections import deque
 
 import attrs
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection
-from wsproto.events import TextMessage
 
 from ._timers import Timers
+from ._ws import ConnectionClosed, WebSocket
 
 log = logging.getLogger("trio_duplex")
 
 BATCH = 64
 
 
-async def send_many(ws: WebSocketConnection, frames: list[str]) -> None:
-    """``ws.send_message`` for several frames in one write.
-
-    It does what trio-websocket 0.12's ``WebSocketConnection._send`` does (pyproject pins
-    trio-websocket below 0.13 for these private names): encode with wsproto, write under
-    the stream lock, and on a broken stream abort the connection and raise
-    ConnectionClosed.
-    """
-    if ws._close_reason:
-        raise ConnectionClosed(ws._close_reason)
-    encode = ws._wsproto.send
-    data = b"".join([encode(TextMessage(data=frame)) for frame in frames])
-    async with ws._stream_lock:
-        try:
-            await ws._stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            await ws._abort_web_socket()
-            raise ConnectionClosed(ws._close_reason) from None
-
-
 @attrs.define(eq=False)
 class Connection:
-    ws: WebSocketConnection
+    ws: WebSocket
     high_water: int
     generation: int = 0
     """The attachment generation this connection holds (0: none)."""
@@ -105,7 +84,7 @@ class Connection:
                     await ws.send_message(outbox.popleft())
                 else:
                     count = min(len(outbox), BATCH)
-                    await send_many(ws, [outbox.popleft() for _ in range(count)])
+                    await ws.send_many([outbox.popleft() for _ in range(count)])
                 if self._drained and len(outbox) <= low_water:
                     self._drained.unpark_all()
             elif self.close_code is not None:

@@ -75,6 +75,7 @@ class EngineSession:
     config: dict[str, Any]
     _inbox: trio.MemoryReceiveChannel[Event]
     _emit: Callable[[Event], Awaitable[None]]
+    _unyielded: int = 0
 
     async def send(self, event: Event) -> None:
         kind = event.get("type")
@@ -85,7 +86,19 @@ class EngineSession:
     async def receive(self) -> Event:
         """The next client event. ``session.update`` is answered here, not returned."""
         while True:
-            event = await self._inbox.receive()
+            # Like the reader: events already queued are taken with a cancellation point
+            # each but a scheduler round only every 16th, so a burst is handled in one go.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            try:
+                event = self._inbox.receive_nowait()
+            except trio.WouldBlock:
+                self._unyielded = 0
+                event = await self._inbox.receive()
+            else:
+                self._unyielded += 1
+                if self._unyielded >= 16:
+                    self._unyielded = 0
+                    await trio.lowlevel.cancel_shielded_checkpoint()
             if event["type"] != "session.update":
                 return event
             self.config.update(event["session"])

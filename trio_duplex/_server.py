@@ -9,8 +9,8 @@ Task tree::
     │   └── Keepalive._ping (short-lived: one ping waiting for its pong)
     └── connections nursery
         ├── trio.serve_listeners
-        └── one task per TCP connection, owning a nursery with
-            trio-websocket's reader, our reader and the pump
+        └── one task per TCP connection: the handshake, then the reader (it parses
+            the socket itself, _ws.py), owning a nursery with the pump
 
 Nothing that one connection does can raise out of its own task: every error ends that
 connection (1011) and is logged, and the session it held follows PROTOCOL.md.
@@ -22,14 +22,12 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import attrs
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
 
 from ._config import ServerConfig
-from ._connection import BATCH, Connection, Keepalive, send_many
+from ._connection import BATCH, Connection, Keepalive
 from ._core import Commit, Registry, State, resync_frame
 from ._engine import Engine, EngineFactory, Event
 from ._protocol import (
@@ -37,17 +35,16 @@ from ._protocol import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
     CLOSE_RESUME_REFUSED,
-    CLOSE_TOO_BIG,
     REASON_SHUTDOWN,
     ProtocolError,
     decode,
     encode,
     error_event,
     is_seq,
-    utf8_len,
 )
 from ._runner import SessionRunner, check_input
 from ._timers import Timers
+from ._ws import ConnectionClosed, WebSocket, accept_websocket
 
 log = logging.getLogger("trio_duplex")
 
@@ -150,25 +147,13 @@ class DuplexServer:
 
     async def _handle_stream(self, stream: trio.abc.Stream) -> None:
         try:
-            async with trio.open_nursery() as nursery:
-                ws = None
-                with trio.move_on_after(_HANDSHAKE_TIMEOUT_S):
-                    request = await wrap_server_stream(
-                        nursery,
-                        stream,
-                        message_queue_size=self.config.message_queue_size,
-                        # chars <= bytes, so the library's check never refuses a legal
-                        # message; _too_big counts the bytes.
-                        max_message_size=self.config.max_event_bytes,
-                    )
-                    url = urlsplit(request.path)
-                    if url.path != self.config.path:
-                        await request.reject(404, body=b"no such endpoint\n")
-                    else:
-                        ws = await request.accept()
-                if ws is not None:
-                    await self._serve(ws, parse_qs(url.query))
-                nursery.cancel_scope.cancel()
+            accepted = None
+            with trio.move_on_after(_HANDSHAKE_TIMEOUT_S):
+                accepted = await accept_websocket(
+                    stream, self.config.path, self.config.max_event_bytes
+                )
+            if accepted is not None:
+                await self._serve(*accepted)
         except* (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except* Exception as group:
@@ -176,7 +161,7 @@ class DuplexServer:
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _serve(self, ws: WebSocketConnection, query: dict[str, list[str]]) -> None:
+    async def _serve(self, ws: WebSocket, query: dict[str, list[str]]) -> None:
         conn = Connection(ws, self.config.max_pending_output)
         self.connections.add(conn)
         close_code = CLOSE_GOING_AWAY
@@ -195,8 +180,6 @@ class DuplexServer:
                     await ws.aclose(close_code)
                 except Exception:  # the peer may already be gone; nothing left to save
                     pass
-            # Only now: the drain must not cancel trio-websocket's reader (in our parent's
-            # nursery) while it still waits for the peer's close reply.
             self.connections.discard(conn)
             self.changed()
 
@@ -239,8 +222,6 @@ class DuplexServer:
                     [encode(error_event("config_timeout", "no first message in time"))],
                     CLOSE_CONFIG_TIMEOUT,
                 )
-                return None
-            if self._too_big(conn, text):
                 return None
             event: Event = {}
             try:
@@ -347,7 +328,7 @@ class DuplexServer:
                     break
                 for start in range(0, len(entries), BATCH):
                     batch = entries[start : start + BATCH]
-                    await send_many(conn.ws, [entry.frame for entry in batch])
+                    await conn.ws.send_many([entry.frame for entry in batch])
                     cursor = batch[-1].seq
             # Caught up with the journal and no await since: switch the attachment now.
             commit = session.commit_resume(attempt, trio.current_time())
@@ -379,8 +360,6 @@ class DuplexServer:
         get, handle = conn.ws.get_message, runner.handle
         while conn.close_code is None:
             text = await get()
-            if self._too_big(conn, text):
-                return
             try:
                 event = decode(text)
             except ProtocolError as exc:
@@ -391,13 +370,6 @@ class DuplexServer:
         # sends the last frames.
         while True:
             await get()
-
-    def _too_big(self, conn: Connection, text: str | bytes) -> bool:
-        size = utf8_len(text) if isinstance(text, str) else len(text)
-        if size <= self.config.max_event_bytes:
-            return False
-        conn.finish([], CLOSE_TOO_BIG, flush=False)
-        return True
 
 
 async def _then_cancel(task: Callable[[], Awaitable[None]], scope: trio.CancelScope) -> None:

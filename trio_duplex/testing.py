@@ -89,6 +89,8 @@ class FaultyStream(trio.abc.Stream):
     """A stream whose sends can be held, failed or cut, for race tests."""
 
     inner: trio.abc.Stream
+    peer: trio.StapledStream[Any, Any] | None = None
+    """The client's end, when the listener made both."""
     fail_sends: bool = False
     """Every send from now on raises (the read half keeps working)."""
     gate: trio.Event | None = None
@@ -156,6 +158,12 @@ class FaultyStream(trio.abc.Stream):
         if self._read_scope is not None:
             self._read_scope.cancel()
 
+    async def fin(self) -> None:
+        """The peer's FIN, in order: the server reads what the peer already sent, then
+        end-of-stream; its writes still succeed (the peer still reads)."""
+        assert self.peer is not None, "only for streams made by MemoryListener.connect"
+        await self.peer.send_stream.aclose()
+
     def stall_reads(self) -> trio.Event:
         """The peer goes silent: nothing more is read (pongs included) until the
         returned Event is set."""
@@ -210,7 +218,7 @@ class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
 
     async def connect(self) -> tuple[trio.abc.Stream, FaultyStream]:
         client, server = trio.testing.memory_stream_pair()
-        faulty = FaultyStream(server)
+        faulty = FaultyStream(server, peer=client)
         self.streams.append(faulty)
         await self._send.send(faulty)
         return client, faulty
@@ -521,7 +529,7 @@ class Simulation:
     def connection_of(self, client: SimClient) -> Connection | None:
         """The server's Connection for ``client``, while it is open."""
         for conn in self.server.connections:
-            if getattr(conn.ws, "_stream", None) is client.transport:
+            if conn.ws.stream is client.transport:
                 return conn
         return None
 
