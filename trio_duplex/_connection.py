@@ -33,7 +33,10 @@ class Connection:
     close_code: int | None = None
     """Set once the connection must close after its outbox is sent."""
     scope: trio.CancelScope | None = None
+    nursery: trio.Nursery | None = None
+    """The connection's nursery while it is open: the pump runs in it."""
     outbox: deque[str] = attrs.field(factory=deque)
+    _pumping: bool = False
     _wake: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _drained: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
 
@@ -42,6 +45,8 @@ class Connection:
             self.outbox.append(frame)
             if self._wake:
                 self._wake.unpark()
+            elif not self._pumping:
+                self.start_pump()
 
     def finish(self, frames: list[str], close_code: int, *, flush: bool = True) -> None:
         """Send ``frames`` after (or, without ``flush``, instead of) what is queued, then
@@ -54,6 +59,24 @@ class Connection:
         self.close_code = close_code
         self._wake.unpark_all()
         self._drained.unpark_all()
+        if not self._pumping:
+            self.start_pump()
+
+    def start_pump(self) -> None:
+        """Start the pump, unless it runs or the connection's nursery is gone.
+
+        It starts with the first frame, not with the connection: a connection that has
+        said nothing since its handshake (an idle session) holds no pump task."""
+        nursery = self.nursery
+        if nursery is not None and not self._pumping:
+            self._pumping = True
+            nursery.start_soon(self._pump_then_end, nursery.cancel_scope)
+
+    async def _pump_then_end(self, connection_scope: trio.CancelScope) -> None:
+        try:
+            await self.pump()
+        finally:
+            connection_scope.cancel()  # however the pump ends, so does the connection
 
     def abort_after(self, seconds: float) -> None:
         """Give the pump ``seconds`` to finish, then cut the connection regardless."""

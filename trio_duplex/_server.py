@@ -10,7 +10,8 @@ Task tree::
     └── connections nursery
         ├── trio.serve_listeners
         └── one task per TCP connection: the handshake, then the reader (it parses
-            the socket itself, _ws.py), owning a nursery with the pump
+            the socket itself, _ws.py), owning a nursery for the pump (started by
+            the first frame to send, _connection.py)
 
 Nothing that one connection does can raise out of its own task: every error ends that
 connection (1011) and is logged, and the session it held follows PROTOCOL.md.
@@ -19,7 +20,7 @@ connection (1011) and is logged, and the session it held follows PROTOCOL.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -188,24 +189,32 @@ class DuplexServer:
         runner: SessionRunner | None = None
         keepalive: Keepalive | None = None
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_then_cancel, conn.pump, nursery.cancel_scope)
-                if query.get("autostart") == ["1"]:
-                    try:
-                        runner = await self._open(conn, {}, None, self.engine_factory({}))
-                    except ProtocolError as exc:
-                        conn.finish([encode(exc.to_event())], exc.close_code or CLOSE_GOING_AWAY)
-                else:
-                    runner = await self._first_message(conn)
-                if runner is not None:
-                    assert self._sessions is not None
-                    keepalive = Keepalive(
-                        conn, self.timers, self._sessions,
-                        self.config.ping_interval_s, self.config.ping_timeout_s,
-                    )
-                    keepalive.start()
-                    await self._read(conn, runner)
+            async with trio.open_nursery() as conn.nursery:
+                try:
+                    if query.get("autostart") == ["1"]:
+                        try:
+                            runner = await self._open(conn, {}, None, self.engine_factory({}))
+                        except ProtocolError as exc:
+                            code = exc.close_code or CLOSE_GOING_AWAY
+                            conn.finish([encode(exc.to_event())], code)
+                    else:
+                        runner = await self._first_message(conn)
+                    if runner is not None:
+                        assert self._sessions is not None
+                        keepalive = Keepalive(
+                            conn, self.timers, self._sessions,
+                            self.config.ping_interval_s, self.config.ping_timeout_s,
+                        )
+                        keepalive.start()
+                        await self._read(conn, runner)
+                except BaseException:
+                    conn.nursery = None  # ending: nothing more starts in it
+                    raise
+                # Ended without an error: the connection is closing, or it is a resumer
+                # still owed a terminal event. The pump ends it once that is sent.
+                conn.start_pump()
         finally:
+            conn.nursery = None
             if keepalive is not None:
                 self.timers.forget(keepalive)
             if runner is not None:
@@ -370,14 +379,6 @@ class DuplexServer:
         # sends the last frames.
         while True:
             await get()
-
-
-async def _then_cancel(task: Callable[[], Awaitable[None]], scope: trio.CancelScope) -> None:
-    """Run ``task``; when it ends, however it ends, so does the connection."""
-    try:
-        await task()
-    finally:
-        scope.cancel()
 
 
 def _only_cancelled(exc: BaseException) -> bool:

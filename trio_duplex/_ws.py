@@ -16,14 +16,13 @@ wire, so it ends the connection: every later write raises ``ConnectionClosed``.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Iterable, Sequence
 from urllib.parse import parse_qs, urlsplit
 
 import trio
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
-from websockets.protocol import State
+from websockets.protocol import Protocol, State
 from websockets.server import ServerProtocol
 
 RECEIVE_SIZE = 65536
@@ -55,7 +54,8 @@ class WebSocket:
     def __init__(self, stream: trio.abc.Stream, protocol: ServerProtocol) -> None:
         self.stream = stream
         self._protocol = protocol
-        self._messages: deque[str | bytes] = deque()
+        self._messages: list[str | bytes] = []  # from the last read; served up to _next
+        self._next = 0
         self._fragments: list[_Buffer] = []
         self._fragments_text = False
         self._writing = False
@@ -86,7 +86,7 @@ class WebSocket:
         """The next message (text as ``str``, binary as ``bytes``); raises
         ``ConnectionClosed`` once the peer has closed or the connection failed."""
         messages = self._messages
-        if messages:
+        if self._next < len(messages):
             # Several messages came in one read. Serve them with a cancellation point
             # each but a scheduler round only every _YIELD_EVERY-th, so the tasks they
             # feed run in batches and a fast client cannot starve the others.
@@ -95,14 +95,14 @@ class WebSocket:
             if self._unyielded >= _YIELD_EVERY:
                 self._unyielded = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
-            if messages:
-                return messages.popleft()
-        while not messages:
+        while self._next >= len(self._messages):
             if self._ended:
                 raise self._closed_error()
             self._unyielded = 0
             await self._receive()  # a scheduler round
-        return messages.popleft()
+        message = self._messages[self._next]
+        self._next += 1
+        return message
 
     async def _receive(self) -> None:
         protocol = self._protocol
@@ -115,6 +115,8 @@ class WebSocket:
             protocol.receive_data(data)
         else:
             protocol.receive_eof()
+        if self._next >= len(self._messages):
+            self._messages, self._next = [], 0
         self._absorb(protocol.events_received())
         if protocol.close_rcvd is not None or protocol.parser_exc is not None or (
             protocol.state is _CLOSED
@@ -205,7 +207,7 @@ class WebSocket:
                 await self._write_out(protocol.data_to_send())
             while not self._ended and not self._broken:
                 await self._receive()
-                self._messages.clear()
+                self._next = len(self._messages)  # closing: what comes now is dropped
         except ConnectionClosed:
             pass
         finally:
@@ -293,6 +295,11 @@ async def accept_websocket(
     await stream.send_all(b"".join(protocol.data_to_send()))
     if response.status_code != 101:
         return None
+    if len(events) == 1 and not protocol.reader.buffer:
+        # The handshake parser's frame holds the request, all its headers, for as long
+        # as the connection lives; a fresh frame parser (nothing is buffered) holds none.
+        protocol.parser = Protocol.parse(protocol)
+        next(protocol.parser)
     ws = WebSocket(stream, protocol)
     ws._absorb(events[1:])  # frames that came with the request
     return ws, parse_qs(url.query)
