@@ -40,9 +40,19 @@ class Connection:
     _wake: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _drained: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
 
-    def push(self, frame: str) -> None:
+    def push(self, frame: str, *, coalesce: bool = False) -> None:
+        """Send ``frame`` after those pushed before.
+
+        Nothing queued, the socket free and no ``coalesce``: it is written now, from the
+        caller's task, with no task switch. Otherwise (or for the tail of a frame the
+        socket took only part of) the pump sends it, with whatever else queued up by
+        then, in one write. ``coalesce`` says more frames follow at once.
+        """
         if self.close_code is None:
-            self.outbox.append(frame)
+            if coalesce or self.outbox or not self.ws.send_now(frame):
+                self.outbox.append(frame)
+            elif not self.ws.unsent:
+                return
             if self._wake:
                 self._wake.unpark()
             elif not self._pumping:
@@ -110,6 +120,8 @@ class Connection:
                     await ws.send_many([outbox.popleft() for _ in range(count)])
                 if self._drained and len(outbox) <= low_water:
                     self._drained.unpark_all()
+            elif ws.unsent:
+                await ws.flush()
             elif self.close_code is not None:
                 return
             else:

@@ -25,6 +25,7 @@ A complete engine::
 from __future__ import annotations
 
 import importlib
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, ClassVar
 
@@ -63,6 +64,58 @@ EngineFactory = Callable[[Mapping[str, Any]], Engine]
 """Called with the session's initial configuration; returns that session's engine."""
 
 
+class Inbox:
+    """Client events queued for an engine: bounded, with one receiver.
+
+    What ``trio.open_memory_channel`` gives, for one consumer, at half the memory; and
+    the runner can see how many events are waiting (see ``SessionRunner._emit``).
+    """
+
+    __slots__ = ("_bound", "_closed", "_events", "_waiter")
+
+    def __init__(self, bound: int) -> None:
+        self._events: deque[Event] = deque()
+        self._bound = bound
+        self._closed = False
+        self._waiter = trio.lowlevel.ParkingLot()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def put_nowait(self, event: Event) -> None:
+        """Queue ``event``; raises trio.WouldBlock when full, ClosedResourceError when
+        closed."""
+        if self._closed:
+            raise trio.ClosedResourceError("the session has ended")
+        if len(self._events) >= self._bound:
+            raise trio.WouldBlock
+        self._events.append(event)
+        if self._waiter:
+            self._waiter.unpark()
+
+    def close(self) -> None:
+        self._closed = True
+        self._waiter.unpark_all()
+
+    def get_nowait(self) -> Event:
+        """The next event; trio.WouldBlock if none, trio.EndOfChannel once closed."""
+        if self._events:
+            return self._events.popleft()
+        if self._closed:
+            raise trio.EndOfChannel
+        raise trio.WouldBlock
+
+    async def get(self) -> Event:
+        while True:
+            try:
+                event = self.get_nowait()
+            except trio.WouldBlock:
+                await self._waiter.park()
+            else:
+                await trio.lowlevel.checkpoint()
+                return event
+
+
 @attrs.define(eq=False)
 class EngineSession:
     """An engine's handle on its session: read client events, send server events.
@@ -73,7 +126,7 @@ class EngineSession:
 
     session_id: str
     config: dict[str, Any]
-    _inbox: trio.MemoryReceiveChannel[Event]
+    _inbox: Inbox
     _emit: Callable[[Event], Awaitable[None]]
     _unyielded: int = 0
 
@@ -90,10 +143,10 @@ class EngineSession:
             # each but a scheduler round only every 16th, so a burst is handled in one go.
             await trio.lowlevel.checkpoint_if_cancelled()
             try:
-                event = self._inbox.receive_nowait()
+                event = self._inbox.get_nowait()
             except trio.WouldBlock:
                 self._unyielded = 0
-                event = await self._inbox.receive()
+                event = await self._inbox.get()
             else:
                 self._unyielded += 1
                 if self._unyielded >= 16:

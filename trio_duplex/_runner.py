@@ -17,7 +17,7 @@ import trio
 
 from ._connection import Connection
 from ._core import Commit, Session, Terminal
-from ._engine import Engine, EngineSession, Event
+from ._engine import Engine, EngineSession, Event, Inbox
 from ._protocol import (
     CLOSE_REPLACED,
     REASON_CLIENT_CLOSE,
@@ -77,12 +77,10 @@ class SessionRunner:
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     due: float = math.inf
     """When the server's timer will next look at this session (see _timers.py)."""
-    _inbox_send: trio.MemorySendChannel[Event] = attrs.field(init=False)
-    _inbox_recv: trio.MemoryReceiveChannel[Event] = attrs.field(init=False)
+    _inbox: Inbox = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        bound = self.server.config.max_pending_input
-        self._inbox_send, self._inbox_recv = trio.open_memory_channel[Event](bound)
+        self._inbox = Inbox(self.server.config.max_pending_input)
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -92,7 +90,7 @@ class SessionRunner:
             with self._scope:
                 await self._run_engine()
         finally:
-            self._inbox_send.close()
+            self._inbox.close()
             if session.terminal is None:  # the server itself was cancelled
                 session.begin_close(REASON_SHUTDOWN, trio.current_time())
             self.server.registry.release(session)
@@ -112,7 +110,7 @@ class SessionRunner:
             log.info("session %s ended: %s", session.id, terminal.reason)
 
     async def _run_engine(self) -> None:
-        handle = EngineSession(self.session.id, self.session.config, self._inbox_recv, self._emit)
+        handle = EngineSession(self.session.id, self.session.config, self._inbox, self._emit)
         try:
             await self.engine.run(handle)
         except Exception:
@@ -182,9 +180,12 @@ class SessionRunner:
         conn = self.conn
         if emitted is None or conn is None or not self.session.is_current(conn.generation):
             return
+        # While more input waits for the engine, more output will follow at once: let
+        # the pump send it together. Otherwise write it now, from this task.
+        coalesce = len(self._inbox) > 0
         if emitted.notice is not None:
-            conn.push(emitted.notice)
-        conn.push(emitted.frame)
+            conn.push(emitted.notice, coalesce=coalesce)
+        conn.push(emitted.frame, coalesce=coalesce)
         # Wait only while this connection is still the session's live attachment: once
         # it is lost or replaced, output goes to the journal without waiting.
         while conn.congested and conn.close_code is None and self.session.is_current(
@@ -219,7 +220,7 @@ class SessionRunner:
         if seq is not None and not session.is_new_client_seq(seq):
             return  # a resend of something already received
         try:
-            self._inbox_send.send_nowait(event)
+            self._inbox.put_nowait(event)
         except trio.WouldBlock:
             raise ProtocolError(
                 "input_backpressure", "the session's input queue is full; retry later"

@@ -16,6 +16,7 @@ wire, so it ends the connection: every later write raises ``ConnectionClosed``.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Sequence
 from urllib.parse import parse_qs, urlsplit
 
@@ -59,6 +60,8 @@ class WebSocket:
         self._fragments: list[_Buffer] = []
         self._fragments_text = False
         self._writing = False
+        self._unsent = b""  # the tail of a frame send_now could not write whole
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         self._turn = trio.lowlevel.ParkingLot()
         self._broken = False
         self._ended = False
@@ -173,6 +176,42 @@ class WebSocket:
         protocol.send_text(text.encode())
         await self._write_out(protocol.data_to_send())
 
+    def send_now(self, text: str) -> bool:
+        """Write one text message at once, from any task, without waiting; False if that
+        is not possible now (not a socket, another write in progress or unfinished,
+        closing): then send it the usual way.
+
+        Nothing awaits, so nothing can be cancelled half-way. If the socket takes only
+        part of the frame, the rest is kept and goes out before anything else; ``unsent``
+        is then true and someone must call ``flush``.
+        """
+        protocol = self._protocol
+        if (
+            self._fd < 0 or self._writing or self._unsent or self._broken
+            or protocol.state is not _OPEN
+        ):
+            return False
+        protocol.send_text(text.encode())
+        (data,) = protocol.data_to_send()
+        try:
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:  # reset, broken pipe: the reader will see the end too
+            self._lost()
+            return True
+        if sent < len(data):
+            self._unsent = data[sent:]
+        return True
+
+    @property
+    def unsent(self) -> bool:
+        return bool(self._unsent)
+
+    async def flush(self) -> None:
+        """Finish writing what ``send_now`` left."""
+        await self._write(b"")
+
     async def send_many(self, texts: Iterable[str]) -> None:
         """Send several text messages in one write."""
         protocol = self._protocol
@@ -233,12 +272,15 @@ class WebSocket:
         try:
             if self._broken:
                 raise self._closed_error()
+            unsent, self._unsent = self._unsent, b""
             try:
                 if data is None:
                     assert isinstance(self.stream, trio.abc.HalfCloseableStream)
+                    if unsent:
+                        await self.stream.send_all(unsent)
                     await self.stream.send_eof()
-                else:
-                    await self.stream.send_all(data)
+                elif unsent or data:
+                    await self.stream.send_all(unsent + data if unsent else data)
             except BaseException:
                 self._lost()  # half a frame may be out: nothing more can go after it
                 raise

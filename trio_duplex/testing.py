@@ -405,9 +405,9 @@ def _install_patches() -> None:
             for probe in _PROBES:
                 probe._on_queued(self, frames)
 
-    def spy_push(self: Connection, frame: str) -> None:
+    def spy_push(self: Connection, frame: str, *, coalesce: bool = False) -> None:
         queued = self.close_code is None
-        push(self, frame)
+        push(self, frame, coalesce=coalesce)
         if queued:
             for probe in _PROBES:
                 probe._on_queued(self, [frame])
