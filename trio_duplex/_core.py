@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import math
 import secrets
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -94,8 +94,7 @@ class Commit:
     """The generation that was attached and is now replaced, if any."""
 
 
-@attrs.frozen
-class Emitted:
+class Emitted(NamedTuple):  # per event: a tuple is several times cheaper to build
     frame: str
     notice: str | None
     """A ``session.resync_required`` frame to send before ``frame``, on overflow."""
