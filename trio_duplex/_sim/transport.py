@@ -1,0 +1,158 @@
+"""The simulated wire: an in-memory listener whose server-side streams take faults.
+
+``FaultyStream`` can hold sends at a gate, fail them, break only the write half, end or
+stall only the read half, or cut the connection; ``MemoryListener`` hands the server one
+per ``connect()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+
+
+class TransportFault(trio.BrokenResourceError):
+    """Raised by a FaultyStream whose send was made to fail."""
+
+
+@attrs.define(eq=False)
+class FaultyStream(trio.abc.Stream):
+    """A stream whose sends can be held, failed or cut, for race tests."""
+
+    inner: trio.abc.Stream
+    peer: trio.StapledStream[Any, Any] | None = None
+    """The client's end, when the listener made both."""
+    fail_sends: bool = False
+    """Every send from now on raises (the read half keeps working)."""
+    gate: trio.Event | None = None
+    """While set to an unset Event, each send waits on it before writing."""
+    sends_started: int = 0
+    sends_completed: int = 0
+    held: int = 0
+    """Sends waiting at the gate right now."""
+    _passes: int = 0
+    _reads_ended: bool = False
+    _read_gate: trio.Event | None = None
+    _read_scope: trio.CancelScope | None = None
+    _send_started: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _held_changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.sends_started += 1
+        self._send_started.unpark_all()
+        gate = self.gate
+        if gate is not None and not gate.is_set():
+            if self._passes > 0:
+                self._passes -= 1
+            else:
+                self.held += 1
+                self._held_changed.unpark_all()
+                try:
+                    await gate.wait()
+                finally:
+                    self.held -= 1
+        if self.fail_sends:
+            raise TransportFault("send made to fail by the test")
+        await self.inner.send_all(data)
+        self.sends_completed += 1
+
+    def hold(self, after: int = 0) -> trio.Event:
+        """Hold every send from now on, but the first ``after``, until the returned Event
+        is set (or ``release`` is called)."""
+        self.gate = trio.Event()
+        self._passes = after
+        return self.gate
+
+    def release(self) -> None:
+        """Let held sends through, and stop holding."""
+        if self.gate is not None:
+            self.gate.set()
+
+    async def wait_held(self) -> None:
+        """Wait until a send is waiting at the gate (at once if one already is)."""
+        while not self.held:
+            await self._held_changed.park()
+
+    async def wait_send_started(self) -> None:
+        """Wait until the next send begins (e.g. to act while it is held at the gate)."""
+        await self._send_started.park()
+
+    def break_writes(self) -> None:
+        """Break only the write half: every send from now on fails, held ones included
+        once released. Reads go on."""
+        self.fail_sends = True
+
+    def end_reads(self) -> None:
+        """Break only the read half: the server reads end-of-stream (the peer's FIN),
+        while its writes still succeed."""
+        self._reads_ended = True
+        if self._read_scope is not None:
+            self._read_scope.cancel()
+
+    async def fin(self) -> None:
+        """The peer's FIN, in order: the server reads what the peer already sent, then
+        end-of-stream; its writes still succeed (the peer still reads)."""
+        assert self.peer is not None, "only for streams made by MemoryListener.connect"
+        await self.peer.send_stream.aclose()
+
+    def stall_reads(self) -> trio.Event:
+        """The peer goes silent: nothing more is read (pongs included) until the
+        returned Event is set."""
+        self._read_gate = trio.Event()
+        return self._read_gate
+
+    async def cut(self) -> None:
+        """Drop the connection: both halves, no close frame (as a lost network does)."""
+        self.fail_sends = True
+        if self.gate is not None:
+            self.gate.set()
+        await trio.aclose_forcefully(self.inner)
+
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._reads_ended:
+            await trio.lowlevel.checkpoint()
+            return b""
+        with trio.CancelScope() as self._read_scope:
+            data = await self.inner.receive_some(max_bytes)
+            if self._read_gate is not None:  # stalled: what arrived waits with us
+                await self._read_gate.wait()
+            return data
+        return b""  # end_reads() interrupted the wait
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@attrs.define(eq=False)
+class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
+    """A Listener fed by ``connect()``; each server-side stream is a FaultyStream."""
+
+    _send: trio.MemorySendChannel[trio.abc.Stream]
+    _receive: trio.MemoryReceiveChannel[trio.abc.Stream]
+    streams: list[FaultyStream] = attrs.field(factory=list)
+
+    @classmethod
+    def create(cls) -> MemoryListener:
+        send, receive = trio.open_memory_channel[trio.abc.Stream](100)
+        return cls(send, receive)
+
+    async def accept(self) -> trio.abc.Stream:
+        return await self._receive.receive()
+
+    async def aclose(self) -> None:
+        self._receive.close()
+        await trio.lowlevel.checkpoint()
+
+    async def connect(self) -> tuple[trio.abc.Stream, FaultyStream]:
+        client, server = trio.testing.memory_stream_pair()
+        faulty = FaultyStream(server, peer=client)
+        self.streams.append(faulty)
+        await self._send.send(faulty)
+        return client, faulty
