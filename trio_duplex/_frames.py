@@ -141,6 +141,12 @@ class FrameReader:
             elif opcode > BINARY:
                 raise FrameError(1002, f"unknown opcode {opcode}")
             else:
+                # Out-of-order fragments are refused from the header, like the size.
+                if opcode == CONT:
+                    if self._parts is None:
+                        raise FrameError(1002, "a continuation frame with no message to continue")
+                elif self._parts is not None:
+                    raise FrameError(1002, "a new message began before the last one ended")
                 if length == 126:
                     if n - head < 2:
                         self._need = 4
@@ -165,8 +171,6 @@ class FrameReader:
             payload = apply_mask(buf[head + 4 : end], buf[head : head + 4]) if length else b""
             pos = end
             if opcode == TEXT or opcode == BINARY:
-                if self._parts is not None:
-                    raise FrameError(1002, "a new message began before the last one ended")
                 if fin:
                     out.append(_message(payload, opcode == TEXT))
                 else:
@@ -175,8 +179,7 @@ class FrameReader:
                     self._parts_text = opcode == TEXT
             elif opcode == CONT:
                 parts = self._parts
-                if parts is None:
-                    raise FrameError(1002, "a continuation frame with no message to continue")
+                assert parts is not None  # checked at the header
                 parts.append(payload)
                 self._parts_size += length
                 if fin:
