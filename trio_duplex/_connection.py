@@ -1,9 +1,12 @@
 """One WebSocket connection: its outbox, the pump that drains it, and its keepalive.
 
-Everything the server says to a client goes through ``Connection.push``, a plain deque
-append, so the session core can answer from synchronous code and a single pump task
-writes to the socket in order. A send that fails or is cancelled ends the connection
-(half a frame may have been written): the pump raises and the connection's
+Everything the server says to a client goes through ``Connection.push``, which never
+awaits, so the session core can answer from synchronous code. When nothing is queued
+and no write is in progress, push writes the frame at once with a non-blocking write on
+the socket (no task switch; nothing to cancel half-way). Otherwise the frame joins the
+outbox, and a single pump task (started with the connection's first queued frame) sends
+the outbox in order, in batched writes. A send that fails or is cancelled ends the
+connection (half a frame may have been written): the pump raises and the connection's
 nursery is cancelled.
 """
 
