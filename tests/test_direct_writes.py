@@ -16,7 +16,9 @@ import trio
 from conftest import RawClient, _raw_handshake
 
 from trio_duplex import DuplexServer, ServerConfig
-from trio_duplex._ws import WebSocket
+from trio_duplex._connection import Connection, Keepalive
+from trio_duplex._timers import Timers
+from trio_duplex._ws import ConnectionClosed, WebSocket
 from trio_duplex.testing import ScriptedEngine
 
 
@@ -102,3 +104,48 @@ async def test_a_reader_that_keeps_up_gets_frames_written_directly(
             (conn,) = server.connections
             assert not conn.outbox
             await client.stream.aclose()
+
+
+class BrokenOnWrite:
+    """A WebSocket whose socket turns out to be broken at the first write."""
+
+    broken = False
+    unsent = False
+
+    def send_now(self, text: str) -> bool:
+        self.broken = True  # os.write raised EPIPE/ECONNRESET: the frame was taken
+        return True
+
+    async def send_message(self, text: str) -> None:
+        raise ConnectionClosed(1006, "connection lost")
+
+    async def send_many(self, texts: list[str]) -> None:
+        raise ConnectionClosed(1006, "connection lost")
+
+    async def ping(self) -> None:
+        raise ConnectionClosed(1006, "connection lost")
+
+
+async def test_a_direct_write_that_finds_the_socket_broken_ends_the_connection(
+    autojump_clock: Any,
+) -> None:
+    conn = Connection(BrokenOnWrite(), high_water=8)  # type: ignore[arg-type]
+    with pytest.RaisesGroup(ConnectionClosed), trio.fail_after(1):
+        async with trio.open_nursery() as nursery:
+            conn.nursery = nursery
+            conn.push("frame")
+            assert list(conn.outbox) == ["frame"]  # for the pump, whose write will raise
+            await trio.sleep_forever()
+
+
+async def test_a_ping_on_a_broken_socket_ends_the_connection(autojump_clock: Any) -> None:
+    ws = BrokenOnWrite()
+    ws.broken = True
+    conn = Connection(ws, high_water=8)  # type: ignore[arg-type]
+    with trio.fail_after(1):
+        async with trio.open_nursery() as nursery:
+            keepalive = Keepalive(conn, Timers(), nursery, interval=20.0, patience=20.0)
+            with trio.CancelScope() as conn.scope:
+                await keepalive._ping()
+                await trio.sleep_forever()
+            assert conn.scope.cancelled_caught

@@ -52,9 +52,12 @@ class Connection:
         then, in one write. ``coalesce`` says more frames follow at once.
         """
         if self.close_code is None:
-            if coalesce or self.outbox or not self.ws.send_now(frame):
+            ws = self.ws
+            if coalesce or self.outbox or not ws.send_now(frame) or ws.broken:
+                # (On a broken socket the pump's first write raises and ends the
+                # connection, even if its reader has not noticed yet.)
                 self.outbox.append(frame)
-            elif not self.ws.unsent:
+            elif not ws.unsent:
                 return
             if self._wake:
                 self._wake.unpark()
@@ -164,6 +167,8 @@ class Keepalive:
             try:
                 await self.conn.ws.ping()
             except ConnectionClosed:
+                if self.conn.ws.broken and self.conn.scope is not None:
+                    self.conn.scope.cancel()  # lost: the session detaches now
                 return
             self.start()
             return

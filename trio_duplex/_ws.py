@@ -208,6 +208,11 @@ class WebSocket:
         return True
 
     @property
+    def broken(self) -> bool:
+        """A write failed or was cancelled: nothing more can be sent."""
+        return self._broken
+
+    @property
     def unsent(self) -> bool:
         return bool(self._unsent)
 
