@@ -73,13 +73,23 @@ class FaultyProxy:
             task_status.started(port)
 
     async def _handle(self, downstream: trio.SocketStream) -> None:
-        index = self.connections
-        self.connections += 1
-        try:
-            upstream = await trio.open_tcp_stream(self.target_host, self.target_port)
-        except OSError:
-            await trio.aclose_forcefully(downstream)
-            return
+        # Each stream is closed by its own ``async with``: aclose() closes the socket before
+        # its checkpoint, so a cancelled close of one still leaves the other to be closed.
+        # (Two aclose_forcefully calls in one finally would not: under an outer cancel the
+        # first raises Cancelled and the second never runs, leaking upstream.)
+        async with downstream:
+            index = self.connections
+            self.connections += 1
+            try:
+                upstream = await trio.open_tcp_stream(self.target_host, self.target_port)
+            except OSError:
+                return
+            async with upstream:
+                await self._forward(index, downstream, upstream)
+
+    async def _forward(
+        self, index: int, downstream: trio.SocketStream, upstream: trio.SocketStream
+    ) -> None:
         plan, rng = self.plan, self._rng
         doomed = (
             len(self.cuts) < plan.max_cuts
@@ -100,11 +110,9 @@ class FaultyProxy:
                     nursery.start_soon(self._pump, downstream, upstream, doom)
                     nursery.start_soon(self._pump, upstream, downstream, doom)
         finally:
-            if cut is not None and cut.rst:
+            if cut is not None and cut.rst:  # both set before either closes: RST both ways
                 for stream in (downstream, upstream):
                     _linger_zero(stream)
-            await trio.aclose_forcefully(downstream)
-            await trio.aclose_forcefully(upstream)
 
     async def _pump(self, source: trio.SocketStream, sink: trio.SocketStream, doom: _Doom) -> None:
         try:
