@@ -4,6 +4,7 @@ bad frames that must never take down the server or another session."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import trio
@@ -419,6 +420,64 @@ async def test_bad_frames_in_one_write_never_take_down_the_server(
         # The bystander's session and brand-new sessions are unaffected.
         reply = await echo(bystander, "after")
         assert reply["server_event_seq"] == 2
+        await assert_still_serving(sim)
+        assert bystander.close_code is None
+
+
+def _random_junk(rng: random.Random) -> bytes:
+    """Frames with random header bits, lengths and masks, cut anywhere, or plain noise."""
+    parts = []
+    for _ in range(rng.randint(1, 6)):
+        if rng.random() < 0.25:
+            parts.append(rng.randbytes(rng.randint(1, 40)))
+            continue
+        if rng.random() < 0.3:
+            payload = json.dumps({"type": "input.text.append", "text": "x"}).encode()
+        else:
+            payload = rng.randbytes(rng.choice([0, 1, 5, 125, 126, 127, 300, 70_000]))
+            if rng.random() < 0.5:
+                payload = bytes(b & 0x7F for b in payload)  # ASCII: valid UTF-8
+        length = len(payload)
+        fin = 0x80 if rng.random() < 0.8 else 0
+        rsv = 0 if rng.random() < 0.85 else rng.randrange(1, 8) << 4
+        opcode = rng.choice([0, 1, 1, 1, 2, 8, 9, 10]) if rng.random() < 0.9 else rng.randrange(16)
+        b0 = fin | rsv | opcode
+        code = length if length < 126 else 126 if length < 65536 else 127
+        b1 = (0x80 if rng.random() < 0.9 else 0) | code
+        head = bytes((b0, b1))
+        if code == 126:
+            head += length.to_bytes(2, "big")
+        elif code == 127:
+            head += length.to_bytes(8, "big")
+        key = rng.randbytes(4)
+        frame = head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+        parts.append(frame[: rng.randint(1, len(frame))] if rng.random() < 0.2 else frame)
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize("seed", range(60))
+async def test_random_bytes_after_the_handshake_end_only_that_connection(
+    autojump_clock, raw_ws, seed
+):
+    """Whatever a client writes after the 101, the server ends that connection with a
+    close code (or keeps it, for what is valid), and nobody else notices."""
+    rng = random.Random(seed)
+    async with running_server(ServerConfig(max_event_bytes=1000)) as sim:
+        bystander, _ = await sim.open_session()
+        attacker = await raw_ws(sim)
+        if rng.random() < 0.5:
+            await attacker.send({"type": "session.update", "session": {}})
+            assert (await attacker.receive())["type"] == "session.created"
+        with trio.fail_after(120):
+            await attacker.send_bytes(_random_junk(rng))
+            await attacker.stream.send_eof()  # then the peer's FIN
+            events = await attacker.receive_until_closed()
+        assert all(isinstance(event, dict) and "type" in event for event in events)
+        # 1006: the junk was valid up to our FIN, so the server saw the peer go without a
+        # close frame and ended the TCP connection likewise.
+        assert attacker.close_code in (1000, 1001, 1002, 1006, 1007, 1009), attacker.close_code
+        reply = await echo(bystander, "after")
+        assert reply["server_event_seq"] == 1
         await assert_still_serving(sim)
         assert bystander.close_code is None
 
