@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterable
 from urllib.parse import parse_qs, urlsplit
 
@@ -79,7 +80,9 @@ class WebSocket:
         self._writing = False
         self._turn = trio.lowlevel.ParkingLot()
         self._unsent = b""  # the tail of a frame send_now could not write whole
-        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
+        self._fd = -1  # os.write on a socket's descriptor is POSIX: else the pump sends
+        if isinstance(stream, trio.SocketStream) and sys.platform != "win32":
+            self._fd = stream.socket.fileno()
         self._pongs: dict[bytes, trio.Event] = {}
         self._pings_sent = 0
 
