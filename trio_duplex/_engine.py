@@ -63,6 +63,12 @@ class Engine:
 EngineFactory = Callable[[Mapping[str, Any]], Engine]
 """Called with the session's initial configuration; returns that session's engine."""
 
+YIELD_EVERY = 16
+"""Per-event paths that can go on without waiting (an engine's send and receive, the
+reader serving messages from one read) check for cancellation every time but give the
+scheduler a round only every YIELD_EVERY-th time: a round per event was a task switch
+per event, and no task can starve the others for longer than this many events."""
+
 
 class Inbox:
     """Client events queued for an engine: bounded, with one receiver.
@@ -139,8 +145,7 @@ class EngineSession:
     async def receive(self) -> Event:
         """The next client event. ``session.update`` is answered here, not returned."""
         while True:
-            # Like the reader: events already queued are taken with a cancellation point
-            # each but a scheduler round only every 16th, so a burst is handled in one go.
+            # Events already queued are taken in a burst (see YIELD_EVERY).
             await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 event = self._inbox.get_nowait()
@@ -149,7 +154,7 @@ class EngineSession:
                 event = await self._inbox.get()
             else:
                 self._unyielded += 1
-                if self._unyielded >= 16:
+                if self._unyielded >= YIELD_EVERY:
                     self._unyielded = 0
                     await trio.lowlevel.cancel_shielded_checkpoint()
             if event["type"] != "session.update":

@@ -17,7 +17,7 @@ import trio
 
 from ._connection import Connection
 from ._core import Commit, Session, Terminal
-from ._engine import Engine, EngineSession, Event, Inbox
+from ._engine import YIELD_EVERY, Engine, EngineSession, Event, Inbox
 from ._protocol import (
     CLOSE_REPLACED,
     REASON_CLIENT_CLOSE,
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from ._server import DuplexServer
 
 log = logging.getLogger("trio_duplex")
-
-_YIELD_EVERY = 16
 
 _CONTROL_INPUT = frozenset({"session.update", "session.heartbeat", "session.close"})
 
@@ -168,12 +166,12 @@ class SessionRunner:
 
     async def _emit(self, event: Event) -> None:
         # A cancellation point on every send, but a scheduler round only on every
-        # _YIELD_EVERY-th one (or when the connection is congested): a full checkpoint
+        # YIELD_EVERY-th one (or when the connection is congested): a full checkpoint
         # per event cost a task switch per event, and an engine that only sends still
         # cannot starve the others.
         await trio.lowlevel.checkpoint_if_cancelled()
         self._unyielded += 1
-        if self._unyielded >= _YIELD_EVERY:
+        if self._unyielded >= YIELD_EVERY:
             self._unyielded = 0
             await trio.lowlevel.cancel_shielded_checkpoint()
         emitted = self.session.emit(event, trio.current_time())

@@ -30,6 +30,7 @@ import trio
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
+from ._engine import YIELD_EVERY
 from ._frames import (
     PING,
     PONG,
@@ -42,7 +43,6 @@ from ._frames import (
 )
 
 RECEIVE_SIZE = 65536
-_YIELD_EVERY = 16
 _MAX_REQUEST_BYTES = 16384
 _ABNORMAL = 1006
 
@@ -106,11 +106,11 @@ class WebSocket:
         ``ConnectionClosed`` once the peer has closed or the connection failed."""
         if self._next < len(self._messages):
             # Several messages came in one read. Serve them with a cancellation point
-            # each but a scheduler round only every _YIELD_EVERY-th, so the tasks they
+            # each but a scheduler round only every YIELD_EVERY-th, so the tasks they
             # feed run in batches and a fast client cannot starve the others.
             await trio.lowlevel.checkpoint_if_cancelled()
             self._unyielded += 1
-            if self._unyielded >= _YIELD_EVERY:
+            if self._unyielded >= YIELD_EVERY:
                 self._unyielded = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
         while self._next >= len(self._messages):
