@@ -61,7 +61,7 @@ class Connection:
                 return
             if self._wake:
                 self._wake.unpark()
-            elif not self._pumping:
+            else:
                 self.start_pump()
 
     def finish(self, frames: list[str], close_code: int, *, flush: bool = True) -> None:
@@ -75,8 +75,7 @@ class Connection:
         self.close_code = close_code
         self._wake.unpark_all()
         self._drained.unpark_all()
-        if not self._pumping:
-            self.start_pump()
+        self.start_pump()
 
     def start_pump(self) -> None:
         """Start the pump, unless it runs or the connection's nursery is gone.

@@ -112,13 +112,16 @@ class Inbox:
         raise trio.WouldBlock
 
     async def get(self) -> Event:
+        parked = False
         while True:
             try:
                 event = self.get_nowait()
             except trio.WouldBlock:
                 await self._waiter.park()
+                parked = True
             else:
-                await trio.lowlevel.checkpoint()
+                if not parked:  # a checkpoint all the same; woken from park, it was one
+                    await trio.lowlevel.checkpoint()
                 return event
 
 

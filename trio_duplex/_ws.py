@@ -87,12 +87,8 @@ class WebSocket:
         self._pings_sent = 0
 
     def __repr__(self) -> str:
-        state = "open" if not self.closed else "closed"
+        state = "closed" if self._broken or self._close_sent or self._ended else "open"
         return f"<WebSocket {id(self):#x} {state}>"
-
-    @property
-    def closed(self) -> bool:
-        return self._broken or self._close_sent or self._ended
 
     def _closed_error(self) -> ConnectionClosed:
         if self._close is None:
@@ -134,8 +130,13 @@ class WebSocket:
             return
         if self._next >= len(self._messages):
             self._messages, self._next = [], 0
+        await self._feed(data)
+
+    async def _feed(self, data: bytes | bytearray) -> None:
+        """Parse ``data``, then send what it calls for: pongs, a close, and once the
+        closing handshake is done, the end of our half of the TCP connection."""
         replies = self._absorb(data)
-        if replies or self._ended:  # the close handshake done: the server ends the TCP
+        if replies or self._ended:
             await self._write_out(replies, eof=self._ended)
 
     def _absorb(self, data: bytes | bytearray) -> list[bytes]:
@@ -338,9 +339,7 @@ async def accept_websocket(
         return None
     ws = WebSocket(stream, max_message_bytes)
     if early:
-        replies = ws._absorb(early)
-        if replies or ws._ended:
-            await ws._write_out(replies, eof=ws._ended)
+        await ws._feed(early)
     return ws, parse_qs(url.query)
 
 
