@@ -11,13 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-from ._plan import FULL, QUICK
-from ._procs import ROOT, LoadMeter, install_reaper, machine_info, stop_all
-from ._scenarios import SCENARIOS
-from ._stats import format_table
-from ._suite import Suite
-from ._workload import raise_nofile
-from .report import plot_voice
+from benchmarks._plan import FULL, QUICK
+from benchmarks._procs import ROOT, LoadMeter, install_reaper, machine_info, stop_all
+from benchmarks._scenarios import SCENARIOS
+from benchmarks._stats import format_table
+from benchmarks._suite import Suite
+from benchmarks._workload import raise_nofile
+from benchmarks.report import plot_voice
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._plan import geometric_steps
-from ._procs import Proc
-from ._stats import TIMES, Row, Summary, largest_passing, paired_ratios
-from ._suite import NAMES, Suite, Variant, server_cpu
+from benchmarks._plan import geometric_steps
+from benchmarks._procs import Proc
+from benchmarks._stats import TIMES, Row, Summary, largest_passing, paired_ratios
+from benchmarks._suite import NAMES, Suite, Variant, server_cpu
 
 Runs = list[dict[str, Any] | None]
 

@@ -20,9 +20,18 @@ from typing import Any
 
 import attrs
 
-from ._plan import Plan
-from ._procs import PY, ROOT, BenchError, Proc, free_port, pinned, run_client, start_server
-from ._stats import Row
+from benchmarks._plan import Plan
+from benchmarks._procs import (
+    PY,
+    ROOT,
+    BenchError,
+    Proc,
+    free_port,
+    pinned,
+    run_client,
+    start_server,
+)
+from benchmarks._stats import Row
 
 PEER = Path(__file__).resolve().parent / "peer"
 SERVER_CPU = "0"

@@ -27,9 +27,9 @@ import tracemalloc
 from collections.abc import Iterable
 from pathlib import Path
 
-from ._procs import PY, Proc, free_port, install_reaper, pinned, run_client, start_server
-from ._suite import CLIENT_CPU, SERVER_CPU, duplex_flags
-from ._workload import raise_nofile
+from benchmarks._procs import PY, Proc, free_port, install_reaper, pinned, run_client, start_server
+from benchmarks._suite import CLIENT_CPU, SERVER_CPU, duplex_flags
+from benchmarks._workload import raise_nofile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
@@ -224,7 +224,7 @@ def traced_serve(argv: list[str]) -> int:
     import psutil
     import trio  # noqa: F401 - task_census needs it whole
 
-    from trio_duplex._cli import main as cli_main
+    from trio_duplex.cli import main as cli_main
 
     imported = True
     return cli_main(["serve", *argv])

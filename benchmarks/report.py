@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ._stats import Row, Summary, format_markdown, format_table
+from benchmarks._stats import Row, Summary, format_markdown, format_table
 
 
 def rows_from_json(data: dict[str, Any]) -> list[Row]:

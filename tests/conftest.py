@@ -1,137 +1,22 @@
-"""Shared fixtures.
+"""Shared fixtures (their helpers are in ``tests/helpers.py``).
 
-In memory: ``raw_ws`` opens a WebSocket to a ``running_server`` simulation with a bare
-wsproto client, for what the trio-websocket client will not do (fragments, binary and
-over-size frames written together in one ``send_all``, pings left unanswered, raw HTTP).
-
-Over real sockets: ``serve`` starts ``python -m trio_duplex serve`` as a subprocess on a
-free port, waits for its ``serving ws://...`` line on stderr, and always stops it.
+``raw_ws`` opens a WebSocket to a ``running_server`` simulation with a bare wsproto
+client; ``raw_http`` sends raw bytes and returns the answer; ``serve`` and
+``serve_module`` start ``trio-duplex serve`` subprocesses and always stop them.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import signal
-import subprocess
-import sys
-import threading
-import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import attrs
 import pytest
 import trio
-from wsproto import ConnectionType, WSConnection
-from wsproto.events import (
-    AcceptConnection,
-    BytesMessage,
-    CloseConnection,
-    Message,
-    Ping,
-    Request,
-    TextMessage,
-)
+from wsproto.events import AcceptConnection
 
 from trio_duplex.testing import Simulation
 
-# -- in memory: a bare WebSocket client --------------------------------------------------
-
-
-class RawClosed(Exception):
-    """The server closed the WebSocket (or the stream) under a RawClient."""
-
-
-@attrs.define(eq=False)
-class RawClient:
-    """A wsproto client on an in-memory stream to the simulated server."""
-
-    stream: trio.abc.Stream
-    ws: WSConnection = attrs.field(factory=lambda: WSConnection(ConnectionType.CLIENT))
-    answer_pings: bool = True
-    close_code: int | None = None
-    pings: int = 0
-    eof: bool = False
-    _pending: deque[Any] = attrs.field(factory=deque)
-    _parts: list[str | bytes] = attrs.field(factory=list)
-
-    # writing
-    def frame(self, data: str | bytes, *, fin: bool = True) -> bytes:
-        """The bytes of one client frame (masked), without sending them."""
-        message: Message[Any]
-        if isinstance(data, str):
-            message = TextMessage(data=data, message_finished=fin)
-        else:
-            message = BytesMessage(data=data, message_finished=fin)
-        return self.ws.send(message)
-
-    async def send_bytes(self, data: bytes) -> None:
-        await self.stream.send_all(data)
-
-    async def send(self, event: dict[str, Any]) -> None:
-        await self.send_bytes(self.frame(json.dumps(event)))
-
-    # reading
-    async def next_event(self) -> Any:
-        """The next wsproto event, or None at end of stream."""
-        while not self._pending:
-            if self.eof:
-                return None
-            try:
-                data = await self.stream.receive_some()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
-            if not data:
-                self.eof = True
-                self.ws.receive_data(None)
-            else:
-                self.ws.receive_data(data)
-            self._pending.extend(self.ws.events())
-        return self._pending.popleft()
-
-    async def receive(self) -> dict[str, Any]:
-        """The next JSON event; raises RawClosed once the server closes."""
-        while True:
-            event = await self.next_event()
-            if event is None:
-                raise RawClosed(self.close_code)
-            if isinstance(event, CloseConnection):
-                self.close_code = int(event.code)
-                try:
-                    await self.stream.send_all(self.ws.send(event.response()))
-                except Exception:
-                    pass
-                raise RawClosed(self.close_code)
-            if isinstance(event, Ping):
-                self.pings += 1
-                if self.answer_pings:
-                    await self.stream.send_all(self.ws.send(event.response()))
-                continue
-            if isinstance(event, TextMessage | BytesMessage):
-                self._parts.append(event.data)
-                if event.message_finished:
-                    parts, self._parts = self._parts, []
-                    if isinstance(event, TextMessage):
-                        result: dict[str, Any] = json.loads("".join(parts))  # type: ignore[arg-type]
-                        return result
-                    raise AssertionError(f"server sent a binary frame: {parts!r}")
-
-    async def receive_until_closed(self) -> list[dict[str, Any]]:
-        events = []
-        try:
-            while True:
-                events.append(await self.receive())
-        except RawClosed:
-            return events
-
-
-async def _raw_handshake(client: RawClient, path: str) -> Any:
-    await client.send_bytes(client.ws.send(Request(host="sim", target=path)))
-    event = await client.next_event()
-    assert event is not None, "the server closed the stream during the handshake"
-    return event
+from .helpers import RawClient, ServerProcess, Servers, raw_handshake
 
 
 @pytest.fixture
@@ -141,7 +26,7 @@ def raw_ws() -> Callable[..., Any]:
     async def connect(sim: Simulation, path: str = "/v1/duplex", **kwargs: Any) -> RawClient:
         stream, _ = await sim.listener.connect()
         client = RawClient(stream, **kwargs)
-        answer = await _raw_handshake(client, path)
+        answer = await raw_handshake(client, path)
         assert isinstance(answer, AcceptConnection), answer
         return client
 
@@ -168,113 +53,6 @@ def raw_http() -> Callable[..., Any]:
         return answer
 
     return exchange
-
-
-# -- over real sockets: the serve command as a subprocess ---------------------------------
-
-READY = re.compile(r"serving (ws://\S+)")
-
-
-@attrs.define(eq=False)
-class ServerProcess:
-    proc: subprocess.Popen[str]
-    lines: list[str] = attrs.field(factory=list)
-    url: str = ""
-    _cond: threading.Condition = attrs.field(factory=threading.Condition)
-    _reader: threading.Thread | None = None
-
-    def _read_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            with self._cond:
-                self.lines.append(line)
-                self._cond.notify_all()
-        with self._cond:
-            self.lines.append("")  # EOF marker
-            self._cond.notify_all()
-
-    def start_reading(self) -> None:
-        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
-        self._reader.start()
-
-    def wait_for_line(self, pattern: str | re.Pattern[str], timeout: float) -> re.Match[str]:
-        """Wait for a stderr line matching ``pattern``; fail after ``timeout`` seconds."""
-        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
-        deadline = time.monotonic() + timeout
-        seen = 0
-        with self._cond:
-            while True:
-                while seen < len(self.lines):
-                    line = self.lines[seen]
-                    seen += 1
-                    if line == "":
-                        raise AssertionError(f"server exited before {regex.pattern!r}:\n{self.log}")
-                    match = regex.search(line)
-                    if match:
-                        return match
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"no {regex.pattern!r} within {timeout}s:\n{self.log}")
-                self._cond.wait(left)
-
-    @property
-    def log(self) -> str:
-        with self._cond:
-            return "".join(self.lines)
-
-    @property
-    def port(self) -> int:
-        match = re.match(r"ws://[^/]*:(\d+)/", self.url)
-        assert match, self.url
-        return int(match.group(1))
-
-    def interrupt(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-
-    def wait(self, timeout: float) -> int:
-        return self.proc.wait(timeout)
-
-    def stop(self) -> None:
-        """Kill the process if it is still running (graceful stops are tested explicitly)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        if self._reader is not None:
-            self._reader.join(5)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
-
-
-def serve_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "trio_duplex", "serve", *args]
-
-
-@attrs.define
-class Servers:
-    """Every server process started through it is stopped by ``stop_all``."""
-
-    started: list[ServerProcess] = attrs.field(factory=list)
-
-    def start(self, *args: str, ready_timeout: float = 15.0) -> ServerProcess:
-        if "--port" not in args:
-            args = ("--port", "0", *args)
-        proc = subprocess.Popen(
-            serve_command(*args),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            encoding="utf-8",
-        )
-        server = ServerProcess(proc)
-        self.started.append(server)
-        server.start_reading()
-        server.url = server.wait_for_line(READY, ready_timeout).group(1)
-        return server
-
-    def stop_all(self) -> None:
-        for server in self.started:
-            server.stop()
 
 
 @pytest.fixture

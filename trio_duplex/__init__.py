@@ -1,11 +1,11 @@
 """trio-duplex: resumable full-duplex realtime sessions over WebSocket, on trio."""
 
 from . import client
-from ._config import ServerConfig
-from ._core import Registry, Session, State
-from ._engine import BadEvent, Engine, EngineFactory, EngineSession, Event, load_engine_factory
-from ._protocol import PROTOCOL_VERSION, ProtocolError
-from ._server import DuplexServer
+from .core.config import ServerConfig
+from .core.session import Registry, Session, State
+from .core.wire import PROTOCOL_VERSION, ProtocolError
+from .engines.api import BadEvent, Engine, EngineFactory, EngineSession, Event, load_engine_factory
+from .server.server import DuplexServer
 
 __all__ = [
     "PROTOCOL_VERSION",

@@ -23,8 +23,8 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from .._stats import percentile, percentiles
-from .._workload import (
+from benchmarks._stats import percentile, percentiles
+from benchmarks._workload import (
     AUDIO_DELTA,
     AUDIO_FRAME,
     FRAME_PERIOD_S,

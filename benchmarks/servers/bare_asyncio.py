@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from .._workload import burst_frame, raise_nofile
+from benchmarks._workload import burst_frame, raise_nofile
 
 
 async def handler(ws: ServerConnection) -> None:

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 
-from .._workload import burst_frame, raise_nofile
+from benchmarks._workload import burst_frame, raise_nofile
 
 
 async def handler(request: WebSocketRequest) -> None:

@@ -1,6 +1,17 @@
-"""Built-in engines, by the name that ``--engine`` takes."""
+"""Engines: what produces a session's output.
 
-BUILTIN = {
-    "echo": "trio_duplex.engines.echo:EchoEngine",
-    "voice": "trio_duplex.engines.voice:VoiceEngine",
-}
+``api`` is the whole engine API (``Engine``, ``EngineSession``, ``BadEvent``); ``echo``
+and ``voice`` are the built-in engines, and the examples to learn it from.
+"""
+
+from .api import BUILTIN, BadEvent, Engine, EngineFactory, EngineSession, Event, load_engine_factory
+
+__all__ = [
+    "BUILTIN",
+    "BadEvent",
+    "Engine",
+    "EngineFactory",
+    "EngineSession",
+    "Event",
+    "load_engine_factory",
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._engine import BadEvent, Engine, EngineSession, Event
+from .api import BadEvent, Engine, EngineSession, Event
 
 _FIELD = {"input.text.append": "text", "input_audio_buffer.append": "audio"}
 _REPLY = {

@@ -55,7 +55,7 @@ from typing import Any, Final
 import attrs
 import trio
 
-from .._engine import BadEvent, Engine, EngineSession, Event
+from .api import BadEvent, Engine, EngineSession, Event
 
 SAMPLE_RATE: Final = 24_000
 FRAME_SAMPLES: Final = 480

@@ -1,0 +1,409 @@
+"""``trio-duplex connect``: in process against the server in memory (input, Ctrl-C presses
+and output passed in; virtual time), then as a subprocess driven through a pipe against
+a real ``python -m trio_duplex serve`` subprocess."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import wave
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from trio_duplex import ServerConfig
+from trio_duplex.client import ResumeState, connect
+from trio_duplex.client.terminal import Printer, _full_url, build_parser, run
+from trio_duplex.engines.echo import EchoEngine
+from trio_duplex.engines.voice import VoiceEngine
+from trio_duplex.testing import FaultyStream, Simulation, running_server
+
+# -- in process -------------------------------------------------------------------------
+
+
+class Screen(io.StringIO):
+    """A StringIO that wakes whoever waits for some text to appear on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = trio.Event()
+
+    def write(self, text: str) -> int:
+        self.changed.set()
+        self.changed = trio.Event()
+        return super().write(text)
+
+    async def wait_for(self, text: str) -> None:
+        while text not in self.getvalue():
+            await self.changed.wait()
+
+
+@attrs.define
+class Terminal:
+    """What the client reads (lines, Ctrl-C presses) and writes (stdout, stderr)."""
+
+    sim: Simulation
+    lines: trio.MemorySendChannel[str]
+    presses: trio.MemorySendChannel[int]
+    out: Screen
+    err: Screen
+    streams: list[FaultyStream] = attrs.field(factory=list)
+    down: bool = False
+    exit_code: int | None = None
+    exited: trio.Event = attrs.field(factory=trio.Event)
+
+    async def open_stream(self) -> trio.abc.Stream:
+        await trio.lowlevel.checkpoint()
+        if self.down:
+            raise OSError("network is down")
+        client, faulty = await self.sim.listener.connect()
+        self.streams.append(faulty)
+        return client
+
+    async def type(self, *lines: str) -> None:
+        for line in lines:
+            await self.lines.send(line + "\n")
+
+    async def wait_for(self, text: str, stream: str = "out") -> None:
+        await (self.out if stream == "out" else self.err).wait_for(text)
+
+
+@asynccontextmanager
+async def terminal(
+    argv: Sequence[str], config: ServerConfig | None = None, engine: Any = EchoEngine
+) -> AsyncIterator[Terminal]:
+    async with running_server(config, engine) as sim:
+        lines_in, lines = trio.open_memory_channel[str](100)
+        presses_in, presses = trio.open_memory_channel[int](10)
+        term = Terminal(sim, lines_in, presses_in, Screen(), Screen())
+        args = build_parser().parse_args(["ws://sim", *argv])
+        printer = Printer(term.out, term.err, raw_json=args.json)
+
+        async def client() -> None:
+            term.exit_code = await run(
+                args,
+                lines=lines,
+                interrupts=presses,
+                printer=printer,
+                open_stream=term.open_stream,
+                rng=random.Random(0),
+            )
+            term.exited.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client)
+            with trio.fail_after(120):
+                yield term
+                await term.exited.wait()
+
+
+def out_lines(term: Terminal) -> list[str]:
+    return term.out.getvalue().splitlines()
+
+
+async def test_lines_in_events_out_then_end_of_input_closes(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with terminal([]) as term:
+        await term.type("hello", "", "wide world ✓")
+        term.lines.close()
+    assert term.exit_code == 0
+    lines = out_lines(term)
+    assert lines[0].split() == ["1", "response.output_text.delta", "hello"]
+    assert lines[1].split() == ["2", "response.output_text.delta", "wide", "world", "✓"]
+    assert lines[2].split()[:2] == ["-", "session.closed"] and "client_close" in lines[2]
+    err = term.err.getvalue()
+    assert "* connected: session sess_" in err and "end of input: closing" in err
+    assert term.sim.server.slots_held == 0
+
+
+async def test_json_prints_raw_events(autojump_clock: trio.abc.Clock) -> None:
+    async with terminal(["--json"]) as term:
+        await term.type('/event {"type": "input.text.append", "text": "raw", "event_id": "e"}')
+        await term.type('/event {"type": "no.such", "event_id": "e2"}', "/event [1]")
+        term.lines.close()
+    events = [json.loads(line) for line in out_lines(term)]
+    assert events[0] == {"type": "response.output_text.delta", "text": "raw", "server_event_seq": 1}
+    assert (events[1]["type"], events[1]["code"], events[1]["event_id"]) == (
+        "error",
+        "unknown_event",
+        "e2",
+    )
+    assert events[-1]["type"] == "session.closed"
+    assert "not sent: /event needs a JSON object" in term.err.getvalue()
+
+
+async def test_reconnects_and_resumes_are_shown(autojump_clock: trio.abc.Clock) -> None:
+    async with terminal([]) as term:
+        await term.type("before")
+        await term.wait_for("before")
+        term.down = True
+        await term.streams[-1].cut()
+        await term.wait_for("retry 2", "err")
+        term.down = False
+        await term.type("after")
+        await term.wait_for("after")
+        term.lines.close()
+    err = term.err.getvalue()
+    assert "connection lost (connection lost); reconnecting" in err
+    assert re.search(r"retry 1 in [0-9.]+s \(connection lost\)", err)
+    assert re.search(r"retry 2 in [0-9.]+s \(OSError: network is down\)", err)
+    assert "resumed session sess_" in err and "(generation 2, resending" in err
+    assert [line.split()[-1] for line in out_lines(term)[:2]] == ["before", "after"]
+
+
+async def test_ctrl_c_closes_the_session(autojump_clock: trio.abc.Clock) -> None:
+    async with terminal([]) as term:
+        await term.type("hi")
+        await term.wait_for("hi")
+        await term.presses.send(signal.SIGINT)
+    assert term.exit_code == 0
+    assert "closing the session (Ctrl-C again to detach)" in term.err.getvalue()
+    assert "session.closed" in out_lines(term)[-1]
+    assert term.sim.server.slots_held == 0
+
+
+async def test_a_second_ctrl_c_detaches_and_the_session_can_be_resumed(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with terminal([]) as term:
+        await term.type("kept")
+        await term.wait_for("kept")
+        term.down = True  # the close cannot get through: the user gives up waiting
+        await term.streams[-1].cut()
+        await term.presses.send(signal.SIGINT)
+        await term.wait_for("retry", "err")
+        await term.presses.send(signal.SIGINT)
+        await term.exited.wait()
+        assert term.exit_code == 0
+        command = re.search(
+            r"trio-duplex connect (\S+) --resume (\S+) --token (\S+) --last-seq (\d+)",
+            term.err.getvalue(),
+        )
+        assert command is not None and command.group(4) == "1"
+        assert term.sim.server.slots_held == 1  # detached, inside its grace
+        # And the printed command works.
+        term.down = False
+        argv = ["--resume", command.group(2), "--token", command.group(3), "--last-seq", "1"]
+        args = build_parser().parse_args([command.group(1), *argv])
+        out, err = io.StringIO(), io.StringIO()
+        lines_in, lines = trio.open_memory_channel[str](10)
+        _, presses = trio.open_memory_channel[int](10)
+        await lines_in.send("again\n")
+        lines_in.close()
+        printer = Printer(out, err)
+        code = await run(
+            args, lines=lines, interrupts=presses, printer=printer, open_stream=term.open_stream
+        )
+        assert code == 0
+        assert "resumed session" in err.getvalue()
+        assert out.getvalue().splitlines()[0].split() == [
+            "2",
+            "response.output_text.delta",
+            "again",
+        ]
+        assert term.sim.server.slots_held == 0
+
+
+async def test_received_audio_is_saved_as_wav(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    path = tmp_path / "out.wav"
+    async with terminal(["--save-audio", str(path)], engine=VoiceEngine) as term:
+        await term.type("hello audio")
+        term.lines.close()
+    assert term.exit_code == 0
+    frames = [line for line in out_lines(term) if "response.output_audio.delta" in line]
+    assert frames and all("audio=<960 bytes>" in line for line in frames)
+    with wave.open(str(path)) as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, 24000)
+        assert wav.getnframes() == len(frames) * 480  # 20 ms of 24 kHz mono per frame
+    assert f"saved {len(frames) * 960} bytes of audio" in term.err.getvalue()
+
+
+async def test_a_refused_resume_exits_1(autojump_clock: trio.abc.Clock) -> None:
+    async with terminal(["--resume", "sess_nope", "--token", "t"]) as term:
+        pass
+    assert term.exit_code == 1
+    assert "cannot connect: session_resume_expired" in term.err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--session", "[1]"], "--session must be a JSON object"),
+        (["--resume", "sess_x"], "--resume needs --token"),
+    ],
+)
+async def test_bad_arguments_exit_2(argv: list[str], message: str) -> None:
+    err = io.StringIO()
+    _, lines = trio.open_memory_channel[str](0)
+    _, presses = trio.open_memory_channel[int](0)
+    args = build_parser().parse_args(["ws://x", *argv])
+    code = await run(args, lines=lines, interrupts=presses, printer=Printer(io.StringIO(), err))
+    assert code == 2 and message in err.getvalue()
+
+
+def test_the_default_path_is_added() -> None:
+    assert _full_url("ws://h:1") == "ws://h:1/v1/duplex"
+    assert _full_url("ws://h:1/") == "ws://h:1/v1/duplex"
+    assert _full_url("ws://h:1/other?x=1") == "ws://h:1/other?x=1"
+
+
+# -- subprocesses: a real server, the client driven through a pipe ----------------------
+
+
+def connect_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "trio_duplex", "connect", *args]
+
+
+def wait_for_output(proc: subprocess.Popen[bytes], pattern: str, timeout: float) -> str:
+    """Read ``proc``'s stderr until ``pattern`` shows up (bounded)."""
+    assert proc.stderr is not None
+    seen = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stderr, selectors.EVENT_READ)
+        while pattern.encode() not in seen:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {pattern!r} in {seen!r}"
+            if selector.select(left):
+                chunk = os.read(proc.stderr.fileno(), 4096)
+                assert chunk, f"stderr closed before {pattern!r}: {seen!r}"
+                seen += chunk
+    return seen.decode()
+
+
+@pytest.mark.integration
+def test_driven_through_a_pipe(serve: Callable[..., Any]) -> None:
+    server = serve("--engine", "echo")
+    lines = [f"line {i}" for i in range(50)]
+    done = subprocess.run(
+        connect_command(server.url, "--linger", "0.3"),
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert [line.split(maxsplit=2)[2] for line in out[:-1]] == lines
+    assert [int(line.split()[0]) for line in out[:-1]] == list(range(1, 51))
+    assert "session.closed" in out[-1] and "client_close" in out[-1]
+    assert "\x1b[" not in done.stdout  # not a terminal: no colour
+    assert "* connected: session sess_" in done.stderr
+
+
+@pytest.mark.integration
+def test_json_through_a_pipe(serve: Callable[..., Any]) -> None:
+    server = serve("--engine", "echo")
+    done = subprocess.run(
+        connect_command(server.url, "--json", "--linger", "0.2"),
+        input='one\n/event {"type":"input.text.append","text":"two"}\n',
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e.get("text") for e in events[:2]] == ["one", "two"]
+    assert events[-1]["type"] == "session.closed"
+
+
+@pytest.mark.integration
+def test_ctrl_c_closes_cleanly(serve: Callable[..., Any]) -> None:
+    server = serve("--engine", "echo")
+    proc = subprocess.Popen(
+        connect_command(server.url),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for_output(proc, "connected: session", timeout=20)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert b"session.closed" in out and b"client_close" in out
+    assert b"closing the session (Ctrl-C again to detach)" in err
+
+
+@pytest.mark.integration
+async def test_resume_from_the_command_line(serve: Callable[..., Any]) -> None:
+    server = serve("--engine", "echo")
+    with trio.fail_after(60):
+        async with connect(server.url) as session:
+            await session.send({"type": "input.text.append", "text": "first"})
+            async for event in session:
+                if event["type"] == "response.output_text.delta":
+                    break
+            state: ResumeState = await session.detach()
+        done = await trio.run_process(
+            connect_command(
+                server.url,
+                "--resume",
+                state.session_id,
+                "--last-seq",
+                str(state.last_server_event_seq),
+                "--linger",
+                "0.2",
+            ),
+            stdin=b"second\n",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env={**os.environ, "TRIO_DUPLEX_RESUME_TOKEN": state.resume_token},
+        )
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert f"resumed session {state.session_id} (generation 2" in err
+    first = done.stdout.decode().splitlines()[0].split()
+    assert first == ["2", "response.output_text.delta", "second"]
+    assert state.resume_token not in err  # never echoed back
+
+
+@pytest.mark.integration
+def test_voice_audio_saved_through_a_pipe(serve: Callable[..., Any], tmp_path: Path) -> None:
+    server = serve("--engine", "voice")
+    path = tmp_path / "voice.wav"
+    done = subprocess.run(
+        connect_command(server.url, "--save-audio", str(path), "--linger", "0.5"),
+        input="say two words\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    frames = done.stdout.count("response.output_audio.delta")
+    assert "response.done" in done.stdout and frames > 0
+    with wave.open(str(path)) as wav:
+        assert wav.getframerate() == 24000 and wav.getnframes() == frames * 480
+
+
+@pytest.mark.integration
+def test_help_through_the_main_command() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "trio_duplex", "connect", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0
+    for flag in ("--json", "--resume", "--token", "--save-audio", "--linger"):
+        assert flag in done.stdout

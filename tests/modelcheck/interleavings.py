@@ -1,0 +1,1051 @@
+"""Exhaustive interleaving checker for the sans-IO session core.
+
+Drives the real ``Registry`` and ``Session`` objects, plus a small model of what the trio
+shell does around them (the handshake send, the resume's replay loop, teardown, the
+per-session timer) and of the clients, through every ordering of a set of actions, and
+checks the invariants of PROTOCOL.md after every step. Breadth-first with a canonical
+state key, so equivalent states are expanded once and the first violation found for an
+invariant comes with a shortest action sequence.
+
+Run alone::
+
+    python -m tests.modelcheck.interleavings --depth 10 --max-sessions 1 2
+
+The same ``World`` is driven at random by ``test_stateful.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from typing import Any
+
+import attrs
+
+from trio_duplex.core.config import ServerConfig
+from trio_duplex.core.credentials import Credentials, _digest
+from trio_duplex.core.journal import Journal
+from trio_duplex.core.session import Commit, Registry, ResumeAttempt, Session, State
+from trio_duplex.core.wire import (
+    REASON_CLIENT_CLOSE,
+    REASON_ENGINE_ERROR,
+    REASON_ENGINE_FINISHED,
+    REASON_GRACE_EXPIRED,
+    REASON_IDLE_EXPIRED,
+    REASON_SHUTDOWN,
+    REASON_UNDELIVERED,
+    ProtocolError,
+    utf8_len,
+)
+
+GRACE_S = 30.0
+IDLE_S = 300.0
+JOURNAL_MAX_BYTES = 70  # two small events fit, the third overflows
+GAPCHECK, LOOP = "gapcheck", "loop"
+Action = tuple[Any, ...]
+
+
+class Violation(Exception):
+    """An invariant does not hold. ``name`` groups violations of the same invariant."""
+
+    def __init__(self, name: str, detail: str) -> None:
+        super().__init__(f"{name}: {detail}")
+        self.name = name
+        self.detail = detail
+
+
+def require(condition: bool, name: str, detail: str) -> None:
+    if not condition:
+        raise Violation(name, detail)
+
+
+def make_config(
+    max_sessions: int, journal_max_bytes: int = JOURNAL_MAX_BYTES, journal_ttl_s: float = 1e9
+) -> ServerConfig:
+    return ServerConfig(
+        max_sessions=max_sessions,
+        disconnect_grace_s=GRACE_S,
+        idle_ttl_s=IDLE_S,
+        journal_max_bytes=journal_max_bytes,
+        journal_ttl_s=journal_ttl_s,
+    )
+
+
+class Conn:
+    """One WebSocket as its client sees it: what arrived, and the attachment it holds."""
+
+    __slots__ = ("alive", "gap_to", "gen", "last", "replaced", "reports", "terminal")
+
+    def __init__(self, gen: int, base: int) -> None:
+        self.gen = gen  # attachment generation held; 0 while its resume is in progress
+        self.alive = True
+        self.reports = 0  # loss reports made so far (reader side, pump side)
+        self.last = base  # highest server_event_seq received (or presented when resuming)
+        self.gap_to = base  # highest dropped_through_seq announced on this connection
+        self.terminal = 0  # terminal events received
+        self.replaced = False
+
+    def clone(self) -> Conn:
+        c = Conn.__new__(Conn)
+        c.gen, c.alive, c.reports, c.last = self.gen, self.alive, self.reports, self.last
+        c.gap_to, c.terminal, c.replaced = self.gap_to, self.terminal, self.replaced
+        return c
+
+    def key(self) -> tuple[Any, ...]:
+        return (
+            self.gen,
+            self.alive,
+            self.reports,
+            self.last,
+            self.gap_to,
+            self.terminal,
+            self.replaced,
+        )
+
+    def receive_event(self, seq: int, where: str) -> None:
+        """The client-side check: in order, exactly once, or after an explicit gap notice."""
+        if not self.alive:
+            return
+        require(seq > self.last, "duplicate_or_reordered", f"{where}: seq {seq} after {self.last}")
+        require(
+            seq == self.last + 1 or seq <= self.gap_to + 1,
+            "silent_gap",
+            f"{where}: seq {seq} after {self.last} with notices only through {self.gap_to}",
+        )
+        require(self.terminal == 0, "event_after_terminal", f"{where}: seq {seq}")
+        self.last = seq
+
+    def receive_notice(self, dropped_through: int) -> None:
+        if self.alive:
+            self.gap_to = max(self.gap_to, dropped_through)
+
+
+class Resume:
+    """The shell's ``_resume`` in progress: where its replay loop is."""
+
+    __slots__ = ("attempt", "conn", "cursor", "pc", "prev_token")
+
+    def __init__(self, attempt: ResumeAttempt, conn: int, prev_token: str) -> None:
+        self.attempt = attempt
+        self.conn = conn
+        self.cursor = attempt.last_seq
+        self.pc = GAPCHECK
+        self.prev_token = prev_token
+
+
+class Slot:
+    """One session as the whole system knows it: core object, connections, client."""
+
+    __slots__ = (
+        "client_seq",
+        "conns",
+        "digests",
+        "first_token",
+        "hs",
+        "issued",
+        "listening",
+        "presented",
+        "resume",
+        "session",
+        "status",
+        "terminals",
+        "token",
+    )
+
+    def __init__(self) -> None:
+        self.status = "idle"  # idle | opening | open | released
+        self.session: Session | None = None
+        self.first_token = ""
+        self.hs = False  # session.created reached the client
+        self.terminals = 0  # terminal events the core handed out
+        self.issued: list[str] = []  # every token, oldest first
+        self.presented: str | None = None  # the token the latest successful resume presented
+        self.token: str | None = None  # the token the client holds
+        self.listening = 0  # the connection the client reads
+        self.conns: list[Conn] = []
+        self.resume: Resume | None = None
+        self.client_seq = 0  # highest client_event_seq the core accepted
+        self.digests: list[bytes] = []  # the digests of issued (for state keys)
+
+    def holder(self) -> Conn | None:
+        """The connection holding the session's current generation, if attached."""
+        s = self.session
+        if s is None or s.state is not State.ATTACHED:
+            return None
+        for conn in self.conns:
+            if conn.gen == s.generation:
+                return conn
+        return None
+
+    def live(self) -> bool:
+        """The session can still be resumed or used (attached or detached)."""
+        s = self.session
+        return s is not None and s.state in (State.ATTACHED, State.DETACHED)
+
+    def client_last(self) -> int:
+        return self.conns[self.listening].last if self.conns else 0
+
+    def credentials_key(self, s: Session) -> tuple[Any, ...]:
+        """The credentials' two digests, as the ages of the tokens they belong to."""
+        digests = self.digests
+        cred = s.credentials
+        age = len(digests) - 1
+        current = age - digests.index(cred._current) if cred._current in digests else -1
+        pending = cred._pending
+        if pending is None:
+            return current, None
+        return current, age - digests.index(pending) if pending in digests else -1
+
+    def issue(self, token: str) -> None:
+        self.issued.append(token)
+        self.digests.append(_digest(token))
+
+    def label(self, token: str | None) -> int | None:
+        """A token as its age: 0 the newest issued, 1 the one before, ..."""
+        if token is None:
+            return None
+        return len(self.issued) - 1 - self.issued.index(token)
+
+
+def _copier(cls: type) -> Any:
+    names = [a.name for a in attrs.fields(cls)]
+    new, setattr_ = object.__new__, object.__setattr__
+
+    def shallow(obj: Any) -> Any:
+        out: Any = new(cls)
+        for name in names:
+            setattr_(out, name, getattr(obj, name))
+        return out
+
+    return shallow
+
+
+_copy_session, _copy_journal = _copier(Session), _copier(Journal)
+_copy_credentials, _copy_attempt = _copier(Credentials), _copier(ResumeAttempt)
+
+
+def clone_session(s: Session) -> Session:
+    n: Session = _copy_session(s)
+    journal = _copy_journal(s.journal)
+    journal._entries = deque(s.journal._entries)
+    n.journal = journal
+    n.credentials = _copy_credentials(s.credentials)
+    if s.resume is not None:
+        attempt = _copy_attempt(s.resume)
+        attempt.session = n
+        n.resume = attempt
+    return n
+
+
+def rel(deadline: float, now: float) -> float | None:
+    return None if math.isinf(deadline) else deadline - now
+
+
+def session_key(s: Session, now: float) -> tuple[Any, ...]:
+    j = s.journal
+    entries = j._entries
+    first = entries[0].seq if entries else None
+    attempt = None if s.resume is None else (s.resume.generation, s.resume.last_seq)
+    terminal = None if s.terminal is None else (s.terminal.reason, s.terminal.generation)
+    return (
+        s.state.value,
+        s.generation,
+        s._lost_in_handshake,
+        rel(s.grace_deadline, now),
+        rel(s.idle_deadline, now),
+        attempt,
+        s.client_seq,
+        terminal,
+        j.head,
+        j.dropped_through,
+        j.acked_through,
+        first,
+        len(entries),
+        j.bytes,
+    )
+
+
+class World:
+    """Registry + sessions + a model of the shell and clients. ``step`` checks invariants."""
+
+    def __init__(self, max_sessions: int, sessions: int = 2, **config: Any) -> None:
+        self.registry = Registry(make_config(max_sessions, **config))
+        self.now = 0.0
+        self.slots = [Slot() for _ in range(sessions)]
+
+    # -- copying and identity ------------------------------------------------------------
+
+    def clone(self) -> World:
+        w = World.__new__(World)
+        old = self.registry
+        reg = Registry(old.config, {}, old.slots_held, old.shutting_down)
+        w.registry, w.now, w.slots = reg, self.now, []
+        for slot in self.slots:
+            n = Slot.__new__(Slot)
+            n.status, n.first_token, n.hs, n.terminals = (
+                slot.status,
+                slot.first_token,
+                slot.hs,
+                slot.terminals,
+            )
+            n.issued, n.presented, n.token = list(slot.issued), slot.presented, slot.token
+            n.listening, n.client_seq = slot.listening, slot.client_seq
+            n.digests = list(slot.digests)
+            n.conns = [c.clone() for c in slot.conns]
+            n.session, n.resume = None, None
+            s = slot.session
+            if s is not None:
+                n.session = clone_session(s)
+                if s.id in old.sessions:
+                    reg.sessions[s.id] = n.session
+            if slot.resume is not None:
+                assert s is not None and n.session is not None
+                r = slot.resume
+                assert r.attempt is s.resume, "the shell's attempt is the core's"
+                assert n.session.resume is not None
+                n.resume = Resume(n.session.resume, r.conn, r.prev_token)
+                n.resume.cursor, n.resume.pc = r.cursor, r.pc
+            w.slots.append(n)
+        return w
+
+    def key(self) -> tuple[Any, ...]:
+        """Canonical: times relative to now, tokens by age, and the two sessions sorted
+        (they are symmetric: only the order they were opened in differs)."""
+        now = self.now
+        slots = []
+        for slot in self.slots:
+            s = slot.session
+            r = slot.resume
+            resume = None if r is None else (r.conn, r.pc, r.cursor, slot.label(r.prev_token))
+            slots.append(
+                (
+                    slot.status,
+                    slot.hs,
+                    slot.terminals,
+                    slot.label(slot.token),
+                    slot.label(slot.presented),
+                    None if s is None else slot.credentials_key(s),
+                    slot.listening,
+                    slot.client_seq,
+                    tuple(c.key() for c in slot.conns),
+                    resume,
+                    None if s is None else session_key(s, now),
+                )
+            )
+        slots.sort(key=hash)
+        return (self.registry.slots_held, self.registry.shutting_down, *slots)
+
+    # -- the actions ---------------------------------------------------------------------
+
+    def actions(self, *, big: bool = False, engine_end: bool = False) -> list[Action]:
+        """The actions enabled in this state (the exhaustive checker's alphabet).
+
+        ``big``: also events that alone exceed the journal bound; ``engine_end``: also the
+        engine finishing or failing by itself."""
+        acts: list[Action] = []
+        if not self.registry.shutting_down:
+            acts.append(("shutdown",))
+        for i, slot in enumerate(self.slots):
+            s = slot.session
+            if slot.status == "idle":
+                acts.append(("open", i))
+                continue
+            if slot.status == "opening":
+                acts += [("created", i), ("created_fail", i)]
+            acts += [
+                ("lose", i, c) for c, conn in enumerate(slot.conns) if conn.gen and not conn.reports
+            ]
+            if slot.resume is not None:
+                acts += [("resume_step", i), ("resume_fail", i)]
+                if slot.resume.pc == GAPCHECK:
+                    acts.append(("resume_cancel", i))
+            elif slot.status == "open" and slot.token is not None:
+                acts.append(("resume", i))
+            assert s is not None
+            if slot.hs and s.state in (State.ATTACHED, State.DETACHED):
+                acts.append(("emit", i))
+                if big:
+                    acts.append(("emit", i, 2 * JOURNAL_MAX_BYTES))
+                if engine_end:
+                    acts += [("engine_end", i), ("engine_end", i, True)]
+            holder = slot.holder()
+            if holder is not None and holder.alive:
+                acts += [("ack", i), ("close", i)]
+            if s.state is State.DETACHED and self.now < s.grace_deadline:
+                acts.append(("expire_grace", i))
+            if s.state is State.ATTACHED and self.now < s.idle_deadline:
+                acts.append(("expire_idle", i))
+            if s.state in (State.ATTACHED, State.DETACHED) and self.now >= s.next_deadline():
+                acts.append(("timer", i))
+            if s.state is State.CLOSING and slot.status == "open":  # its runner ends
+                acts.append(("teardown", i))
+        return acts
+
+    def step(self, action: Action) -> None:
+        getattr(self, "do_" + action[0])(*action[1:])
+
+    def _session(self, i: int) -> Session:
+        s = self.slots[i].session
+        assert s is not None
+        return s
+
+    def _terminal(self, i: int, terminal: object, where: str) -> None:
+        if terminal is not None:
+            slot = self.slots[i]
+            slot.terminals += 1
+            require(slot.terminals == 1, "two_terminals", f"session {i}: second one from {where}")
+
+    def do_shutdown(self) -> None:
+        self.registry.shutting_down = True
+        for i, slot in enumerate(self.slots):
+            s = slot.session
+            if s is not None and s.id in self.registry.sessions:
+                self._terminal(i, s.begin_close(REASON_SHUTDOWN, self.now), "shutdown")
+
+    def do_open(self, i: int) -> None:
+        slot = self.slots[i]
+        held = self.registry.slots_held
+        try:
+            s, token = self.registry.admit({})
+        except ProtocolError as exc:
+            require(
+                exc.code in ("resource_exhausted", "server_shutting_down"),
+                "bad_refusal",
+                f"admit refused with {exc.code}",
+            )
+            require(
+                exc.code == "server_shutting_down" or held >= self.registry.config.max_sessions,
+                "refused_with_free_slot",
+                f"{held} of {self.registry.config.max_sessions}",
+            )
+            return
+        require(s.state is State.OPENING and s.generation == 1, "bad_open", repr(s))
+        slot.status, slot.session, slot.first_token = "opening", s, token
+        slot.issue(token)
+        slot.conns = [Conn(1, 0)]  # session.created says attachment_generation 1
+
+    def do_created(self, i: int) -> None:
+        """The send of ``session.created`` completed."""
+        slot, s = self.slots[i], self._session(i)
+        event = self.registry.created_event(s, slot.first_token)
+        require(event["attachment_generation"] == 1, "bad_created", str(event))
+        was_opening = s.state is State.OPENING
+        s.handshake_delivered(self.now)
+        slot.status, slot.hs = "open", True
+        if slot.conns[0].alive:  # else the client never saw it: it holds no token
+            slot.token = slot.first_token
+        if was_opening:
+            expect = State.DETACHED if s._lost_in_handshake else State.ATTACHED
+            require(s.state is expect, "bad_handshake", f"{s.state} instead of {expect}")
+
+    def do_created_fail(self, i: int) -> None:
+        """The send of ``session.created`` failed: the shell closes and releases at once."""
+        slot, s = self.slots[i], self._session(i)
+        self._terminal(i, s.handshake_failed(self.now), "handshake_failed")
+        require(self.registry.release(s), "release_refused", "after handshake_failed")
+        require(
+            s.terminal is not None and s.terminal.reason in (REASON_UNDELIVERED, REASON_SHUTDOWN),
+            "bad_terminal",
+            str(s.terminal),
+        )
+        slot.status = "released"
+        slot.conns[0].alive = False
+
+    def do_lose(self, i: int, c: int) -> None:
+        """A connection is lost; its reader and its pump each report it."""
+        slot, s = self.slots[i], self._session(i)
+        conn = slot.conns[c]
+        conn.alive = False
+        conn.reports += 1
+        state = s.state
+        current = conn.gen == s.generation and state in (State.OPENING, State.ATTACHED)
+        before = session_key(s, self.now)
+        detached = s.detach(conn.gen, self.now)
+        if not current:
+            require(
+                not detached and session_key(s, self.now) == before,
+                "stale_detach",
+                f"generation {conn.gen} (session at {s.generation}, {state}) changed it",
+            )
+        elif state is State.OPENING:
+            require(not detached and s.state is State.OPENING, "bad_detach", repr(s))
+        else:
+            require(
+                detached and s.state is State.DETACHED and s.grace_deadline == self.now + GRACE_S,
+                "bad_detach",
+                repr(s),
+            )
+
+    def do_resume(self, i: int, from_zero: bool = False, token: str | None = None) -> None:
+        """A new connection's ``session.resume``, as ``_server._resume`` runs it."""
+        slot = self.slots[i]
+        token = slot.token if token is None else token
+        last = 0 if from_zero else slot.client_last()
+        assert slot.session is not None and token is not None
+        try:
+            s = self.registry.lookup_for_resume(slot.session.id)
+        except ProtocolError as exc:
+            require(
+                exc.code in ("server_shutting_down", "session_resume_expired"),
+                "bad_refusal",
+                exc.code,
+            )
+            return
+        self._terminal(i, s.poll(self.now), "poll before resume")
+        before = session_key(s, self.now)
+        valid_before = [s.credentials.check(t) for t in slot.issued]
+        try:
+            attempt = s.begin_resume(token, last, self.now)
+        except ProtocolError as exc:
+            require(
+                session_key(s, self.now) == before
+                and valid_before == [s.credentials.check(t) for t in slot.issued],
+                "refusal_changed_state",
+                exc.code,
+            )
+            live = s.state in (State.ATTACHED, State.DETACHED)
+            require(
+                exc.code == "session_resume_expired" or not live or token != slot.token,
+                "client_token_refused",
+                f"{exc.code} for the token the client holds",
+            )
+            return
+        require(slot.hs, "resumable_before_handshake", f"session {i}")
+        require(slot.resume is None, "two_resumes", f"session {i}")
+        event = s.resumed_event(attempt)
+        require(event["attachment_generation"] == s.generation + 1, "bad_resumed", str(event))
+        require(
+            event["last_received_client_event_seq"] == slot.client_seq,
+            "bad_client_seq",
+            f"{event['last_received_client_event_seq']} != {slot.client_seq}",
+        )
+        slot.presented = token
+        slot.issue(attempt.new_token)
+        slot.conns.append(Conn(0, last))
+        slot.resume = Resume(attempt, len(slot.conns) - 1, token)
+        slot.listening = len(slot.conns) - 1
+        slot.token = attempt.new_token
+
+    def do_resume_step(self, i: int) -> None:
+        """One await of the resume's replay loop, or its commit once caught up."""
+        slot, s = self.slots[i], self._session(i)
+        r = slot.resume
+        assert r is not None
+        conn = slot.conns[r.conn]
+        entries = s.replay(r.cursor, self.now)
+        if r.pc == GAPCHECK:
+            r.pc = LOOP
+            if entries is None:
+                r.cursor = s.journal.head
+                conn.receive_notice(r.cursor)
+            return
+        if entries is None:  # lost while replaying: the shell resyncs from the floor
+            floor = s.journal.floor
+            require(
+                floor > r.cursor,
+                "replay_stalls",
+                f"replay({r.cursor}) has a gap but the journal floor is {floor}: the "
+                f"loop would send resync_required(dropped_through_seq={floor}) forever",
+            )
+            r.cursor = floor
+            conn.receive_notice(floor)
+            return
+        for entry in entries:
+            conn.receive_event(entry.seq, "replay")
+            r.cursor = entry.seq
+        if entries:
+            return
+        self._commit(i)
+
+    def _commit(self, i: int) -> None:
+        slot, s = self.slots[i], self._session(i)
+        r = slot.resume
+        assert r is not None
+        conn = slot.conns[r.conn]
+        old = slot.holder()
+        old_gen = s.generation if s.state is State.ATTACHED else None
+        commit = s.commit_resume(r.attempt, self.now)
+        slot.resume = None
+        if commit is None:
+            require(
+                s.state not in (State.ATTACHED, State.DETACHED),
+                "commit_refused",
+                f"session {i} still live",
+            )
+            conn.alive = False  # session_resume_expired, close 4001
+            return
+        require(commit == Commit(r.attempt.generation, old_gen), "bad_commit", str(commit))
+        require(
+            s.grace_deadline == math.inf and s.state is State.ATTACHED, "grace_not_cleared", repr(s)
+        )
+        require(
+            max(conn.last, conn.gap_to) >= s.journal.head,
+            "incomplete_replay",
+            f"switched at seq {conn.last} (gap to {conn.gap_to}), head {s.journal.head}",
+        )
+        conn.gen = commit.generation
+        if old is not None:
+            old.replaced = True  # session.replaced, close 4000
+            old.alive = False
+        before = session_key(s, self.now)
+        require(
+            s.commit_resume(r.attempt, self.now) is None
+            and s.abort_resume(r.attempt, self.now) is None
+            and session_key(s, self.now) == before,
+            "stale_attempt",
+            "a finished attempt changed the session",
+        )
+
+    def _abort(self, i: int, got_resumed: bool) -> None:
+        slot, s = self.slots[i], self._session(i)
+        r = slot.resume
+        assert r is not None
+        gen = s.generation
+        self._terminal(i, s.abort_resume(r.attempt, self.now), "abort_resume")
+        slot.resume = None
+        slot.conns[r.conn].alive = False
+        require(
+            s.resume is None and s.generation == gen == r.attempt.generation - 1,
+            "abort_changed_attachment",
+            repr(s),
+        )
+        if not got_resumed:
+            slot.token = r.prev_token
+
+    def do_resume_fail(self, i: int) -> None:
+        """The resuming connection died after ``session.resumed`` reached the client."""
+        self._abort(i, got_resumed=True)
+
+    def do_resume_cancel(self, i: int) -> None:
+        """The resume was cancelled before ``session.resumed`` reached the client."""
+        self._abort(i, got_resumed=False)
+
+    def do_emit(self, i: int, pad: int = 0) -> None:
+        slot, s = self.slots[i], self._session(i)
+        event: dict[str, Any] = {"type": "e"}
+        if pad:
+            event["pad"] = "é" * pad
+        head = s.journal.head
+        emitted = s.emit(event, self.now)
+        live = s.state in (State.OPENING, State.ATTACHED, State.DETACHED)
+        require((emitted is None) != live, "bad_emit", f"{s.state}: {emitted}")
+        if emitted is None:
+            require(s.journal.head == head, "emit_after_end", "journal moved")
+            return
+        seq = s.journal.head
+        require(
+            seq == head + 1 and json.loads(emitted.frame)["server_event_seq"] == seq,
+            "bad_seq",
+            emitted.frame,
+        )
+        holder = slot.holder()
+        if holder is None:
+            return
+        if emitted.notice is not None:
+            notice = json.loads(emitted.notice)
+            require(notice["dropped_through_seq"] in (seq - 1, seq), "bad_notice", emitted.notice)
+            holder.receive_notice(notice["dropped_through_seq"])
+        holder.receive_event(seq, "live")
+
+    def do_ack(self, i: int, seq: object = None) -> None:
+        """The attached connection acks what it received (or ``seq``, valid or not)."""
+        slot, s = self.slots[i], self._session(i)
+        holder = slot.holder()
+        assert holder is not None
+        s.touch(self.now)
+        seq = holder.last if seq is None else seq
+        valid = type(seq) is int and 0 <= seq <= s.journal.head
+        try:
+            s.ack(seq)
+        except ProtocolError as exc:
+            require(
+                not valid and exc.code == "invalid_event_ack",
+                "ack_refused",
+                f"{exc.code} for {seq!r}",
+            )
+            return
+        require(valid, "bad_ack_accepted", repr(seq))
+
+    def do_client_event(self, i: int, seq: int) -> None:
+        """A client event bound for the engine with ``client_event_seq``."""
+        slot, s = self.slots[i], self._session(i)
+        s.touch(self.now)
+        require(s.is_new_client_seq(seq) == (seq > slot.client_seq), "bad_client_seq", str(seq))
+        s.note_client_seq(seq)
+        slot.client_seq = max(slot.client_seq, seq)
+
+    def do_close(self, i: int) -> None:
+        s = self._session(i)
+        s.touch(self.now)
+        terminal = s.begin_close(REASON_CLIENT_CLOSE, self.now)
+        require(
+            terminal is not None and terminal.generation == s.generation, "bad_close", str(terminal)
+        )
+        self._terminal(i, terminal, "client close")
+
+    def do_engine_end(self, i: int, error: bool = False) -> None:
+        """The engine returned (``engine_finished``) or raised (``engine_error``)."""
+        s = self._session(i)
+        attached = s.generation if s.state is State.ATTACHED else None
+        terminal = s.begin_close(REASON_ENGINE_ERROR if error else REASON_ENGINE_FINISHED,
+                                 self.now)
+        require(terminal is not None and terminal.generation == attached
+                and terminal.close_code == (1011 if error else 1000), "bad_engine_end",
+                str(terminal))
+        self._terminal(i, terminal, "engine end")
+
+    def _expire(self, i: int, deadline: float) -> None:
+        self.now = max(self.now, deadline)
+        self.do_timer(i)
+
+    def do_expire_grace(self, i: int) -> None:
+        self._expire(i, self._session(i).grace_deadline)
+
+    def do_expire_idle(self, i: int) -> None:
+        self._expire(i, self._session(i).idle_deadline)
+
+    def do_advance(self, dt: float) -> None:
+        self.now += dt
+
+    def do_timer(self, i: int) -> None:
+        """The session's timer fires (``poll``)."""
+        s = self._session(i)
+        due = (
+            s.resume is None
+            and s.state in (State.ATTACHED, State.DETACHED)
+            and (self.now >= s.next_deadline())
+        )
+        reason = REASON_GRACE_EXPIRED if s.state is State.DETACHED else REASON_IDLE_EXPIRED
+        terminal = s.poll(self.now)
+        require((terminal is not None) == due, "bad_poll", f"{terminal} with due={due}")
+        if terminal is not None:
+            require(
+                terminal.reason == reason and terminal.event["type"] == "session.expired",
+                "bad_expiry",
+                str(terminal),
+            )
+        self._terminal(i, terminal, "poll")
+
+    def do_teardown(self, i: int) -> None:
+        """The runner finished: release the slot, then send the terminal to its attachment."""
+        slot, s = self.slots[i], self._session(i)
+        terminal = s.terminal
+        require(self.registry.release(s), "release_refused", repr(s))
+        require(not self.registry.release(s), "double_release", repr(s))
+        slot.status = "released"
+        assert terminal is not None
+        for conn in slot.conns:
+            if conn.gen and conn.gen == terminal.generation and conn.alive:
+                conn.terminal += 1
+                require(conn.terminal == 1, "two_terminals_delivered", f"session {i}")
+                conn.alive = False
+            require(
+                not (conn.alive and conn.gen == s.generation),
+                "terminal_undelivered",
+                f"session {i} ended ({terminal.reason}) but its connection holding "
+                f"generation {conn.gen} is not sent the terminal event "
+                f"(Terminal.generation={terminal.generation})",
+            )
+
+    # -- invariants of a state -----------------------------------------------------------
+
+    def check(self) -> None:
+        reg = self.registry
+        open_slots = sum(slot.status in ("opening", "open") for slot in self.slots)
+        require(
+            reg.slots_held <= reg.config.max_sessions,
+            "slots_over_max",
+            f"{reg.slots_held} > {reg.config.max_sessions}",
+        )
+        require(
+            reg.slots_held == open_slots == len(reg.sessions),
+            "slot_leak",
+            f"held {reg.slots_held}, sessions not torn down {open_slots}",
+        )
+        for i, slot in enumerate(self.slots):
+            s = slot.session
+            if s is None:
+                continue
+            ended = s.state in (State.CLOSING, State.CLOSED)
+            require(
+                slot.terminals == (1 if ended else 0) and (s.terminal is not None) == ended,
+                "terminal_count",
+                f"session {i} {s.state}: {slot.terminals} terminals",
+            )
+            if s.state in (State.ATTACHED, State.DETACHED):
+                require(slot.hs, "resumable_before_handshake", f"session {i} is {s.state}")
+                if slot.token is not None:
+                    require(s.credentials.check(slot.token), "client_token_dead", f"session {i}")
+                require(
+                    s.grace_deadline != math.inf or s.state is State.ATTACHED,
+                    "no_grace",
+                    f"session {i}",
+                )
+                require(
+                    s.grace_deadline == math.inf or s.state is State.DETACHED,
+                    "grace_while_attached",
+                    f"session {i}",
+                )
+                valid = {slot.presented, slot.issued[-1]} - {None}
+                for age, token in enumerate(reversed(slot.issued)):
+                    require(
+                        s.credentials.check(token) == (token in valid),
+                        "token_rule",
+                        f"session {i}: token of age {age} valid={token not in valid}",
+                    )
+            gens = [c.gen for c in slot.conns if c.gen]
+            require(len(gens) == len(set(gens)), "shared_generation", f"session {i}: {gens}")
+            if slot.resume is not None:
+                require(
+                    s.next_deadline() == math.inf and s.poll(self.now) is None,
+                    "timer_during_resume",
+                    f"session {i}",
+                )
+            j = s.journal
+            entries = list(j._entries)
+            require(
+                j.bytes == sum(utf8_len(e.frame) for e in entries) <= j.max_bytes,
+                "journal_bytes",
+                f"{j.bytes} of {j.max_bytes}",
+            )
+            require(
+                j.floor == (entries[0].seq - 1 if entries else j.head)
+                and j.floor >= max(j.dropped_through, j.acked_through),
+                "journal_floor",
+                f"floor {j.floor}",
+            )
+            if entries:
+                seqs = [e.seq for e in entries]
+                require(
+                    seqs == list(range(seqs[0], j.head + 1))
+                    and seqs[0] > max(j.dropped_through, j.acked_through),
+                    "journal_shape",
+                    f"{seqs}, head {j.head}",
+                )
+
+    def probe(self) -> None:
+        """Calls that must be refused, or be no-ops, in this state: none may change it."""
+        for i, slot in enumerate(self.slots):
+            s = slot.session
+            if s is None:
+                continue
+            before = session_key(s, self.now), slot.credentials_key(s)
+            probes = self._probes(slot, s)
+            for name, expected, call in probes:
+                try:
+                    result = call()
+                except ProtocolError as exc:
+                    result = exc.code
+                require(
+                    any(result == e for e in expected),
+                    "probe_result",
+                    f"session {i}, {name}: {result}",
+                )
+            require(
+                (session_key(s, self.now), slot.credentials_key(s)) == before,
+                "probe_changed_state",
+                f"session {i}: one of {[p[0] for p in probes]}",
+            )
+
+    def _probes(self, slot: Slot, s: Session) -> list[tuple[str, set[Any], Any]]:
+        now, nothing = self.now, {None, False}
+        probes: list[tuple[str, set[Any], Any]] = []
+        for gen in (s.generation - 1, s.generation + 1):
+            require(not s.is_current(gen), "stale_is_current", f"generation {gen}")
+            if gen >= 1:
+                probes.append((f"detach({gen})", nothing, partial(s.detach, gen, now)))
+        for conn in slot.conns:
+            if conn.reports:  # a later report of the same loss (the other side, or late)
+                probes.append(
+                    (f"detach({conn.gen}) again", nothing, partial(s.detach, conn.gen, now))
+                )
+        if s.state is State.OPENING:
+            probes.append(
+                (
+                    "resume while opening",
+                    {"session_resume_expired"},
+                    partial(s.begin_resume, slot.first_token, 0, now),
+                )
+            )
+        probes.append(
+            (
+                "wrong token",
+                {"invalid_resume_token", "session_resume_expired"},
+                partial(s.begin_resume, "x" * 43, 0, now),
+            )
+        )
+        if slot.resume is not None and slot.token is not None:
+            probes.append(
+                (
+                    "concurrent resume",
+                    {"session_resume_conflict", "session_resume_expired"},
+                    partial(s.begin_resume, slot.token, 0, now),
+                )
+            )
+        for bad in (s.journal.head + 1, -1, True):
+            probes.append((f"ack({bad!r})", {"invalid_event_ack"}, partial(s.ack, bad)))
+        if s.state in (State.CLOSING, State.CLOSED):
+            probes.append(
+                ("begin_close again", nothing, partial(s.begin_close, REASON_CLIENT_CLOSE, now))
+            )
+            probes.append(("emit after end", nothing, partial(s.emit, {"type": "e"}, now)))
+            probes.append(("handshake_failed late", nothing, partial(s.handshake_failed, now)))
+            probes.append(
+                ("handshake_delivered late", nothing, partial(s.handshake_delivered, now))
+            )
+        return probes
+
+
+@attrs.define
+class Report:
+    max_sessions: int
+    depth: int
+    sequences: int = 0
+    """Distinct action sequences of length 1..depth, every one checked step by step."""
+    states: int = 0
+    transitions: int = 0
+    seconds: float = 0.0
+    """Wall-clock time of the search."""
+    cpu_seconds: float = 0.0
+    violations: dict[str, tuple[list[Action], str]] = attrs.field(factory=dict)
+    """Invariant name -> (a shortest action sequence, what went wrong)."""
+
+
+def explore(
+    depth: int,
+    max_sessions: int,
+    *,
+    sessions: int = 2,
+    big: bool = False,
+    engine_end: bool = False,
+    from_zero: bool = False,
+    stop_at_first: bool = False,
+) -> Report:
+    """Breadth-first over every interleaving up to ``depth`` actions, states deduplicated.
+
+    Levels are explored in order, so the first violation found is a shortest one; with
+    ``stop_at_first`` the search ends there (the counts then cover a partial search).
+    """
+    started, cpu_started = time.perf_counter(), time.process_time()
+    report = Report(max_sessions, depth)
+    root = World(max_sessions, sessions)
+    root.check()
+    root_key = root.key()
+    parent: dict[Any, tuple[Any, Action] | None] = {root_key: None}
+    succ: dict[Any, list[Any]] = {}
+    frontier = [(root_key, root)]
+
+    def path(key: Any) -> list[Action]:
+        out: list[Action] = []
+        while (link := parent[key]) is not None:
+            key, action = link
+            out.append(action)
+        return out[::-1]
+
+    for _level in range(depth):
+        next_frontier = []
+        for key, world in frontier:
+            kids: list[Any] = []
+            acts = world.actions(big=big, engine_end=engine_end)
+            if from_zero:
+                acts += [("resume", a[1], True) for a in acts if a[0] == "resume"]
+            for action in acts:
+                report.transitions += 1
+                w = world.clone()
+                try:
+                    w.step(action)
+                    k = w.key()
+                    if k not in parent:
+                        w.check()
+                        w.probe()
+                except Violation as v:
+                    report.violations.setdefault(v.name, ([*path(key), action], v.detail))
+                    if stop_at_first:
+                        report.states = len(parent)
+                        report.seconds = time.perf_counter() - started
+                        report.cpu_seconds = time.process_time() - cpu_started
+                        return report
+                    kids.append(None)
+                    continue
+                kids.append(k)
+                if k not in parent:
+                    parent[k] = (key, action)
+                    next_frontier.append((k, w))
+            succ[key] = kids
+        frontier = next_frontier
+    report.states = len(parent)
+    # Count the action sequences the deduplicated search covered, level by level.
+    ways: dict[Any, int] = {root_key: 1}
+    for _level in range(depth):
+        nxt: dict[Any, int] = {}
+        for key, n in ways.items():
+            for kid in succ.get(key, ()):
+                report.sequences += n
+                if kid is not None:
+                    nxt[kid] = nxt.get(kid, 0) + n
+        ways = nxt
+    report.seconds = time.perf_counter() - started
+    report.cpu_seconds = time.process_time() - cpu_started
+    return report
+
+
+def replay(actions: Iterable[Action], max_sessions: int, sessions: int = 2) -> World:
+    """Run one action sequence, checking after every step (raises Violation)."""
+    world = World(max_sessions, sessions)
+    for action in actions:
+        world.step(action)
+        world.check()
+        world.probe()
+    return world
+
+
+def format_report(r: Report) -> str:
+    lines = [
+        f"max_sessions={r.max_sessions} depth={r.depth}: {r.sequences:,} interleavings "
+        f"(action sequences), {r.states:,} distinct states, {r.transitions:,} transitions, "
+        f"{r.seconds:.1f} s ({r.cpu_seconds:.1f} s CPU)"
+    ]
+    for name, (actions, detail) in sorted(r.violations.items()):
+        lines.append(f"  VIOLATION {name} after {len(actions)} actions: {detail}")
+        lines.append(f"    {actions}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--depth", type=int, default=10)
+    parser.add_argument("--max-sessions", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--sessions", type=int, default=2)
+    parser.add_argument("--engine-end", action="store_true",
+                        help="also let engines finish or fail by themselves")
+    parser.add_argument("--big", action="store_true",
+                        help="also emit events that alone exceed the journal bound")
+    parser.add_argument("--from-zero", action="store_true",
+                        help="also resume with last_received_server_event_seq omitted (0)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="explore the --max-sessions values in parallel processes")
+    args = parser.parse_args(argv)
+    run = partial(explore, args.depth, sessions=args.sessions, big=args.big,
+                  engine_end=args.engine_end,
+                  from_zero=args.from_zero)
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=max(1, min(args.jobs, len(args.max_sessions)))) as pool:
+        reports = list(pool.map(run, args.max_sessions))
+    for report in reports:
+        print(format_report(report))
+    print(f"total: {sum(r.sequences for r in reports):,} interleavings, "
+          f"{sum(r.states for r in reports):,} states, "
+          f"{time.perf_counter() - started:.1f} s wall")
+    return 1 if any(r.violations for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

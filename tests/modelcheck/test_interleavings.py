@@ -1,0 +1,259 @@
+"""The exhaustive interleaving checker (``interleavings.py``) at a small depth, the
+regressions it found, and proof that it does catch broken cores (mutations)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+
+from trio_duplex.core.credentials import Credentials, _digest, new_token
+from trio_duplex.core.journal import Journal
+from trio_duplex.core.session import Registry, Session, State, Terminal
+
+from .interleavings import Violation, World, explore, replay
+
+SMALL_DEPTH = 7
+
+
+@pytest.mark.parametrize("max_sessions", [1, 2])
+def test_every_interleaving_up_to_a_small_depth_keeps_the_invariants(max_sessions: int) -> None:
+    report = explore(SMALL_DEPTH, max_sessions)
+    assert report.violations == {}
+    assert report.states > 1000
+    assert report.sequences > report.states  # deduplication covered more than it expanded
+    assert report.transitions > report.states
+
+
+def test_the_search_is_deterministic() -> None:
+    first, second = explore(5, 2), explore(5, 2)
+    assert (first.sequences, first.states, first.transitions) == (
+        second.sequences,
+        second.states,
+        second.transitions,
+    )
+
+
+def test_two_sessions_with_one_slot_exercise_the_refusal() -> None:
+    world = replay([("open", 0), ("open", 1), ("created", 0), ("close", 0)], max_sessions=1)
+    assert world.slots[1].status == "idle"  # refused: resource_exhausted
+    assert world.registry.slots_held == 1  # closing still holds it
+    world = replay(
+        [("open", 0), ("created", 0), ("close", 0), ("teardown", 0), ("open", 1)], max_sessions=1
+    )
+    assert world.slots[1].status == "opening"
+    assert world.registry.slots_held == 1
+
+
+# -- regressions: sequences the checker reported -----------------------------------------
+
+
+def test_replay_survives_an_ack_from_the_replaced_connection() -> None:
+    """Was VIOLATION replay_stalls: the resume's replay loop resent
+    resync_required(dropped_through_seq=0) forever once the old connection acked."""
+    world = replay(
+        [
+            ("open", 0),
+            ("created", 0),
+            ("resume", 0),
+            ("resume_step", 0),
+            ("emit", 0),
+            ("ack", 0),
+            ("resume_step", 0),
+            ("resume_step", 0),
+        ],
+        max_sessions=1,
+    )
+    slot = world.slots[0]
+    assert slot.resume is None  # committed
+    session = slot.session
+    assert session is not None and session.generation == 2
+    old, new = slot.conns
+    assert (old.last, old.replaced) == (1, True)
+    assert (new.gen, new.last, new.gap_to) == (2, 0, 1)  # told explicitly that 1 is gone
+
+
+def test_shutdown_during_the_handshake_reaches_the_client() -> None:
+    """Was VIOLATION terminal_undelivered: a session closed while OPENING addressed its
+    terminal event to no attachment, though session.created was then delivered."""
+    world = replay([("open", 0), ("shutdown",), ("created", 0), ("teardown", 0)], max_sessions=1)
+    conn = world.slots[0].conns[0]
+    assert conn.terminal == 1
+    assert world.registry.slots_held == 0
+
+
+def test_overflow_then_resume_is_a_gap_and_then_live_events() -> None:
+    world = replay(
+        [
+            ("open", 0),
+            ("created", 0),
+            ("lose", 0, 0),
+            ("emit", 0),
+            ("emit", 0),
+            ("emit", 0),
+            ("resume", 0),
+            ("resume_step", 0),
+            ("resume_step", 0),
+            ("emit", 0),
+        ],
+        max_sessions=1,
+    )
+    new = world.slots[0].conns[1]
+    assert (new.gap_to, new.last) == (3, 4)  # gap through 3, then 4 live
+
+
+def test_expiry_racing_a_resume() -> None:
+    base: list[tuple[Any, ...]] = [
+        ("open", 0),
+        ("created", 0),
+        ("lose", 0, 0),
+        ("resume", 0),
+        ("expire_grace", 0),
+    ]
+    world = replay([*base, ("resume_step", 0), ("resume_step", 0)], max_sessions=1)
+    session = world.slots[0].session
+    assert session is not None and session.state is State.ATTACHED  # the resume won
+    world = replay([*base, ("resume_fail", 0)], max_sessions=1)
+    session = world.slots[0].session
+    assert session is not None and session.state is State.CLOSING  # the grace won
+    assert world.slots[0].terminals == 1
+
+
+# -- mutations: the checker must catch a broken core ---------------------------------------
+
+
+def first_violation(depth: int, max_sessions: int = 1) -> tuple[str, list[Any]]:
+    report = explore(depth, max_sessions, stop_at_first=True)
+    assert len(report.violations) == 1, "the mutation went unnoticed"
+    ((name, (actions, _)),) = report.violations.items()
+    return name, actions
+
+
+def test_catches_detach_without_fencing(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = Session.detach
+
+    def unfenced(self: Session, generation: int, now: float) -> bool:
+        return original(self, self.generation, now)
+
+    monkeypatch.setattr(Session, "detach", unfenced)
+    name, actions = first_violation(6)
+    assert name in ("stale_detach", "probe_changed_state")
+    assert len(actions) <= 6
+
+
+def test_catches_admission_past_max_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = Registry.admit
+
+    def generous(self: Registry, config: dict[str, Any]) -> Any:
+        self.slots_held -= 1
+        try:
+            return original(self, config)
+        finally:
+            self.slots_held += 1
+
+    monkeypatch.setattr(Registry, "admit", generous)
+    name, actions = first_violation(4)
+    assert (name, actions) == ("slots_over_max", [("open", 0), ("open", 1)])
+
+
+def test_catches_the_old_replay_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Journal, "floor", property(lambda self: self.dropped_through))
+    name, actions = first_violation(7)
+    assert name in ("journal_floor", "replay_stalls")
+    assert len(actions) <= 7
+
+
+def test_catches_the_old_opening_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = Session.begin_close
+
+    def nowhere(self: Session, reason: str, now: float) -> Terminal | None:
+        opening = self.state is State.OPENING
+        terminal = original(self, reason, now)
+        if terminal is not None and opening:
+            self.terminal = terminal = attrs.evolve(terminal, generation=None)
+        return terminal
+
+    monkeypatch.setattr(Session, "begin_close", nowhere)
+    assert first_violation(5) == (
+        "terminal_undelivered",
+        [("open", 0), ("shutdown",), ("created", 0), ("teardown", 0)],
+    )
+
+
+def test_catches_a_rotation_that_forgets_the_presented_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def rotate(self: Credentials, presented: str) -> str:
+        token = new_token()
+        self._current, self._pending = _digest(token), None
+        return token
+
+    monkeypatch.setattr(Credentials, "rotate", rotate)
+    name, _ = first_violation(5)
+    assert name in ("token_rule", "client_token_dead", "client_token_refused")
+
+
+def test_catches_a_commit_that_keeps_the_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = Session.commit_resume
+
+    def sloppy(self: Session, attempt: Any, now: float) -> Any:
+        grace = self.grace_deadline
+        commit = original(self, attempt, now)
+        self.grace_deadline = grace
+        return commit
+
+    monkeypatch.setattr(Session, "commit_resume", sloppy)
+    name, _ = first_violation(7)
+    assert name in ("grace_not_cleared", "grace_while_attached")
+
+
+def test_catches_a_resume_before_the_handshake(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = Session.begin_resume
+
+    def eager(self: Session, token: object, last_seq: int, now: float) -> Any:
+        if self.state is State.OPENING:
+            self.state = State.ATTACHED
+            try:
+                return original(self, token, last_seq, now)
+            finally:
+                self.state = State.OPENING
+        return original(self, token, last_seq, now)
+
+    monkeypatch.setattr(Session, "begin_resume", eager)
+    name, actions = first_violation(3)
+    assert (name, actions) == ("probe_result", [("open", 0)])
+
+
+def test_catches_a_second_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = Session.begin_close
+
+    def again(self: Session, reason: str, now: float) -> Terminal | None:
+        if self.state is State.CLOSING:
+            self.state = State.ATTACHED
+        return original(self, reason, now)
+
+    monkeypatch.setattr(Session, "begin_close", again)
+    name, _ = first_violation(5)
+    assert name in ("two_terminals", "probe_result", "probe_changed_state")
+
+
+def test_catches_a_replay_that_skips_an_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = Journal.replay
+
+    def skipping(self: Journal, after: int, now: float) -> Any:
+        entries = original(self, after, now)
+        return entries[1:] if entries and len(entries) > 1 else entries
+
+    monkeypatch.setattr(Journal, "replay", skipping)
+    name, _ = first_violation(9)
+    assert name == "silent_gap"
+
+
+def test_a_violation_is_an_exception_with_its_invariant_name() -> None:
+    world = World(2)
+    world.step(("open", 0))
+    world.registry.slots_held += 1  # corrupt the accounting
+    with pytest.raises(Violation) as info:
+        world.check()
+    assert info.value.name == "slot_leak"

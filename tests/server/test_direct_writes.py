@@ -1,0 +1,152 @@
+"""Frames written straight from the emitting task, over a real socket on 127.0.0.1.
+
+``Connection.push`` writes a frame with a non-blocking write when nothing is queued
+(``WebSocket.send_now``); what the socket does not take is finished by the pump, before
+anything else. In-memory streams have no socket, so only real sockets reach this path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from trio_duplex import DuplexServer, ServerConfig
+from trio_duplex.server.connection import Connection, Keepalive
+from trio_duplex.server.timers import Timers
+from trio_duplex.server.websocket import ConnectionClosed, WebSocket
+from trio_duplex.testing import ScriptedEngine
+
+from ..helpers import RawClient, raw_handshake
+
+
+@asynccontextmanager
+async def real_server(**config: Any) -> AsyncIterator[tuple[DuplexServer, int, Any]]:
+    factory = ScriptedEngine.factory()
+    server = DuplexServer(ServerConfig(host="127.0.0.1", port=0, **config), factory)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.run_tcp)
+        yield server, port, factory
+        nursery.cancel_scope.cancel()
+
+
+async def open_session(port: int) -> RawClient:
+    client = RawClient(await trio.open_tcp_stream("127.0.0.1", port))
+    await raw_handshake(client, "/v1/duplex")
+    await client.send({"type": "session.update", "session": {}})
+    assert (await client.receive())["type"] == "session.created"
+    return client
+
+
+async def test_frames_the_socket_takes_in_part_arrive_whole_and_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    partial = trio.Event()
+    direct = 0
+    send_now = WebSocket.send_now
+
+    def spy(self: WebSocket, text: str) -> bool:
+        nonlocal direct
+        taken = send_now(self, text)
+        direct += taken
+        if self.unsent:
+            partial.set()
+        return taken
+
+    monkeypatch.setattr(WebSocket, "send_now", spy)
+    texts = [f"{i:03d}:" + "x" * 250_000 for i in range(48)]  # 12 MB: more than the buffers
+    with trio.fail_after(30):
+        async with real_server(max_pending_output=4, journal_max_bytes=64 << 20) as (
+            _, port, factory
+        ):
+            client = await open_session(port)
+            engine = factory.last
+            await engine.started.wait()
+            async with trio.open_nursery() as nursery:
+
+                async def produce() -> None:
+                    for text in texts:
+                        await engine.emit(text)
+
+                nursery.start_soon(produce)
+                await partial.wait()  # the client has read nothing yet: a write went short
+                got = [await client.receive() for _ in texts]
+            await client.stream.aclose()
+    assert [e["text"] for e in got] == texts
+    assert [e["server_event_seq"] for e in got] == list(range(1, len(texts) + 1))
+    assert direct >= 1
+
+
+async def test_a_reader_that_keeps_up_gets_frames_written_directly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    direct = 0
+    send_now = WebSocket.send_now
+
+    def spy(self: WebSocket, text: str) -> bool:
+        nonlocal direct
+        taken = send_now(self, text)
+        direct += taken and not self.unsent
+        return taken
+
+    monkeypatch.setattr(WebSocket, "send_now", spy)
+    with trio.fail_after(30):
+        async with real_server() as (server, port, _):
+            client = await open_session(port)
+            for i in range(20):
+                await client.send({"type": "input.text.append", "text": f"t{i}"})
+                answer = await client.receive()
+                assert (answer["text"], answer["server_event_seq"]) == (f"t{i}", i + 1)
+            # Every answer went out whole from the engine's own task: no pump was needed.
+            assert direct == 20
+            (conn,) = server.connections
+            assert not conn.outbox
+            await client.stream.aclose()
+
+
+class BrokenOnWrite:
+    """A WebSocket whose socket turns out to be broken at the first write."""
+
+    broken = False
+    unsent = False
+
+    def send_now(self, text: str) -> bool:
+        self.broken = True  # os.write raised EPIPE/ECONNRESET: the frame was taken
+        return True
+
+    async def send_message(self, text: str) -> None:
+        raise ConnectionClosed(1006, "connection lost")
+
+    async def send_many(self, texts: list[str]) -> None:
+        raise ConnectionClosed(1006, "connection lost")
+
+    async def ping(self) -> None:
+        raise ConnectionClosed(1006, "connection lost")
+
+
+async def test_a_direct_write_that_finds_the_socket_broken_ends_the_connection(
+    autojump_clock: Any,
+) -> None:
+    conn = Connection(BrokenOnWrite(), high_water=8)  # type: ignore[arg-type]
+    with pytest.RaisesGroup(ConnectionClosed), trio.fail_after(1):
+        async with trio.open_nursery() as nursery:
+            conn.nursery = nursery
+            conn.push("frame")
+            assert list(conn.outbox) == ["frame"]  # for the pump, whose write will raise
+            await trio.sleep_forever()
+
+
+async def test_a_ping_on_a_broken_socket_ends_the_connection(autojump_clock: Any) -> None:
+    ws = BrokenOnWrite()
+    ws.broken = True
+    conn = Connection(ws, high_water=8)  # type: ignore[arg-type]
+    with trio.fail_after(1):
+        async with trio.open_nursery() as nursery:
+            keepalive = Keepalive(conn, Timers(), nursery, interval=20.0, patience=20.0)
+            with trio.CancelScope() as conn.scope:
+                await keepalive._ping()
+                await trio.sleep_forever()
+            assert conn.scope.cancelled_caught

@@ -1,0 +1,378 @@
+"""PROTOCOL.md, Disconnect, grace and expiry: what detaches a session, the grace period,
+idle expiry, heartbeats, and exactly one terminal event."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from trio_duplex.core.config import ServerConfig
+from trio_duplex.testing import ScriptedEngine, ScriptedFactory, running_server
+
+from ..helpers import echo
+
+
+def state_of(sim, session_id: str) -> str | None:
+    session = sim.server.registry.sessions.get(session_id)
+    return None if session is None else session.state.value
+
+
+
+
+def scripted_factory(engines: list[ScriptedEngine], **kwargs) -> ScriptedFactory:
+    return ScriptedFactory(kwargs, engines)  # every engine it builds lands in ``engines``
+
+
+# -- what detaches ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["close-frame", "close-frame-4999", "cut"])
+async def test_losing_the_connection_detaches_the_session(autojump_clock, how):
+    engines: list[ScriptedEngine] = []
+    async with running_server(engine_factory=scripted_factory(engines)) as sim:
+        client, created = await sim.open_session()
+        (engine,) = engines
+        session_id = created["session_id"]
+        if how == "cut":
+            await client.transport.cut()
+        else:
+            await client.aclose(1000 if how == "close-frame" else 4999)
+        await trio.testing.wait_all_tasks_blocked()
+        assert state_of(sim, session_id) == "detached"
+        assert sim.server.slots_held == 1
+        # The engine keeps running and its output is journaled.
+        assert not engine.cancelled
+        await engine.emit("while detached")
+        client2, resumed = await sim.resume(session_id, created["resume_token"])
+        assert resumed["type"] == "session.resumed"
+        replayed = await client2.receive()
+        assert (replayed["text"], replayed["server_event_seq"]) == ("while detached", 1)
+
+
+async def test_a_failed_send_detaches_the_session(autojump_clock):
+    engines: list[ScriptedEngine] = []
+    async with running_server(engine_factory=scripted_factory(engines)) as sim:
+        client, created = await sim.open_session()
+        (engine,) = engines
+        client.transport.fail_sends = True  # the write half breaks; reads still work
+        await engine.emit("lost in transit")
+        await trio.testing.wait_all_tasks_blocked()
+        assert state_of(sim, created["session_id"]) == "detached"
+        client2, _ = await sim.resume(created["session_id"], created["resume_token"])
+        replayed = await client2.receive()
+        assert (replayed["text"], replayed["server_event_seq"]) == ("lost in transit", 1)
+
+
+async def test_an_unanswered_ping_detaches_the_session(autojump_clock, raw_ws):
+    config = ServerConfig(ping_interval_s=5, ping_timeout_s=3, disconnect_grace_s=10)
+    async with running_server(config) as sim:
+        client = await raw_ws(sim, answer_pings=False)
+        await client.send({"type": "session.update", "session": {}})
+        created = await client.receive()
+        start = trio.current_time()
+        await trio.sleep(7.9)
+        assert state_of(sim, created["session_id"]) == "attached"
+        await trio.sleep(0.2)
+        assert state_of(sim, created["session_id"]) == "detached"
+        # ... and the grace runs from the loss: 8 + 10.
+        await trio.sleep(9.8)
+        assert state_of(sim, created["session_id"]) == "detached"
+        await trio.sleep(0.2)
+        assert state_of(sim, created["session_id"]) is None
+        assert trio.current_time() - start == pytest.approx(18.1)
+
+
+async def test_answered_pings_keep_the_session_attached(autojump_clock, raw_ws):
+    config = ServerConfig(ping_interval_s=5, ping_timeout_s=3)
+    async with running_server(config) as sim:
+        client = await raw_ws(sim)
+        await client.send({"type": "session.update", "session": {}})
+        created = await client.receive()
+        with trio.move_on_after(60):
+            await client.receive()  # answers pings while waiting
+        assert client.pings >= 11
+        assert state_of(sim, created["session_id"]) == "attached"
+
+
+# -- the grace period ------------------------------------------------------------------------
+
+
+async def test_grace_expiry_closes_the_detached_session(autojump_clock):
+    async with running_server(ServerConfig(disconnect_grace_s=30)) as sim:
+        client, created = await sim.open_session()
+        session = sim.server.registry.sessions[created["session_id"]]
+        await client.transport.cut()
+        await trio.sleep(29.9)
+        assert session.state.value == "detached"
+        await trio.sleep(0.2)
+        assert session.state.value == "closed"
+        assert session.terminal is not None
+        assert session.terminal.event == {
+            "type": "session.expired",
+            "session_id": created["session_id"],
+            "reason": "disconnect_grace_expired",
+        }
+        assert sim.server.slots_held == 0
+        client2, answer = await sim.resume(created["session_id"], created["resume_token"])
+        assert answer["type"] == "error"
+        assert answer["code"] == "session_resume_expired"
+        assert await client2.receive_until_closed() == []
+        assert client2.close_code == 4001
+
+
+async def test_resume_just_inside_the_grace_succeeds(autojump_clock):
+    async with running_server(ServerConfig(disconnect_grace_s=30)) as sim:
+        client, created = await sim.open_session()
+        await client.transport.cut()
+        await trio.sleep(29.9)
+        _, resumed = await sim.resume(created["session_id"], created["resume_token"])
+        assert resumed["type"] == "session.resumed"
+        await trio.sleep(60)  # attached again: no grace expiry any more
+        assert state_of(sim, created["session_id"]) == "attached"
+
+
+async def test_grace_restarts_after_each_new_loss(autojump_clock):
+    async with running_server(ServerConfig(disconnect_grace_s=10)) as sim:
+        client, created = await sim.open_session()
+        token = created["resume_token"]
+        for _ in range(3):
+            await client.transport.cut()
+            await trio.sleep(9)
+            client, resumed = await sim.resume(created["session_id"], token)
+            assert resumed["type"] == "session.resumed"
+            token = resumed["resume_token"]
+        await client.transport.cut()
+        await trio.sleep(10.1)
+        assert state_of(sim, created["session_id"]) is None
+
+
+async def test_zero_grace_closes_at_once(autojump_clock):
+    async with running_server(ServerConfig(disconnect_grace_s=0)) as sim:
+        client, created = await sim.open_session()
+        await client.transport.cut()
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(0.001)
+        assert sim.server.slots_held == 0
+        _client2, answer = await sim.resume(created["session_id"], created["resume_token"])
+        assert answer["code"] == "session_resume_expired"
+
+
+async def test_engine_is_cancelled_when_the_grace_expires(autojump_clock):
+    engines: list[ScriptedEngine] = []
+    config = ServerConfig(disconnect_grace_s=5)
+    async with running_server(config, scripted_factory(engines)) as sim:
+        client, _ = await sim.open_session()
+        (engine,) = engines
+        await client.transport.cut()
+        await trio.sleep(4)
+        assert not engine.cancelled
+        await trio.sleep(2)
+        assert engine.cancelled
+
+
+# -- idle expiry -----------------------------------------------------------------------------
+
+
+async def test_idle_ttl_expires_an_attached_session(autojump_clock):
+    async with running_server(ServerConfig(idle_ttl_s=50)) as sim:
+        client, created = await sim.open_session()
+        start = trio.current_time()
+        events = await client.receive_until_closed()
+        assert events == [
+            {
+                "type": "session.expired",
+                "session_id": created["session_id"],
+                "reason": "idle_ttl_expired",
+            }
+        ]
+        assert client.close_code == 1000
+        assert trio.current_time() - start == pytest.approx(50)
+        assert sim.server.slots_held == 0
+
+
+async def test_idle_ttl_default_is_300_seconds(autojump_clock):
+    async with running_server() as sim:
+        client, _ = await sim.open_session()
+        start = trio.current_time()
+        events = await client.receive_until_closed()
+        assert [e["reason"] for e in events] == ["idle_ttl_expired"]
+        assert trio.current_time() - start == pytest.approx(300)
+
+
+async def test_heartbeat_resets_the_idle_clock(autojump_clock):
+    async with running_server(ServerConfig(idle_ttl_s=10)) as sim:
+        client, _ = await sim.open_session()
+        start = trio.current_time()
+        for _ in range(5):
+            await trio.sleep(8)
+            ack = await client.send_and_receive({"type": "session.heartbeat"})
+            assert ack["type"] == "session.heartbeat_ack"
+        events = await client.receive_until_closed()
+        assert [e["type"] for e in events] == ["session.expired"]
+        assert trio.current_time() - start == pytest.approx(50)
+
+
+async def test_any_client_event_resets_the_idle_clock(autojump_clock):
+    async with running_server(ServerConfig(idle_ttl_s=10)) as sim:
+        client, _ = await sim.open_session()
+        start = trio.current_time()
+        await trio.sleep(9)
+        await echo(client)
+        await trio.sleep(9)
+        await client.send({"type": "session.event_ack", "server_event_seq": 1})
+        events = await client.receive_until_closed()
+        assert [e["reason"] for e in events] == ["idle_ttl_expired"]
+        assert trio.current_time() - start == pytest.approx(28)
+
+
+async def test_server_output_does_not_reset_the_idle_clock(autojump_clock):
+    engines: list[ScriptedEngine] = []
+    async with running_server(ServerConfig(idle_ttl_s=10), scripted_factory(engines)) as sim:
+        client, _ = await sim.open_session()
+        (engine,) = engines
+        start = trio.current_time()
+        for n in range(3):
+            await trio.sleep(3)
+            await engine.emit(str(n))
+        events = await client.receive_until_closed()
+        assert [e["type"] for e in events] == ["response.output_text.delta"] * 3 + [
+            "session.expired"
+        ]
+        assert trio.current_time() - start == pytest.approx(10)
+
+
+async def test_idle_ttl_does_not_run_while_detached(autojump_clock):
+    config = ServerConfig(idle_ttl_s=10, disconnect_grace_s=30)
+    async with running_server(config) as sim:
+        client, created = await sim.open_session()
+        await client.transport.cut()
+        await trio.sleep(25)  # idle_ttl long past, grace not
+        client2, resumed = await sim.resume(created["session_id"], created["resume_token"])
+        assert resumed["type"] == "session.resumed"
+        # Attached again: the idle clock starts from the resume.
+        start = trio.current_time()
+        events = await client2.receive_until_closed()
+        assert [e["reason"] for e in events] == ["idle_ttl_expired"]
+        assert trio.current_time() - start == pytest.approx(10)
+
+
+async def test_idle_expiry_cancels_the_engine_and_frees_the_slot(autojump_clock):
+    engines: list[ScriptedEngine] = []
+    config = ServerConfig(idle_ttl_s=5, max_sessions=1)
+    async with running_server(config, scripted_factory(engines)) as sim:
+        client, _ = await sim.open_session()
+        await client.receive_until_closed()
+        assert engines[0].cancelled
+        assert sim.server.slots_held == 0
+        await sim.open_session()
+
+
+# -- exactly one terminal event --------------------------------------------------------------
+
+
+async def test_close_racing_engine_finish_gives_one_terminal_event(autojump_clock):
+    engines: list[ScriptedEngine] = []
+    factory = scripted_factory(engines, finish_on="stop")
+    async with running_server(engine_factory=factory) as sim:
+        client, _ = await sim.open_session()
+        await client.send({"type": "input.text.append", "text": "stop"})
+        await client.send({"type": "session.close"})
+        events = await client.receive_until_closed()
+        terminal = [e for e in events if e["type"] in {"session.closed", "session.expired"}]
+        assert len(terminal) == 1, events
+        assert terminal[0]["reason"] in {"engine_finished", "client_close"}
+        assert events[-1] is terminal[0]
+        assert client.close_code == 1000
+
+
+async def test_close_at_the_idle_deadline_gives_one_terminal_event(autojump_clock):
+    async with running_server(ServerConfig(idle_ttl_s=10)) as sim:
+        client, _ = await sim.open_session()
+        await trio.sleep(10)  # the expiry and the close race at the same instant
+        await client.send({"type": "session.close"})
+        events = await client.receive_until_closed()
+        assert len(events) == 1, events
+        assert events[0]["type"] in {"session.closed", "session.expired"}
+        assert sim.server.slots_held == 0
+
+
+async def test_grace_expiry_racing_a_resume_ends_in_one_outcome(autojump_clock):
+    async with running_server(ServerConfig(disconnect_grace_s=10)) as sim:
+        client, created = await sim.open_session()
+        session = sim.server.registry.sessions[created["session_id"]]
+        await client.transport.cut()
+        await trio.sleep(10)  # exactly at the deadline
+        client2, answer = await sim.resume(created["session_id"], created["resume_token"])
+        if answer["type"] == "session.resumed":
+            assert session.state.value == "attached"
+            assert session.terminal is None
+        else:
+            assert answer["code"] == "session_resume_expired"
+            assert session.terminal is not None
+            assert session.terminal.reason == "disconnect_grace_expired"
+            await client2.receive_until_closed()
+            assert client2.close_code == 4001
+
+
+async def test_engine_blocked_on_a_slow_client_runs_on_once_detached(autojump_clock):
+    engines: list[ScriptedEngine] = []
+    config = ServerConfig(max_pending_output=4)
+    async with running_server(config, scripted_factory(engines)) as sim:
+        client, created = await sim.open_session()
+        (engine,) = engines
+        client.transport.hold()  # the client reads nothing any more
+        emitted = 0
+        all_emitted = trio.Event()
+
+        async def produce():
+            nonlocal emitted
+            for n in range(20):
+                await engine.emit(str(n))
+                emitted += 1
+            all_emitted.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce)
+            await trio.sleep(1)
+            assert emitted < 20  # backpressure: the engine waits for the connection
+            await client.transport.cut()
+            # Detached: the engine keeps running and its output goes to the journal.
+            with trio.fail_after(1):
+                await all_emitted.wait()
+        client2, _ = await sim.resume(created["session_id"], created["resume_token"], 0)
+        replayed = [(await client2.receive())["server_event_seq"] for _ in range(20)]
+        assert replayed == list(range(1, 21))
+
+
+async def test_resume_at_the_head_after_acking_everything_has_no_gap(autojump_clock):
+    async with running_server() as sim:
+        client, created = await sim.open_session()
+        for _ in range(3):
+            await echo(client)
+        await client.send({"type": "session.event_ack", "server_event_seq": 3})
+        await client.transport.cut()
+        client2, resumed = await sim.resume(created["session_id"], created["resume_token"], 3)
+        assert resumed["type"] == "session.resumed"
+        ack = await client2.send_and_receive({"type": "session.heartbeat"})
+        assert ack["type"] == "session.heartbeat_ack"  # no resync_required came first
+
+
+async def test_a_later_second_report_of_the_loss_does_not_restart_the_grace(autojump_clock):
+    engines: list[ScriptedEngine] = []
+    config = ServerConfig(disconnect_grace_s=10)
+    async with running_server(config, scripted_factory(engines)) as sim:
+        client, created = await sim.open_session()
+        client.transport.fail_sends = True  # the write half dies first ...
+        await engines[0].emit("lost")
+        await trio.testing.wait_all_tasks_blocked()
+        assert state_of(sim, created["session_id"]) == "detached"
+        lost_at = trio.current_time()
+        await trio.sleep(5)
+        await client.transport.cut()  # ... the read half is noticed 5 s later
+        await client.aclose()
+        await trio.sleep(4.9)
+        assert state_of(sim, created["session_id"]) == "detached"
+        await trio.sleep(0.2)
+        assert state_of(sim, created["session_id"]) is None
+        assert trio.current_time() - lost_at == pytest.approx(10.1)

@@ -1,0 +1,440 @@
+"""PROTOCOL.md, Ending and Close codes: engine_finished, engine_error, server shutdown
+with its drain, and failures inside one connection that must not take down the server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from trio_duplex.core.config import ServerConfig
+from trio_duplex.engines.api import Engine
+from trio_duplex.engines.echo import EchoEngine
+from trio_duplex.server.server import DuplexServer
+from trio_duplex.testing import (
+    MemoryListener,
+    ScriptedEngine,
+    ScriptedFactory,
+    Simulation,
+    running_server,
+)
+
+from ..helpers import echo
+
+
+def scripted_factory(engines: list[ScriptedEngine], **kwargs) -> ScriptedFactory:
+    return ScriptedFactory(kwargs, engines)  # every engine it builds lands in ``engines``
+
+
+
+
+@asynccontextmanager
+async def serving(
+    config: ServerConfig, engine_factory=EchoEngine
+) -> AsyncIterator[tuple[Simulation, trio.Event]]:
+    """Like ``running_server``, but the test can see when ``DuplexServer.run`` returns."""
+    server = DuplexServer(config, engine_factory)
+    listener = MemoryListener.create()
+    finished = trio.Event()
+
+    async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await server.run([listener], task_status=task_status)
+        finished.set()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run)
+        yield Simulation(server, listener, nursery), finished
+        nursery.cancel_scope.cancel()
+
+
+# -- the engine ends the session ---------------------------------------------------------------
+
+
+async def test_engine_returning_ends_with_engine_finished_and_1000(autojump_clock):
+    engines: list[ScriptedEngine] = []
+    async with running_server(engine_factory=scripted_factory(engines, finish_on="bye")) as sim:
+        client, created = await sim.open_session()
+        await echo(client, "hello")
+        await client.send({"type": "input.text.append", "text": "bye"})
+        events = await client.receive_until_closed()
+        assert events == [
+            {
+                "type": "session.closed",
+                "session_id": created["session_id"],
+                "reason": "engine_finished",
+            }
+        ]
+        assert client.close_code == 1000
+        assert sim.server.slots_held == 0
+
+
+async def test_engine_raising_ends_with_engine_error_and_1011(autojump_clock):
+    engines: list[ScriptedEngine] = []
+    async with running_server(engine_factory=scripted_factory(engines, fail_on="boom")) as sim:
+        client, created = await sim.open_session()
+        await echo(client, "fine")
+        await client.send({"type": "input.text.append", "text": "boom"})
+        events = await client.receive_until_closed()
+        assert events == [
+            {
+                "type": "session.closed",
+                "session_id": created["session_id"],
+                "reason": "engine_error",
+            }
+        ]
+        assert client.close_code == 1011
+        assert sim.server.slots_held == 0
+        # Only that session ended.
+        other, _ = await sim.open_session()
+        await echo(other)
+
+
+class ControlSender(Engine):
+    """An engine that tries to send a control event: the engine API refuses it."""
+
+    accepts = frozenset({"input.text.append"})
+
+    def __init__(self, config=None) -> None:
+        pass
+
+    async def run(self, session) -> None:
+        async for _ in session:
+            await session.send({"type": "session.closed", "reason": "forged"})
+
+
+async def test_engine_cannot_forge_control_events(autojump_clock):
+    async with running_server(engine_factory=ControlSender) as sim:
+        client, _ = await sim.open_session()
+        await client.send({"type": "input.text.append", "text": "x"})
+        events = await client.receive_until_closed()
+        assert [(e["type"], e["reason"]) for e in events] == [("session.closed", "engine_error")]
+        assert client.close_code == 1011
+
+
+async def test_engine_finishing_while_detached_ends_the_session(autojump_clock):
+    engines: list[ScriptedEngine] = []
+    async with running_server(engine_factory=scripted_factory(engines, finish_on="bye")) as sim:
+        client, created = await sim.open_session()
+        await client.send({"type": "input.text.append", "text": "bye"})
+        await client.transport.cut()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sim.server.slots_held == 0
+        client2, answer = await sim.resume(created["session_id"], created["resume_token"])
+        assert answer["code"] == "session_resume_expired"
+        await client2.receive_until_closed()
+        assert client2.close_code == 4001
+
+
+async def test_engine_error_during_output_keeps_earlier_output_first(autojump_clock):
+    engines: list[ScriptedEngine] = []
+    async with running_server(engine_factory=scripted_factory(engines, fail_on="boom")) as sim:
+        client, _ = await sim.open_session()
+        await client.send({"type": "input.text.append", "text": "a"})
+        await client.send({"type": "input.text.append", "text": "b"})
+        await client.send({"type": "input.text.append", "text": "boom"})
+        events = await client.receive_until_closed()
+        assert [e.get("text", e["type"]) for e in events] == ["a", "b", "session.closed"]
+        assert [e.get("server_event_seq") for e in events] == [1, 2, None]
+
+
+# -- server shutdown ---------------------------------------------------------------------------
+
+
+async def test_shutdown_warns_refuses_then_closes_every_session(autojump_clock):
+    config = ServerConfig(drain_timeout_s=5, disconnect_grace_s=60)
+    async with serving(config) as (sim, finished):
+        attached, a = await sim.open_session()
+        await echo(attached, "before")
+        lost, b = await sim.open_session()
+        await lost.transport.cut()
+        await trio.testing.wait_all_tasks_blocked()
+        start = trio.current_time()
+        sim.server.begin_shutdown()
+
+        going = await attached.receive()
+        assert going == {"type": "session.going_away", "time_left_ms": 5000}
+
+        # New opens and resumes are refused, retryably, with 1001.
+        for path, first in [
+            ("/v1/duplex", {"type": "session.update", "session": {}}),
+            ("/v1/duplex", {"type": "input.text.append", "text": "x"}),
+            ("/v1/duplex?autostart=1", None),
+            (
+                "/v1/duplex",
+                {
+                    "type": "session.resume",
+                    "session_id": b["session_id"],
+                    "resume_token": b["resume_token"],
+                    "event_id": "during-drain",
+                },
+            ),
+        ]:
+            refused = await sim.connect(path)
+            if first is not None:
+                await refused.send(first)
+            events = await refused.receive_until_closed()
+            assert [(e["type"], e["code"], e["retryable"]) for e in events] == [
+                ("error", "server_shutting_down", True)
+            ]
+            assert refused.close_code == 1001
+            if first is not None and "event_id" in first:
+                assert events[0]["event_id"] == "during-drain"
+
+        # Attached sessions go on during the drain.
+        assert (await echo(attached, "during"))["server_event_seq"] == 2
+        assert sim.server.slots_held == 2
+
+        events = await attached.receive_until_closed()
+        assert events == [
+            {
+                "type": "session.closed",
+                "session_id": a["session_id"],
+                "reason": "server_shutdown",
+            }
+        ]
+        assert attached.close_code == 1001
+        assert trio.current_time() - start == pytest.approx(5)
+        assert sim.server.slots_held == 0
+        assert not sim.server.registry.sessions
+        with trio.fail_after(3):
+            await finished.wait()
+
+
+async def test_detached_sessions_close_with_server_shutdown_too(autojump_clock):
+    engines: list[ScriptedEngine] = []
+    config = ServerConfig(drain_timeout_s=2, disconnect_grace_s=60)
+    async with serving(config, scripted_factory(engines)) as (sim, finished):
+        client, created = await sim.open_session()
+        session = sim.server.registry.sessions[created["session_id"]]
+        await client.transport.cut()
+        await trio.testing.wait_all_tasks_blocked()
+        sim.server.begin_shutdown()
+        await trio.sleep(1.9)
+        assert session.state.value == "detached"
+        with trio.fail_after(3):
+            await finished.wait()
+        assert session.terminal is not None
+        assert session.terminal.event == {
+            "type": "session.closed",
+            "session_id": created["session_id"],
+            "reason": "server_shutdown",
+        }
+        assert engines[0].cancelled
+        assert sim.server.slots_held == 0
+
+
+async def test_going_away_is_sent_once_and_carries_no_seq(autojump_clock):
+    async with serving(ServerConfig(drain_timeout_s=3)) as (sim, finished):
+        client, _ = await sim.open_session()
+        sim.server.begin_shutdown()
+        sim.server.begin_shutdown()
+        events = await client.receive_until_closed()
+        assert [e["type"] for e in events] == ["session.going_away", "session.closed"]
+        assert "server_event_seq" not in events[0]
+        assert events[0]["time_left_ms"] == 3000
+        with trio.fail_after(3):
+            await finished.wait()
+
+
+async def test_shutdown_finishes_early_once_no_session_remains(autojump_clock):
+    async with serving(ServerConfig(drain_timeout_s=30)) as (sim, finished):
+        client, _ = await sim.open_session()
+        start = trio.current_time()
+        sim.server.begin_shutdown()
+        assert (await client.receive())["type"] == "session.going_away"
+        await trio.sleep(2)
+        await client.send({"type": "session.close"})
+        events = await client.receive_until_closed()
+        assert events[-1]["reason"] == "client_close"
+        assert client.close_code == 1000
+        with trio.fail_after(5):
+            await finished.wait()
+        # Well before the 30 s drain (the last connection may take close_timeout_s = 2 s).
+        assert trio.current_time() - start <= 2 + sim.server.close_timeout_s + 0.1
+
+
+async def test_shutdown_without_sessions_finishes_at_once(autojump_clock):
+    async with serving(ServerConfig(drain_timeout_s=30)) as (sim, finished):
+        start = trio.current_time()
+        sim.server.begin_shutdown()
+        with trio.fail_after(1):
+            await finished.wait()
+        assert trio.current_time() - start < 1
+
+
+async def test_shutdown_closes_a_connection_still_waiting_for_its_first_message(
+    autojump_clock,
+):
+    async with serving(ServerConfig(drain_timeout_s=1, config_timeout_s=60)) as (sim, finished):
+        waiting = await sim.connect()
+        sim.server.begin_shutdown()
+        with trio.fail_after(5):
+            await finished.wait()
+            await waiting.receive_until_closed()
+        assert waiting.close_code in {1001, 1006}
+
+
+@pytest.mark.parametrize("attached", [False, True], ids=["detached", "attached"])
+async def test_session_ending_during_a_resume(autojump_clock, attached):
+    # docs/protocol.md: if a connection was attached, the terminal event goes to it and the
+    # resumer gets session_resume_expired + 4001; if the session was detached, the resumer
+    # (which already has session.resumed) gets the terminal event and its close code.
+    async with serving(ServerConfig(drain_timeout_s=2)) as (sim, finished):
+        old, created = await sim.open_session()
+        if not attached:
+            await old.transport.cut()
+            await trio.testing.wait_all_tasks_blocked()
+        resuming = await sim.connect()
+        gate = resuming.transport.hold()
+        await resuming.send(
+            {
+                "type": "session.resume",
+                "session_id": created["session_id"],
+                "resume_token": created["resume_token"],
+            }
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        sim.server.begin_shutdown()  # the drain ends while the resume is held
+        await trio.sleep(2.5)
+        gate.set()
+        with trio.fail_after(5):
+            await finished.wait()
+            events = await resuming.receive_until_closed()
+        closed = {
+            "type": "session.closed",
+            "session_id": created["session_id"],
+            "reason": "server_shutdown",
+        }
+        if attached:
+            assert await old.receive_until_closed() == [
+                {"type": "session.going_away", "time_left_ms": 2000},
+                closed,
+            ]
+            assert old.close_code == 1001
+            assert [e["type"] for e in events] == ["session.resumed", "error"]
+            assert events[-1]["code"] == "session_resume_expired"
+            assert resuming.close_code == 4001
+        else:
+            assert events[0]["type"] == "session.resumed"
+            assert events[1:] == [closed]
+            assert resuming.close_code == 1001
+        assert sim.server.slots_held == 0
+        assert not sim.server.registry.sessions
+
+
+async def test_server_shutting_down_for_an_open_echoes_event_id(autojump_clock):
+    async with serving(ServerConfig(drain_timeout_s=1)) as (sim, _):
+        await sim.open_session()
+        sim.server.begin_shutdown()
+        client = await sim.connect()
+        await client.send({"type": "session.update", "session": {}, "event_id": "open-2"})
+        events = await client.receive_until_closed()
+        assert events[0]["code"] == "server_shutting_down"
+        assert events[0].get("event_id") == "open-2"
+
+
+# -- failures inside one connection ---------------------------------------------------------------
+
+
+class CheckExplodes(EchoEngine):
+    """Its field check raises something that is not a protocol error."""
+
+    def check(self, event):
+        if event.get("text") == "explode":
+            raise RuntimeError("a bug in an engine's check")
+        super().check(event)
+
+
+def factory_explodes(config):
+    if config.get("explode"):
+        raise RuntimeError("a bug in the engine factory")
+    return EchoEngine(config)
+
+
+async def test_exception_in_a_handler_closes_that_connection_1011_only(autojump_clock):
+    async with running_server(engine_factory=CheckExplodes) as sim:
+        bystander, _ = await sim.open_session()
+        victim, created = await sim.open_session()
+        await victim.send({"type": "input.text.append", "text": "explode"})
+        await victim.receive_until_closed()
+        assert victim.close_code == 1011
+        await trio.testing.wait_all_tasks_blocked()
+        # The session it held detaches like any lost connection.
+        assert sim.server.registry.sessions[created["session_id"]].state.value == "detached"
+        assert (await echo(bystander))["server_event_seq"] == 1
+        new, _ = await sim.open_session()
+        await echo(new)
+        _, resumed = await sim.resume(created["session_id"], created["resume_token"])
+        assert resumed["type"] == "session.resumed"
+
+
+async def test_exception_in_the_engine_factory_does_not_take_down_the_server(autojump_clock):
+    async with running_server(engine_factory=factory_explodes) as sim:
+        client = await sim.connect()
+        await client.send({"type": "session.update", "session": {"explode": True}})
+        await client.receive_until_closed()
+        assert client.close_code == 1011
+        assert sim.server.slots_held == 0
+        other, _ = await sim.open_session()
+        await echo(other)
+
+
+async def test_many_failing_connections_do_not_take_down_the_server(autojump_clock):
+    async with running_server(engine_factory=CheckExplodes) as sim:
+        for _ in range(20):
+            victim, _ = await sim.open_session()
+            await victim.send({"type": "input.text.append", "text": "explode"})
+            await victim.receive_until_closed()
+            assert victim.close_code == 1011
+        client, _ = await sim.open_session()
+        await echo(client)
+
+
+@pytest.mark.parametrize("kind", ["open", "resume"])
+async def test_client_attached_during_the_drain_gets_going_away(autojump_clock, kind):
+    async with serving(ServerConfig(drain_timeout_s=5)) as (sim, _finished):
+        late = await sim.connect()
+        if kind == "open":
+            gate = late.transport.hold()  # admitted before the shutdown, delivered after
+            await late.send({"type": "session.update", "session": {}})
+        else:
+            lost, created = await sim.open_session()
+            await lost.transport.cut()
+            await trio.testing.wait_all_tasks_blocked()
+            gate = late.transport.hold()  # resume begun before the shutdown
+            await late.send(
+                {
+                    "type": "session.resume",
+                    "session_id": created["session_id"],
+                    "resume_token": created["resume_token"],
+                }
+            )
+        await trio.testing.wait_all_tasks_blocked()
+        sim.server.begin_shutdown()
+        await trio.sleep(1)
+        gate.set()
+        events = await late.receive_until_closed()
+        assert [e["type"] for e in events][1:] == ["session.going_away", "session.closed"]
+        assert 0 < events[1]["time_left_ms"] <= 5000
+        assert events[2]["reason"] == "server_shutdown"
+        assert late.close_code == 1001
+
+
+@pytest.mark.parametrize("ending", ["drain-deadline", "last-session-closes"])
+async def test_server_stops_as_soon_as_the_drain_is_over(autojump_clock, ending):
+    async with serving(ServerConfig(drain_timeout_s=5)) as (sim, finished):
+        client, _ = await sim.open_session()
+        sim.server.begin_shutdown()
+        assert (await client.receive())["type"] == "session.going_away"
+        if ending == "last-session-closes":
+            await trio.sleep(1)
+            await client.send({"type": "session.close"})
+        await client.receive_until_closed()  # our client answers the close frame at once
+        ended = trio.current_time()
+        with trio.fail_after(5):
+            await finished.wait()
+        # Nothing is left to wait for: not the 2 s close timeout of a finished handshake.
+        assert trio.current_time() - ended < 0.5

@@ -1,0 +1,492 @@
+"""PROTOCOL.md, Opening a session: the first message, the config timeout, ?autostart=1,
+admission, session.created and the delivery rule."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from trio_duplex.core.config import ServerConfig
+from trio_duplex.engines.echo import EchoEngine
+from trio_duplex.testing import running_server
+
+UPDATE = {"type": "session.update", "session": {}}
+
+
+class SlowTeardownEngine(EchoEngine):
+    """Echo, but its teardown takes 5 s: the session stays CLOSING that long."""
+
+    async def run(self, session):
+        try:
+            await super().run(session)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(5)
+
+
+async def expect_refused(client, code: str, close_code: int) -> dict:
+    events = await client.receive_until_closed()
+    assert len(events) == 1, events
+    error = events[0]
+    assert error["type"] == "error"
+    assert error["code"] == code
+    assert client.close_code == close_code
+    return error
+
+
+# -- what the first message opens ----------------------------------------------------------
+
+
+async def test_session_update_opens_a_session_with_that_configuration(autojump_clock):
+    async with running_server() as sim:
+        client = await sim.connect()
+        config = {"voice": "alloy", "nested": {"a": [1, 2]}}
+        created = await client.send_and_receive({"type": "session.update", "session": config})
+        assert created["type"] == "session.created"
+        assert created["session"] == config
+        assert sim.server.slots_held == 1
+        reply = await client.send_and_receive({"type": "input.text.append", "text": "hi"})
+        assert reply == {"type": "response.output_text.delta", "text": "hi", "server_event_seq": 1}
+
+
+async def test_session_created_fields(autojump_clock):
+    config = ServerConfig(
+        disconnect_grace_s=12.5, idle_ttl_s=99.0, journal_max_bytes=4321, max_event_bytes=7777
+    )
+    async with running_server(config) as sim:
+        _, created = await sim.open_session({"k": "v"})
+        assert set(created) == {
+            "type",
+            "session_id",
+            "session",
+            "resume_token",
+            "attachment_generation",
+            "limits",
+        }
+        assert created["type"] == "session.created"
+        assert isinstance(created["session_id"], str) and created["session_id"]
+        assert isinstance(created["resume_token"], str) and len(created["resume_token"]) >= 32
+        assert created["attachment_generation"] == 1
+        assert created["session"] == {"k": "v"}
+        assert created["limits"] == {
+            "disconnect_grace_s": 12.5,
+            "idle_ttl_s": 99.0,
+            "journal_max_bytes": 4321,
+            "max_event_bytes": 7777,
+        }
+        assert "server_event_seq" not in created
+
+
+async def test_default_limits_in_session_created(autojump_clock):
+    async with running_server() as sim:
+        _, created = await sim.open_session()
+        assert created["limits"] == {
+            "disconnect_grace_s": 30,
+            "idle_ttl_s": 300,
+            "journal_max_bytes": 8 * 1024 * 1024,
+            "max_event_bytes": 15 * 1024 * 1024,
+        }
+
+
+async def test_the_server_allocates_distinct_ids_and_tokens(autojump_clock):
+    async with running_server() as sim:
+        created = [(await sim.open_session())[1] for _ in range(5)]
+        assert len({c["session_id"] for c in created}) == 5
+        assert len({c["resume_token"] for c in created}) == 5
+        # A session_id offered by the client is not used.
+        client = await sim.connect()
+        mine = await client.send_and_receive({**UPDATE, "session_id": "sess_mine"})
+        assert mine["session_id"] != "sess_mine"
+
+
+async def test_session_created_is_not_journaled(autojump_clock):
+    async with running_server() as sim:
+        client, created = await sim.open_session()
+        await client.transport.cut()
+        client2, resumed = await sim.resume(created["session_id"], created["resume_token"], 0)
+        assert resumed["type"] == "session.resumed"
+        # Nothing to replay: the next frame is the answer to the heartbeat.
+        ack = await client2.send_and_receive({"type": "session.heartbeat"})
+        assert ack["type"] == "session.heartbeat_ack"
+
+
+async def test_other_valid_first_event_opens_default_session_and_is_handled(autojump_clock):
+    async with running_server() as sim:
+        client = await sim.connect()
+        await client.send({"type": "input.text.append", "text": "first", "client_event_seq": 1})
+        created = await client.receive()
+        assert created["type"] == "session.created"
+        assert created["session"] == {}
+        reply = await client.receive()
+        assert reply == {
+            "type": "response.output_text.delta",
+            "text": "first",
+            "server_event_seq": 1,
+        }
+        # The first input counted as received.
+        await client.transport.cut()
+        _, resumed = await sim.resume(created["session_id"], created["resume_token"], 1)
+        assert resumed["last_received_client_event_seq"] == 1
+
+
+async def test_heartbeat_as_first_message_opens_and_is_answered(autojump_clock):
+    async with running_server() as sim:
+        client = await sim.connect()
+        await client.send({"type": "session.heartbeat"})
+        created = await client.receive()
+        assert created["type"] == "session.created"
+        ack = await client.receive()
+        assert ack == {"type": "session.heartbeat_ack", "session_id": created["session_id"]}
+
+
+async def test_event_ack_zero_as_first_message_opens_a_session(autojump_clock):
+    async with running_server() as sim:
+        client = await sim.connect()
+        ack = {"type": "session.event_ack", "server_event_seq": 0}
+        created = await client.send_and_receive(ack)
+        assert created["type"] == "session.created"
+        # No error followed the created: the next frame answers the next event.
+        ack = await client.send_and_receive({"type": "session.heartbeat"})
+        assert ack["type"] == "session.heartbeat_ack"
+
+
+async def test_session_close_as_first_message_opens_then_closes(autojump_clock):
+    async with running_server() as sim:
+        client = await sim.connect()
+        await client.send({"type": "session.close"})
+        events = await client.receive_until_closed()
+        assert [e["type"] for e in events] == ["session.created", "session.closed"]
+        assert events[1] == {
+            "type": "session.closed",
+            "session_id": events[0]["session_id"],
+            "reason": "client_close",
+        }
+        assert client.close_code == 1000
+        assert sim.server.slots_held == 0
+
+
+BAD_FIRST = [
+    ("{not json", "invalid_json"),
+    (b"binary", "bad_event"),
+    ("[1]", "bad_event"),
+    ('{"type":5}', "bad_event"),
+    ('{"type":"input.text.append","text":5}', "bad_event"),
+    ('{"type":"input.text.append","text":"x","client_event_seq":0}', "bad_event"),
+    ('{"type":"session.update","session":"x"}', "bad_event"),
+    ('{"type":"session.update"}', "bad_event"),
+    ('{"type":"no.such.event"}', "unknown_event"),
+    ('{"type":"session.event_ack","server_event_seq":1}', "invalid_event_ack"),
+    ('{"type":"session.event_ack","server_event_seq":-1}', "invalid_event_ack"),
+    ('{"type":"session.event_ack","server_event_seq":"0"}', "invalid_event_ack"),
+    ('{"type":"session.event_ack"}', "invalid_event_ack"),
+]
+
+
+@pytest.mark.parametrize(("message", "code"), BAD_FIRST)
+async def test_bad_first_message_opens_no_session(autojump_clock, message, code):
+    async with running_server() as sim:
+        client = await sim.connect()
+        await client.send_raw(message)
+        error = await client.receive()
+        assert error["type"] == "error"
+        assert error["code"] == code
+        assert error["retryable"] is False
+        assert sim.server.slots_held == 0
+        assert not sim.server.registry.sessions
+        # The connection may still open a session.
+        created = await client.send_and_receive(UPDATE)
+        assert created["type"] == "session.created"
+        assert sim.server.slots_held == 1
+
+
+async def test_config_timeout_without_a_first_message(autojump_clock):
+    async with running_server(ServerConfig(config_timeout_s=7)) as sim:
+        client = await sim.connect()
+        start = trio.current_time()
+        error = await expect_refused(client, "config_timeout", 4002)
+        assert trio.current_time() - start == pytest.approx(7)
+        assert error["retryable"] is False
+        assert sim.server.slots_held == 0
+
+
+async def test_config_timeout_default_is_10_seconds(autojump_clock):
+    async with running_server() as sim:
+        client = await sim.connect()
+        start = trio.current_time()
+        await trio.sleep(9.9)
+        assert client.close_code is None
+        await expect_refused(client, "config_timeout", 4002)
+        assert trio.current_time() - start == pytest.approx(10)
+
+
+async def test_bad_first_messages_do_not_restart_the_config_timeout(autojump_clock):
+    async with running_server(ServerConfig(config_timeout_s=10)) as sim:
+        client = await sim.connect()
+        start = trio.current_time()
+        for message, code in BAD_FIRST[:4] + BAD_FIRST[-4:]:
+            await trio.sleep(1)
+            await client.send_raw(message)
+            assert (await client.receive())["code"] == code
+        assert trio.current_time() - start == pytest.approx(8)
+        await expect_refused(client, "config_timeout", 4002)
+        assert trio.current_time() - start == pytest.approx(10)
+        assert sim.server.slots_held == 0
+
+
+async def test_first_message_just_before_the_timeout_opens(autojump_clock):
+    async with running_server(ServerConfig(config_timeout_s=10)) as sim:
+        client = await sim.connect()
+        await trio.sleep(9.9)
+        created = await client.send_and_receive(UPDATE)
+        assert created["type"] == "session.created"
+        # An open session never gets a config_timeout.
+        await trio.sleep(30)
+        ack = await client.send_and_receive({"type": "session.heartbeat"})
+        assert ack["type"] == "session.heartbeat_ack"
+
+
+# -- ?autostart=1 ------------------------------------------------------------------------
+
+
+async def test_autostart_opens_a_default_session_on_connect(autojump_clock):
+    async with running_server() as sim:
+        client = await sim.connect("/v1/duplex?autostart=1")
+        created = await client.receive()  # nothing sent
+        assert created["type"] == "session.created"
+        assert created["session"] == {}
+        assert created["attachment_generation"] == 1
+        assert sim.server.slots_held == 1
+        reply = await client.send_and_receive({"type": "input.text.append", "text": "a"})
+        assert reply["server_event_seq"] == 1
+
+
+async def test_autostart_session_update_is_an_update(autojump_clock):
+    async with running_server() as sim:
+        client = await sim.connect("/v1/duplex?autostart=1")
+        created = await client.receive()
+        updated = await client.send_and_receive({"type": "session.update", "session": {"x": 1}})
+        assert updated == {
+            "type": "session.updated",
+            "session_id": created["session_id"],
+            "session": {"x": 1},
+            "server_event_seq": 1,
+        }
+
+
+async def test_autostart_session_never_gets_a_config_timeout(autojump_clock):
+    async with running_server(ServerConfig(config_timeout_s=5)) as sim:
+        client = await sim.connect("/v1/duplex?autostart=1")
+        assert (await client.receive())["type"] == "session.created"
+        await trio.sleep(20)
+        ack = await client.send_and_receive({"type": "session.heartbeat"})
+        assert ack["type"] == "session.heartbeat_ack"
+
+
+@pytest.mark.parametrize("query", ["?autostart=0", "?autostart=", "?other=1"])
+async def test_without_autostart_1_the_server_waits_for_a_first_message(autojump_clock, query):
+    async with running_server(ServerConfig(config_timeout_s=5)) as sim:
+        client = await sim.connect("/v1/duplex" + query)
+        await expect_refused(client, "config_timeout", 4002)
+        assert sim.server.slots_held == 0
+
+
+# -- admission -----------------------------------------------------------------------------
+
+
+async def test_full_server_refuses_with_resource_exhausted_and_1013(autojump_clock):
+    async with running_server(ServerConfig(max_sessions=2)) as sim:
+        await sim.open_session()
+        await sim.open_session()
+        client = await sim.connect()
+        await client.send(UPDATE)
+        error = await expect_refused(client, "resource_exhausted", 1013)
+        assert error["retryable"] is True
+        assert isinstance(error["message"], str) and error["message"]
+        assert sim.server.slots_held == 2
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        {"type": "input.text.append", "text": "x"},
+        {"type": "session.heartbeat"},
+        {"type": "session.close"},
+    ],
+)
+async def test_full_server_refuses_any_opening_event(autojump_clock, first):
+    async with running_server(ServerConfig(max_sessions=1)) as sim:
+        await sim.open_session()
+        client = await sim.connect()
+        await client.send(first)
+        await expect_refused(client, "resource_exhausted", 1013)
+
+
+async def test_full_server_refuses_autostart(autojump_clock):
+    async with running_server(ServerConfig(max_sessions=1)) as sim:
+        await sim.open_session()
+        client = await sim.connect("/v1/duplex?autostart=1")
+        await expect_refused(client, "resource_exhausted", 1013)
+
+
+async def test_resource_exhausted_echoes_event_id(autojump_clock):
+    async with running_server(ServerConfig(max_sessions=1)) as sim:
+        await sim.open_session()
+        client = await sim.connect()
+        await client.send({**UPDATE, "event_id": "open-1"})
+        error = await expect_refused(client, "resource_exhausted", 1013)
+        assert error.get("event_id") == "open-1"
+
+
+async def test_a_detached_session_holds_its_slot_until_it_expires(autojump_clock):
+    async with running_server(ServerConfig(max_sessions=1, disconnect_grace_s=30)) as sim:
+        first, _ = await sim.open_session()
+        await first.transport.cut()
+        await trio.sleep(29)
+        client = await sim.connect()
+        await client.send(UPDATE)
+        await expect_refused(client, "resource_exhausted", 1013)
+        await trio.sleep(1.5)
+        assert sim.server.slots_held == 0
+        await sim.open_session()
+
+
+async def test_an_opening_session_holds_a_slot(autojump_clock):
+    async with running_server(ServerConfig(max_sessions=1)) as sim:
+        opening = await sim.connect()
+        gate = opening.transport.hold()  # session.created cannot be sent yet
+        await opening.send(UPDATE)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sim.server.slots_held == 1
+        client = await sim.connect()
+        await client.send(UPDATE)
+        await expect_refused(client, "resource_exhausted", 1013)
+        gate.set()
+        assert (await opening.receive())["type"] == "session.created"
+
+
+async def test_a_closing_session_holds_its_slot_until_teardown_finished(autojump_clock):
+    async with running_server(ServerConfig(max_sessions=1), SlowTeardownEngine) as sim:
+        first, _ = await sim.open_session()
+        await first.send({"type": "session.close"})
+        start = trio.current_time()
+        await trio.sleep(4)
+        client = await sim.connect()
+        await client.send(UPDATE)
+        await expect_refused(client, "resource_exhausted", 1013)
+        closed = await first.receive()
+        assert closed["type"] == "session.closed"
+        assert trio.current_time() - start == pytest.approx(5)
+        assert sim.server.slots_held == 0
+        await sim.open_session()
+
+
+async def test_refused_open_leaves_slots_as_they_were(autojump_clock):
+    async with running_server(ServerConfig(max_sessions=1)) as sim:
+        owner, _ = await sim.open_session()
+        for _ in range(3):
+            client = await sim.connect()
+            await client.send(UPDATE)
+            await expect_refused(client, "resource_exhausted", 1013)
+        assert sim.server.slots_held == 1
+        await owner.send({"type": "session.close"})
+        await owner.receive_until_closed()
+        await sim.open_session()  # the slot came back, once
+
+
+# -- the delivery rule ---------------------------------------------------------------------
+
+
+async def test_session_is_not_resumable_before_created_is_delivered(autojump_clock):
+    async with running_server() as sim:
+        opening = await sim.connect()
+        gate = opening.transport.hold()
+        await opening.send(UPDATE)
+        await trio.testing.wait_all_tasks_blocked()
+        (session_id,) = sim.server.registry.sessions
+        other, answer = await sim.resume(session_id, "any-token")
+        assert answer["code"] == "session_resume_expired"
+        assert await other.receive_until_closed() == []
+        assert other.close_code == 4001
+        gate.set()
+        created = await opening.receive()
+        assert created["session_id"] == session_id
+
+
+@pytest.mark.parametrize("fault", ["cut", "fail_sends"])
+async def test_undelivered_created_closes_the_session_and_frees_the_slot_at_once(
+    autojump_clock, fault
+):
+    async with running_server(ServerConfig(max_sessions=1, disconnect_grace_s=30)) as sim:
+        opening = await sim.connect()
+        gate = opening.transport.hold()
+        await opening.send(UPDATE)
+        await trio.testing.wait_all_tasks_blocked()
+        (session,) = sim.server.registry.sessions.values()
+        start = trio.current_time()
+        if fault == "cut":
+            await opening.transport.cut()
+        else:
+            opening.transport.fail_sends = True
+            gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sim.server.slots_held == 0
+        assert not sim.server.registry.sessions
+        assert session.terminal is not None
+        assert session.terminal.reason == "session_created_undelivered"
+        assert trio.current_time() - start < 1  # not after the grace period
+        # Nobody can ever resume it, and its slot is free for someone else.
+        client, answer = await sim.resume(session.id, "whatever")
+        assert answer["code"] == "session_resume_expired"
+        await client.receive_until_closed()
+        assert client.close_code == 4001
+        await sim.open_session()
+
+
+async def test_delivered_created_makes_the_session_resumable(autojump_clock):
+    async with running_server() as sim:
+        client = await sim.connect()
+        created = await client.send_and_receive(UPDATE)
+        await client.transport.cut()
+        await trio.sleep(1)
+        _, resumed = await sim.resume(created["session_id"], created["resume_token"])
+        assert resumed["type"] == "session.resumed"
+
+
+async def test_concurrent_opens_never_overshoot_max_sessions(autojump_clock):
+    async with running_server(ServerConfig(max_sessions=3)) as sim:
+        clients = [await sim.connect() for _ in range(10)]
+        answers: list[str] = []
+
+        async def open_one(client):
+            await client.send(UPDATE)
+            answers.append((await client.receive())["type"])
+
+        async with trio.open_nursery() as nursery:
+            for client in clients:
+                nursery.start_soon(open_one, client)
+        assert sorted(answers) == ["error"] * 7 + ["session.created"] * 3
+        assert sim.server.slots_held == 3
+
+
+async def test_undelivered_created_with_autostart_frees_the_slot_at_once(autojump_clock):
+    async with running_server(ServerConfig(max_sessions=1)) as sim:
+        stream, faulty = await sim.listener.connect()
+        first_gate = faulty.hold()  # holds the HTTP 101 answer
+        await stream.send_all(
+            b"GET /v1/duplex?autostart=1 HTTP/1.1\r\nHost: sim\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        faulty.hold()  # the next send, session.created, waits at a new gate
+        first_gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert faulty.sends_completed == 1
+        (session,) = sim.server.registry.sessions.values()
+        await faulty.cut()
+        await trio.testing.wait_all_tasks_blocked()
+        assert session.terminal is not None
+        assert session.terminal.reason == "session_created_undelivered"
+        assert sim.server.slots_held == 0
+        await sim.open_session()

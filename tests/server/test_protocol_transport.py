@@ -1,0 +1,546 @@
+"""PROTOCOL.md, Transport: endpoint, text frames, event_id, max_event_bytes, pings, and
+bad frames that must never take down the server or another session."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import trio
+import trio.testing
+from trio_websocket import ConnectionRejected, wrap_client_stream
+
+from trio_duplex.core.config import ServerConfig
+from trio_duplex.testing import Simulation, running_server
+
+from ..helpers import echo
+
+UPGRADE = (
+    "GET {path} HTTP/1.1\r\n"
+    "Host: sim\r\n"
+    "Upgrade: websocket\r\n"
+    "Connection: Upgrade\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    "Sec-WebSocket-Version: 13\r\n"
+    "\r\n"
+)
+
+
+def status_of(answer: bytes) -> int:
+    first = answer.split(b"\r\n", 1)[0].decode("latin-1")
+    assert first.startswith("HTTP/1.1 "), answer
+    return int(first.split()[1])
+
+
+async def assert_still_serving(sim: Simulation, text: str = "still here") -> None:
+    """A brand-new session opens and echoes."""
+    client, _ = await sim.open_session()
+    reply = await client.send_and_receive({"type": "input.text.append", "text": text})
+    assert reply["type"] == "response.output_text.delta"
+    assert reply["text"] == text
+
+
+
+
+def echo_message(size: int, char: str = "a") -> str:
+    """An ``input.text.append`` whose UTF-8 encoding is exactly ``size`` bytes."""
+    head = '{"type":"input.text.append","text":"'
+    tail = '"}'
+    room = size - len(head) - len(tail)
+    width = len(char.encode())
+    assert room >= 0 and room % width == 0, (size, char)
+    message = head + char * (room // width) + tail
+    assert len(message.encode()) == size
+    return message
+
+
+# -- endpoint -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/other", "/", "/v1/duplex/", "/v1/duplexx", "/v2/duplex"])
+async def test_upgrade_for_another_path_is_rejected_with_404(autojump_clock, raw_http, path):
+    async with running_server() as sim:
+        answer = await raw_http(sim, UPGRADE.format(path=path).encode())
+        assert status_of(answer) == 404
+        assert sim.server.slots_held == 0
+        await assert_still_serving(sim)
+
+
+async def test_trio_websocket_client_sees_404_as_a_rejected_handshake(autojump_clock):
+    async with running_server() as sim:
+        stream, _ = await sim.listener.connect()
+        statuses = set()
+        try:
+            # trio-websocket raises the rejection from its reader task too: own nursery.
+            async with trio.open_nursery() as nursery:
+                await wrap_client_stream(nursery, stream, "sim", "/v1/other?autostart=1")
+        except* ConnectionRejected as group:
+            statuses = {exc.status_code for exc in group.exceptions}  # type: ignore[attr-defined]
+        assert statuses == {404}
+        assert sim.server.slots_held == 0
+        await assert_still_serving(sim)
+
+
+async def test_configured_path_is_the_endpoint(autojump_clock, raw_http):
+    async with running_server(ServerConfig(path="/custom/ws")) as sim:
+        answer = await raw_http(sim, UPGRADE.format(path="/v1/duplex").encode())
+        assert status_of(answer) == 404
+        client = await sim.connect("/custom/ws")
+        created = await client.send_and_receive({"type": "session.update", "session": {}})
+        assert created["type"] == "session.created"
+
+
+async def test_query_string_does_not_change_the_path(autojump_clock):
+    async with running_server() as sim:
+        client = await sim.connect("/v1/duplex?client=test")
+        created = await client.send_and_receive({"type": "session.update", "session": {}})
+        assert created["type"] == "session.created"
+
+
+@pytest.mark.parametrize("path", ["/v1/duplex", "/elsewhere"])
+async def test_request_that_is_not_an_upgrade_gets_400(autojump_clock, raw_http, path):
+    async with running_server() as sim:
+        answer = await raw_http(sim, f"GET {path} HTTP/1.1\r\nHost: sim\r\n\r\n".encode())
+        assert status_of(answer) == 400
+        await assert_still_serving(sim)
+
+
+async def test_garbage_instead_of_http_does_not_take_down_the_server(autojump_clock, raw_http):
+    async with running_server() as sim:
+        await raw_http(sim, b"\x00\xff not http at all\r\n\r\n")
+        await assert_still_serving(sim)
+
+
+# -- text frames, binary frames, event_id ------------------------------------------------
+
+
+async def test_binary_first_frame_is_bad_event_and_opens_nothing(autojump_clock):
+    async with running_server() as sim:
+        client = await sim.connect()
+        await client.send_raw(b'{"type":"session.update","session":{}}')
+        error = await client.receive()
+        assert error["type"] == "error"
+        assert error["code"] == "bad_event"
+        assert error["retryable"] is False
+        assert sim.server.slots_held == 0
+        # The connection is still waiting for a first message.
+        created = await client.send_and_receive({"type": "session.update", "session": {}})
+        assert created["type"] == "session.created"
+
+
+async def test_binary_frame_mid_session_is_bad_event_and_session_goes_on(autojump_clock):
+    async with running_server() as sim:
+        client, _ = await sim.open_session()
+        await client.send_raw(b"\x00\x01\x02")
+        error = await client.receive()
+        assert (error["type"], error["code"]) == ("error", "bad_event")
+        assert "server_event_seq" not in error
+        reply = await echo(client, "after binary")
+        assert reply["server_event_seq"] == 1
+
+
+@pytest.mark.parametrize(
+    "message",
+    ["[1,2]", '"text"', "42", "null", '{"no_type":1}', '{"type":7}', '{"type":null}'],
+)
+async def test_frame_that_is_not_an_object_with_string_type_is_bad_event(autojump_clock, message):
+    async with running_server() as sim:
+        client, _ = await sim.open_session()
+        await client.send_raw(message)
+        error = await client.receive()
+        assert (error["type"], error["code"]) == ("error", "bad_event")
+        await echo(client, "goes on")
+
+
+@pytest.mark.parametrize(
+    ("event", "code"),
+    [
+        ({"type": "no.such.event"}, "unknown_event"),
+        ({"type": "input.text.append", "text": 5}, "bad_event"),
+        ({"type": "input.text.append", "text": "x", "client_event_seq": -1}, "bad_event"),
+        ({"type": "session.event_ack", "server_event_seq": 99}, "invalid_event_ack"),
+        ({"type": "session.update", "session": "nope"}, "bad_event"),
+        (
+            {"type": "session.resume", "session_id": "s", "resume_token": "t"},
+            "unsupported_session_resume",
+        ),
+    ],
+)
+async def test_event_id_is_echoed_mid_session(autojump_clock, event, code):
+    async with running_server() as sim:
+        client, _ = await sim.open_session()
+        error = await client.send_and_receive({**event, "event_id": "evt-42"})
+        assert error["type"] == "error"
+        assert error["code"] == code
+        assert error["event_id"] == "evt-42"
+
+
+@pytest.mark.parametrize(
+    ("event", "code"),
+    [
+        ({"type": "no.such.event"}, "unknown_event"),
+        ({"type": "input.text.append", "text": 5}, "bad_event"),
+        ({"type": "session.event_ack", "server_event_seq": 3}, "invalid_event_ack"),
+        ({"type": "session.update", "session": []}, "bad_event"),
+    ],
+)
+async def test_event_id_is_echoed_for_a_bad_first_message(autojump_clock, event, code):
+    async with running_server() as sim:
+        client = await sim.connect()
+        error = await client.send_and_receive({**event, "event_id": "first-1"})
+        assert (error["type"], error["code"]) == ("error", code)
+        assert error["event_id"] == "first-1"
+        assert sim.server.slots_held == 0
+
+
+@pytest.mark.parametrize("message", ['{"event_id":"first-2"}', '{"event_id":"first-2","type":5}'])
+async def test_event_id_is_echoed_for_a_first_message_without_type(autojump_clock, message):
+    async with running_server() as sim:
+        client = await sim.connect()
+        await client.send_raw(message)
+        error = await client.receive()
+        assert (error["type"], error["code"]) == ("error", "bad_event")
+        assert error.get("event_id") == "first-2"
+
+
+async def test_event_id_is_echoed_mid_session_without_type(autojump_clock):
+    async with running_server() as sim:
+        client, _ = await sim.open_session()
+        await client.send_raw('{"event_id":"mid-1","type":5}')
+        error = await client.receive()
+        assert (error["code"], error.get("event_id")) == ("bad_event", "mid-1")
+
+
+async def test_event_id_that_is_not_a_string_is_bad_event(autojump_clock):
+    async with running_server() as sim:
+        client, _ = await sim.open_session()
+        error = await client.send_and_receive(
+            {"type": "input.text.append", "text": "x", "event_id": 12}
+        )
+        assert (error["type"], error["code"]) == ("error", "bad_event")
+        assert "event_id" not in error
+
+
+async def test_no_event_id_means_none_in_the_error(autojump_clock):
+    async with running_server() as sim:
+        client, _ = await sim.open_session()
+        error = await client.send_and_receive({"type": "no.such.event"})
+        assert error["code"] == "unknown_event"
+        assert "event_id" not in error
+
+
+# -- max_event_bytes ----------------------------------------------------------------------
+
+
+async def test_message_of_exactly_max_event_bytes_is_accepted(autojump_clock):
+    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
+        client, _ = await sim.open_session()
+        await client.send_raw(echo_message(100))
+        reply = await client.receive()
+        assert reply["type"] == "response.output_text.delta"
+        await client.send_raw(echo_message(100, "é"))
+        reply = await client.receive()
+        assert reply["text"] == "é" * ((100 - 38) // 2)
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-message", "mid-session"])
+async def test_one_byte_over_max_event_bytes_closes_1009(autojump_clock, first):
+    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
+        if first:
+            client = await sim.connect()
+        else:
+            client, _ = await sim.open_session()
+        await client.send_raw(echo_message(101))
+        assert await client.receive_until_closed() == []
+        assert client.close_code == 1009
+        await assert_still_serving(sim)
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-message", "mid-session"])
+async def test_size_counts_utf8_bytes_not_characters(autojump_clock, first):
+    # 60 two-byte characters: 60 characters but 120 bytes, over a bound of 100.
+    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
+        if first:
+            client = await sim.connect()
+        else:
+            client, _ = await sim.open_session()
+        await client.send_raw("é" * 60)
+        assert await client.receive_until_closed() == []
+        assert client.close_code == 1009
+        assert sim.server.slots_held == (0 if first else 1)
+
+
+async def test_size_counts_bytes_of_four_byte_characters(autojump_clock):
+    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
+        client, _ = await sim.open_session()
+        # 30 characters, 120 bytes, inside a valid event.
+        await client.send({"type": "input.text.append", "text": "😀" * 30})
+        assert await client.receive_until_closed() == []
+        assert client.close_code == 1009
+
+
+async def test_same_characters_under_the_byte_bound_are_accepted(autojump_clock):
+    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
+        client, _ = await sim.open_session()
+        # 50 two-byte characters = 100 bytes: not JSON, so invalid_json, not a close.
+        await client.send_raw("é" * 50)
+        error = await client.receive()
+        assert (error["type"], error["code"]) == ("error", "invalid_json")
+        await echo(client, "still open")
+
+
+async def test_1009_detaches_the_session_which_stays_resumable(autojump_clock):
+    # 300, not 100: a session.resume itself is about 150 bytes.
+    async with running_server(ServerConfig(max_event_bytes=300)) as sim:
+        client, created = await sim.open_session()
+        await echo(client, "one")
+        await client.send_raw("x" * 500)
+        await client.receive_until_closed()
+        assert client.close_code == 1009
+        client2, resumed = await sim.resume(created["session_id"], created["resume_token"], 1)
+        assert resumed["type"] == "session.resumed"
+        reply = await echo(client2, "two")
+        assert reply["server_event_seq"] == 2
+
+
+async def test_fragmented_message_over_the_bound_closes_1009(autojump_clock, raw_ws):
+    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
+        client = await raw_ws(sim)
+        await client.send({"type": "session.update", "session": {}})
+        assert (await client.receive())["type"] == "session.created"
+        # Three fragments of 40 bytes: each fits, the message (120 bytes) does not.
+        for part in ['{"type":"input.text.append","text":"aa', "a" * 40, "a" * 40]:
+            await client.send_bytes(client.frame(part, fin=False))
+        await client.send_bytes(client.frame('"}'))
+        assert await client.receive_until_closed() == []
+        assert client.close_code == 1009
+        await assert_still_serving(sim)
+
+
+async def test_fragmented_multibyte_message_over_the_byte_bound_closes_1009(autojump_clock, raw_ws):
+    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
+        client = await raw_ws(sim)
+        await client.send({"type": "session.update", "session": {}})
+        assert (await client.receive())["type"] == "session.created"
+        # Two fragments of 25 two-byte characters: 50 characters, 100 bytes, plus the
+        # JSON around them: over 100 bytes but far under 100 characters.
+        await client.send_bytes(client.frame('{"type":"input.text.append","text":"', fin=False))
+        await client.send_bytes(client.frame("é" * 25, fin=False))
+        await client.send_bytes(client.frame("é" * 25, fin=False))
+        await client.send_bytes(client.frame('"}'))
+        assert await client.receive_until_closed() == []
+        assert client.close_code == 1009
+
+
+async def test_fragmented_message_under_the_bound_is_one_event(autojump_clock, raw_ws):
+    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
+        client = await raw_ws(sim)
+        await client.send({"type": "session.update", "session": {}})
+        assert (await client.receive())["type"] == "session.created"
+        message = echo_message(100)
+        for start in range(0, 100, 30):
+            end = min(start + 30, 100)
+            await client.send_bytes(client.frame(message[start:end], fin=end == 100))
+        reply = await client.receive()
+        assert reply["type"] == "response.output_text.delta"
+        assert reply["server_event_seq"] == 1
+
+
+# -- frames that must not take down the server -------------------------------------------
+
+
+def _junk(client, kind: str) -> bytes:
+    big = "x" * 300
+    if kind == "oversize-text":
+        return client.frame(big)
+    if kind == "oversize-binary":
+        return client.frame(big.encode())
+    if kind == "oversize-multibyte":
+        return client.frame("é" * 60)
+    if kind == "binary":
+        return client.frame(b"\x00")
+    if kind == "invalid-json":
+        return client.frame("{")
+    if kind == "bad-utf8":
+        # A text frame (opcode 1, FIN, masked with a zero key) whose payload is not UTF-8.
+        return bytes([0x81, 0x80 | 2, 0, 0, 0, 0, 0xC3, 0x28])
+    if kind == "unmasked":
+        return bytes([0x81, 2]) + b"{}"
+    if kind == "reserved-bits":
+        return bytes([0x81 | 0x70, 0x80 | 2, 0, 0, 0, 0]) + b"{}"
+    if kind == "ping":
+        return bytes([0x89, 0x80, 0, 0, 0, 0])
+    if kind == "close":
+        return bytes([0x88, 0x82, 0, 0, 0, 0, 0x03, 0xE8])
+    if kind == "fragment-over-bound":
+        return client.frame("y" * 300, fin=False)
+    raise AssertionError(kind)
+
+
+JUNK_COMBINATIONS = [
+    ("oversize-text", "oversize-text"),
+    ("oversize-text", "oversize-text", "oversize-text"),
+    ("oversize-binary", "oversize-binary"),
+    ("oversize-text", "oversize-binary"),
+    ("oversize-multibyte", "oversize-multibyte"),
+    ("fragment-over-bound", "oversize-text"),
+    ("oversize-text", "bad-utf8"),
+    ("bad-utf8", "bad-utf8"),
+    ("bad-utf8", "oversize-text"),
+    ("oversize-text", "unmasked"),
+    ("unmasked", "unmasked"),
+    ("reserved-bits", "oversize-text"),
+    ("oversize-text", "ping", "oversize-text"),
+    ("oversize-text", "close"),
+    ("close", "oversize-text"),
+    ("invalid-json", "binary", "oversize-text", "oversize-text"),
+]
+
+
+@pytest.mark.parametrize("kinds", JUNK_COMBINATIONS, ids="+".join)
+@pytest.mark.parametrize("when", ["before-first-message", "mid-session"])
+async def test_bad_frames_in_one_write_never_take_down_the_server(
+    autojump_clock, raw_ws, kinds, when
+):
+    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
+        bystander, _ = await sim.open_session()
+        await echo(bystander, "before")
+        attacker = await raw_ws(sim)
+        if when == "mid-session":
+            await attacker.send({"type": "session.update", "session": {}})
+            assert (await attacker.receive())["type"] == "session.created"
+        payload = b"".join(_junk(attacker, kind) for kind in kinds)
+        with trio.fail_after(60):
+            await attacker.send_bytes(payload)  # all frames in ONE write
+            await attacker.receive_until_closed()
+        # The bystander's session and brand-new sessions are unaffected.
+        reply = await echo(bystander, "after")
+        assert reply["server_event_seq"] == 2
+        await assert_still_serving(sim)
+        assert bystander.close_code is None
+
+
+def _random_junk(rng: random.Random) -> bytes:
+    """Frames with random header bits, lengths and masks, cut anywhere, or plain noise."""
+    parts = []
+    for _ in range(rng.randint(1, 6)):
+        if rng.random() < 0.25:
+            parts.append(rng.randbytes(rng.randint(1, 40)))
+            continue
+        if rng.random() < 0.3:
+            payload = json.dumps({"type": "input.text.append", "text": "x"}).encode()
+        else:
+            payload = rng.randbytes(rng.choice([0, 1, 5, 125, 126, 127, 300, 70_000]))
+            if rng.random() < 0.5:
+                payload = bytes(b & 0x7F for b in payload)  # ASCII: valid UTF-8
+        length = len(payload)
+        fin = 0x80 if rng.random() < 0.8 else 0
+        rsv = 0 if rng.random() < 0.85 else rng.randrange(1, 8) << 4
+        opcode = rng.choice([0, 1, 1, 1, 2, 8, 9, 10]) if rng.random() < 0.9 else rng.randrange(16)
+        b0 = fin | rsv | opcode
+        code = length if length < 126 else 126 if length < 65536 else 127
+        b1 = (0x80 if rng.random() < 0.9 else 0) | code
+        head = bytes((b0, b1))
+        if code == 126:
+            head += length.to_bytes(2, "big")
+        elif code == 127:
+            head += length.to_bytes(8, "big")
+        key = rng.randbytes(4)
+        frame = head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+        parts.append(frame[: rng.randint(1, len(frame))] if rng.random() < 0.2 else frame)
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize("seed", range(60))
+async def test_random_bytes_after_the_handshake_end_only_that_connection(
+    autojump_clock, raw_ws, seed
+):
+    """Whatever a client writes after the 101, the server ends that connection with a
+    close code (or keeps it, for what is valid), and nobody else notices."""
+    rng = random.Random(seed)
+    async with running_server(ServerConfig(max_event_bytes=1000)) as sim:
+        bystander, _ = await sim.open_session()
+        attacker = await raw_ws(sim)
+        if rng.random() < 0.5:
+            await attacker.send({"type": "session.update", "session": {}})
+            assert (await attacker.receive())["type"] == "session.created"
+        with trio.fail_after(120):
+            await attacker.send_bytes(_random_junk(rng))
+            await attacker.stream.send_eof()  # then the peer's FIN
+            events = await attacker.receive_until_closed()
+        assert all(isinstance(event, dict) and "type" in event for event in events)
+        # 1006: the junk was valid up to our FIN, so the server saw the peer go without a
+        # close frame and ended the TCP connection likewise.
+        assert attacker.close_code in (1000, 1001, 1002, 1006, 1007, 1009), attacker.close_code
+        reply = await echo(bystander, "after")
+        assert reply["server_event_seq"] == 1
+        await assert_still_serving(sim)
+        assert bystander.close_code is None
+
+
+async def test_two_oversize_frames_in_one_write_close_1009(autojump_clock, raw_ws):
+    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
+        attacker = await raw_ws(sim)
+        await attacker.send({"type": "session.update", "session": {}})
+        assert (await attacker.receive())["type"] == "session.created"
+        await attacker.send_bytes(attacker.frame("a" * 200) + attacker.frame("b" * 200))
+        assert await attacker.receive_until_closed() == []
+        assert attacker.close_code == 1009
+        await assert_still_serving(sim)
+
+
+# -- pings ----------------------------------------------------------------------------------
+
+
+async def test_server_pings_every_20_seconds(autojump_clock, raw_ws):
+    async with running_server() as sim:
+        client = await raw_ws(sim)
+        await client.send({"type": "session.update", "session": {}})
+        assert (await client.receive())["type"] == "session.created"
+        start = trio.current_time()
+        with trio.move_on_after(65):
+            await client.receive()
+        # answered pings keep the connection: three of them in 65 s
+        assert client.pings == 3
+        assert client.close_code is None
+        assert trio.current_time() - start == pytest.approx(65)
+        session = next(iter(sim.server.registry.sessions.values()))
+        assert session.state.value == "attached"
+
+
+async def test_unanswered_ping_loses_the_connection_after_20_seconds(autojump_clock, raw_ws):
+    async with running_server() as sim:
+        client = await raw_ws(sim, answer_pings=False)
+        await client.send({"type": "session.update", "session": {}})
+        created = await client.receive()
+        session = sim.server.registry.sessions[created["session_id"]]
+        start = trio.current_time()
+        await trio.sleep(39.5)
+        assert session.state.value == "attached"
+        await trio.sleep(1)
+        assert session.state.value == "detached"
+        assert trio.current_time() - start == pytest.approx(40.5)
+        # Lost means detached, not closed: a resume within the grace works.
+        _, resumed = await sim.resume(created["session_id"], created["resume_token"])
+        assert resumed["type"] == "session.resumed"
+
+
+async def test_every_server_frame_is_a_json_text_object(autojump_clock, raw_ws):
+    async with running_server() as sim:
+        client = await raw_ws(sim)
+        await client.send({"type": "session.update", "session": {}})
+        await client.send({"type": "session.heartbeat"})
+        await client.send({"type": "input.text.append", "text": "t"})
+        await client.send({"type": "nope"})
+        await client.send({"type": "session.close"})
+        events = await client.receive_until_closed()  # a binary frame raises
+        types = [event["type"] for event in events]
+        # The engine's output and the reader's answers are not ordered with each other.
+        assert (types[0], sorted(types[1:-1]), types[-1]) == (
+            "session.created",
+            ["error", "response.output_text.delta", "session.heartbeat_ack"],
+            "session.closed",
+        )
+        assert all(isinstance(event, dict) for event in events)
+        assert json.loads(json.dumps(events)) == events

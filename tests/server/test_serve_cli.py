@@ -1,0 +1,211 @@
+"""The ``trio-duplex serve`` command: flag validation, --help, the ready line."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from trio_duplex.cli import main
+
+FLAGS = {
+    "--host",
+    "--port",
+    "--path",
+    "--engine",
+    "--max-sessions",
+    "--disconnect-grace",
+    "--idle-ttl",
+    "--journal-max-bytes",
+    "--journal-ttl",
+    "--max-event-bytes",
+    "--config-timeout",
+    "--drain-timeout",
+    "--log-level",
+}
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trio_duplex", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+BAD_VALUES = [
+    ("--port", "-1"),
+    ("--port", "65536"),
+    ("--port", "http"),
+    ("--port", "80.5"),
+    ("--max-sessions", "0"),
+    ("--max-sessions", "-2"),
+    ("--max-sessions", "1.5"),
+    ("--max-sessions", "many"),
+    ("--disconnect-grace", "abc"),
+    ("--disconnect-grace", "-1"),
+    ("--disconnect-grace", "nan"),
+    ("--disconnect-grace", "inf"),
+    ("--idle-ttl", "0"),
+    ("--idle-ttl", "-5"),
+    ("--journal-max-bytes", "0"),
+    ("--journal-max-bytes", "1e3"),
+    ("--journal-ttl", "0"),
+    ("--max-event-bytes", "0"),
+    ("--max-event-bytes", "lots"),
+    ("--config-timeout", "0"),
+    ("--config-timeout", "-0.5"),
+    ("--drain-timeout", "-1"),
+    ("--log-level", "loud"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value"), BAD_VALUES)
+def test_bad_flag_value_exits_2_with_a_clear_message(capsys, flag, value):
+    with pytest.raises(SystemExit) as info:
+        main(["serve", flag, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err
+    assert "error:" in err
+    assert flag in err, err  # the message names the flag ...
+    assert value in err, err  # ... and the value it refused
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--engine", "nosuch:thing"),
+        ("--engine", "nosuch"),
+        ("--engine", "trio_duplex.engines.echo:Missing"),
+        ("--engine", "os:sep"),
+        ("--path", "no-slash"),
+        ("--path", "/with?query=1"),
+    ],
+)
+def test_bad_engine_or_path_exits_2_with_a_clear_message(capsys, flag, value):
+    with pytest.raises(SystemExit) as info:
+        main(["serve", flag, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err
+    assert value in err, err
+    assert "Traceback" not in err
+
+
+def test_bad_values_exit_2_from_the_real_command():
+    for args in (("--port", "-1"), ("--max-sessions", "0"), ("--engine", "nosuch:thing")):
+        result = run_cli("serve", *args)
+        assert result.returncode == 2, result
+        assert "error:" in result.stderr
+        assert args[1] in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_unknown_flag_or_missing_command_exits_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--no-such-flag"])
+    assert info.value.code == 2
+    assert "--no-such-flag" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+
+
+def test_help_lists_exactly_the_flags():
+    result = run_cli("serve", "--help")
+    assert result.returncode == 0, result
+    shown = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", result.stdout))
+    assert shown == FLAGS | {"--help"}, sorted(shown ^ (FLAGS | {"--help"}))
+
+
+def test_console_script_is_installed():
+    script = Path(sys.executable).parent / "trio-duplex"
+    assert script.exists()
+    result = subprocess.run(
+        [str(script), "serve", "--help"], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0
+    assert "--max-sessions" in result.stdout
+
+
+@pytest.mark.integration
+def test_ready_line_holds_the_url(serve):
+    server = serve()
+    assert re.fullmatch(r"ws://127\.0\.0\.1:\d+/v1/duplex", server.url), server.url
+    assert server.port != 0  # --port 0: the line names the port actually bound
+    with connect(server.url, open_timeout=5, ping_interval=None) as ws:
+        ws.send(json.dumps({"type": "session.update", "session": {}}))
+        assert json.loads(ws.recv(timeout=5))["type"] == "session.created"
+
+
+@pytest.mark.integration
+def test_ready_line_holds_a_custom_path(serve):
+    server = serve("--path", "/custom/endpoint", "--host", "127.0.0.1")
+    assert re.fullmatch(r"ws://127\.0\.0\.1:\d+/custom/endpoint", server.url), server.url
+    with connect(server.url, open_timeout=5, ping_interval=None) as ws:
+        ws.send(json.dumps({"type": "session.heartbeat"}))
+        assert json.loads(ws.recv(timeout=5))["type"] == "session.created"
+
+
+@pytest.mark.integration
+def test_fractions_are_accepted_for_seconds(serve):
+    server = serve(
+        "--disconnect-grace",
+        "0.5",
+        "--idle-ttl",
+        "2.5",
+        "--journal-ttl",
+        "1.25",
+        "--config-timeout",
+        "0.3",
+        "--drain-timeout",
+        "0.5",
+    )
+    with connect(server.url, open_timeout=5, ping_interval=None) as ws:
+        ws.send(json.dumps({"type": "session.update", "session": {}}))
+        created = json.loads(ws.recv(timeout=5))
+        assert created["limits"]["disconnect_grace_s"] == 0.5
+        assert created["limits"]["idle_ttl_s"] == 2.5
+    # The fractional config timeout is in force: no first message → refused in ~0.3 s.
+    with connect(server.url, open_timeout=5, ping_interval=None) as ws:
+        started = time.monotonic()
+        error = json.loads(ws.recv(timeout=5))
+        assert error["code"] == "config_timeout"
+        assert time.monotonic() - started < 2
+        with pytest.raises(ConnectionClosed) as info:
+            ws.recv(timeout=5)
+        assert info.value.rcvd is not None and info.value.rcvd.code == 4002
+
+
+@pytest.mark.integration
+def test_zero_is_accepted_where_it_makes_sense(serve):
+    server = serve("--disconnect-grace", "0", "--drain-timeout", "0")
+    with connect(server.url, open_timeout=5, ping_interval=None) as ws:
+        ws.send(json.dumps({"type": "session.update", "session": {}}))
+        created = json.loads(ws.recv(timeout=5))
+        assert created["limits"]["disconnect_grace_s"] == 0
+
+
+@pytest.mark.integration
+def test_port_in_use_exits_1_with_a_message():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli("serve", "--port", str(port))
+    assert result.returncode == 1, result
+    assert "cannot listen" in result.stderr
+    assert str(port) in result.stderr
+    assert "Traceback" not in result.stderr

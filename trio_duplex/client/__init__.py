@@ -1,0 +1,66 @@
+"""The trio-duplex client: one resumable session over any number of connections.
+
+::
+
+    async with trio_duplex.client.connect("ws://127.0.0.1:8765/v1/duplex") as session:
+        await session.send({"type": "input.text.append", "text": "hello"})
+        async for event in session:
+            print(event)
+
+* ``state``: ``SessionState``, the client side of the protocol with no I/O (sans-IO),
+  with the client's errors, options and policies.
+* ``session``: ``ClientSession`` and ``connect``, the trio shell around it.
+* ``terminal``: ``trio-duplex connect``, an interactive terminal client.
+"""
+
+from .session import (
+    AckPolicy,
+    Attached,
+    ClientError,
+    ClientOptions,
+    ClientSession,
+    ConnectionChange,
+    Disconnected,
+    EventTooLarge,
+    HeartbeatPolicy,
+    Limits,
+    ProtocolViolation,
+    ReconnectFailed,
+    ReconnectPolicy,
+    ResumeRefused,
+    ResumeState,
+    Retrying,
+    ServerRefused,
+    SessionEnded,
+    SessionReplaced,
+    SessionState,
+    StreamFactory,
+    Verdict,
+    connect,
+)
+
+__all__ = [
+    "AckPolicy",
+    "Attached",
+    "ClientError",
+    "ClientOptions",
+    "ClientSession",
+    "ConnectionChange",
+    "Disconnected",
+    "EventTooLarge",
+    "HeartbeatPolicy",
+    "Limits",
+    "ProtocolViolation",
+    "ReconnectFailed",
+    "ReconnectPolicy",
+    "ResumeRefused",
+    "ResumeState",
+    "Retrying",
+    "ServerRefused",
+    "SessionEnded",
+    "SessionReplaced",
+    "SessionState",
+    "StreamFactory",
+    "Verdict",
+    "connect",
+]

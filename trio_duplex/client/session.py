@@ -1,0 +1,620 @@
+"""The trio-duplex client: one resumable session over any number of connections.
+
+::
+
+    async with trio_duplex.client.connect("ws://127.0.0.1:8765/v1/duplex") as session:
+        await session.send({"type": "input.text.append", "text": "hello"})
+        async for event in session:
+            print(event)
+
+``SessionState`` (in ``_client_state.py``) is the client side of PROTOCOL.md as a
+state machine with no I/O, no clock and no awaits: sequence numbers both ways, the
+unconfirmed outbox, deduplication, the ack and heartbeat policies. ``ClientSession`` and
+``connect``, here, are the trio shell around it: one supervisor task that connects, resumes with
+backoff, and runs a reader and a single writer per connection.
+
+Guarantees: every server event with a ``server_event_seq`` is yielded once, in order,
+across reconnects; control events (no seq) are yielded once per arrival. Every event
+given to ``send`` is stamped with ``client_event_seq`` and kept until the server is known
+to have read it; after a resume exactly the events past the server's
+``last_received_client_event_seq`` are sent again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import attrs
+import trio
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+from websockets.exceptions import WebSocketException as _WebSocketException
+from websockets.trio.client import ClientConnection
+from websockets.trio.client import connect as _ws_connect
+
+from ..core.wire import CLOSE_RESUME_REFUSED, utf8_len
+from .state import (
+    AckPolicy,
+    Attached,
+    ClientError,
+    ClientOptions,
+    ConnectionChange,
+    Disconnected,
+    EventTooLarge,
+    HeartbeatPolicy,
+    Limits,
+    ProtocolViolation,
+    ReconnectFailed,
+    ReconnectPolicy,
+    ResumeRefused,
+    ResumeState,
+    Retrying,
+    ServerRefused,
+    SessionEnded,
+    SessionReplaced,
+    SessionState,
+    Verdict,
+)
+
+__all__ = [
+    "AckPolicy",
+    "Attached",
+    "ClientError",
+    "ClientOptions",
+    "ClientSession",
+    "ConnectionChange",
+    "Disconnected",
+    "EventTooLarge",
+    "HeartbeatPolicy",
+    "Limits",
+    "ProtocolViolation",
+    "ReconnectFailed",
+    "ReconnectPolicy",
+    "ResumeRefused",
+    "ResumeState",
+    "Retrying",
+    "ServerRefused",
+    "SessionEnded",
+    "SessionReplaced",
+    "SessionState",
+    "StreamFactory",
+    "Verdict",
+    "connect",
+]
+
+log = logging.getLogger("trio_duplex.client")
+
+Event = dict[str, Any]
+StreamFactory = Callable[[], Awaitable[trio.abc.Stream]]
+"""Opens the byte stream a connection runs on (tests: an in-memory stream)."""
+
+
+
+# -- the trio shell --------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Loss:
+    reason: str = "connection closed"
+    close_code: int | None = None
+    abort: bool = False
+    fatal: ClientError | None = None
+
+
+class _AttemptFailed(Exception):
+    """One connection attempt failed in a way that another attempt might not."""
+
+
+SessionStatus = Literal["connecting", "attached", "reconnecting", "closing", "ended", "failed"]
+
+
+class ClientSession:
+    """A session as the application sees it. Create it with ``connect``.
+
+    ``send`` queues an event (stamped with ``client_event_seq``); iterate to receive.
+    One task should iterate; any number may send. ``session_id``, ``generation``,
+    ``limits`` and ``config`` reflect the latest handshake.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        state: SessionState,
+        options: ClientOptions,
+        *,
+        on_change: Callable[[ConnectionChange], None] | None,
+        open_stream: StreamFactory | None,
+        rng: random.Random,
+    ) -> None:
+        self._url = url
+        self._core = state
+        self._options = options
+        self._on_change = on_change
+        self._open_stream = open_stream
+        self._rng = rng
+        self._events_tx, self._events_rx = trio.open_memory_channel[Event](math.inf)
+        self._wake = trio.Event()
+        self._progress = trio.Event()
+        self._stop = trio.Event()
+        self._done = trio.Event()
+        self._detaching = False
+        self._attached = False
+        self._started = False
+        self._failure: ClientError | None = None
+        self._scope = trio.CancelScope()
+        """The supervisor's scope: shielded once attached, so that a cancelled block
+        still gets its bounded close; ``connect`` cancels it when done."""
+        self._terminal: Event | None = None
+        self.duplicates_dropped = 0
+        """Server events dropped because their seq had already been received."""
+
+    def __repr__(self) -> str:
+        return f"<ClientSession {self.session_id} generation={self.generation} {self.status}>"
+
+    # -- what the application sees -----------------------------------------------------
+
+    @property
+    def session_id(self) -> str | None:
+        return self._core.session_id
+
+    @property
+    def generation(self) -> int:
+        return self._core.generation
+
+    @property
+    def limits(self) -> Limits:
+        return self._core.limits
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self._core.config
+
+    @property
+    def state(self) -> SessionState:
+        """The protocol state machine (read it; don't change it)."""
+        return self._core
+
+    @property
+    def status(self) -> SessionStatus:
+        if self._failure is not None:
+            return "failed"
+        if self._done.is_set() or self._core.ended:
+            return "ended"
+        if self._core.closing or self._detaching:
+            return "closing"
+        if self._attached:
+            return "attached"
+        return "reconnecting" if self._started else "connecting"
+
+    def resume_state(self) -> ResumeState:
+        """Session id, current token and last received seq, for ``connect(resume=...)``."""
+        state = self._core.resume_state()
+        if state is None:
+            raise SessionEnded()
+        return state
+
+    async def send(self, event: Mapping[str, Any]) -> int:
+        """Queue ``event`` for the server and return its ``client_event_seq``.
+
+        Waits only while the resend buffer is full. Cancelled, nothing was queued;
+        returned, the event will reach the server exactly once unless the session fails.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        core, options = self._core, self._options
+        while True:
+            self._check_usable()
+            if core.has_room(options.max_unconfirmed_events, options.max_unconfirmed_bytes):
+                break
+            core.request_confirm()  # a heartbeat barrier frees the buffer soonest
+            self._wake.set()
+            progress = self._progress
+            await progress.wait()
+        seq = core.enqueue(event)
+        self._wake.set()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return seq
+
+    async def confirm(self) -> None:
+        """Wait until the server has read every event sent so far (each was received, or
+        answered with an ``error`` that is already in the event stream)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        target = self._core.request_confirm()
+        self._wake.set()
+        while self._core.confirmed_seq < target:
+            self._check_usable()
+            progress = self._progress
+            await progress.wait()
+
+    async def receive(self) -> Event:
+        """The next server event. Raises the session's error once it has failed, or
+        SessionEnded once the terminal event has been received. Cancel-safe."""
+        try:
+            return await self._events_rx.receive()
+        except trio.EndOfChannel:
+            if self._failure is not None:
+                raise self._failure from None
+            raise SessionEnded(self._terminal) from None
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self.receive()
+        except SessionEnded:
+            raise StopAsyncIteration from None
+
+    async def aclose(self, reason: str | None = None) -> None:
+        """Close the session (``session.close``) and wait until it has ended. If cancelled,
+        the close goes on; leaving ``connect`` bounds it by ``close_timeout``."""
+        self._request_close(reason)
+        await self._done.wait()
+
+    async def detach(self) -> ResumeState:
+        """Drop the connection without closing the session; the server keeps it for
+        ``disconnect_grace_s``. Returns what ``connect(resume=...)`` needs. Events already
+        received stay readable here, and a later resume starts after them."""
+        state = self.resume_state()
+        self._request_detach()
+        await self._done.wait()
+        return self._core.resume_state() or state
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._done.is_set() or self._core.ended or self._core.closing or self._detaching:
+            raise SessionEnded(self._terminal)
+
+    def _notify_progress(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    def _request_close(self, reason: str | None = None) -> None:
+        if not self._core.closing:
+            self._core.closing = True
+            self._core.close_reason = reason
+        self._wake.set()
+
+    def _request_detach(self) -> None:
+        self._detaching = True
+        self._stop.set()
+        self._wake.set()
+
+    def _change(self, change: ConnectionChange) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change(change)
+            except Exception:
+                log.exception("on_change callback failed")
+
+    async def _finish(self, *, detach: bool) -> None:
+        """Leave ``connect``: close or detach, bounded by ``close_timeout``, shielded."""
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + self._options.close_timeout
+            if detach:
+                self._request_detach()
+            else:
+                self._request_close()
+            await self._done.wait()
+        if not self._done.is_set():
+            log.info("session %s: close timed out; cutting the connection", self.session_id)
+
+    async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with self._scope:
+                await self._supervise(task_status)
+        except ClientError as exc:
+            log.info("session %s failed: %s", self.session_id, exc)
+            self._failure = exc
+        finally:
+            self._attached = False
+            self._events_tx.close()
+            self._done.set()
+            self._notify_progress()
+        if not self._started:
+            task_status.started()  # connect() raises self._failure
+
+    async def _supervise(self, task_status: trio.TaskStatus[None]) -> None:
+        policy = self._options.reconnect
+        failures = 0
+        outage_start = trio.current_time()
+        last_error = ""
+        first = True
+        while not (self._core.ended or self._detaching):
+            if not first:
+                elapsed = trio.current_time() - outage_start
+                if failures >= policy.max_attempts or elapsed >= policy.deadline:
+                    raise ReconnectFailed(failures, elapsed, last_error)
+                delay = min(policy.delay(failures + 1, self._rng), policy.deadline - elapsed)
+                self._change(Retrying(failures + 1, delay, last_error))
+                with trio.move_on_after(delay):
+                    await self._stop.wait()
+                if self._detaching:
+                    return
+            first = False
+            try:
+                loss = await self._connection(task_status)
+            except _AttemptFailed as exc:
+                failures += 1
+                last_error = str(exc)
+                log.info("session %s: attempt failed: %s", self.session_id, last_error)
+                continue
+            except ResumeRefused as exc:
+                if self._core.closing and exc.code == "session_resume_expired":
+                    return  # our close won the race: the session is gone, as asked
+                raise
+            if loss.fatal is not None:
+                raise loss.fatal
+            if self._core.ended or self._detaching:
+                return
+            failures = 0
+            outage_start = trio.current_time()
+            last_error = loss.reason
+            log.info("session %s: connection lost: %s", self.session_id, loss.reason)
+            self._change(Disconnected(loss.reason, loss.close_code))
+
+    async def _connection(self, task_status: trio.TaskStatus[None]) -> _Loss:
+        """One connection: open it, handshake, then pump until it is lost."""
+        deadline = trio.current_time() + self._options.open_timeout
+        attached = False
+        try:
+            async with self._websocket(deadline) as ws:
+                with trio.fail_at(deadline):
+                    await ws.send(self._core.opening_frame())
+                    reply = await self._first_answer(ws)
+                try:
+                    change = self._core.on_handshake(reply, trio.current_time())
+                except ServerRefused as exc:
+                    if exc.retryable:
+                        raise _AttemptFailed(str(exc)) from None
+                    raise
+                attached = self._attached = True
+                self._notify_progress()
+                log.info(
+                    "session %s: attached, generation %d%s",
+                    change.session_id,
+                    change.generation,
+                    " (resumed)" if change.resumed else "",
+                )
+                self._change(change)
+                if not self._started:
+                    self._started = True
+                    self._scope.shield = True
+                    task_status.started()
+                loss = await self._pump(ws)
+                if loss.abort:
+                    await trio.aclose_forcefully(ws.stream)
+                return loss
+        except InvalidURI as exc:
+            raise ServerRefused(None, f"cannot connect: {exc}") from exc
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if 400 <= status < 500 and status != 429:  # e.g. 404: a wrong path stays wrong
+                raise ServerRefused(None, f"WebSocket handshake refused: HTTP {status}") from exc
+            raise _AttemptFailed(_describe(exc)) from exc
+        except _TRANSIENT as exc:
+            if attached:  # lost while closing the transport: still just a loss
+                return _Loss(_describe(exc))
+            raise _AttemptFailed(_describe(exc)) from exc
+        finally:
+            self._attached = False
+
+    @asynccontextmanager
+    async def _websocket(self, deadline: float) -> AsyncIterator[ClientConnection]:
+        stream = None
+        if self._open_stream is not None:
+            with trio.fail_at(deadline):
+                stream = await self._open_stream()
+        async with _ws_connect(
+            self._url,
+            stream=stream,
+            compression=None,
+            proxy=None,
+            open_timeout=max(deadline - trio.current_time(), 0.001),
+            ping_interval=None,  # session.heartbeat is the keepalive
+            close_timeout=self._options.transport_close_timeout,
+            max_size=self._options.max_message_bytes,
+            user_agent_header="trio-duplex-client",
+            logger=_WEBSOCKETS_LOG,
+        ) as ws:
+            yield ws
+
+    async def _first_answer(self, ws: ClientConnection) -> Event:
+        try:
+            message = await ws.recv()
+        except ConnectionClosed as exc:
+            code = exc.rcvd.code if exc.rcvd is not None else None
+            if code == CLOSE_RESUME_REFUSED and self._core.session_id is not None:
+                raise ResumeRefused(None, "resume refused", code) from None
+            raise
+        event = _parse(message)
+        if event is None:
+            raise ProtocolViolation("the server's first frame is not a JSON event")
+        return event
+
+    async def _pump(self, ws: ClientConnection) -> _Loss:
+        loss = _Loss()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write_loop, ws, loss, nursery.cancel_scope)
+            await self._read_loop(ws, loss)
+            nursery.cancel_scope.cancel()
+        return loss
+
+    async def _read_loop(self, ws: ClientConnection, loss: _Loss) -> None:
+        core, deliver = self._core, self._events_tx.send_nowait
+        while True:
+            try:
+                message = await ws.recv()
+            except ConnectionClosed as exc:
+                loss.reason = _describe(exc)
+                loss.close_code = exc.rcvd.code if exc.rcvd is not None else None
+                return
+            event = _parse(message)
+            if event is None or not isinstance(message, str):
+                log.warning("session %s: ignored a frame that is not a JSON event", core.session_id)
+                continue
+            had_unacked = core.ack_pending
+            verdict = core.on_event(event, utf8_len(message), trio.current_time())
+            if verdict is Verdict.DUPLICATE:
+                self.duplicates_dropped += 1
+                continue
+            if verdict is Verdict.INTERNAL:
+                self._notify_progress()
+                self._wake.set()
+                continue
+            deliver(event)
+            if not had_unacked and core.ack_pending:
+                self._wake.set()  # the writer times the ack from the first unacked event
+            if verdict is Verdict.END:
+                self._terminal = event
+                loss.reason = f"{event.get('type')} ({event.get('reason')})"
+                return
+            if verdict is Verdict.REPLACED:
+                generation = event.get("attachment_generation")
+                loss.fatal = SessionReplaced(generation if type(generation) is int else None)
+                return
+
+    async def _write_loop(self, ws: ClientConnection, loss: _Loss, pump: trio.CancelScope) -> None:
+        core = self._core
+        try:
+            while True:
+                self._wake = trio.Event()
+                now = trio.current_time()
+                if self._detaching:
+                    loss.reason = "detached"
+                    break
+                if core.heartbeat_overdue(now):
+                    loss.reason = f"no heartbeat_ack within {core.heartbeat.timeout}s"
+                    loss.abort = True
+                    break
+                frame = core.next_frame(now)
+                if frame is None:
+                    with trio.move_on_at(core.next_deadline()):
+                        await self._wake.wait()
+                    continue
+                await ws.send(frame)
+        except ConnectionClosed as exc:
+            loss.reason = _describe(exc)
+            loss.close_code = exc.rcvd.code if exc.rcvd is not None else None
+        pump.cancel()
+
+
+class _WebsocketsLog(logging.LoggerAdapter[logging.Logger]):
+    """websockets 17.4's trio connection logs "unexpected internal error" (EOFError) when a
+    failed send closes the stream while its reader is mid-batch: a benign race on a
+    connection that is ending anyway (what it carried is replayed by the resume).
+    Demoted to DEBUG so a terminal does not show a traceback for an ordinary cut."""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if msg == "unexpected internal error" and isinstance(sys.exc_info()[1], EOFError):
+            level, msg, args, kwargs = logging.DEBUG, "connection ended mid-batch", (), {}
+        super().log(level, msg, *args, **kwargs)
+
+
+_WEBSOCKETS_LOG = _WebsocketsLog(logging.getLogger("websockets.client"), {})
+
+_TRANSIENT = (
+    OSError,  # refused, reset, unreachable
+    TimeoutError,
+    trio.TooSlowError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    _WebSocketException,  # a cut handshake (InvalidMessage), a close (ConnectionClosed), ...
+)
+"""What one connection attempt may fail with and another may not. Attempts are bounded
+by ReconnectPolicy, so a permanent problem misread as transient still ends."""
+
+
+def _parse(message: str | bytes) -> Event | None:
+    if not isinstance(message, str):
+        return None
+    try:
+        event = json.loads(message)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        return None
+    return event
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionClosed):
+        if exc.rcvd is not None:
+            reason = f" {exc.rcvd.reason}" if exc.rcvd.reason else ""
+            return f"closed by the server: {exc.rcvd.code}{reason}"
+        return "connection lost"
+    if isinstance(exc, TimeoutError | trio.TooSlowError):
+        return "timed out"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@asynccontextmanager
+async def connect(
+    url: str,
+    session: Mapping[str, Any] | None = None,
+    *,
+    resume: ResumeState | None = None,
+    options: ClientOptions | None = None,
+    detach_on_exit: bool = False,
+    on_change: Callable[[ConnectionChange], None] | None = None,
+    open_stream: StreamFactory | None = None,
+    rng: random.Random | None = None,
+) -> AsyncIterator[ClientSession]:
+    """Open a session (configured with ``session``), or resume one (``resume``), and keep
+    it attached until the block is left.
+
+    Entering returns once the session is attached; a failure to get there raises
+    (ServerRefused, ResumeRefused, ReconnectFailed). Leaving closes the session with
+    ``session.close``, or with ``detach_on_exit`` (or after ``detach()``) only drops the
+    connection; either way within ``options.close_timeout``. Exceptions raised in the
+    block come out unchanged.
+
+    ``on_change`` is called with Attached / Disconnected / Retrying as the connection
+    comes and goes. ``open_stream`` replaces the TCP connection (tests), ``rng`` the
+    backoff jitter's randomness.
+    """
+    opts = options or ClientOptions()
+    if resume is not None:
+        if session is not None:
+            raise ValueError("give either session (open) or resume, not both")
+        state = SessionState.for_resume(resume, acks=opts.acks, heartbeat=opts.heartbeat)
+    else:
+        state = SessionState(dict(session or {}), acks=opts.acks, heartbeat=opts.heartbeat)
+    client = ClientSession(
+        url,
+        state,
+        opts,
+        on_change=on_change,
+        open_stream=open_stream,
+        rng=rng or random.Random(),
+    )
+    body_error: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        try:
+            await nursery.start(client._run)
+            if client._started:
+                try:
+                    yield client
+                except GeneratorExit:
+                    raise
+                except BaseException as exc:
+                    # Re-raised below, outside the nursery, so it is not wrapped in a group.
+                    body_error = exc
+                finally:
+                    await client._finish(detach=detach_on_exit or client._detaching)
+        finally:
+            client._scope.cancel()
+            nursery.cancel_scope.cancel()
+    if body_error is not None:
+        raise body_error
+    if not client._started:
+        raise client._failure or SessionEnded()

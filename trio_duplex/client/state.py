@@ -1,0 +1,539 @@
+"""The client side of PROTOCOL.md as a state machine: no I/O, no clock, no awaits.
+
+``SessionState`` keeps sequence numbers both ways, the unconfirmed outbox, replay
+deduplication, and the ack and heartbeat policies; the errors and options live here too.
+``trio_duplex.client`` is the trio shell around it, and the public home of these names.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections import deque
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+from ..core.wire import CLOSE_RESUME_REFUSED, encode, utf8_len
+
+Event = dict[str, Any]
+
+MiB: Final = 1024 * 1024
+MANAGED_EVENTS: Final = frozenset(
+    {"session.resume", "session.heartbeat", "session.event_ack", "session.close"}
+)
+"""Client events the client sends itself; ``send`` refuses them."""
+TERMINAL_EVENTS: Final = frozenset({"session.closed", "session.expired"})
+RESUME_REFUSALS: Final = frozenset(
+    {"session_resume_expired", "invalid_resume_token", "invalid_session_resume"}
+)
+
+
+# -- errors ----------------------------------------------------------------------------
+
+
+class ClientError(Exception):
+    """Base of every error the client raises about the session or the server."""
+
+
+@attrs.define(eq=False)
+class ServerRefused(ClientError):
+    """The server answered the open or resume with ``error{code}`` (or a refusing close)."""
+
+    code: str | None
+    message: str
+    close_code: int | None = None
+    retryable: bool = False
+    """The server said the same request may succeed later (``error.retryable``)."""
+
+    def __str__(self) -> str:
+        return f"{self.code or 'closed ' + str(self.close_code)}: {self.message}"
+
+
+class ResumeRefused(ServerRefused):
+    """A terminal resume refusal: ``session_resume_expired``, ``invalid_resume_token``,
+    ``invalid_session_resume`` or close 4001. The session cannot be resumed again."""
+
+
+@attrs.define(eq=False)
+class SessionReplaced(ClientError):
+    """Another connection resumed this session (``session.replaced``, close 4000)."""
+
+    generation: int | None
+
+    def __str__(self) -> str:
+        return f"session taken over by attachment generation {self.generation}"
+
+
+@attrs.define(eq=False)
+class ReconnectFailed(ClientError):
+    """No connection could be (re)established within the attempts or the deadline."""
+
+    attempts: int
+    elapsed: float
+    last_error: str
+
+    def __str__(self) -> str:
+        return f"gave up after {self.attempts} attempts in {self.elapsed:.1f}s: {self.last_error}"
+
+
+@attrs.define(eq=False)
+class SessionEnded(ClientError):
+    """The session is over (closed, expired, closing or detached); ``event`` is the
+    terminal event when one arrived."""
+
+    event: Event | None = None
+
+    def __str__(self) -> str:
+        if self.event is None:
+            return "the session has ended"
+        return f"the session has ended: {self.event.get('type')} ({self.event.get('reason')})"
+
+
+class ProtocolViolation(ClientError):
+    """The server broke PROTOCOL.md (e.g. its first frame was neither created nor resumed)."""
+
+
+@attrs.define(eq=False)
+class EventTooLarge(ClientError, ValueError):
+    """An event would exceed the server's ``max_event_bytes``; it was not queued."""
+
+    size: int
+    limit: int
+
+    def __str__(self) -> str:
+        return f"event is {self.size} bytes, the server accepts at most {self.limit}"
+
+
+# -- configuration ---------------------------------------------------------------------
+
+
+def _positive(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class ReconnectPolicy:
+    """Jittered exponential backoff, per outage (reset once attached again).
+
+    Attempt ``n`` (1 for the first retry) waits ``min(max_delay, initial_delay *
+    multiplier**(n-1))``, of which a random fraction up to ``jitter`` is taken off.
+    The client gives up after ``max_attempts`` failed attempts or ``deadline`` seconds
+    since the connection was lost, whichever comes first. The default deadline matches
+    the server's default ``disconnect_grace_s``: after it a resume cannot succeed.
+    """
+
+    initial_delay: float = attrs.field(default=0.1, validator=_positive)
+    max_delay: float = attrs.field(default=5.0, validator=_positive)
+    multiplier: float = attrs.field(default=2.0, validator=attrs.validators.ge(1.0))
+    jitter: float = attrs.field(
+        default=0.5, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
+    )
+    max_attempts: int = attrs.field(default=10, validator=attrs.validators.ge(1))
+    deadline: float = attrs.field(default=30.0, validator=_positive)
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        base = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
+        return base * (1.0 - self.jitter * rng.random())
+
+
+@attrs.frozen(kw_only=True)
+class AckPolicy:
+    """Send ``session.event_ack`` once ``every_events`` events or ``every_bytes`` bytes
+    are unacknowledged, or ``max_delay`` seconds after the oldest unacknowledged one.
+    ``every_bytes`` is also capped at a quarter of the server's ``journal_max_bytes``."""
+
+    every_events: int = attrs.field(default=32, validator=attrs.validators.ge(1))
+    every_bytes: int = attrs.field(default=1 * MiB, validator=attrs.validators.ge(1))
+    max_delay: float = attrs.field(default=0.5, validator=_positive)
+
+
+@attrs.frozen(kw_only=True)
+class HeartbeatPolicy:
+    """``session.heartbeat`` every ``interval`` seconds (at most a third of the server's
+    ``idle_ttl_s``); no ``heartbeat_ack`` within ``timeout`` means the connection is dead.
+
+    A heartbeat is also a barrier: the server reads a connection's frames in order, so its
+    ack proves every event written before it was read (received, or answered with an
+    error). The client sends one early after ``confirm_every`` unconfirmed events, which
+    keeps the resend buffer short on a long-lived connection."""
+
+    interval: float = attrs.field(default=15.0, validator=_positive)
+    timeout: float = attrs.field(default=10.0, validator=_positive)
+    confirm_every: int = attrs.field(default=64, validator=attrs.validators.ge(1))
+
+
+@attrs.frozen(kw_only=True)
+class ClientOptions:
+    """Every policy of a client session, with defaults that suit the default server."""
+
+    reconnect: ReconnectPolicy = ReconnectPolicy()
+    acks: AckPolicy = AckPolicy()
+    heartbeat: HeartbeatPolicy = HeartbeatPolicy()
+    open_timeout: float = attrs.field(default=10.0, validator=_positive)
+    """One attempt: TCP, WebSocket handshake and the server's first answer."""
+    close_timeout: float = attrs.field(default=5.0, validator=_positive)
+    """Leaving ``connect``: time allowed to close (or detach) cleanly before cutting."""
+    transport_close_timeout: float = attrs.field(default=2.0, validator=_positive)
+    """The WebSocket closing handshake of one connection."""
+    max_unconfirmed_events: int = attrs.field(default=1024, validator=attrs.validators.ge(1))
+    max_unconfirmed_bytes: int = attrs.field(default=16 * MiB, validator=attrs.validators.ge(1))
+    """``send`` waits while the resend buffer holds this much (flow control)."""
+    max_message_bytes: int | None = None
+    """Largest server message accepted (None: no limit; audio can be large)."""
+
+
+@attrs.frozen
+class Limits:
+    """The ``limits`` of ``session.created`` (defaults until the server has said)."""
+
+    disconnect_grace_s: float = 30.0
+    idle_ttl_s: float = 300.0
+    journal_max_bytes: int = 8 * MiB
+    max_event_bytes: int = 15 * MiB
+
+    @classmethod
+    def from_event(cls, value: object) -> Limits:
+        if not isinstance(value, dict):
+            return cls()
+        fields = {
+            name: value[name]
+            for name in ("disconnect_grace_s", "idle_ttl_s", "journal_max_bytes", "max_event_bytes")
+            if isinstance(value.get(name), int | float) and not isinstance(value[name], bool)
+        }
+        return cls(**fields)
+
+
+@attrs.frozen
+class ResumeState:
+    """What a later process needs to resume the session. The token is a secret: it is
+    left out of ``repr`` and never logged."""
+
+    session_id: str
+    resume_token: str = attrs.field(repr=False)
+    last_server_event_seq: int = 0
+
+
+# -- connection changes (for ``on_change``) --------------------------------------------
+
+
+@attrs.frozen
+class Attached:
+    """A connection now carries the session (``resumed`` False: it was just opened)."""
+
+    session_id: str
+    generation: int
+    resumed: bool
+    resent: int
+    """Client events queued for (re)sending on this connection."""
+
+
+@attrs.frozen
+class Disconnected:
+    """The connection was lost; the client will try to resume."""
+
+    reason: str
+    close_code: int | None
+
+
+@attrs.frozen
+class Retrying:
+    """Attempt ``attempt`` starts after ``delay`` seconds."""
+
+    attempt: int
+    delay: float
+    error: str
+
+
+ConnectionChange = Attached | Disconnected | Retrying
+
+
+# -- the state machine -----------------------------------------------------------------
+
+
+class Verdict(enum.Enum):
+    DELIVER = "deliver"
+    DUPLICATE = "duplicate"
+    INTERNAL = "internal"
+    """Consumed by the client (``session.heartbeat_ack``)."""
+    END = "end"
+    """A terminal event: deliver it; the session is over."""
+    REPLACED = "replaced"
+    """``session.replaced``: deliver it; another attachment owns the session now."""
+
+
+@attrs.define(slots=True)
+class _Outgoing:
+    seq: int
+    frame: str
+    size: int
+
+
+_HEARTBEAT: Final = encode({"type": "session.heartbeat"})
+
+
+@attrs.define(eq=False, repr=False)
+class SessionState:
+    """The client half of protocol v1. Time comes in as ``now``; frames go out as text.
+
+    Per connection the shell calls ``opening_frame``, feeds the first answer to
+    ``on_handshake``, then loops ``next_frame``/``next_deadline`` in its writer and
+    ``on_event`` in its reader.
+    """
+
+    config: dict[str, Any]
+    acks: AckPolicy = AckPolicy()
+    heartbeat: HeartbeatPolicy = HeartbeatPolicy()
+    session_id: str | None = None
+    resume_token: str | None = None
+    generation: int = 0
+    limits: Limits = Limits()
+    # server -> client
+    last_received_seq: int = 0
+    """Highest ``server_event_seq`` received: dedup, and what a resume claims."""
+    acked_seq: int = 0
+    # client -> server
+    next_client_seq: int = 1
+    confirmed_seq: int = 0
+    """Every client event up to this seq has been read by the server."""
+    outbox: deque[_Outgoing] = attrs.field(factory=deque)
+    """Unconfirmed client events, contiguous seqs in order: the resend buffer."""
+    outbox_bytes: int = 0
+    closing: bool = False
+    close_reason: str | None = None
+    ended: bool = False
+    _unacked: int = 0
+    _unacked_bytes: int = 0
+    _unacked_since: float | None = None
+    _sent_through: int = 0
+    _heartbeats: deque[tuple[float, int]] = attrs.field(factory=deque)
+    """Outstanding heartbeats on this connection: (sent at, last client seq before it)."""
+    _last_heartbeat: float = 0.0
+    _confirm_target: int = 0
+    _close_sent: bool = False
+    _resume_from: int = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"SessionState({self.session_id}, generation={self.generation}, "
+            f"received={self.last_received_seq}, sent={self.next_client_seq - 1}, "
+            f"confirmed={self.confirmed_seq})"
+        )
+
+    @classmethod
+    def for_resume(cls, resume: ResumeState, **kwargs: Any) -> SessionState:
+        return cls(
+            {},
+            session_id=resume.session_id,
+            resume_token=resume.resume_token,
+            last_received_seq=resume.last_server_event_seq,
+            acked_seq=resume.last_server_event_seq,
+            **kwargs,
+        )
+
+    def resume_state(self) -> ResumeState | None:
+        if self.session_id is None or self.resume_token is None:
+            return None
+        return ResumeState(self.session_id, self.resume_token, self.last_received_seq)
+
+    # -- handshake ---------------------------------------------------------------------
+
+    def opening_frame(self) -> str:
+        """The first frame of a connection: open a session, or resume ours."""
+        if self.session_id is None:
+            return encode({"type": "session.update", "session": self.config})
+        self._resume_from = self.last_received_seq
+        return encode(
+            {
+                "type": "session.resume",
+                "session_id": self.session_id,
+                "resume_token": self.resume_token,
+                "last_received_server_event_seq": self.last_received_seq,
+            }
+        )
+
+    def on_handshake(self, event: Event, now: float) -> Attached:
+        """The server's first answer. Raises ServerRefused (see ``.retryable``),
+        ResumeRefused or ProtocolViolation."""
+        kind = event.get("type")
+        if kind == "error":
+            raise _refusal(event, resuming=self.session_id is not None)
+        token = event.get("resume_token")
+        generation = event.get("attachment_generation")
+        if not isinstance(token, str) or type(generation) is not int:
+            raise ProtocolViolation(f"{kind} without resume_token or attachment_generation")
+        resumed = self.session_id is not None
+        if not resumed:
+            session_id = event.get("session_id")
+            if kind != "session.created" or not isinstance(session_id, str):
+                raise ProtocolViolation(f"expected session.created, got {kind!r}")
+            self.session_id = session_id
+            self.limits = Limits.from_event(event.get("limits"))
+            if isinstance(event.get("session"), dict):
+                self.config = event["session"]
+        else:
+            received = event.get("last_received_client_event_seq")
+            if kind != "session.resumed" or event.get("session_id") != self.session_id:
+                raise ProtocolViolation(f"expected session.resumed of {self.session_id}")
+            if type(received) is not int or received < 0:
+                raise ProtocolViolation("session.resumed without last_received_client_event_seq")
+            if isinstance(event.get("session"), dict):
+                self.config = event["session"]
+            # The resume acked everything up to what it claimed.
+            self.acked_seq = max(self.acked_seq, self._resume_from)
+            self._unacked, self._unacked_bytes, self._unacked_since = 0, 0, None
+            # Resuming from another process: our numbering continues after the server's.
+            self.next_client_seq = max(self.next_client_seq, received + 1)
+            self._confirm(received)
+        self.resume_token = token
+        self.generation = generation
+        self._sent_through = self.confirmed_seq
+        self._heartbeats.clear()
+        self._last_heartbeat = now
+        self._close_sent = False
+        assert self.session_id is not None
+        return Attached(self.session_id, generation, resumed, len(self.outbox))
+
+    # -- client -> server --------------------------------------------------------------
+
+    def enqueue(self, event: Mapping[str, Any]) -> int:
+        """Stamp ``event`` with the next ``client_event_seq`` and queue it. Nothing changes
+        if this raises (ValueError, TypeError, EventTooLarge)."""
+        kind = event.get("type")
+        if not isinstance(kind, str):
+            raise ValueError("an event needs a string field 'type'")
+        if kind in MANAGED_EVENTS:
+            raise ValueError(f"{kind} is sent by the client itself; see ClientSession's methods")
+        if "client_event_seq" in event:
+            raise ValueError("client_event_seq is assigned by the client")
+        seq = self.next_client_seq
+        frame = encode({**event, "client_event_seq": seq})
+        size = utf8_len(frame)
+        if size > self.limits.max_event_bytes:
+            raise EventTooLarge(size, self.limits.max_event_bytes)
+        self.next_client_seq = seq + 1
+        self.outbox.append(_Outgoing(seq, frame, size))
+        self.outbox_bytes += size
+        return seq
+
+    def request_confirm(self) -> int:
+        """Ask for a heartbeat after everything sent so far; returns the seq to wait for."""
+        target = self.next_client_seq - 1
+        self._confirm_target = max(self._confirm_target, target)
+        return target
+
+    def next_frame(self, now: float) -> str | None:
+        """The next frame the writer should send, or None (then wait for ``next_deadline``).
+        Taking a frame counts it as sent: a failed send ends the connection, and the next
+        handshake resets what counts as sent."""
+        if self._ack_due(now):
+            self.acked_seq = self.last_received_seq
+            self._unacked, self._unacked_bytes, self._unacked_since = 0, 0, None
+            return encode({"type": "session.event_ack", "server_event_seq": self.acked_seq})
+        if self._heartbeat_due(now):
+            self._heartbeats.append((now, self._sent_through))
+            self._last_heartbeat = now
+            return _HEARTBEAT
+        if self.outbox:
+            index = self._sent_through + 1 - self.outbox[0].seq
+            if index < len(self.outbox):
+                item = self.outbox[max(index, 0)]
+                self._sent_through = item.seq
+                return item.frame
+        if self.closing and not self._close_sent:
+            self._close_sent = True
+            close: Event = {"type": "session.close"}
+            if self.close_reason is not None:
+                close["reason"] = self.close_reason
+            return encode(close)
+        return None
+
+    def next_deadline(self) -> float:
+        deadline = self._last_heartbeat + self._heartbeat_interval()
+        if self._heartbeats:
+            deadline = min(deadline, self._heartbeats[0][0] + self.heartbeat.timeout)
+        if self._unacked_since is not None:
+            deadline = min(deadline, self._unacked_since + self.acks.max_delay)
+        return deadline
+
+    def heartbeat_overdue(self, now: float) -> bool:
+        return bool(self._heartbeats) and now >= self._heartbeats[0][0] + self.heartbeat.timeout
+
+    def has_room(self, max_events: int, max_bytes: int) -> bool:
+        return len(self.outbox) < max_events and self.outbox_bytes < max_bytes
+
+    # -- server -> client --------------------------------------------------------------
+
+    def on_event(self, event: Event, size: int, now: float) -> Verdict:
+        seq = event.get("server_event_seq")
+        if type(seq) is int:
+            if seq <= self.last_received_seq:
+                return Verdict.DUPLICATE
+            self.last_received_seq = seq
+            self._unacked += 1
+            self._unacked_bytes += size
+            if self._unacked_since is None:
+                self._unacked_since = now
+            return Verdict.DELIVER
+        kind = event.get("type")
+        if kind == "session.heartbeat_ack":
+            if self._heartbeats:
+                _, barrier = self._heartbeats.popleft()
+                self._confirm(barrier)
+            return Verdict.INTERNAL
+        if kind in TERMINAL_EVENTS:
+            self.ended = True
+            return Verdict.END
+        if kind == "session.replaced":
+            self.ended = True
+            return Verdict.REPLACED
+        return Verdict.DELIVER
+
+    @property
+    def ack_pending(self) -> bool:
+        """Unacked events exist (the writer must be awake to time the ack)."""
+        return self._unacked > 0
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _confirm(self, seq: int) -> None:
+        self.confirmed_seq = max(self.confirmed_seq, min(seq, self.next_client_seq - 1))
+        outbox = self.outbox
+        while outbox and outbox[0].seq <= self.confirmed_seq:
+            self.outbox_bytes -= outbox.popleft().size
+
+    def _ack_due(self, now: float) -> bool:
+        if not self._unacked:
+            return False
+        every_bytes = min(self.acks.every_bytes, max(1, self.limits.journal_max_bytes // 4))
+        return (
+            self._unacked >= self.acks.every_events
+            or self._unacked_bytes >= every_bytes
+            or ((since := self._unacked_since) is not None and now >= since + self.acks.max_delay)
+        )
+
+    def _heartbeat_interval(self) -> float:
+        return min(self.heartbeat.interval, self.limits.idle_ttl_s / 3)
+
+    def _heartbeat_due(self, now: float) -> bool:
+        if now >= self._last_heartbeat + self._heartbeat_interval():
+            return True
+        barrier = self._heartbeats[-1][1] if self._heartbeats else self.confirmed_seq
+        unbarriered = self._sent_through - barrier
+        if unbarriered <= 0:
+            return False
+        return (
+            unbarriered >= self.heartbeat.confirm_every
+            or self._sent_through >= self._confirm_target > barrier
+        )
+
+
+def _refusal(event: Event, *, resuming: bool) -> ServerRefused:
+    code = event.get("code")
+    code = code if isinstance(code, str) else None
+    message = str(event.get("message", ""))
+    if resuming and code in RESUME_REFUSALS:
+        return ResumeRefused(code, message, CLOSE_RESUME_REFUSED)
+    return ServerRefused(code, message, retryable=event.get("retryable") is True)

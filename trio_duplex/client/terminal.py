@@ -1,0 +1,382 @@
+"""``trio-duplex connect URL``: an interactive terminal client, also driven from a pipe.
+
+Each line read from stdin is sent as ``input.text.append {text}`` (a line ``/event JSON``
+sends that event as it is). Server events are printed to stdout as they arrive, one per
+line (``--json``: the raw event); the connection's story (connected, lost, retrying,
+resumed) goes to stderr. At end of input the client waits until the server has read
+everything and the output has been quiet for ``--linger`` seconds, then closes the
+session. Ctrl-C closes the session cleanly; a second Ctrl-C detaches and prints how to
+resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import json
+import os
+import random
+import signal
+import sys
+import urllib.parse
+import wave
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import attrs
+import trio
+
+from ..core.wire import DEFAULT_PATH
+from . import (
+    Attached,
+    ClientError,
+    ClientOptions,
+    ClientSession,
+    ConnectionChange,
+    Disconnected,
+    ReconnectPolicy,
+    ResumeState,
+    Retrying,
+    StreamFactory,
+    connect,
+)
+
+TOKEN_ENV = "TRIO_DUPLEX_RESUME_TOKEN"
+_SAMPLE_RATE = 24_000  # the protocol's audio: base64 PCM16 mono, 24 kHz
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trio-duplex connect",
+        description="Interactive client: lines in, events out. Ctrl-C closes the session, "
+        "a second Ctrl-C detaches.",
+    )
+    p.add_argument("url", metavar="URL", help=f"ws://HOST:PORT{DEFAULT_PATH} (path optional)")
+    p.add_argument("--json", action="store_true", help="print each event as raw JSON")
+    p.add_argument("--session", metavar="JSON", default="{}", help="configuration of a new session")
+    p.add_argument("--resume", metavar="SESSION_ID", help="resume this session instead")
+    p.add_argument("--token", help=f"its resume token (or set ${TOKEN_ENV})")
+    p.add_argument(
+        "--last-seq",
+        type=int,
+        default=0,
+        metavar="N",
+        help="last server_event_seq already seen, for --resume (0)",
+    )
+    p.add_argument(
+        "--save-audio",
+        metavar="PATH",
+        help="write received audio (response.output_audio.delta) to a WAV file",
+    )
+    p.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    p.add_argument(
+        "--linger",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="at end of input, close once output has been quiet this long (1)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=10,
+        metavar="N",
+        help="reconnection attempts per outage (10)",
+    )
+    p.add_argument(
+        "--reconnect-deadline",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="give up reconnecting after this long (30)",
+    )
+    return p
+
+
+@attrs.define(eq=False)
+class Printer:
+    """Events to ``out``, the connection's story to ``err``; colour when asked."""
+
+    out: TextIO
+    err: TextIO
+    raw_json: bool = False
+    color: bool = False
+
+    def _paint(self, code: str, text: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
+
+    def event(self, event: dict[str, Any]) -> None:
+        if self.raw_json:
+            self.out.write(json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n")
+        else:
+            self.out.write(self._compact(event) + "\n")
+        self.out.flush()
+
+    def _compact(self, event: dict[str, Any]) -> str:
+        kind = str(event.get("type"))
+        seq = event.get("server_event_seq")
+        rest = {k: v for k, v in event.items() if k not in ("type", "server_event_seq")}
+        head = self._paint("2", f"{seq:>5}" if seq is not None else "    -")
+        if kind == "error":
+            where = f" (event_id={rest['event_id']})" if "event_id" in rest else ""
+            body = f"{rest.get('code')}: {rest.get('message')}{where}"
+            return f"{head} {self._paint('1;31', kind)} {self._paint('31', body)}"
+        if kind.endswith("output_audio.delta") and isinstance(rest.get("audio"), str):
+            size = len(rest.pop("audio")) * 3 // 4
+            rest["audio"] = f"<{size} bytes>"
+        text = rest.pop("text", None) if kind.endswith("text.delta") else None
+        fields = " ".join(f"{k}={_short(v)}" for k, v in rest.items())
+        painted = self._paint("33" if kind.startswith("session.") else "36", kind)
+        shown = f" {self._paint('1', text)}" if isinstance(text, str) else ""
+        return f"{head} {painted}{shown}{' ' + self._paint('2', fields) if fields else ''}"
+
+    def status(self, text: str) -> None:
+        self.err.write(self._paint("35", f"* {text}") + "\n")
+        self.err.flush()
+
+    def change(self, change: ConnectionChange) -> None:
+        if isinstance(change, Attached):
+            if change.resumed:
+                self.status(
+                    f"resumed session {change.session_id} (generation "
+                    f"{change.generation}, resending {change.resent} events)"
+                )
+            else:
+                self.status(f"connected: session {change.session_id}")
+        elif isinstance(change, Disconnected):
+            self.status(f"connection lost ({change.reason}); reconnecting")
+        elif isinstance(change, Retrying):
+            self.status(f"retry {change.attempt} in {change.delay:.2f}s ({change.error})")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class AudioSink:
+    """Received PCM16 audio, appended to a WAV file (the header is fixed up on close)."""
+
+    def __init__(self, path: str, sample_rate: int = _SAMPLE_RATE) -> None:
+        self.path = path
+        self.bytes = 0
+        self.bad_frames = 0
+        self._wav = wave.open(path, "wb")
+        self._wav.setnchannels(1)
+        self._wav.setsampwidth(2)
+        self._wav.setframerate(sample_rate)
+
+    def add(self, event: dict[str, Any]) -> None:
+        try:
+            pcm = base64.b64decode(event.get("audio", ""), validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            self.bad_frames += 1
+            return
+        self._wav.writeframes(pcm[: len(pcm) // 2 * 2])
+        self.bytes += len(pcm)
+
+    def close(self) -> None:
+        self._wav.close()
+
+
+@attrs.define(eq=False)
+class _Run:
+    """One run of the client: its session, output and how it is ending."""
+
+    args: argparse.Namespace
+    printer: Printer
+    audio: AudioSink | None = None
+    session: ClientSession | None = None
+    interrupts: int = 0
+    exit_code: int = 0
+    quiet: trio.CancelScope | None = None
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+    async def show_events(self, session: ClientSession) -> None:
+        try:
+            async for event in session:
+                self.printer.event(event)
+                if self.quiet is not None:
+                    self.quiet.deadline = trio.current_time() + self.args.linger
+                kind = event.get("type")
+                if self.audio is not None and kind == "response.output_audio.delta":
+                    self.audio.add(event)
+                if kind == "session.expired" or event.get("reason") == "engine_error":
+                    self.exit_code = 1
+                if kind in ("session.closed", "session.expired"):
+                    self.printer.status(f"session ended: {kind} ({event.get('reason')})")
+        except ClientError as exc:
+            self.printer.status(f"session failed: {exc}")
+            self.exit_code = 1
+        self.done.set()
+
+    async def feed(self, session: ClientSession, lines: trio.MemoryReceiveChannel[str]) -> None:
+        try:
+            async for line in lines:
+                line = line.rstrip("\r\n")
+                if not line.strip():
+                    continue
+                try:
+                    await session.send(_event_for(line))
+                except ValueError as exc:  # EventTooLarge is one
+                    self.printer.status(f"not sent: {exc}")
+            # End of input: let the server read it all and the answers come, then close.
+            await session.confirm()
+            # Linger: a deadline that every printed event pushes back.
+            with trio.CancelScope(deadline=trio.current_time() + self.args.linger) as self.quiet:
+                await trio.sleep_forever()
+            if self.interrupts == 0:
+                self.printer.status("end of input: closing the session")
+                await session.aclose()
+        except ClientError:
+            return  # the session ended or failed: show_events reports it
+
+    async def watch(
+        self,
+        session: ClientSession,
+        interrupts: trio.MemoryReceiveChannel[int],
+        nursery: trio.Nursery,
+    ) -> None:
+        async for _ in interrupts:
+            self.interrupts += 1
+            if self.interrupts == 1:
+                self.printer.status("closing the session (Ctrl-C again to detach)")
+                nursery.start_soon(session.aclose)  # output goes on until session.closed
+            else:
+                state = session.resume_state()
+                await session.detach()
+                self._show_resume(state)
+                self.done.set()
+                return
+
+    def _show_resume(self, state: ResumeState) -> None:
+        grace = self.session.limits.disconnect_grace_s if self.session else 30
+        self.printer.status(
+            f"detached. Resume within {grace:g}s with:\n  trio-duplex connect "
+            f"{self.args.url} --resume {state.session_id} --token {state.resume_token} "
+            f"--last-seq {state.last_server_event_seq}"
+        )
+
+
+def _event_for(line: str) -> dict[str, Any]:
+    if line.startswith("/event "):
+        try:
+            event = json.loads(line[len("/event ") :])
+        except ValueError:
+            raise ValueError("/event needs a JSON object") from None
+        if not isinstance(event, dict):
+            raise ValueError("/event needs a JSON object")
+        return event
+    return {"type": "input.text.append", "text": line}
+
+
+def _full_url(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.path in ("", "/"):
+        parts = parts._replace(path=DEFAULT_PATH)
+    return urllib.parse.urlunsplit(parts)
+
+
+async def run(
+    args: argparse.Namespace,
+    *,
+    lines: trio.MemoryReceiveChannel[str],
+    interrupts: trio.MemoryReceiveChannel[int],
+    printer: Printer,
+    open_stream: StreamFactory | None = None,
+    rng: random.Random | None = None,
+) -> int:
+    """The client, with its input, Ctrl-C presses and output passed in (tests drive it)."""
+    resume = None
+    config: dict[str, Any] = {}
+    if args.resume:
+        token = args.token or os.environ.get(TOKEN_ENV)
+        if not token:
+            printer.status(f"--resume needs --token (or ${TOKEN_ENV})")
+            return 2
+        resume = ResumeState(args.resume, token, args.last_seq)
+    else:
+        try:
+            config = json.loads(args.session)
+        except ValueError:
+            config = None  # type: ignore[assignment]
+        if not isinstance(config, dict):
+            printer.status("--session must be a JSON object")
+            return 2
+    options = ClientOptions(
+        reconnect=ReconnectPolicy(max_attempts=args.max_attempts, deadline=args.reconnect_deadline)
+    )
+    state = _Run(args, printer, AudioSink(args.save_audio) if args.save_audio else None)
+    try:
+        async with connect(
+            _full_url(args.url),
+            None if resume else config,
+            resume=resume,
+            options=options,
+            on_change=printer.change,
+            open_stream=open_stream,
+            rng=rng,
+        ) as session:
+            state.session = session
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(state.show_events, session)
+                nursery.start_soon(state.feed, session, lines)
+                nursery.start_soon(state.watch, session, interrupts, nursery)
+                await state.done.wait()
+                nursery.cancel_scope.cancel()
+            if state.interrupts >= 2:
+                return 0  # detached: leaving must not close it
+    except ClientError as exc:
+        printer.status(f"cannot connect: {exc}")
+        return 1
+    finally:
+        if state.audio is not None:
+            state.audio.close()
+            printer.status(f"saved {state.audio.bytes} bytes of audio to {state.audio.path}")
+    return state.exit_code
+
+
+async def _main(args: argparse.Namespace, printer: Printer) -> int:
+    lines_in, lines = trio.open_memory_channel[str](16)
+    presses_in, presses = trio.open_memory_channel[int](16)
+
+    async def read_stdin() -> None:
+        async with lines_in:
+            while line := await trio.to_thread.run_sync(_readline, abandon_on_cancel=True):
+                await lines_in.send(line)
+
+    async def read_signals() -> None:
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
+            async for signum in signals:
+                presses_in.send_nowait(signum)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_stdin)
+        nursery.start_soon(read_signals)
+        code = await run(args, lines=lines, interrupts=presses, printer=printer)
+        nursery.cancel_scope.cancel()
+    return code
+
+
+def _readline() -> str:
+    return sys.stdin.buffer.readline().decode("utf-8", "replace")
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    color = args.color == "always" or (
+        args.color == "auto"
+        and sys.stdout.isatty()
+        and "NO_COLOR" not in os.environ
+        and os.environ.get("TERM") != "dumb"
+    )
+    printer = Printer(sys.stdout, sys.stderr, raw_json=args.json, color=color)
+    try:
+        return trio.run(_main, args, printer)
+    except KeyboardInterrupt:  # a Ctrl-C before the signal receiver was installed
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

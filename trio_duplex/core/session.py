@@ -1,0 +1,369 @@
+"""The session state machine and admission accounting. No I/O, no clock, no awaits.
+
+This file owns every rule of PROTOCOL.md about a session's life::
+
+    OPENING --handshake_delivered--> ATTACHED <--commit_resume/detach--> DETACHED
+       |                                 |                                   |
+       +--handshake_failed / begin_close / poll (expiry) ---> CLOSING --release--> CLOSED
+
+* A slot is held from ``admit`` until ``release`` (teardown finished), in every state
+  but CLOSED, so ``slots_held <= max_sessions`` always.
+* Only a session whose ``session.created`` was delivered can ever be resumed.
+* Every call that comes from a connection names that connection's attachment
+  generation; a stale generation changes nothing (fencing).
+* ``begin_close`` returns the terminal event once, to exactly one caller.
+* A resume is two-phase: ``begin_resume`` (validate, rotate the token, freeze the grace
+  timer), then ``commit_resume`` or ``abort_resume``. Nothing about the attachment changes
+  before the commit, so an aborted resume leaves the session as it was.
+
+The trio shell (``_server.py``) turns each returned value into I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import secrets
+from typing import Any, NamedTuple
+
+import attrs
+
+from .config import ServerConfig
+from .credentials import Credentials
+from .journal import Entry, Journal
+from .wire import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_NORMAL,
+    CLOSE_RESUME_REFUSED,
+    CLOSE_TRY_AGAIN_LATER,
+    EXPIRY_REASONS,
+    REASON_ENGINE_ERROR,
+    REASON_GRACE_EXPIRED,
+    REASON_IDLE_EXPIRED,
+    REASON_SHUTDOWN,
+    REASON_UNDELIVERED,
+    ProtocolError,
+    encode,
+    is_seq,
+    utf8_len,
+)
+
+
+class State(enum.Enum):
+    OPENING = "opening"
+    ATTACHED = "attached"
+    DETACHED = "detached"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+LIVE_STATES = frozenset({State.OPENING, State.ATTACHED, State.DETACHED})
+
+
+@attrs.frozen
+class Terminal:
+    """The one terminal event of a session and where it must go."""
+
+    event: dict[str, Any]
+    close_code: int
+    generation: int | None
+    """The attachment to deliver it to, or None when the session was not attached."""
+
+    @property
+    def reason(self) -> str:
+        return str(self.event["reason"])
+
+
+@attrs.define(eq=False, repr=False)
+class ResumeAttempt:
+    session: Session
+    new_token: str
+    last_seq: int
+    generation: int
+    """The generation this resume will hold once committed."""
+
+    def __repr__(self) -> str:
+        return f"ResumeAttempt({self.session.id}, generation={self.generation})"
+
+
+@attrs.frozen
+class Commit:
+    generation: int
+    replaced: int | None
+    """The generation that was attached and is now replaced, if any."""
+
+
+class Emitted(NamedTuple):  # per event: a tuple is several times cheaper to build
+    frame: str
+    notice: str | None
+    """A ``session.resync_required`` frame to send before ``frame``, on overflow."""
+
+
+def resync_frame(reason: str, dropped_through: int) -> str:
+    event = {"type": "session.resync_required", "reason": reason}
+    return encode({**event, "dropped_through_seq": dropped_through})
+
+
+@attrs.define(eq=False, repr=False)
+class Session:
+    id: str
+    config: dict[str, Any]
+    limits: ServerConfig
+    credentials: Credentials
+    journal: Journal
+    state: State = State.OPENING
+    generation: int = 1
+    client_seq: int = 0
+    """Highest ``client_event_seq`` received (queued for the engine)."""
+    grace_deadline: float = math.inf
+    idle_deadline: float = math.inf
+    terminal: Terminal | None = None
+    resume: ResumeAttempt | None = None
+    _lost_in_handshake: bool = False
+
+    def __repr__(self) -> str:
+        return f"Session({self.id}, {self.state.value}, generation={self.generation})"
+
+    # -- handshake ---------------------------------------------------------------------
+
+    def handshake_delivered(self, now: float) -> None:
+        """``session.created`` was handed to the transport: the session is resumable."""
+        if self.state is not State.OPENING:
+            return
+        self.state = State.ATTACHED
+        self.idle_deadline = now + self.limits.idle_ttl_s
+        if self._lost_in_handshake:
+            self.detach(self.generation, now)
+
+    def handshake_failed(self, now: float) -> Terminal | None:
+        """The send of ``session.created`` failed, or its connection was gone first."""
+        if self.state is not State.OPENING:
+            return None
+        return self.begin_close(REASON_UNDELIVERED, now)
+
+    # -- attachment --------------------------------------------------------------------
+
+    def is_current(self, generation: int) -> bool:
+        return self.state is State.ATTACHED and generation == self.generation
+
+    def detach(self, generation: int, now: float) -> bool:
+        """A connection was lost. True only for the first report of the current one."""
+        if generation != self.generation:
+            return False
+        if self.state is State.OPENING:
+            # The outcome waits for the handshake send: delivered → detached, else closed.
+            self._lost_in_handshake = True
+            return False
+        if self.state is not State.ATTACHED:
+            return False
+        self.state = State.DETACHED
+        self.grace_deadline = now + self.limits.disconnect_grace_s
+        return True
+
+    def touch(self, now: float) -> None:
+        """A client event arrived on the current attachment: the idle clock restarts."""
+        self.idle_deadline = now + self.limits.idle_ttl_s
+
+    # -- resume ------------------------------------------------------------------------
+
+    def begin_resume(self, token: object, last_seq: int, now: float) -> ResumeAttempt:
+        if self.state not in (State.ATTACHED, State.DETACHED) or self._due(now):
+            raise _refused("session_resume_expired", "the session has ended or expired")
+        if not self.credentials.check(token):
+            raise _refused("invalid_resume_token", "the resume token is not valid")
+        if self.resume is not None:
+            raise ProtocolError(
+                "session_resume_conflict",
+                "another resume of this session is in progress",
+                close_code=CLOSE_RESUME_REFUSED,
+            )
+        if last_seq > self.journal.head:
+            raise _refused(
+                "invalid_session_resume",
+                f"last_received_server_event_seq {last_seq} is past the newest seq "
+                f"{self.journal.head}",
+                param="last_received_server_event_seq",
+            )
+        assert isinstance(token, str)
+        self.journal.ack(last_seq)  # the client holds everything up to last_seq
+        attempt = ResumeAttempt(self, self.credentials.rotate(token), last_seq, self.generation + 1)
+        self.resume = attempt
+        return attempt
+
+    def resumed_event(self, attempt: ResumeAttempt) -> dict[str, Any]:
+        return {
+            "type": "session.resumed",
+            "session_id": self.id,
+            "session": self.config,
+            "resume_token": attempt.new_token,
+            "attachment_generation": attempt.generation,
+            "last_received_client_event_seq": self.client_seq,
+        }
+
+    def replay(self, after: int, now: float) -> list[Entry] | None:
+        """Journal entries after ``after`` (None: a gap; the caller sends a notice)."""
+        return self.journal.replay(after, now)
+
+    def commit_resume(self, attempt: ResumeAttempt, now: float) -> Commit | None:
+        """Move the session to the resuming connection. None: the session ended meanwhile."""
+        if self.resume is not attempt:
+            return None
+        self.resume = None
+        if self.state not in (State.ATTACHED, State.DETACHED):
+            return None
+        replaced = self.generation if self.state is State.ATTACHED else None
+        self.generation = attempt.generation
+        self.state = State.ATTACHED
+        self.grace_deadline = math.inf
+        self.idle_deadline = now + self.limits.idle_ttl_s
+        return Commit(attempt.generation, replaced)
+
+    def abort_resume(self, attempt: ResumeAttempt, now: float) -> Terminal | None:
+        """Undo a resume that failed or was cancelled before its commit."""
+        if self.resume is not attempt:
+            return None
+        self.resume = None
+        return self.poll(now)  # the grace may have run out while the resume was frozen
+
+    # -- events ------------------------------------------------------------------------
+
+    def emit(self, event: dict[str, Any], now: float) -> Emitted | None:
+        """Sequence, encode and journal one engine event. None once the session ends."""
+        if self.state not in LIVE_STATES:
+            return None
+        journal = self.journal
+        event["server_event_seq"] = journal.head + 1
+        frame = encode(event)
+        dropped = journal.append(frame, utf8_len(frame), now)
+        notice = None if dropped is None else resync_frame("journal_overflow", dropped)
+        return Emitted(frame, notice)
+
+    def ack(self, seq: object) -> None:
+        if not is_seq(seq) or seq > self.journal.head:  # type: ignore[operator]
+            raise ProtocolError(
+                "invalid_event_ack",
+                f"server_event_seq must be an integer from 0 to {self.journal.head}",
+                param="server_event_seq",
+            )
+        self.journal.ack(seq)  # type: ignore[arg-type]
+
+    def is_new_client_seq(self, seq: int) -> bool:
+        return seq > self.client_seq
+
+    def note_client_seq(self, seq: int) -> None:
+        if seq > self.client_seq:
+            self.client_seq = seq
+
+    # -- ending ------------------------------------------------------------------------
+
+    def begin_close(self, reason: str, now: float) -> Terminal | None:
+        """Decide the session's end. Returns the terminal event to the first caller only."""
+        del now  # part of the signature so every transition reads the same
+        if self.state not in LIVE_STATES:
+            return None
+        kind = "session.expired" if reason in EXPIRY_REASONS else "session.closed"
+        if reason == REASON_ENGINE_ERROR:
+            code = CLOSE_INTERNAL_ERROR
+        elif reason == REASON_SHUTDOWN:
+            code = CLOSE_GOING_AWAY
+        else:
+            code = CLOSE_NORMAL
+        # An OPENING session's terminal goes to the connection carrying session.created,
+        # should that send complete.
+        attached = self.generation if self.state in (State.ATTACHED, State.OPENING) else None
+        self.state = State.CLOSING
+        self.grace_deadline = self.idle_deadline = math.inf
+        self.terminal = Terminal(
+            {"type": kind, "session_id": self.id, "reason": reason}, code, attached
+        )
+        return self.terminal
+
+    def poll(self, now: float) -> Terminal | None:
+        """Expire the session if one of its deadlines has passed."""
+        if self.resume is not None:
+            return None  # a resume in progress holds the timers; abort_resume polls again
+        if self.state is State.DETACHED and now >= self.grace_deadline:
+            return self.begin_close(REASON_GRACE_EXPIRED, now)
+        if self.state is State.ATTACHED and now >= self.idle_deadline:
+            return self.begin_close(REASON_IDLE_EXPIRED, now)
+        return None
+
+    def next_deadline(self) -> float:
+        if self.resume is not None:
+            return math.inf
+        if self.state is State.DETACHED:
+            return self.grace_deadline
+        if self.state is State.ATTACHED:
+            return self.idle_deadline
+        return math.inf
+
+    def _due(self, now: float) -> bool:
+        return self.resume is None and now >= self.next_deadline()
+
+
+def _refused(code: str, message: str, param: str | None = None) -> ProtocolError:
+    return ProtocolError(code, message, param=param, close_code=CLOSE_RESUME_REFUSED)
+
+
+@attrs.define(eq=False)
+class Registry:
+    """Every session of a server, and the admission slots they hold."""
+
+    config: ServerConfig
+    sessions: dict[str, Session] = attrs.field(factory=dict)
+    slots_held: int = 0
+    shutting_down: bool = False
+
+    def admit(self, session_config: dict[str, Any]) -> tuple[Session, str]:
+        """Take a slot and create an OPENING session. Returns it and its first token."""
+        if self.shutting_down:
+            raise ProtocolError(
+                "server_shutting_down", "the server is shutting down", close_code=CLOSE_GOING_AWAY
+            )
+        if self.slots_held >= self.config.max_sessions:
+            raise ProtocolError(
+                "resource_exhausted",
+                f"all {self.config.max_sessions} session slots are in use",
+                close_code=CLOSE_TRY_AGAIN_LATER,
+            )
+        self.slots_held += 1
+        credentials, token = Credentials.issue()
+        session = Session(
+            id="sess_" + secrets.token_hex(12),
+            config=session_config,
+            limits=self.config,
+            credentials=credentials,
+            journal=Journal(self.config.journal_max_bytes, self.config.journal_ttl_s),
+        )
+        self.sessions[session.id] = session
+        return session, token
+
+    def created_event(self, session: Session, token: str) -> dict[str, Any]:
+        return {
+            "type": "session.created",
+            "session_id": session.id,
+            "session": session.config,
+            "resume_token": token,
+            "attachment_generation": session.generation,
+            "limits": self.config.limits(),
+        }
+
+    def release(self, session: Session) -> bool:
+        """Teardown finished: free the slot. Only a CLOSING session can be released."""
+        if session.state is not State.CLOSING:
+            return False
+        session.state = State.CLOSED
+        self.slots_held -= 1
+        del self.sessions[session.id]
+        return True
+
+    def lookup_for_resume(self, session_id: object) -> Session:
+        if self.shutting_down:
+            raise ProtocolError(
+                "server_shutting_down", "the server is shutting down", close_code=CLOSE_GOING_AWAY
+            )
+        session = self.sessions.get(session_id) if isinstance(session_id, str) else None
+        if session is None:
+            raise _refused("session_resume_expired", "no such session, or it has ended")
+        return session

@@ -1,0 +1,200 @@
+"""The engine API: what produces a session's output.
+
+An engine is an object with a set of accepted client event types, an optional
+synchronous ``check`` that validates one event's fields, and ``async run(session)``.
+``run`` is started once the session's ``session.created`` has been delivered, lives in a
+nursery owned by the session (so it survives reconnects), and is cancelled when the
+session ends. Returning ends the session with ``engine_finished``; raising ends it with
+``engine_error``.
+
+A complete engine::
+
+    class Shout(Engine):
+        accepts = frozenset({"input.text.append"})
+
+        def check(self, event):
+            if not isinstance(event.get("text"), str):
+                raise BadEvent("text must be a string", param="text")
+
+        async def run(self, session):
+            async for event in session:
+                await session.send({"type": "response.output_text.delta",
+                                    "text": event["text"].upper()})
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any, ClassVar
+
+import attrs
+import trio
+
+from ..core.wire import CONTROL_EVENTS, ProtocolError
+
+Event = dict[str, Any]
+
+
+class BadEvent(ProtocolError):
+    """Raised by ``Engine.check`` for an event whose fields are malformed."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__("bad_event", message, param=param)
+
+
+class Engine:
+    """Base class for engines. Subclasses set ``accepts`` and implement ``run``."""
+
+    accepts: ClassVar[Collection[str]] = frozenset()
+
+    def check(self, event: Event) -> None:
+        """Validate one accepted event's fields; raise BadEvent to refuse it.
+
+        Runs in the connection's reader, before the event is queued, so a refused event
+        never reaches ``run`` and never counts as received.
+        """
+
+    async def run(self, session: EngineSession) -> None:
+        raise NotImplementedError
+
+
+EngineFactory = Callable[[Mapping[str, Any]], Engine]
+
+BUILTIN = {
+    "echo": "trio_duplex.engines.echo:EchoEngine",
+    "voice": "trio_duplex.engines.voice:VoiceEngine",
+}
+"""Built-in engines, by the name that ``--engine`` takes."""
+"""Called with the session's initial configuration; returns that session's engine."""
+
+YIELD_EVERY = 16
+"""Per-event paths that can go on without waiting (an engine's send and receive, the
+reader serving messages from one read) check for cancellation every time but give the
+scheduler a round only every YIELD_EVERY-th time: a round per event was a task switch
+per event, and no task can starve the others for longer than this many events."""
+
+
+class Inbox:
+    """Client events queued for an engine: bounded, with one receiver.
+
+    What ``trio.open_memory_channel`` gives, for one consumer, at half the memory; and
+    the runner can see how many events are waiting (see ``SessionRunner._emit``).
+    """
+
+    __slots__ = ("_bound", "_closed", "_events", "_waiter")
+
+    def __init__(self, bound: int) -> None:
+        self._events: deque[Event] = deque()
+        self._bound = bound
+        self._closed = False
+        self._waiter = trio.lowlevel.ParkingLot()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def put_nowait(self, event: Event) -> None:
+        """Queue ``event``; raises trio.WouldBlock when full, ClosedResourceError when
+        closed."""
+        if self._closed:
+            raise trio.ClosedResourceError("the session has ended")
+        if len(self._events) >= self._bound:
+            raise trio.WouldBlock
+        self._events.append(event)
+        if self._waiter:
+            self._waiter.unpark()
+
+    def close(self) -> None:
+        self._closed = True
+        self._waiter.unpark_all()
+
+    def get_nowait(self) -> Event:
+        """The next event; trio.WouldBlock if none, trio.EndOfChannel once closed."""
+        if self._events:
+            return self._events.popleft()
+        if self._closed:
+            raise trio.EndOfChannel
+        raise trio.WouldBlock
+
+    async def get(self) -> Event:
+        parked = False
+        while True:
+            try:
+                event = self.get_nowait()
+            except trio.WouldBlock:
+                await self._waiter.park()
+                parked = True
+            else:
+                if not parked:  # a checkpoint all the same; woken from park, it was one
+                    await trio.lowlevel.checkpoint()
+                return event
+
+
+@attrs.define(eq=False)
+class EngineSession:
+    """An engine's handle on its session: read client events, send server events.
+
+    ``send`` gives the event its ``server_event_seq``, journals it and hands it to the
+    attached connection; it waits while that connection is too far behind (backpressure).
+    """
+
+    session_id: str
+    config: dict[str, Any]
+    _inbox: Inbox
+    _emit: Callable[[Event], Awaitable[None]]
+    _unyielded: int = 0
+
+    async def send(self, event: Event) -> None:
+        kind = event.get("type")
+        if not isinstance(kind, str) or kind in CONTROL_EVENTS:
+            raise ValueError(f"an engine cannot send an event of type {kind!r}")
+        await self._emit(event)
+
+    async def receive(self) -> Event:
+        """The next client event. ``session.update`` is answered here, not returned."""
+        while True:
+            # Events already queued are taken in a burst (see YIELD_EVERY).
+            await trio.lowlevel.checkpoint_if_cancelled()
+            try:
+                event = self._inbox.get_nowait()
+            except trio.WouldBlock:
+                self._unyielded = 0
+                event = await self._inbox.get()
+            else:
+                self._unyielded += 1
+                if self._unyielded >= YIELD_EVERY:
+                    self._unyielded = 0
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+            if event["type"] != "session.update":
+                return event
+            self.config.update(event["session"])
+            await self.send(
+                {"type": "session.updated", "session_id": self.session_id, "session": self.config}
+            )
+
+    def __aiter__(self) -> EngineSession:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+
+def load_engine_factory(spec: str) -> EngineFactory:
+    """Resolve ``echo``, ``voice`` or ``package.module:factory`` to a factory."""
+    if spec in BUILTIN:
+        spec = BUILTIN[spec]
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"engine {spec!r} is not a built-in name nor 'package.module:factory'")
+    try:
+        module = importlib.import_module(module_name)
+        factory = getattr(module, attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load engine {spec!r}: {exc}") from exc
+    if not callable(factory):
+        raise ValueError(f"engine {spec!r} is not callable")
+    return factory  # type: ignore[no-any-return]

@@ -1,0 +1,202 @@
+"""``Probe``: what a simulated server decided and queued at the end of its sessions.
+
+``probing`` installs spies on ``Session.begin_close``, ``Connection.finish``,
+``Connection.push`` and ``SessionRunner.attach`` while any probe is active, and a trio
+instrument that checks the server's invariants after every scheduler step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from ..core.session import Session, Terminal
+from ..engines.api import Event
+from ..server.connection import Connection
+from ..server.runner import SessionRunner
+from ..server.server import DuplexServer
+
+TERMINAL_TYPES = frozenset({"session.closed", "session.expired"})
+
+
+@attrs.frozen
+class TerminalQueued:
+    """A terminal frame queued for a connection, and the accounting at that moment."""
+
+    session_id: str
+    event: Event
+    slots_held: int
+    session_registered: bool
+    """Whether the session still held its slot when its terminal event was queued."""
+    time: float
+
+
+@attrs.define(eq=False)
+class Probe:
+    """What a server decided and sent at the end of its sessions, and invariant checks.
+
+    ``decided[id]`` lists the terminal events ``Session.begin_close`` returned for that
+    session (the core promises one); ``queued`` lists every terminal frame handed to a
+    connection. ``violations`` collects invariant breaks seen after any scheduler step.
+    """
+
+    server: DuplexServer
+    decided: dict[str, list[Terminal]] = attrs.field(factory=lambda: defaultdict(list))
+    decided_at: dict[str, float] = attrs.field(factory=dict)
+    """When each session's (first) terminal event was decided."""
+    queued: list[TerminalQueued] = attrs.field(factory=list)
+    attached: dict[str, list[Connection]] = attrs.field(factory=lambda: defaultdict(list))
+    violations: list[str] = attrs.field(factory=list)
+    max_slots_seen: int = 0
+
+    def terminals(self, session_id: str) -> list[Terminal]:
+        return self.decided.get(session_id, [])
+
+    def reasons(self, session_id: str) -> list[str]:
+        return [terminal.reason for terminal in self.terminals(session_id)]
+
+    def queued_for(self, session_id: str) -> list[TerminalQueued]:
+        return [item for item in self.queued if item.session_id == session_id]
+
+    def check(self) -> None:
+        """The invariants that must hold between any two scheduler steps."""
+        registry = self.server.registry
+        held = registry.slots_held
+        self.max_slots_seen = max(self.max_slots_seen, held)
+        if held > self.server.config.max_sessions:
+            self._violate(f"{held} slots held, max_sessions {self.server.config.max_sessions}")
+        if held != len(registry.sessions):
+            self._violate(f"{held} slots held by {len(registry.sessions)} sessions")
+        live = self.server.connections
+        for session_id, conns in self.attached.items():
+            session = registry.sessions.get(session_id)
+            if session is None:
+                continue
+            current = [c for c in conns if c in live and session.is_current(c.generation)]
+            if len(current) > 1:
+                self._violate(f"session {session_id} has {len(current)} attached connections")
+
+    def assert_clean(self) -> None:
+        assert not self.violations, self.violations
+        for session_id, terminals in self.decided.items():
+            assert len(terminals) == 1, (session_id, terminals)
+        for item in self.queued:
+            assert not item.session_registered, f"terminal queued before the slot was freed: {item}"
+
+    def _violate(self, text: str) -> None:
+        if len(self.violations) < 20:
+            self.violations.append(f"t={trio.current_time():.6f}: {text}")
+
+    # -- fed by the patches below --
+
+    def _on_begin_close(self, session: Session, terminal: Terminal) -> None:
+        if session.id in self.server.registry.sessions:
+            self.decided[session.id].append(terminal)
+            self.decided_at.setdefault(session.id, trio.current_time())
+
+    def _on_queued(self, conn: Connection, frames: list[str]) -> None:
+        if conn not in self.server.connections:
+            return
+        registry = self.server.registry
+        for frame in frames:
+            if '"session.closed"' not in frame and '"session.expired"' not in frame:
+                continue
+            event = json.loads(frame)
+            if event.get("type") in TERMINAL_TYPES:
+                session_id = str(event.get("session_id"))
+                self.queued.append(
+                    TerminalQueued(
+                        session_id,
+                        event,
+                        registry.slots_held,
+                        session_id in registry.sessions,
+                        trio.current_time(),
+                    )
+                )
+
+    def _on_attach(self, runner: SessionRunner, conn: Connection) -> None:
+        if runner.server is self.server:
+            self.attached[runner.session.id].append(conn)
+
+
+class _ProbeInstrument(trio.abc.Instrument):
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.probe.check()
+
+
+_PROBES: list[Probe] = []
+_ORIGINALS: dict[tuple[type, str], tuple[Any, Any]] = {}
+
+
+def _install_patches() -> None:
+    begin_close = Session.begin_close
+    finish = Connection.finish
+    push = Connection.push
+    attach = SessionRunner.attach
+
+    def spy_begin_close(self: Session, reason: str, now: float) -> Terminal | None:
+        terminal = begin_close(self, reason, now)
+        if terminal is not None:
+            for probe in _PROBES:
+                probe._on_begin_close(self, terminal)
+        return terminal
+
+    def spy_finish(
+        self: Connection, frames: list[str], close_code: int, *, flush: bool = True
+    ) -> None:
+        queued = self.close_code is None
+        finish(self, frames, close_code, flush=flush)
+        if queued:
+            for probe in _PROBES:
+                probe._on_queued(self, frames)
+
+    def spy_push(self: Connection, frame: str, *, coalesce: bool = False) -> None:
+        queued = self.close_code is None
+        push(self, frame, coalesce=coalesce)
+        if queued:
+            for probe in _PROBES:
+                probe._on_queued(self, [frame])
+
+    def spy_attach(self: SessionRunner, conn: Connection, commit: Any) -> None:
+        for probe in _PROBES:
+            probe._on_attach(self, conn)
+        attach(self, conn, commit)
+
+    for cls, name, spy in [
+        (Session, "begin_close", spy_begin_close),
+        (Connection, "finish", spy_finish),
+        (Connection, "push", spy_push),
+        (SessionRunner, "attach", spy_attach),
+    ]:
+        _ORIGINALS[(cls, name)] = (cls.__dict__[name], spy)
+        setattr(cls, name, spy)
+
+
+@contextmanager
+def probing(server: DuplexServer) -> Iterator[Probe]:
+    """Observe ``server`` while the block runs (inside ``trio.run``)."""
+    probe = Probe(server)
+    if not _PROBES:
+        _install_patches()
+    _PROBES.append(probe)
+    instrument = _ProbeInstrument(probe)
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        yield probe
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+        _PROBES.remove(probe)
+        if not _PROBES:
+            for (cls, name), (original, spy) in _ORIGINALS.items():
+                if cls.__dict__.get(name) is spy:  # not patched over since: undo ours
+                    setattr(cls, name, original)
+            _ORIGINALS.clear()
