@@ -8,6 +8,7 @@ round trip through the echo engine.
 Over real sockets: ``Servers`` starts ``python -m trio_duplex serve`` as a subprocess on
 a free port, waits for its ``serving ws://...`` line on stderr, and always stops it.
 """
+
 from __future__ import annotations
 
 import json
@@ -236,8 +237,6 @@ class Servers:
     def stop_all(self) -> None:
         for server in self.started:
             server.stop()
-
-
 
 
 async def echo(client: SimClient, value: str = "x", seq: int | None = None) -> dict[str, Any]:

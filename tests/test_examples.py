@@ -40,8 +40,11 @@ def test_readme_custom_engine_runs_under_serve(
         assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
         ws.send(json.dumps({"type": "input.text.append", "text": "hello"}))
         answer = json.loads(ws.recv(timeout=10))
-        assert answer == {"type": "response.output_text.delta", "text": "HELLO",
-                          "server_event_seq": 1}
+        assert answer == {
+            "type": "response.output_text.delta",
+            "text": "HELLO",
+            "server_event_seq": 1,
+        }
         ws.send(json.dumps({"type": "input.text.append", "text": 5, "event_id": "e"}))
         error = json.loads(ws.recv(timeout=10))
         assert (error["code"], error["param"], error["event_id"]) == ("bad_event", "text", "e")

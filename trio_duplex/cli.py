@@ -52,26 +52,60 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port", type=_port, default=8765, help="TCP port, 0 for any free (8765)")
     p.add_argument("--path", default="/v1/duplex", help="WebSocket endpoint path (/v1/duplex)")
-    p.add_argument(
-        "--engine", default="echo", help="echo, voice, or package.module:factory (echo)"
-    )
+    p.add_argument("--engine", default="echo", help="echo, voice, or package.module:factory (echo)")
     p.add_argument("--max-sessions", type=_count, default=64, help="session slots (64)")
-    p.add_argument("--disconnect-grace", type=_seconds0, default=30.0, metavar="SECONDS",
-                   help="how long a detached session waits for a resume (30)")
-    p.add_argument("--idle-ttl", type=_seconds, default=300.0, metavar="SECONDS",
-                   help="attached session expires after this long without client events (300)")
-    p.add_argument("--journal-max-bytes", type=_count, default=8 * MiB, metavar="BYTES",
-                   help="journal bound per session, compact JSON bytes (8 MiB)")
-    p.add_argument("--journal-ttl", type=_seconds, default=60.0, metavar="SECONDS",
-                   help="journal entries older than this are dropped (60)")
-    p.add_argument("--max-event-bytes", type=_count, default=15 * MiB, metavar="BYTES",
-                   help="largest client message in UTF-8 bytes; larger closes 1009 (15 MiB)")
-    p.add_argument("--config-timeout", type=_seconds, default=10.0, metavar="SECONDS",
-                   help="time allowed for the first message (10)")
-    p.add_argument("--drain-timeout", type=_seconds0, default=5.0, metavar="SECONDS",
-                   help="on SIGINT/SIGTERM, time sessions get before they are closed (5)")
-    p.add_argument("--log-level", default="info",
-                   choices=["debug", "info", "warning", "error", "critical"])
+    p.add_argument(
+        "--disconnect-grace",
+        type=_seconds0,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a detached session waits for a resume (30)",
+    )
+    p.add_argument(
+        "--idle-ttl",
+        type=_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="attached session expires after this long without client events (300)",
+    )
+    p.add_argument(
+        "--journal-max-bytes",
+        type=_count,
+        default=8 * MiB,
+        metavar="BYTES",
+        help="journal bound per session, compact JSON bytes (8 MiB)",
+    )
+    p.add_argument(
+        "--journal-ttl",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="journal entries older than this are dropped (60)",
+    )
+    p.add_argument(
+        "--max-event-bytes",
+        type=_count,
+        default=15 * MiB,
+        metavar="BYTES",
+        help="largest client message in UTF-8 bytes; larger closes 1009 (15 MiB)",
+    )
+    p.add_argument(
+        "--config-timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="time allowed for the first message (10)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=_seconds0,
+        default=5.0,
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, time sessions get before they are closed (5)",
+    )
+    p.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
+    )
     p.set_defaults(func=_serve)
 
 
@@ -94,7 +128,8 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr,
+        level=args.log_level.upper(),
+        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     server = DuplexServer(config, factory)
@@ -108,8 +143,10 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except* OSError as group:  # raised inside a nursery: it arrives in a group
         failed.extend(e for e in group.exceptions if isinstance(e, OSError))
     if failed:
-        print(f"trio-duplex: cannot listen on {config.host}:{config.port}: {failed[0]}",
-              file=sys.stderr)
+        print(
+            f"trio-duplex: cannot listen on {config.host}:{config.port}: {failed[0]}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -131,8 +168,11 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
                     log.warning("second signal: stopping now")
                     nursery.cancel_scope.cancel()
                     break
-                log.info("%s: draining for %ss", signal.Signals(signum).name,
-                         server.config.drain_timeout_s)
+                log.info(
+                    "%s: draining for %ss",
+                    signal.Signals(signum).name,
+                    server.config.drain_timeout_s,
+                )
                 server.begin_shutdown()
     log.info("stopped")
 

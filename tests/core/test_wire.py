@@ -69,8 +69,12 @@ def test_loads_raises_what_json_loads_raises(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "code"),
-    [("not json", "invalid_json"), ("[1]", "bad_event"), ("{} trailing", "invalid_json"),
-     ("[" * 100_000, "invalid_json")],
+    [
+        ("not json", "invalid_json"),
+        ("[1]", "bad_event"),
+        ("{} trailing", "invalid_json"),
+        ("[" * 100_000, "invalid_json"),
+    ],
 )
 def test_decode_errors_keep_their_codes(text: str, code: str) -> None:
     with pytest.raises(ProtocolError) as info:

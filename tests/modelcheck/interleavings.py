@@ -695,11 +695,14 @@ class World:
         """The engine returned (``engine_finished``) or raised (``engine_error``)."""
         s = self._session(i)
         attached = s.generation if s.state is State.ATTACHED else None
-        terminal = s.begin_close(REASON_ENGINE_ERROR if error else REASON_ENGINE_FINISHED,
-                                 self.now)
-        require(terminal is not None and terminal.generation == attached
-                and terminal.close_code == (1011 if error else 1000), "bad_engine_end",
-                str(terminal))
+        terminal = s.begin_close(REASON_ENGINE_ERROR if error else REASON_ENGINE_FINISHED, self.now)
+        require(
+            terminal is not None
+            and terminal.generation == attached
+            and terminal.close_code == (1011 if error else 1000),
+            "bad_engine_end",
+            str(terminal),
+        )
         self._terminal(i, terminal, "engine end")
 
     def _expire(self, i: int, deadline: float) -> None:
@@ -1024,26 +1027,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=10)
     parser.add_argument("--max-sessions", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--sessions", type=int, default=2)
-    parser.add_argument("--engine-end", action="store_true",
-                        help="also let engines finish or fail by themselves")
-    parser.add_argument("--big", action="store_true",
-                        help="also emit events that alone exceed the journal bound")
-    parser.add_argument("--from-zero", action="store_true",
-                        help="also resume with last_received_server_event_seq omitted (0)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="explore the --max-sessions values in parallel processes")
+    parser.add_argument(
+        "--engine-end", action="store_true", help="also let engines finish or fail by themselves"
+    )
+    parser.add_argument(
+        "--big", action="store_true", help="also emit events that alone exceed the journal bound"
+    )
+    parser.add_argument(
+        "--from-zero",
+        action="store_true",
+        help="also resume with last_received_server_event_seq omitted (0)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="explore the --max-sessions values in parallel processes",
+    )
     args = parser.parse_args(argv)
-    run = partial(explore, args.depth, sessions=args.sessions, big=args.big,
-                  engine_end=args.engine_end,
-                  from_zero=args.from_zero)
+    run = partial(
+        explore,
+        args.depth,
+        sessions=args.sessions,
+        big=args.big,
+        engine_end=args.engine_end,
+        from_zero=args.from_zero,
+    )
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, min(args.jobs, len(args.max_sessions)))) as pool:
         reports = list(pool.map(run, args.max_sessions))
     for report in reports:
         print(format_report(report))
-    print(f"total: {sum(r.sequences for r in reports):,} interleavings, "
-          f"{sum(r.states for r in reports):,} states, "
-          f"{time.perf_counter() - started:.1f} s wall")
+    print(
+        f"total: {sum(r.sequences for r in reports):,} interleavings, "
+        f"{sum(r.states for r in reports):,} states, "
+        f"{time.perf_counter() - started:.1f} s wall"
+    )
     return 1 if any(r.violations for r in reports) else 0
 
 

@@ -68,8 +68,9 @@ class CoreMachine(RuleBasedStateMachine):
         journal_ttl_s=st.sampled_from([20.0, 90.0, 1e9]),
     )
     def configure(self, max_sessions: int, journal_max_bytes: int, journal_ttl_s: float) -> None:
-        self.world = World(max_sessions, SESSIONS, journal_max_bytes=journal_max_bytes,
-                           journal_ttl_s=journal_ttl_s)
+        self.world = World(
+            max_sessions, SESSIONS, journal_max_bytes=journal_max_bytes, journal_ttl_s=journal_ttl_s
+        )
 
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:
@@ -78,12 +79,17 @@ class CoreMachine(RuleBasedStateMachine):
         offered = {a[0] for a in actions} | {"advance"}
         if world.registry.shutting_down:
             offered.discard("open")  # always refused now: a few tries are enough
-        menu = [kind for kind, weight in WEIGHTS.items()
-                if NEEDS.get(kind, kind) in offered for _ in range(weight)]
+        menu = [
+            kind
+            for kind, weight in WEIGHTS.items()
+            if NEEDS.get(kind, kind) in offered
+            for _ in range(weight)
+        ]
         kind = data.draw(st.sampled_from(menu), label="kind")
         sessions = sorted({a[1] for a in actions if a[0] == NEEDS.get(kind)})
-        if kind == "shutdown" and not data.draw(st.sampled_from([False, False, False, True]),
-                                                label="really shut down"):
+        if kind == "shutdown" and not data.draw(
+            st.sampled_from([False, False, False, True]), label="really shut down"
+        ):
             return  # rarer still than weight 1: it ends every session of the run
         if kind == "advance":
             world.do_advance(data.draw(st.floats(0.0, 400.0), label="dt"))
@@ -101,11 +107,15 @@ class CoreMachine(RuleBasedStateMachine):
             i = data.draw(st.sampled_from(sessions), label="session")
             issued = world.slots[i].issued
             age = data.draw(st.integers(0, 3), label="token age")
-            world.do_resume(i, data.draw(st.booleans(), label="from zero"),
-                            issued[max(0, len(issued) - 1 - age)])
+            world.do_resume(
+                i,
+                data.draw(st.booleans(), label="from zero"),
+                issued[max(0, len(issued) - 1 - age)],
+            )
         else:
-            world.step(data.draw(st.sampled_from([a for a in actions if a[0] == kind]),
-                                 label="action"))
+            world.step(
+                data.draw(st.sampled_from([a for a in actions if a[0] == kind]), label="action")
+            )
 
     @invariant()
     def invariants_hold(self) -> None:

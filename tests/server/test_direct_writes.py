@@ -60,7 +60,9 @@ async def test_frames_the_socket_takes_in_part_arrive_whole_and_in_order(
     texts = [f"{i:03d}:" + "x" * 250_000 for i in range(48)]  # 12 MB: more than the buffers
     with trio.fail_after(30):
         async with real_server(max_pending_output=4, journal_max_bytes=64 << 20) as (
-            _, port, factory
+            _,
+            port,
+            factory,
         ):
             client = await open_session(port)
             engine = factory.last

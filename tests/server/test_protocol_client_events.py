@@ -33,8 +33,6 @@ def assert_error_shape(error: dict) -> None:
     assert "server_event_seq" not in error
 
 
-
-
 # -- heartbeat -------------------------------------------------------------------------------
 
 

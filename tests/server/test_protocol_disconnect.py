@@ -18,8 +18,6 @@ def state_of(sim, session_id: str) -> str | None:
     return None if session is None else session.state.value
 
 
-
-
 def scripted_factory(engines: list[ScriptedEngine], **kwargs) -> ScriptedFactory:
     return ScriptedFactory(kwargs, engines)  # every engine it builds lands in ``engines``
 

@@ -29,8 +29,6 @@ def scripted_factory(engines: list[ScriptedEngine], **kwargs) -> ScriptedFactory
     return ScriptedFactory(kwargs, engines)  # every engine it builds lands in ``engines``
 
 
-
-
 @asynccontextmanager
 async def serving(
     config: ServerConfig, engine_factory=EchoEngine

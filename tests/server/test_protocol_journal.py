@@ -37,8 +37,6 @@ def text(seq: int, text: str = "x") -> dict:
     return {"type": "input.text.append", "text": text, "client_event_seq": seq}
 
 
-
-
 async def next_is_heartbeat_ack(client) -> None:
     """Prove nothing else was queued: the very next frame answers a heartbeat."""
     ack = await client.send_and_receive({"type": "session.heartbeat"})

@@ -22,8 +22,6 @@ def resume_event(session_id, token, last=None, **extra) -> dict:
     return {**event, **extra}
 
 
-
-
 async def next_is_heartbeat_ack(client) -> None:
     ack = await client.send_and_receive({"type": "session.heartbeat"})
     assert ack["type"] == "session.heartbeat_ack", ack

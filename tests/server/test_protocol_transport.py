@@ -41,8 +41,6 @@ async def assert_still_serving(sim: Simulation, text: str = "still here") -> Non
     assert reply["text"] == text
 
 
-
-
 def echo_message(size: int, char: str = "a") -> str:
     """An ``input.text.append`` whose UTF-8 encoding is exactly ``size`` bytes."""
     head = '{"type":"input.text.append","text":"'

@@ -95,7 +95,6 @@ StreamFactory = Callable[[], Awaitable[trio.abc.Stream]]
 """Opens the byte stream a connection runs on (tests: an in-memory stream)."""
 
 
-
 # -- the trio shell --------------------------------------------------------------------
 
 

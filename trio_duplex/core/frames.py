@@ -32,8 +32,9 @@ CONT, TEXT, BINARY, CLOSE, PING, PONG = 0, 1, 2, 8, 9, 10
 NO_STATUS = 1005
 """The code a close frame without a payload stands for (never sent on the wire)."""
 
-_WIRE_CLOSE_CODES = frozenset({1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012,
-                               1013, 1014})
+_WIRE_CLOSE_CODES = frozenset(
+    {1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014}
+)
 
 
 class FrameError(Exception):
@@ -73,8 +74,7 @@ class FrameReader:
     from then on it parses nothing.
     """
 
-    __slots__ = ("_buf", "_done", "_max", "_need", "_parts", "_parts_size", "_parts_text",
-                 "error")
+    __slots__ = ("_buf", "_done", "_max", "_need", "_parts", "_parts_size", "_parts_text", "error")
 
     def __init__(self, max_message_bytes: int) -> None:
         self._max = max_message_bytes

@@ -133,7 +133,6 @@ class Connection:
                 await self._wake.park()
 
 
-
 @attrs.define(eq=False)
 class Keepalive:
     """Pings one connection every ``interval``; no pong within ``patience`` ends it.

@@ -186,8 +186,8 @@ class SessionRunner:
         conn.push(emitted.frame, coalesce=coalesce)
         # Wait only while this connection is still the session's live attachment: once
         # it is lost or replaced, output goes to the journal without waiting.
-        while conn.congested and conn.close_code is None and self.session.is_current(
-            conn.generation
+        while (
+            conn.congested and conn.close_code is None and self.session.is_current(conn.generation)
         ):
             await conn.wait_drained()
 

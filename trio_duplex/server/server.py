@@ -95,8 +95,12 @@ class DuplexServer:
             sessions.start_soon(self.timers.run)
             async with trio.open_nursery() as conns:
                 await conns.start(
-                    partial(trio.serve_listeners, self._handle_stream, list(listeners),
-                            handler_nursery=conns)
+                    partial(
+                        trio.serve_listeners,
+                        self._handle_stream,
+                        list(listeners),
+                        handler_nursery=conns,
+                    )
                 )
                 task_status.started()
                 await self._shutdown.wait()
@@ -202,8 +206,11 @@ class DuplexServer:
                     if runner is not None:
                         assert self._sessions is not None
                         keepalive = Keepalive(
-                            conn, self.timers, self._sessions,
-                            self.config.ping_interval_s, self.config.ping_timeout_s,
+                            conn,
+                            self.timers,
+                            self._sessions,
+                            self.config.ping_interval_s,
+                            self.config.ping_timeout_s,
                         )
                         keepalive.start()
                         await self._read(conn, runner)
@@ -257,7 +264,8 @@ class DuplexServer:
         check_input(engine, event)
         if kind == "session.event_ack" and event.get("server_event_seq") != 0:
             raise ProtocolError(
-                "invalid_event_ack", "no server event has been sent yet",
+                "invalid_event_ack",
+                "no server event has been sent yet",
                 param="server_event_seq",
             )
         return await self._open(conn, {}, event, engine)
@@ -313,7 +321,8 @@ class DuplexServer:
         runner = self.runners.get(session.id)
         if runner is None:  # still opening: its session.created is not delivered
             raise ProtocolError(
-                "session_resume_expired", "no such session, or it has ended",
+                "session_resume_expired",
+                "no such session, or it has ended",
                 close_code=CLOSE_RESUME_REFUSED,
             )
         now = trio.current_time()
@@ -358,7 +367,8 @@ class DuplexServer:
                     runner.resumer = conn
                 return None
             raise ProtocolError(
-                "session_resume_expired", "the session ended during the resume",
+                "session_resume_expired",
+                "the session ended during the resume",
                 close_code=CLOSE_RESUME_REFUSED,
             )
         runner.attach(conn, commit)
@@ -387,4 +397,3 @@ def _only_cancelled(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return exc.split(benign)[1] is None
     return isinstance(exc, benign)
-

@@ -63,9 +63,23 @@ class ConnectionClosed(Exception):
 class WebSocket:
     """One accepted server-side WebSocket. Build it with :func:`accept_websocket`."""
 
-    __slots__ = ("_broken", "_close", "_close_sent", "_ended", "_fd", "_messages", "_next",
-                 "_pings_sent", "_pongs", "_reader", "_turn", "_unsent", "_unyielded",
-                 "_writing", "stream")
+    __slots__ = (
+        "_broken",
+        "_close",
+        "_close_sent",
+        "_ended",
+        "_fd",
+        "_messages",
+        "_next",
+        "_pings_sent",
+        "_pongs",
+        "_reader",
+        "_turn",
+        "_unsent",
+        "_unyielded",
+        "_writing",
+        "stream",
+    )
 
     def __init__(self, stream: trio.abc.Stream, max_message_bytes: int) -> None:
         self.stream = stream

@@ -111,7 +111,6 @@ class FaultyStream(trio.abc.Stream):
             self.gate.set()
         await trio.aclose_forcefully(self.inner)
 
-
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
 
