@@ -33,7 +33,7 @@ from wsproto.events import (
     TextMessage,
 )
 
-from trio_duplex.testing import SimClient
+from trio_duplex.testing import SimClient, Simulation
 
 # -- in memory: a bare WebSocket client --------------------------------------------------
 
@@ -248,3 +248,9 @@ async def echo(client: SimClient, value: str = "x", seq: int | None = None) -> d
     assert reply["type"] == "response.output_text.delta", reply
     assert reply["text"] == value, reply
     return reply
+
+
+def state_of(sim: Simulation, session_id: str) -> str | None:
+    """The session's state (``"attached"``, ...), or None once its slot is free."""
+    session = sim.session(session_id)
+    return None if session is None else session.state.value

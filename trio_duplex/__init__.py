@@ -2,8 +2,9 @@
 
 from . import client
 from .core.config import ServerConfig
+from .core.events import PROTOCOL_VERSION
 from .core.session import Registry, Session, State
-from .core.wire import PROTOCOL_VERSION, ProtocolError
+from .core.wire import ProtocolError
 from .engines.api import BadEvent, Engine, EngineFactory, EngineSession, Event, load_engine_factory
 from .server.server import DuplexServer
 

@@ -164,7 +164,7 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
             shown = f"[{host}]" if ":" in host else host
             log.info("serving ws://%s:%d%s (engine %s)", shown, port, server.config.path, engine)
             async for signum in signals:
-                if server.registry.shutting_down:
+                if server.shutting_down:
                     log.warning("second signal: stopping now")
                     nursery.cancel_scope.cancel()
                     break

@@ -759,7 +759,7 @@ async def test_confirm_returns_once_the_server_has_read_everything(
             for i in range(5):
                 await session.send(text(str(i)))
             await session.confirm()
-            assert sim.server.registry.sessions[session.session_id or ""].client_seq == 5
+            assert sim.server.sessions.registry.sessions[session.session_id or ""].client_seq == 5
             assert not session.state.outbox
             engines.made[0].release(5)
             assert len(await texts(session, 5)) == 5
@@ -994,11 +994,11 @@ async def test_exactly_once_through_a_cutting_proxy(seed: int) -> None:
             assert seqs == list(range(1, len(sent) + 1))
             assert [e["text"] for e in RecordingEcho.inputs] == sent
             # PROTOCOL.md: the slot is free before session.closed is sent.
-            assert session.session_id not in server.registry.sessions
+            assert session.session_id not in server.sessions.registry.sessions
             # A cut between the server's send of session.created and the client's read of
             # it leaves a session nobody can resume: it must go after its grace.
             with trio.fail_after(grace + 5):
-                while server.slots_held or server.registry.sessions:
+                while server.slots_held or server.sessions.registry.sessions:
                     await server.wait_changed()
             nursery.cancel_scope.cancel()
     assert min(plan.max_cuts, 4) <= len(proxy.cuts) <= plan.max_cuts

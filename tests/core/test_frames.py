@@ -22,7 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.client import ClientProtocol
-from websockets.frames import Frame, Opcode
+from websockets.frames import Frame
+from websockets.frames import Opcode as WsOpcode
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 from wsproto import ConnectionType, WSConnection
@@ -38,18 +39,13 @@ from wsproto.events import (
 )
 
 from trio_duplex.core.frames import (
-    BINARY,
-    CLOSE,
-    CONT,
-    NO_STATUS,
-    PING,
-    PONG,
-    TEXT,
     Close,
+    CloseCode,
     Control,
     FrameError,
     FrameReader,
     Item,
+    Opcode,
     close_frame,
     control_frame,
     text_frame,
@@ -209,15 +205,15 @@ def websockets_read(data: bytes) -> list[tuple[str, object]]:
     for event in client.events_received():
         assert isinstance(event, Frame)
         assert event.fin
-        if event.opcode is Opcode.TEXT:
+        if event.opcode is WsOpcode.TEXT:
             out.append(("text", event.data.decode()))
-        elif event.opcode is Opcode.BINARY:
+        elif event.opcode is WsOpcode.BINARY:
             out.append(("bytes", bytes(event.data)))
-        elif event.opcode is Opcode.PING:
+        elif event.opcode is WsOpcode.PING:
             out.append(("ping", bytes(event.data)))
-        elif event.opcode is Opcode.PONG:
+        elif event.opcode is WsOpcode.PONG:
             out.append(("pong", bytes(event.data)))
-        elif event.opcode is Opcode.CLOSE:
+        elif event.opcode is WsOpcode.CLOSE:
             assert client.close_rcvd is not None
             out.append(("close", (client.close_rcvd.code, client.close_rcvd.reason)))
         else:  # pragma: no cover - fails the test
@@ -278,7 +274,7 @@ def encode_wsproto(script: Script, close: Close | None) -> bytes:
     out = bytearray()
 
     def control(c: Control) -> None:
-        out.extend(client.send(Ping(c.payload) if c.opcode == PING else Pong(c.payload)))
+        out.extend(client.send(Ping(c.payload) if c.opcode == Opcode.PING else Pong(c.payload)))
 
     for step in script:
         if isinstance(step, Control):
@@ -295,7 +291,7 @@ def encode_wsproto(script: Script, close: Close | None) -> bytes:
                 for c in step.between[i]:
                     control(c)
     if close is not None:
-        code = None if close.code == NO_STATUS else close.code
+        code = None if close.code == CloseCode.NO_STATUS else close.code
         out += client.send(CloseConnection(code=code, reason=close.reason or None))
     return bytes(out)
 
@@ -304,7 +300,7 @@ def encode_websockets(script: Script, close: Close | None) -> bytes:
     client = websockets_client()
 
     def control(c: Control) -> None:
-        if c.opcode == PING:
+        if c.opcode == Opcode.PING:
             client.send_ping(c.payload)
         else:
             client.send_pong(c.payload)
@@ -327,7 +323,7 @@ def encode_websockets(script: Script, close: Close | None) -> bytes:
                 for c in step.between[i]:
                     control(c)
     if close is not None:
-        if close.code == NO_STATUS:
+        if close.code == CloseCode.NO_STATUS:
             client.send_close()
         else:
             client.send_close(close.code, close.reason)
@@ -343,7 +339,7 @@ ENCODERS: dict[str, Callable[[Script, Close | None], bytes]] = {
 
 controls = st.builds(
     Control,
-    st.sampled_from([PING, PONG]),
+    st.sampled_from([Opcode.PING, Opcode.PONG]),
     st.one_of(st.binary(max_size=8), st.binary(min_size=120, max_size=125)),
 )
 
@@ -390,7 +386,7 @@ def messages(draw: st.DrawFn) -> Message:
 short_reasons = st.text(max_size=12).filter(lambda r: len(r.encode()) <= 123)
 closes = st.one_of(
     st.none(),
-    st.just(Close(NO_STATUS, "")),
+    st.just(Close(CloseCode.NO_STATUS, "")),
     st.builds(Close, st.sampled_from([1000, 1001, 1003, 1011, 1014, 3000, 4999]), short_reasons),
 )
 scripts = st.lists(st.one_of(messages(), controls), max_size=6)
@@ -434,7 +430,7 @@ def test_length_boundaries_each_encoding(encoder: str, size: int) -> None:
     script: Script = [
         Message(True, text, (), ()),
         Message(False, binary, (), ()),
-        Message(False, binary + b"xyz", (size,), ((Control(PING, b"p"),),)),
+        Message(False, binary + b"xyz", (size,), ((Control(Opcode.PING, b"p"),),)),
         Message(False, b"abc" + binary, (3,), ((),)),
     ]
     stream = ENCODERS[encoder](script, Close(1000, "bye"))
@@ -444,7 +440,7 @@ def test_length_boundaries_each_encoding(encoder: str, size: int) -> None:
         [
             text.decode(),
             binary,
-            Control(PING, b"p"),
+            Control(Opcode.PING, b"p"),
             binary + b"xyz",
             b"abc" + binary,
             Close(1000, "bye"),
@@ -455,9 +451,9 @@ def test_length_boundaries_each_encoding(encoder: str, size: int) -> None:
 
 def test_each_length_form_is_read_even_when_not_minimal() -> None:
     items, reader = parse(
-        frame(TEXT, b"seven", form=7)
-        + frame(TEXT, b"sixteen", form=16)
-        + frame(BINARY, b"sixty-four", form=64)
+        frame(Opcode.TEXT, b"seven", form=7)
+        + frame(Opcode.TEXT, b"sixteen", form=16)
+        + frame(Opcode.BINARY, b"sixty-four", form=64)
     )
     assert typed(items) == typed(["seven", "sixteen", b"sixty-four"])
     assert reader.error is None
@@ -465,25 +461,36 @@ def test_each_length_form_is_read_even_when_not_minimal() -> None:
 
 def test_empty_messages_and_control_frames() -> None:
     stream = (
-        frame(TEXT)
-        + frame(BINARY)
-        + frame(TEXT, fin=False)
-        + frame(CONT, fin=False)
-        + frame(CONT)
-        + frame(PING)
-        + frame(PONG)
-        + frame(CLOSE)
+        frame(Opcode.TEXT)
+        + frame(Opcode.BINARY)
+        + frame(Opcode.TEXT, fin=False)
+        + frame(Opcode.CONT, fin=False)
+        + frame(Opcode.CONT)
+        + frame(Opcode.PING)
+        + frame(Opcode.PONG)
+        + frame(Opcode.CLOSE)
     )
     for chunks in ([stream], bytewise(stream)):
         reader = FrameReader(0)
         assert typed(feed(reader, chunks)) == typed(
-            ["", b"", "", Control(PING, b""), Control(PONG, b""), Close(NO_STATUS, "")]
+            [
+                "",
+                b"",
+                "",
+                Control(Opcode.PING, b""),
+                Control(Opcode.PONG, b""),
+                Close(CloseCode.NO_STATUS, ""),
+            ]
         )
         assert reader.error is None
 
 
 def test_binary_messages_come_back_as_bytes() -> None:
-    stream = frame(BINARY, b"one") + frame(BINARY, b"tw", fin=False) + frame(CONT, b"o")
+    stream = (
+        frame(Opcode.BINARY, b"one")
+        + frame(Opcode.BINARY, b"tw", fin=False)
+        + frame(Opcode.CONT, b"o")
+    )
     # held back in the reader's bytearray first, then completed
     reader = FrameReader(BIG)
     assert reader.receive(stream[:5]) == []
@@ -492,7 +499,7 @@ def test_binary_messages_come_back_as_bytes() -> None:
     assert all(type(item) is bytes for item in items)
     assert all(
         type(item.payload) is bytes
-        for item in parse(frame(PING, b"x"))[0]
+        for item in parse(frame(Opcode.PING, b"x"))[0]
         if isinstance(item, Control)
     )
 
@@ -500,18 +507,18 @@ def test_binary_messages_come_back_as_bytes() -> None:
 def test_multibyte_characters_split_across_fragments_are_accepted() -> None:
     emoji = "😀".encode()  # 4 bytes
     stream = (
-        frame(TEXT, b"a" + emoji[:1], fin=False)
-        + frame(PING, b"1")
-        + frame(CONT, emoji[1:2], fin=False)
-        + frame(CONT, emoji[2:3], fin=False)
-        + frame(PONG, b"2")
-        + frame(CONT, emoji[3:] + "€".encode()[:2], fin=False)
-        + frame(CONT, "€".encode()[2:])
+        frame(Opcode.TEXT, b"a" + emoji[:1], fin=False)
+        + frame(Opcode.PING, b"1")
+        + frame(Opcode.CONT, emoji[1:2], fin=False)
+        + frame(Opcode.CONT, emoji[2:3], fin=False)
+        + frame(Opcode.PONG, b"2")
+        + frame(Opcode.CONT, emoji[3:] + "€".encode()[:2], fin=False)
+        + frame(Opcode.CONT, "€".encode()[2:])
     )
     for chunks in ([stream], bytewise(stream)):
         reader = FrameReader(BIG)
         assert typed(feed(reader, chunks)) == typed(
-            [Control(PING, b"1"), Control(PONG, b"2"), "a😀€"]
+            [Control(Opcode.PING, b"1"), Control(Opcode.PONG, b"2"), "a😀€"]
         )
         assert reader.error is None
 
@@ -551,19 +558,19 @@ def test_any_text_frame_is_read_back(text: str) -> None:
 
 
 @pytest.mark.parametrize("reader", sorted(READERS))
-@pytest.mark.parametrize("opcode", [PING, PONG])
+@pytest.mark.parametrize("opcode", [Opcode.PING, Opcode.PONG])
 @pytest.mark.parametrize("size", [0, 1, 124, 125])
 def test_control_frame_is_read_back(reader: str, opcode: int, size: int) -> None:
     payload = bytes(range(size))
     built = control_frame(opcode, payload)
     assert built[:2] == bytes((0x80 | opcode, size))
-    kind = "ping" if opcode == PING else "pong"
+    kind = "ping" if opcode == Opcode.PING else "pong"
     assert READERS[reader](built) == [(kind, payload)]
 
 
 def test_control_frame_refuses_more_than_125_bytes() -> None:
     with pytest.raises(ValueError, match="125"):
-        control_frame(PING, b"x" * 126)
+        control_frame(Opcode.PING, b"x" * 126)
 
 
 @pytest.mark.parametrize("reader", sorted(READERS))
@@ -580,8 +587,8 @@ def test_close_frame_is_read_back(reader: str, code: int, reason: str) -> None:
 @pytest.mark.parametrize("reader", sorted(READERS))
 def test_close_frame_without_code_is_empty(reader: str) -> None:
     assert close_frame() == b"\x88\x00"
-    assert close_frame(NO_STATUS) == b"\x88\x00"
-    assert READERS[reader](close_frame()) == [("close", (NO_STATUS, ""))]
+    assert close_frame(CloseCode.NO_STATUS) == b"\x88\x00"
+    assert READERS[reader](close_frame()) == [("close", (CloseCode.NO_STATUS, ""))]
 
 
 @pytest.mark.parametrize(
@@ -618,9 +625,11 @@ def test_close_frame_keeps_the_longest_prefix_that_fits(reason: str) -> None:
 
 # -- 3. broken rules ---------------------------------------------------------------------
 
-BEFORE = frame(TEXT, b"before") + frame(PING, b"p") + frame(BINARY, b"\x00\x01")
-BEFORE_ITEMS: list[Item] = ["before", Control(PING, b"p"), b"\x00\x01"]
-AFTER = frame(TEXT, b"after") + frame(CLOSE, close_payload(1000))
+BEFORE = (
+    frame(Opcode.TEXT, b"before") + frame(Opcode.PING, b"p") + frame(Opcode.BINARY, b"\x00\x01")
+)
+BEFORE_ITEMS: list[Item] = ["before", Control(Opcode.PING, b"p"), b"\x00\x01"]
+AFTER = frame(Opcode.TEXT, b"after") + frame(Opcode.CLOSE, close_payload(1000))
 
 
 def assert_fault(
@@ -649,17 +658,17 @@ def assert_fault(
         assert reader.error.code == code
         assert isinstance(reader.error.reason, str) and reader.error.reason
         error = reader.error
-        assert reader.receive(frame(TEXT, b"later") + frame(PING)) == []
+        assert reader.receive(frame(Opcode.TEXT, b"later") + frame(Opcode.PING)) == []
         assert reader.error is error
 
 
-@pytest.mark.parametrize("opcode", [TEXT, BINARY, PING, CLOSE])
+@pytest.mark.parametrize("opcode", [Opcode.TEXT, Opcode.BINARY, Opcode.PING, Opcode.CLOSE])
 def test_unmasked_frame(opcode: int) -> None:
     assert_fault(frame(opcode, b"hi", masked=False), 1002)
 
 
 @pytest.mark.parametrize("rsv", range(1, 8))
-@pytest.mark.parametrize("opcode", [TEXT, CONT, PING])
+@pytest.mark.parametrize("opcode", [Opcode.TEXT, Opcode.CONT, Opcode.PING])
 def test_reserved_bits(rsv: int, opcode: int) -> None:
     assert_fault(frame(opcode, b"hi", rsv=rsv), 1002)
 
@@ -669,13 +678,13 @@ def test_unknown_opcode(opcode: int) -> None:
     assert_fault(frame(opcode, b"hi"), 1002)
 
 
-@pytest.mark.parametrize("opcode", [PING, PONG, CLOSE])
+@pytest.mark.parametrize("opcode", [Opcode.PING, Opcode.PONG, Opcode.CLOSE])
 def test_fragmented_control_frame(opcode: int) -> None:
-    payload = close_payload(1000) if opcode == CLOSE else b"x"
+    payload = close_payload(1000) if opcode == Opcode.CLOSE else b"x"
     assert_fault(frame(opcode, payload, fin=False), 1002)
 
 
-@pytest.mark.parametrize("opcode", [PING, PONG, CLOSE])
+@pytest.mark.parametrize("opcode", [Opcode.PING, Opcode.PONG, Opcode.CLOSE])
 @pytest.mark.parametrize(("size", "form"), [(126, 16), (65536, 64), (5, 16), (5, 64)])
 def test_control_frame_too_long(opcode: int, size: int, form: int) -> None:
     assert_fault(frame(opcode, close_payload(1000, b"r" * (size - 2)), form=form), 1002)
@@ -684,54 +693,57 @@ def test_control_frame_too_long(opcode: int, size: int, form: int) -> None:
 @pytest.mark.parametrize("length_byte", [126, 127])
 def test_control_frame_too_long_is_decided_from_two_bytes(length_byte: int) -> None:
     reader = FrameReader(BIG)
-    assert reader.receive(bytes((0x80 | PING, 0x80 | length_byte))) == []
+    assert reader.receive(bytes((0x80 | Opcode.PING, 0x80 | length_byte))) == []
     assert reader.error is not None and reader.error.code == 1002
 
 
 def test_control_frame_of_125_bytes_is_fine_and_not_counted_as_a_message() -> None:
     items, reader = parse(
-        frame(PING, b"x" * 125)
-        + frame(PONG, b"y" * 125)
-        + frame(CLOSE, close_payload(1000, b"z" * 123)),
+        frame(Opcode.PING, b"x" * 125)
+        + frame(Opcode.PONG, b"y" * 125)
+        + frame(Opcode.CLOSE, close_payload(1000, b"z" * 123)),
         max_message_bytes=0,
     )
     assert typed(items) == typed(
-        [Control(PING, b"x" * 125), Control(PONG, b"y" * 125), Close(1000, "z" * 123)]
+        [Control(Opcode.PING, b"x" * 125), Control(Opcode.PONG, b"y" * 125), Close(1000, "z" * 123)]
     )
     assert reader.error is None
 
 
 @pytest.mark.parametrize("fin", [True, False])
 def test_continuation_with_no_message_started(fin: bool) -> None:
-    assert_fault(frame(CONT, b"more", fin=fin), 1002)
-    assert_fault(frame(CONT, b"", fin=fin), 1002, before=b"", before_items=[])
+    assert_fault(frame(Opcode.CONT, b"more", fin=fin), 1002)
+    assert_fault(frame(Opcode.CONT, b"", fin=fin), 1002, before=b"", before_items=[])
 
 
-@pytest.mark.parametrize("first", [TEXT, BINARY])
-@pytest.mark.parametrize("second", [TEXT, BINARY])
+@pytest.mark.parametrize("first", [Opcode.TEXT, Opcode.BINARY])
+@pytest.mark.parametrize("second", [Opcode.TEXT, Opcode.BINARY])
 @pytest.mark.parametrize("fin", [True, False])
 def test_new_message_during_a_fragmented_one(first: int, second: int, fin: bool) -> None:
-    before = BEFORE + frame(first, b"part", fin=False) + frame(PONG, b"q")
+    before = BEFORE + frame(first, b"part", fin=False) + frame(Opcode.PONG, b"q")
     assert_fault(
         frame(second, b"new", fin=fin),
         1002,
         before=before,
-        before_items=[*BEFORE_ITEMS, Control(PONG, b"q")],
+        before_items=[*BEFORE_ITEMS, Control(Opcode.PONG, b"q")],
     )
 
 
 def test_fragments_out_of_order_are_refused_from_the_header() -> None:
     # Only the header and the masking key arrive: no payload is waited for.
     reader = FrameReader(BIG)
-    assert reader.receive(header(CONT, 100_000) + KEY) == []
+    assert reader.receive(header(Opcode.CONT, 100_000) + KEY) == []
     assert reader.error is not None and reader.error.code == 1002
     reader = FrameReader(BIG)
-    assert reader.receive(frame(TEXT, b"part", fin=False) + header(TEXT, 100_000)[:2]) == []
+    assert (
+        reader.receive(frame(Opcode.TEXT, b"part", fin=False) + header(Opcode.TEXT, 100_000)[:2])
+        == []
+    )
     assert reader.error is not None and reader.error.code == 1002
 
 
 @pytest.mark.parametrize("length", [1 << 63, (1 << 63) + 5, (1 << 64) - 1])
-@pytest.mark.parametrize("opcode", [TEXT, BINARY, CONT])
+@pytest.mark.parametrize("opcode", [Opcode.TEXT, Opcode.BINARY, Opcode.CONT])
 def test_64_bit_length_with_top_bit(length: int, opcode: int) -> None:
     bad = header(opcode, length, form=64)
     assert_fault(bad, 1002)
@@ -755,12 +767,12 @@ INVALID_UTF8 = [
 
 @pytest.mark.parametrize("payload", INVALID_UTF8)
 def test_invalid_utf8_text(payload: bytes) -> None:
-    assert_fault(frame(TEXT, payload), 1007)
+    assert_fault(frame(Opcode.TEXT, payload), 1007)
 
 
 @pytest.mark.parametrize("payload", INVALID_UTF8)
 def test_invalid_binary_is_fine(payload: bytes) -> None:
-    items, reader = parse(frame(BINARY, payload))
+    items, reader = parse(frame(Opcode.BINARY, payload))
     assert typed(items) == typed([payload])
     assert reader.error is None
 
@@ -777,23 +789,24 @@ def test_invalid_binary_is_fine(payload: bytes) -> None:
 )
 def test_invalid_utf8_split_across_fragments(pieces: list[bytes]) -> None:
     frames = [
-        frame(TEXT if i == 0 else CONT, p, fin=i == len(pieces) - 1) for i, p in enumerate(pieces)
+        frame(Opcode.TEXT if i == 0 else Opcode.CONT, p, fin=i == len(pieces) - 1)
+        for i, p in enumerate(pieces)
     ]
     # a ping before the last fragment comes out; the message does not
-    before = BEFORE + b"".join(frames[:-1]) + frame(PING, b"mid")
+    before = BEFORE + b"".join(frames[:-1]) + frame(Opcode.PING, b"mid")
     assert_fault(
-        frames[-1], 1007, before=before, before_items=[*BEFORE_ITEMS, Control(PING, b"mid")]
+        frames[-1], 1007, before=before, before_items=[*BEFORE_ITEMS, Control(Opcode.PING, b"mid")]
     )
 
 
 def test_close_with_one_byte_payload() -> None:
-    assert_fault(frame(CLOSE, b"\x03"), 1002)
+    assert_fault(frame(Opcode.CLOSE, b"\x03"), 1002)
 
 
 @pytest.mark.parametrize("code", [0, 999, 1004, 1005, 1006, 1015, 1016, 2000, 2999, 5000, 65535])
 def test_close_code_not_allowed_on_the_wire(code: int) -> None:
-    assert_fault(frame(CLOSE, close_payload(code)), 1002)
-    assert_fault(frame(CLOSE, close_payload(code, b"why")), 1002)
+    assert_fault(frame(Opcode.CLOSE, close_payload(code)), 1002)
+    assert_fault(frame(Opcode.CLOSE, close_payload(code, b"why")), 1002)
 
 
 @pytest.mark.parametrize(
@@ -818,7 +831,7 @@ def test_close_code_not_allowed_on_the_wire(code: int) -> None:
     ],
 )
 def test_close_code_allowed(code: int) -> None:
-    stream = BEFORE + frame(CLOSE, close_payload(code, "why ✓".encode()))
+    stream = BEFORE + frame(Opcode.CLOSE, close_payload(code, "why ✓".encode()))
     for chunks in ([stream], bytewise(stream)):
         reader = FrameReader(BIG)
         assert typed(feed(reader, chunks)) == typed([*BEFORE_ITEMS, Close(code, "why ✓")])
@@ -826,20 +839,20 @@ def test_close_code_allowed(code: int) -> None:
 
 
 def test_close_without_payload_means_no_status() -> None:
-    items, reader = parse(frame(CLOSE))
-    assert typed(items) == typed([Close(NO_STATUS, "")])
+    items, reader = parse(frame(Opcode.CLOSE))
+    assert typed(items) == typed([Close(CloseCode.NO_STATUS, "")])
     assert reader.error is None
 
 
 @pytest.mark.parametrize("reason", [b"\xff", b"ok\xc3", b"\xed\xa0\x80"])
 def test_close_reason_not_utf8(reason: bytes) -> None:
-    assert_fault(frame(CLOSE, close_payload(1000, reason)), 1007)
+    assert_fault(frame(Opcode.CLOSE, close_payload(1000, reason)), 1007)
 
 
 @pytest.mark.parametrize(
     ("limit", "form"), [(100, 7), (124, 7), (125, 16), (1000, 16), (65535, 64), (70000, 64)]
 )
-@pytest.mark.parametrize("opcode", [TEXT, BINARY])
+@pytest.mark.parametrize("opcode", [Opcode.TEXT, Opcode.BINARY])
 def test_over_the_limit_decided_from_the_header(limit: int, opcode: int, form: int) -> None:
     head = header(opcode, limit + 1, form=form)
     reader = FrameReader(limit)
@@ -850,36 +863,36 @@ def test_over_the_limit_decided_from_the_header(limit: int, opcode: int, form: i
     # ...then at once, with no masking key or payload yet
     assert reader.receive(head[-1:]) == []
     assert reader.error is not None and reader.error.code == 1009
-    assert reader.receive(KEY + b"x" * (limit + 1) + frame(TEXT, b"next")) == []
+    assert reader.receive(KEY + b"x" * (limit + 1) + frame(Opcode.TEXT, b"next")) == []
 
 
 @pytest.mark.parametrize("length", [2**20, 2**40, 2**63 - 1])
 def test_huge_announced_length_is_refused_at_once(length: int) -> None:
     reader = FrameReader(2**20 - 1)
-    assert reader.receive(frame(PING, b"p") + header(BINARY, length, form=64)) == [
-        Control(PING, b"p")
+    assert reader.receive(frame(Opcode.PING, b"p") + header(Opcode.BINARY, length, form=64)) == [
+        Control(Opcode.PING, b"p")
     ]
     assert reader.error is not None and reader.error.code == 1009
 
 
 def test_single_frame_over_the_limit() -> None:
-    assert_fault(frame(TEXT, b"x" * 11), 1009, max_message_bytes=10)
-    assert_fault(frame(BINARY, b"x" * 70000), 1009, max_message_bytes=65536)
+    assert_fault(frame(Opcode.TEXT, b"x" * 11), 1009, max_message_bytes=10)
+    assert_fault(frame(Opcode.BINARY, b"x" * 70000), 1009, max_message_bytes=65536)
 
 
 def test_fragments_over_the_limit() -> None:
-    before = BEFORE + frame(TEXT, b"x" * 4, fin=False) + frame(PING, b"a")
-    before += frame(CONT, b"y" * 3, fin=False) + frame(PONG, b"b")
-    before_items = [*BEFORE_ITEMS, Control(PING, b"a"), Control(PONG, b"b")]
+    before = BEFORE + frame(Opcode.TEXT, b"x" * 4, fin=False) + frame(Opcode.PING, b"a")
+    before += frame(Opcode.CONT, b"y" * 3, fin=False) + frame(Opcode.PONG, b"b")
+    before_items = [*BEFORE_ITEMS, Control(Opcode.PING, b"a"), Control(Opcode.PONG, b"b")]
     assert_fault(
-        frame(CONT, b"z" * 4, fin=True),
+        frame(Opcode.CONT, b"z" * 4, fin=True),
         1009,
         before=before,
         before_items=before_items,
         max_message_bytes=10,
     )
     assert_fault(
-        frame(CONT, b"z" * 4, fin=False),
+        frame(Opcode.CONT, b"z" * 4, fin=False),
         1009,
         before=before,
         before_items=before_items,
@@ -887,28 +900,28 @@ def test_fragments_over_the_limit() -> None:
     )
     # the header of the fragment that goes over is enough
     reader = FrameReader(10)
-    assert typed(reader.receive(before + header(CONT, 4, fin=False))) == typed(before_items)
+    assert typed(reader.receive(before + header(Opcode.CONT, 4, fin=False))) == typed(before_items)
     assert reader.error is not None and reader.error.code == 1009
 
 
 def test_message_of_exactly_the_limit_is_accepted() -> None:
     stream = (
-        frame(TEXT, b"x" * 10)
-        + frame(BINARY, b"y" * 4, fin=False)
-        + frame(PING, b"125 bytes of ping do not count" * 4)
-        + frame(CONT, b"y" * 6)
+        frame(Opcode.TEXT, b"x" * 10)
+        + frame(Opcode.BINARY, b"y" * 4, fin=False)
+        + frame(Opcode.PING, b"125 bytes of ping do not count" * 4)
+        + frame(Opcode.CONT, b"y" * 6)
         # a new message starts counting from zero again
-        + frame(TEXT, b"z" * 3, fin=False)
-        + frame(CONT, b"", fin=False)
-        + frame(CONT, b"z" * 7)
-        + frame(TEXT, "€€€".encode() + b"a")
+        + frame(Opcode.TEXT, b"z" * 3, fin=False)
+        + frame(Opcode.CONT, b"", fin=False)
+        + frame(Opcode.CONT, b"z" * 7)
+        + frame(Opcode.TEXT, "€€€".encode() + b"a")
     )
     for chunks in ([stream], bytewise(stream)):
         reader = FrameReader(10)
         assert typed(feed(reader, chunks)) == typed(
             [
                 "x" * 10,
-                Control(PING, b"125 bytes of ping do not count" * 4),
+                Control(Opcode.PING, b"125 bytes of ping do not count" * 4),
                 b"y" * 10,
                 "z" * 10,
                 "€€€a",
@@ -918,7 +931,7 @@ def test_message_of_exactly_the_limit_is_accepted() -> None:
 
 
 def test_limit_zero_allows_only_empty_messages() -> None:
-    items, reader = parse(frame(TEXT) + frame(BINARY) + frame(TEXT, b"x"), 0)
+    items, reader = parse(frame(Opcode.TEXT) + frame(Opcode.BINARY) + frame(Opcode.TEXT, b"x"), 0)
     assert typed(items) == typed(["", b""])
     assert reader.error is not None and reader.error.code == 1009
 
@@ -928,44 +941,49 @@ def test_limit_zero_allows_only_empty_messages() -> None:
 
 @pytest.mark.parametrize(
     "trailer",
-    [b"", b"\x00", b"garbage that breaks every rule", frame(TEXT, b"valid"), b"\x81\x05hi"],
+    [b"", b"\x00", b"garbage that breaks every rule", frame(Opcode.TEXT, b"valid"), b"\x81\x05hi"],
 )
 def test_nothing_after_close(trailer: bytes) -> None:
-    stream = BEFORE + frame(CLOSE, close_payload(1000, b"done")) + trailer
+    stream = BEFORE + frame(Opcode.CLOSE, close_payload(1000, b"done")) + trailer
     want = typed([*BEFORE_ITEMS, Close(1000, "done")])
     for chunks in ([stream], bytewise(stream)):
         reader = FrameReader(BIG)
         assert typed(feed(reader, chunks)) == want
         assert reader.error is None
         assert reader.receive(b"\xff\xff garbage") == []
-        assert reader.receive(frame(TEXT, b"valid") + frame(CLOSE)) == []
+        assert reader.receive(frame(Opcode.TEXT, b"valid") + frame(Opcode.CLOSE)) == []
         assert reader.error is None
 
 
 def test_nothing_after_close_in_a_fragmented_message() -> None:
-    stream = frame(TEXT, b"half", fin=False) + frame(CLOSE) + frame(CONT, b" more")
+    stream = (
+        frame(Opcode.TEXT, b"half", fin=False) + frame(Opcode.CLOSE) + frame(Opcode.CONT, b" more")
+    )
     items, reader = parse(stream)
-    assert typed(items) == typed([Close(NO_STATUS, "")])
+    assert typed(items) == typed([Close(CloseCode.NO_STATUS, "")])
     assert reader.error is None
-    assert reader.receive(frame(CONT, b"rest")) == []
+    assert reader.receive(frame(Opcode.CONT, b"rest")) == []
 
 
 def test_close_held_back_then_completed() -> None:
-    close = frame(CLOSE, close_payload(1001, b"later"))
+    close = frame(Opcode.CLOSE, close_payload(1001, b"later"))
     reader = FrameReader(BIG)
-    assert reader.receive(frame(PING, b"p") + close[:5]) == [Control(PING, b"p")]
+    assert reader.receive(frame(Opcode.PING, b"p") + close[:5]) == [Control(Opcode.PING, b"p")]
     assert reader.receive(close[5:] + b"\x00\x00garbage") == [Close(1001, "later")]
     assert reader.error is None
-    assert reader.receive(frame(TEXT, b"x")) == []
+    assert reader.receive(frame(Opcode.TEXT, b"x")) == []
 
 
 def test_nothing_after_an_error_even_valid_frames() -> None:
     reader = FrameReader(BIG)
-    assert reader.receive(frame(TEXT, b"ok") + b"\x81\x02no") == ["ok"]
+    assert reader.receive(frame(Opcode.TEXT, b"ok") + b"\x81\x02no") == ["ok"]
     error = reader.error
     assert error is not None and error.code == 1002
     for _ in range(3):
-        assert reader.receive(frame(TEXT, b"fine") + frame(PING) + frame(CLOSE)) == []
+        assert (
+            reader.receive(frame(Opcode.TEXT, b"fine") + frame(Opcode.PING) + frame(Opcode.CLOSE))
+            == []
+        )
     assert reader.error is error
 
 
@@ -982,18 +1000,22 @@ def test_one_mib_message_in_4_kib_chunks_is_fast() -> None:
     payload = random.Random(1).randbytes(1 << 20)
     text = ("ünïcødé 😀 " * 70000).encode()[: 1 << 20].decode(errors="ignore")
     fragmented = b"".join(
-        frame(BINARY if i == 0 else CONT, payload[i : i + 65536], fin=i + 65536 >= len(payload))
-        + frame(PING, b"%d" % i)
+        frame(
+            Opcode.BINARY if i == 0 else Opcode.CONT,
+            payload[i : i + 65536],
+            fin=i + 65536 >= len(payload),
+        )
+        + frame(Opcode.PING, b"%d" % i)
         for i in range(0, len(payload), 65536)
     )
-    stream = frame(BINARY, payload) + frame(TEXT, text.encode()) + fragmented
+    stream = frame(Opcode.BINARY, payload) + frame(Opcode.TEXT, text.encode()) + fragmented
     chunks = cut(stream, range(4096, len(stream), 4096))
     reader = FrameReader(1 << 20)
     start = time.perf_counter()
     items = feed(reader, chunks)
     elapsed = time.perf_counter() - start
     assert reader.error is None
-    pings = [Control(PING, b"%d" % i) for i in range(0, len(payload), 65536)]
+    pings = [Control(Opcode.PING, b"%d" % i) for i in range(0, len(payload), 65536)]
     assert len(items) == 3 + len(pings)
     assert items[0] == payload
     assert items[1] == text
@@ -1002,7 +1024,7 @@ def test_one_mib_message_in_4_kib_chunks_is_fast() -> None:
 
 
 def test_many_small_frames_in_odd_chunks() -> None:
-    stream = b"".join(frame(TEXT, b"m%d" % i) for i in range(5000))
+    stream = b"".join(frame(Opcode.TEXT, b"m%d" % i) for i in range(5000))
     reader = FrameReader(BIG)
     start = time.perf_counter()
     items = feed(reader, cut(stream, range(0, len(stream), 4093)))

@@ -9,15 +9,9 @@ from typing import Any
 import pytest
 
 from trio_duplex.core.config import ServerConfig
+from trio_duplex.core.events import Reason
 from trio_duplex.core.session import Commit, Registry, Session, State, Terminal
 from trio_duplex.core.wire import (
-    REASON_CLIENT_CLOSE,
-    REASON_ENGINE_ERROR,
-    REASON_ENGINE_FINISHED,
-    REASON_GRACE_EXPIRED,
-    REASON_IDLE_EXPIRED,
-    REASON_SHUTDOWN,
-    REASON_UNDELIVERED,
     ProtocolError,
 )
 
@@ -142,7 +136,7 @@ def test_undelivered_handshake_closes_at_once_and_frees_the_slot() -> None:
     session, _ = registry.admit({})
     terminal = session.handshake_failed(1.0)
     assert terminal == Terminal(
-        {"type": "session.closed", "session_id": session.id, "reason": REASON_UNDELIVERED},
+        {"type": "session.closed", "session_id": session.id, "reason": Reason.UNDELIVERED},
         1000,
         1,  # the connection that was carrying session.created (if it is still there)
     )
@@ -175,7 +169,7 @@ def test_connection_lost_during_the_handshake_then_failed_closes() -> None:
     session, _ = make_registry().admit({})
     session.detach(1, 2.0)
     terminal = session.handshake_failed(3.0)
-    assert terminal is not None and terminal.reason == REASON_UNDELIVERED
+    assert terminal is not None and terminal.reason == Reason.UNDELIVERED
 
 
 # -- attachment and fencing ------------------------------------------------------------
@@ -237,7 +231,7 @@ def test_max_sessions_is_never_exceeded() -> None:
 def test_a_closing_session_holds_its_slot_until_release() -> None:
     registry = make_registry(max_sessions=1)
     session, _ = opened(registry)
-    assert session.begin_close(REASON_CLIENT_CLOSE, 1.0) is not None
+    assert session.begin_close(Reason.CLIENT_CLOSE, 1.0) is not None
     assert refusal(registry.admit, {}).code == "resource_exhausted"
     assert registry.release(session) is True
     assert registry.slots_held == 0
@@ -255,7 +249,7 @@ def test_only_a_closing_session_can_be_released(state: str) -> None:
     if state == "detached":
         session.detach(1, 0.0)
     if state == "released":
-        session.begin_close(REASON_CLIENT_CLOSE, 0.0)
+        session.begin_close(Reason.CLIENT_CLOSE, 0.0)
         assert registry.release(session)
     held = registry.slots_held
     assert registry.release(session) is False
@@ -284,7 +278,7 @@ def test_lookup_of_an_unknown_session_is_refused(session_id: object) -> None:
 def test_a_released_session_cannot_be_looked_up() -> None:
     registry = make_registry()
     session, _ = opened(registry)
-    session.begin_close(REASON_CLIENT_CLOSE, 0.0)
+    session.begin_close(Reason.CLIENT_CLOSE, 0.0)
     assert registry.lookup_for_resume(session.id) is session  # closing: still there
     registry.release(session)
     assert refusal(registry.lookup_for_resume, session.id).code == "session_resume_expired"
@@ -375,7 +369,7 @@ def test_resume_acks_everything_up_to_the_presented_seq() -> None:
     session.detach(1, 0.0)
     session.begin_resume(token, 2, 1.0)
     assert session.journal.acked_through == 2
-    assert [e.seq for e in session.replay(2, 1.0) or []] == [3]
+    assert [e.seq for e in session.journal.replay(2, 1.0) or []] == [3]
 
 
 def test_an_aborted_resume_leaves_an_attached_session_on_its_connection() -> None:
@@ -400,24 +394,24 @@ def test_an_aborted_resume_leaves_a_detached_session_inside_its_grace() -> None:
     assert session.grace_deadline == GRACE
     assert session.poll(GRACE - 1) is None
     terminal = session.poll(GRACE)
-    assert terminal is not None and terminal.reason == REASON_GRACE_EXPIRED
+    assert terminal is not None and terminal.reason == Reason.GRACE_EXPIRED
 
 
 def test_a_resume_cannot_commit_after_the_session_ended() -> None:
     session, token = opened(make_registry())
     attempt = session.begin_resume(token, 0, 1.0)
-    terminal = session.begin_close(REASON_SHUTDOWN, 2.0)
+    terminal = session.begin_close(Reason.SHUTDOWN, 2.0)
     assert terminal is not None and terminal.generation == 1  # to the old attachment
     assert session.commit_resume(attempt, 3.0) is None
     assert session.state is State.CLOSING
     assert session.abort_resume(attempt, 3.0) is None
-    assert session.begin_close(REASON_SHUTDOWN, 4.0) is None
+    assert session.begin_close(Reason.SHUTDOWN, 4.0) is None
 
 
 def test_a_closed_session_cannot_be_resumed() -> None:
     registry = make_registry()
     session, token = opened(registry)
-    session.begin_close(REASON_CLIENT_CLOSE, 0.0)
+    session.begin_close(Reason.CLIENT_CLOSE, 0.0)
     assert refusal(session.begin_resume, token, 0, 1.0).code == "session_resume_expired"
     registry.release(session)
     assert refusal(session.begin_resume, token, 0, 1.0).code == "session_resume_expired"
@@ -432,7 +426,7 @@ def test_grace_expiry() -> None:
     assert session.poll(10.0 + GRACE - 0.001) is None
     terminal = session.poll(10.0 + GRACE)
     assert terminal == Terminal(
-        {"type": "session.expired", "session_id": session.id, "reason": REASON_GRACE_EXPIRED},
+        {"type": "session.expired", "session_id": session.id, "reason": Reason.GRACE_EXPIRED},
         1000,
         None,
     )
@@ -448,7 +442,7 @@ def test_idle_expiry_goes_to_the_attached_connection() -> None:
     assert terminal is not None
     assert (terminal.event["type"], terminal.reason, terminal.close_code, terminal.generation) == (
         "session.expired",
-        REASON_IDLE_EXPIRED,
+        Reason.IDLE_EXPIRED,
         1000,
         1,
     )
@@ -459,7 +453,7 @@ def test_the_idle_clock_does_not_run_while_detached() -> None:
     session.detach(1, 5.0)  # idle deadline 10, grace deadline 35
     assert session.poll(20.0) is None
     terminal = session.poll(35.0)
-    assert terminal is not None and terminal.reason == REASON_GRACE_EXPIRED
+    assert terminal is not None and terminal.reason == Reason.GRACE_EXPIRED
 
 
 def test_a_resume_is_refused_once_the_grace_ran_out_even_before_the_poll() -> None:
@@ -488,9 +482,9 @@ def test_expiry_racing_a_resume_that_aborts_after_the_deadline() -> None:
     attempt = session.begin_resume(token, 0, GRACE - 1)
     assert session.poll(GRACE + 5) is None
     terminal = session.abort_resume(attempt, GRACE + 10)
-    assert terminal is not None and terminal.reason == REASON_GRACE_EXPIRED
+    assert terminal is not None and terminal.reason == Reason.GRACE_EXPIRED
     assert session.state is State.CLOSING
-    assert session.begin_close(REASON_SHUTDOWN, GRACE + 11) is None
+    assert session.begin_close(Reason.SHUTDOWN, GRACE + 11) is None
 
 
 def test_idle_expiry_racing_a_takeover_that_aborts() -> None:
@@ -499,7 +493,7 @@ def test_idle_expiry_racing_a_takeover_that_aborts() -> None:
     assert session.poll(IDLE + 1) is None
     terminal = session.abort_resume(attempt, IDLE + 1)
     assert terminal is not None
-    assert (terminal.reason, terminal.generation) == (REASON_IDLE_EXPIRED, 1)
+    assert (terminal.reason, terminal.generation) == (Reason.IDLE_EXPIRED, 1)
 
 
 # -- the terminal event -----------------------------------------------------------------
@@ -508,12 +502,12 @@ def test_idle_expiry_racing_a_takeover_that_aborts() -> None:
 @pytest.mark.parametrize(
     ("reason", "kind", "code"),
     [
-        (REASON_CLIENT_CLOSE, "session.closed", 1000),
-        (REASON_ENGINE_FINISHED, "session.closed", 1000),
-        (REASON_ENGINE_ERROR, "session.closed", 1011),
-        (REASON_SHUTDOWN, "session.closed", 1001),
-        (REASON_GRACE_EXPIRED, "session.expired", 1000),
-        (REASON_IDLE_EXPIRED, "session.expired", 1000),
+        (Reason.CLIENT_CLOSE, "session.closed", 1000),
+        (Reason.ENGINE_FINISHED, "session.closed", 1000),
+        (Reason.ENGINE_ERROR, "session.closed", 1011),
+        (Reason.SHUTDOWN, "session.closed", 1001),
+        (Reason.GRACE_EXPIRED, "session.expired", 1000),
+        (Reason.IDLE_EXPIRED, "session.expired", 1000),
     ],
 )
 def test_exactly_one_terminal_event(reason: str, kind: str, code: int) -> None:
@@ -523,7 +517,7 @@ def test_exactly_one_terminal_event(reason: str, kind: str, code: int) -> None:
     assert terminal.event == {"type": kind, "session_id": session.id, "reason": reason}
     assert (terminal.close_code, terminal.generation, terminal.reason) == (code, 1, reason)
     assert session.terminal is terminal
-    for other in (REASON_CLIENT_CLOSE, REASON_SHUTDOWN, reason):
+    for other in (Reason.CLIENT_CLOSE, Reason.SHUTDOWN, reason):
         assert session.begin_close(other, 2.0) is None
     assert session.poll(1e9) is None
     assert session.handshake_failed(3.0) is None
@@ -533,14 +527,14 @@ def test_exactly_one_terminal_event(reason: str, kind: str, code: int) -> None:
 def test_a_detached_session_ends_with_a_terminal_for_no_attachment() -> None:
     session, _ = opened(make_registry())
     session.detach(1, 0.0)
-    terminal = session.begin_close(REASON_SHUTDOWN, 1.0)
+    terminal = session.begin_close(Reason.SHUTDOWN, 1.0)
     assert terminal is not None and terminal.generation is None
 
 
 def test_nothing_is_emitted_after_the_end() -> None:
     session, _ = opened(make_registry())
     emit(session)
-    session.begin_close(REASON_ENGINE_FINISHED, 1.0)
+    session.begin_close(Reason.ENGINE_FINISHED, 1.0)
     assert session.emit({"type": "late"}, 2.0) is None
     assert session.journal.head == 1
 
@@ -548,7 +542,7 @@ def test_nothing_is_emitted_after_the_end() -> None:
 def test_terminal_of_a_session_closed_while_opening_goes_to_the_created_connection() -> None:
     registry = make_registry()
     session, _ = registry.admit({})
-    session.begin_close(REASON_SHUTDOWN, 1.0)
+    session.begin_close(Reason.SHUTDOWN, 1.0)
     session.handshake_delivered(2.0)  # the client now holds session.created, generation 1
     assert session.terminal is not None
     assert session.terminal.generation == 1
@@ -583,7 +577,7 @@ def test_an_event_emitted_while_detached_is_journaled_for_the_resume() -> None:
     emit(session, 1.0)
     emit(session, 2.0)
     attempt = session.begin_resume(token, 1, 3.0)
-    assert [e.seq for e in session.replay(attempt.last_seq, 3.0) or []] == [2, 3]
+    assert [e.seq for e in session.journal.replay(attempt.last_seq, 3.0) or []] == [2, 3]
 
 
 def test_ack_of_0_is_accepted_and_frees_nothing() -> None:
@@ -599,8 +593,8 @@ def test_ack_frees_entries_up_to_and_including_the_seq() -> None:
     for _ in range(4):
         emit(session)
     session.ack(2)
-    assert [e.seq for e in session.replay(2, 0.0) or []] == [3, 4]
-    assert session.replay(1, 0.0) is None  # acked entries are gone
+    assert [e.seq for e in session.journal.replay(2, 0.0) or []] == [3, 4]
+    assert session.journal.replay(1, 0.0) is None  # acked entries are gone
     session.ack(4)
     assert len(session.journal) == 0 and session.journal.bytes == 0
     session.ack(1)  # an older ack after a newer one is harmless
@@ -656,7 +650,7 @@ def test_overflow_while_attached_sends_a_notice_before_the_event() -> None:
         "dropped_through_seq": 2,
     }
     assert json.loads(emitted.frame)["server_event_seq"] == 3
-    assert [e.seq for e in session.replay(2, 0.0) or []] == [3]
+    assert [e.seq for e in session.journal.replay(2, 0.0) or []] == [3]
     assert emit(session) == 4  # numbering goes on
 
 
@@ -678,10 +672,10 @@ def test_overflow_then_resume_reports_a_gap() -> None:
     for _ in range(3):  # 2, 3 fit; 4 drops everything through 3
         emit(session, 2.0)
     attempt = session.begin_resume(token, 1, 3.0)
-    assert session.replay(attempt.last_seq, 3.0) is None  # the shell sends journal_gap
+    assert session.journal.replay(attempt.last_seq, 3.0) is None  # the shell sends journal_gap
     assert session.journal.dropped_through == 3
     # What the shell does next: no replay, live events follow from the head.
-    assert session.replay(session.journal.head, 3.0) == []
+    assert session.journal.replay(session.journal.head, 3.0) == []
     assert session.commit_resume(attempt, 3.0) == Commit(2, None)
 
 
@@ -691,7 +685,7 @@ def test_a_resume_that_needs_nothing_dropped_gets_the_rest() -> None:
         emit(session)
     session.detach(1, 1.0)
     attempt = session.begin_resume(token, 2, 2.0)  # 3 is still journaled
-    assert [e.seq for e in session.replay(attempt.last_seq, 2.0) or []] == [3]
+    assert [e.seq for e in session.journal.replay(attempt.last_seq, 2.0) or []] == [3]
 
 
 def test_replay_from_the_head_is_empty() -> None:
@@ -700,7 +694,7 @@ def test_replay_from_the_head_is_empty() -> None:
     emit(session)
     session.detach(1, 0.0)
     attempt = session.begin_resume(token, 2, 1.0)
-    assert session.replay(attempt.last_seq, 1.0) == []
+    assert session.journal.replay(attempt.last_seq, 1.0) == []
     assert session.commit_resume(attempt, 1.0) == Commit(2, None)
 
 
@@ -710,20 +704,20 @@ def test_replay_after_ttl_reports_a_gap() -> None:
     emit(session, 8.0)
     session.detach(1, 8.0)
     attempt = session.begin_resume(token, 0, 12.0)  # entry 1 is older than the TTL
-    assert session.replay(0, 12.0) is None
+    assert session.journal.replay(0, 12.0) is None
     assert session.journal.dropped_through == 1
-    assert [e.seq for e in session.replay(1, 12.0) or []] == [2]
+    assert [e.seq for e in session.journal.replay(1, 12.0) or []] == [2]
     assert session.commit_resume(attempt, 12.0) is not None
 
 
 def test_journal_floor_lets_a_replay_resume_after_an_ack_by_the_old_attachment() -> None:
     session, token = opened(make_registry())
     attempt = session.begin_resume(token, 0, 0.0)  # a takeover: generation 1 still attached
-    assert session.replay(0, 0.0) == []
+    assert session.journal.replay(0, 0.0) == []
     emit(session)  # goes live to generation 1 and into the journal
     session.ack(1)  # generation 1 acks it before the commit
-    assert session.replay(attempt.last_seq, 0.0) is None  # the resume needs a dropped entry
+    assert session.journal.replay(attempt.last_seq, 0.0) is None  # the resume needs a dropped entry
     # The shell recovers with cursor = journal.floor; the replay must make progress.
     assert session.journal.floor == 1
-    assert session.replay(session.journal.floor, 0.0) == []
+    assert session.journal.replay(session.journal.floor, 0.0) == []
     assert session.commit_resume(attempt, 0.0) == Commit(2, replaced=1)

@@ -32,16 +32,11 @@ import attrs
 
 from trio_duplex.core.config import ServerConfig
 from trio_duplex.core.credentials import Credentials, _digest
+from trio_duplex.core.events import Reason
 from trio_duplex.core.journal import Journal
+from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Commit, Registry, ResumeAttempt, Session, State
 from trio_duplex.core.wire import (
-    REASON_CLIENT_CLOSE,
-    REASON_ENGINE_ERROR,
-    REASON_ENGINE_FINISHED,
-    REASON_GRACE_EXPIRED,
-    REASON_IDLE_EXPIRED,
-    REASON_SHUTDOWN,
-    REASON_UNDELIVERED,
     ProtocolError,
     utf8_len,
 )
@@ -49,7 +44,6 @@ from trio_duplex.core.wire import (
 GRACE_S = 30.0
 IDLE_S = 300.0
 JOURNAL_MAX_BYTES = 70  # two small events fit, the third overflows
-GAPCHECK, LOOP = "gapcheck", "loop"
 Action = tuple[Any, ...]
 
 
@@ -129,15 +123,14 @@ class Conn:
 
 
 class Resume:
-    """The shell's ``_resume`` in progress: where its replay loop is."""
+    """A resume in progress: the core's ``Replay``, as the shell drives it."""
 
-    __slots__ = ("attempt", "conn", "cursor", "pc", "prev_token")
+    __slots__ = ("attempt", "conn", "prev_token", "replay")
 
-    def __init__(self, attempt: ResumeAttempt, conn: int, prev_token: str) -> None:
-        self.attempt = attempt
+    def __init__(self, replay: Replay, conn: int, prev_token: str) -> None:
+        self.replay = replay
+        self.attempt = replay.attempt
         self.conn = conn
-        self.cursor = attempt.last_seq
-        self.pc = GAPCHECK
         self.prev_token = prev_token
 
 
@@ -311,8 +304,7 @@ class World:
                 r = slot.resume
                 assert r.attempt is s.resume, "the shell's attempt is the core's"
                 assert n.session.resume is not None
-                n.resume = Resume(n.session.resume, r.conn, r.prev_token)
-                n.resume.cursor, n.resume.pc = r.cursor, r.pc
+                n.resume = Resume(r.replay.clone(n.session.resume), r.conn, r.prev_token)
             w.slots.append(n)
         return w
 
@@ -324,7 +316,16 @@ class World:
         for slot in self.slots:
             s = slot.session
             r = slot.resume
-            resume = None if r is None else (r.conn, r.pc, r.cursor, slot.label(r.prev_token))
+            resume = None
+            if r is not None:
+                replay = r.replay
+                resume = (
+                    r.conn,
+                    replay.resumed_sent,
+                    replay.cursor,
+                    replay.pending_seqs,
+                    slot.label(r.prev_token),
+                )
             slots.append(
                 (
                     slot.status,
@@ -365,7 +366,7 @@ class World:
             ]
             if slot.resume is not None:
                 acts += [("resume_step", i), ("resume_fail", i)]
-                if slot.resume.pc == GAPCHECK:
+                if not slot.resume.replay.resumed_sent:
                     acts.append(("resume_cancel", i))
             elif slot.status == "open" and slot.token is not None:
                 acts.append(("resume", i))
@@ -408,7 +409,7 @@ class World:
         for i, slot in enumerate(self.slots):
             s = slot.session
             if s is not None and s.id in self.registry.sessions:
-                self._terminal(i, s.begin_close(REASON_SHUTDOWN, self.now), "shutdown")
+                self._terminal(i, s.begin_close(Reason.SHUTDOWN, self.now), "shutdown")
 
     def do_open(self, i: int) -> None:
         slot = self.slots[i]
@@ -452,7 +453,7 @@ class World:
         self._terminal(i, s.handshake_failed(self.now), "handshake_failed")
         require(self.registry.release(s), "release_refused", "after handshake_failed")
         require(
-            s.terminal is not None and s.terminal.reason in (REASON_UNDELIVERED, REASON_SHUTDOWN),
+            s.terminal is not None and s.terminal.reason in (Reason.UNDELIVERED, Reason.SHUTDOWN),
             "bad_terminal",
             str(s.terminal),
         )
@@ -520,50 +521,50 @@ class World:
             return
         require(slot.hs, "resumable_before_handshake", f"session {i}")
         require(slot.resume is None, "two_resumes", f"session {i}")
-        event = s.resumed_event(attempt)
+        slot.presented = token
+        slot.issue(attempt.new_token)
+        slot.conns.append(Conn(0, last))
+        slot.resume = Resume(Replay(attempt), len(slot.conns) - 1, token)
+        slot.listening = len(slot.conns) - 1
+        slot.token = attempt.new_token
+
+    def do_resume_step(self, i: int) -> None:
+        """One write of the resume (what ``Replay.next_frames`` says), or its commit once
+        it says nothing more: the shell's loop, driving the core's own replay."""
+        slot, s = self.slots[i], self._session(i)
+        r = slot.resume
+        assert r is not None
+        conn = slot.conns[r.conn]
+        replay = r.replay
+        started, before = replay.resumed_sent, replay.cursor
+        frames = replay.next_frames(self.now)
+        if not frames:
+            self._commit(i)
+            return
+        for frame in frames:
+            event = json.loads(frame)
+            kind = event["type"]
+            if kind == "session.resumed":
+                self._check_resumed(i, s, event)
+            elif kind == "session.resync_required":
+                conn.receive_notice(event["dropped_through_seq"])
+            else:
+                conn.receive_event(event["server_event_seq"], "replay")
+        require(
+            not started or replay.cursor > before,
+            "replay_stalls",
+            f"a replay step from seq {before} wrote {frames} and got no further",
+        )
+
+    def _check_resumed(self, i: int, s: Session, event: dict[str, Any]) -> None:
+        slot = self.slots[i]
         require(event["attachment_generation"] == s.generation + 1, "bad_resumed", str(event))
         require(
             event["last_received_client_event_seq"] == slot.client_seq,
             "bad_client_seq",
             f"{event['last_received_client_event_seq']} != {slot.client_seq}",
         )
-        slot.presented = token
-        slot.issue(attempt.new_token)
-        slot.conns.append(Conn(0, last))
-        slot.resume = Resume(attempt, len(slot.conns) - 1, token)
-        slot.listening = len(slot.conns) - 1
-        slot.token = attempt.new_token
-
-    def do_resume_step(self, i: int) -> None:
-        """One await of the resume's replay loop, or its commit once caught up."""
-        slot, s = self.slots[i], self._session(i)
-        r = slot.resume
-        assert r is not None
-        conn = slot.conns[r.conn]
-        entries = s.replay(r.cursor, self.now)
-        if r.pc == GAPCHECK:
-            r.pc = LOOP
-            if entries is None:
-                r.cursor = s.journal.head
-                conn.receive_notice(r.cursor)
-            return
-        if entries is None:  # lost while replaying: the shell resyncs from the floor
-            floor = s.journal.floor
-            require(
-                floor > r.cursor,
-                "replay_stalls",
-                f"replay({r.cursor}) has a gap but the journal floor is {floor}: the "
-                f"loop would send resync_required(dropped_through_seq={floor}) forever",
-            )
-            r.cursor = floor
-            conn.receive_notice(floor)
-            return
-        for entry in entries:
-            conn.receive_event(entry.seq, "replay")
-            r.cursor = entry.seq
-        if entries:
-            return
-        self._commit(i)
+        require(event["resume_token"] == slot.token, "bad_resumed", "not the token issued")
 
     def _commit(self, i: int) -> None:
         slot, s = self.slots[i], self._session(i)
@@ -685,7 +686,7 @@ class World:
     def do_close(self, i: int) -> None:
         s = self._session(i)
         s.touch(self.now)
-        terminal = s.begin_close(REASON_CLIENT_CLOSE, self.now)
+        terminal = s.begin_close(Reason.CLIENT_CLOSE, self.now)
         require(
             terminal is not None and terminal.generation == s.generation, "bad_close", str(terminal)
         )
@@ -695,7 +696,7 @@ class World:
         """The engine returned (``engine_finished``) or raised (``engine_error``)."""
         s = self._session(i)
         attached = s.generation if s.state is State.ATTACHED else None
-        terminal = s.begin_close(REASON_ENGINE_ERROR if error else REASON_ENGINE_FINISHED, self.now)
+        terminal = s.begin_close(Reason.ENGINE_ERROR if error else Reason.ENGINE_FINISHED, self.now)
         require(
             terminal is not None
             and terminal.generation == attached
@@ -726,7 +727,7 @@ class World:
             and s.state in (State.ATTACHED, State.DETACHED)
             and (self.now >= s.next_deadline())
         )
-        reason = REASON_GRACE_EXPIRED if s.state is State.DETACHED else REASON_IDLE_EXPIRED
+        reason = Reason.GRACE_EXPIRED if s.state is State.DETACHED else Reason.IDLE_EXPIRED
         terminal = s.poll(self.now)
         require((terminal is not None) == due, "bad_poll", f"{terminal} with due={due}")
         if terminal is not None:
@@ -897,7 +898,7 @@ class World:
             probes.append((f"ack({bad!r})", {"invalid_event_ack"}, partial(s.ack, bad)))
         if s.state in (State.CLOSING, State.CLOSED):
             probes.append(
-                ("begin_close again", nothing, partial(s.begin_close, REASON_CLIENT_CLOSE, now))
+                ("begin_close again", nothing, partial(s.begin_close, Reason.CLIENT_CLOSE, now))
             )
             probes.append(("emit after end", nothing, partial(s.emit, {"type": "e"}, now)))
             probes.append(("handshake_failed late", nothing, partial(s.handshake_failed, now)))

@@ -10,6 +10,7 @@ import pytest
 
 from trio_duplex.core.credentials import Credentials, _digest, new_token
 from trio_duplex.core.journal import Journal
+from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Registry, Session, State, Terminal
 
 from .interleavings import Violation, World, explore, replay
@@ -93,8 +94,9 @@ def test_overflow_then_resume_is_a_gap_and_then_live_events() -> None:
             ("emit", 0),
             ("emit", 0),
             ("resume", 0),
-            ("resume_step", 0),
-            ("resume_step", 0),
+            ("resume_step", 0),  # session.resumed
+            ("resume_step", 0),  # the gap notice
+            ("resume_step", 0),  # caught up: commit
             ("emit", 0),
         ],
         max_sessions=1,
@@ -248,6 +250,27 @@ def test_catches_a_replay_that_skips_an_entry(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(Journal, "replay", skipping)
     name, _ = first_violation(9)
     assert name == "silent_gap"
+
+
+def test_catches_a_replay_that_drops_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checker drives the shipped ``Replay``: break it and the checker notices."""
+    original = Replay.next_frames
+
+    def hasty(self: Replay, now: float) -> list[str]:
+        frames = original(self, now)
+        return frames if not self.resumed_sent or len(frames) <= 1 else frames[:1]
+
+    monkeypatch.setattr(Replay, "next_frames", hasty)
+    name, _ = first_violation(8)
+    assert name in ("incomplete_replay", "silent_gap")
+
+
+def test_catches_a_replay_that_never_gets_past_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Journal, "floor", property(lambda self: self.acked_through))
+    name, _ = first_violation(9)
+    assert name in ("replay_stalls", "journal_floor", "silent_gap", "incomplete_replay")
 
 
 def test_a_violation_is_an_exception_with_its_invariant_name() -> None:

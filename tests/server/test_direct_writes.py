@@ -1,7 +1,7 @@
 """Frames written straight from the emitting task, over a real socket on 127.0.0.1.
 
 ``Connection.push`` writes a frame with a non-blocking write when nothing is queued
-(``WebSocket.send_now``); what the socket does not take is finished by the pump, before
+(``WebSocket.write_now``); what the socket does not take is finished by the pump, before
 anything else. In-memory streams have no socket, so only real sockets reach this path.
 """
 
@@ -46,17 +46,16 @@ async def test_frames_the_socket_takes_in_part_arrive_whole_and_in_order(
 ) -> None:
     partial = trio.Event()
     direct = 0
-    send_now = WebSocket.send_now
+    write_now = WebSocket.write_now
 
-    def spy(self: WebSocket, text: str) -> bool:
+    def spy(self: WebSocket, text: str) -> None:
         nonlocal direct
-        taken = send_now(self, text)
-        direct += taken
+        write_now(self, text)
+        direct += 1
         if self.unsent:
             partial.set()
-        return taken
 
-    monkeypatch.setattr(WebSocket, "send_now", spy)
+    monkeypatch.setattr(WebSocket, "write_now", spy)
     texts = [f"{i:03d}:" + "x" * 250_000 for i in range(48)]  # 12 MB: more than the buffers
     with trio.fail_after(30):
         async with real_server(max_pending_output=4, journal_max_bytes=64 << 20) as (
@@ -86,15 +85,14 @@ async def test_a_reader_that_keeps_up_gets_frames_written_directly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     direct = 0
-    send_now = WebSocket.send_now
+    write_now = WebSocket.write_now
 
-    def spy(self: WebSocket, text: str) -> bool:
+    def spy(self: WebSocket, text: str) -> None:
         nonlocal direct
-        taken = send_now(self, text)
-        direct += taken and not self.unsent
-        return taken
+        write_now(self, text)
+        direct += not self.unsent
 
-    monkeypatch.setattr(WebSocket, "send_now", spy)
+    monkeypatch.setattr(WebSocket, "write_now", spy)
     with trio.fail_after(30):
         async with real_server() as (server, port, _):
             client = await open_session(port)
@@ -115,40 +113,41 @@ class BrokenOnWrite:
     broken = False
     unsent = False
 
-    def send_now(self, text: str) -> bool:
-        self.broken = True  # os.write raised EPIPE/ECONNRESET: the frame was taken
-        return True
+    def can_write_now(self) -> bool:
+        return not self.broken
 
-    async def send_message(self, text: str) -> None:
-        raise ConnectionClosed(1006, "connection lost")
+    def write_now(self, text: str) -> None:
+        self.broken = True  # os.write raised EPIPE/ECONNRESET
 
-    async def send_many(self, texts: list[str]) -> None:
+    async def flush(self) -> None:
         raise ConnectionClosed(1006, "connection lost")
 
     async def ping(self) -> None:
         raise ConnectionClosed(1006, "connection lost")
 
+    async def aclose(self, code: int) -> None:
+        await trio.lowlevel.checkpoint()
+
 
 async def test_a_direct_write_that_finds_the_socket_broken_ends_the_connection(
     autojump_clock: Any,
 ) -> None:
-    conn = Connection(BrokenOnWrite(), high_water=8)  # type: ignore[arg-type]
+    ws = BrokenOnWrite()
     with pytest.RaisesGroup(ConnectionClosed), trio.fail_after(1):
-        async with trio.open_nursery() as nursery:
-            conn.nursery = nursery
+        async with Connection.open(ws, 8, close_timeout=1) as conn:  # type: ignore[arg-type]
             conn.push("frame")
-            assert list(conn.outbox) == ["frame"]  # for the pump, whose write will raise
-            await trio.sleep_forever()
+            assert ws.broken and not conn.outbox
+            await trio.sleep_forever()  # the pump's flush raises: the connection ends
 
 
 async def test_a_ping_on_a_broken_socket_ends_the_connection(autojump_clock: Any) -> None:
     ws = BrokenOnWrite()
     ws.broken = True
-    conn = Connection(ws, high_water=8)  # type: ignore[arg-type]
+    reached = False
     with trio.fail_after(1):
-        async with trio.open_nursery() as nursery:
-            keepalive = Keepalive(conn, Timers(), nursery, interval=20.0, patience=20.0)
-            with trio.CancelScope() as conn.scope:
-                await keepalive._ping()
-                await trio.sleep_forever()
-            assert conn.scope.cancelled_caught
+        async with Connection.open(ws, 8, close_timeout=1) as conn:  # type: ignore[arg-type]
+            keepalive = Keepalive(conn, Timers(), interval=20.0, patience=20.0)
+            await keepalive.ping()
+            await trio.sleep_forever()  # cancelled: the ping found the socket broken
+        reached = True
+    assert reached

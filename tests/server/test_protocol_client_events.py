@@ -89,7 +89,7 @@ async def test_slot_is_free_when_session_closed_arrives(autojump_clock):
         # No await between receiving session.closed and looking.
         assert closed["type"] == "session.closed"
         assert sim.server.slots_held == 0
-        assert not sim.server.registry.sessions
+        assert not sim.server.sessions.registry.sessions
         # So the client may reopen at once.
         _, created = await sim.open_session()
         assert created["type"] == "session.created"

@@ -10,12 +10,7 @@ import trio.testing
 from trio_duplex.core.config import ServerConfig
 from trio_duplex.testing import ScriptedEngine, ScriptedFactory, running_server
 
-from ..helpers import echo
-
-
-def state_of(sim, session_id: str) -> str | None:
-    session = sim.server.registry.sessions.get(session_id)
-    return None if session is None else session.state.value
+from ..helpers import echo, state_of
 
 
 def scripted_factory(engines: list[ScriptedEngine], **kwargs) -> ScriptedFactory:
@@ -99,7 +94,7 @@ async def test_answered_pings_keep_the_session_attached(autojump_clock, raw_ws):
 async def test_grace_expiry_closes_the_detached_session(autojump_clock):
     async with running_server(ServerConfig(disconnect_grace_s=30)) as sim:
         client, created = await sim.open_session()
-        session = sim.server.registry.sessions[created["session_id"]]
+        session = sim.server.sessions.registry.sessions[created["session_id"]]
         await client.transport.cut()
         await trio.sleep(29.9)
         assert session.state.value == "detached"
@@ -298,7 +293,7 @@ async def test_close_at_the_idle_deadline_gives_one_terminal_event(autojump_cloc
 async def test_grace_expiry_racing_a_resume_ends_in_one_outcome(autojump_clock):
     async with running_server(ServerConfig(disconnect_grace_s=10)) as sim:
         client, created = await sim.open_session()
-        session = sim.server.registry.sessions[created["session_id"]]
+        session = sim.server.sessions.registry.sessions[created["session_id"]]
         await client.transport.cut()
         await trio.sleep(10)  # exactly at the deadline
         client2, answer = await sim.resume(created["session_id"], created["resume_token"])

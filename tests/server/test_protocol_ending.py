@@ -196,7 +196,7 @@ async def test_shutdown_warns_refuses_then_closes_every_session(autojump_clock):
         assert attached.close_code == 1001
         assert trio.current_time() - start == pytest.approx(5)
         assert sim.server.slots_held == 0
-        assert not sim.server.registry.sessions
+        assert not sim.server.sessions.registry.sessions
         with trio.fail_after(3):
             await finished.wait()
 
@@ -206,7 +206,7 @@ async def test_detached_sessions_close_with_server_shutdown_too(autojump_clock):
     config = ServerConfig(drain_timeout_s=2, disconnect_grace_s=60)
     async with serving(config, scripted_factory(engines)) as (sim, finished):
         client, created = await sim.open_session()
-        session = sim.server.registry.sessions[created["session_id"]]
+        session = sim.server.sessions.registry.sessions[created["session_id"]]
         await client.transport.cut()
         await trio.testing.wait_all_tasks_blocked()
         sim.server.begin_shutdown()
@@ -320,7 +320,7 @@ async def test_session_ending_during_a_resume(autojump_clock, attached):
             assert events[1:] == [closed]
             assert resuming.close_code == 1001
         assert sim.server.slots_held == 0
-        assert not sim.server.registry.sessions
+        assert not sim.server.sessions.registry.sessions
 
 
 async def test_server_shutting_down_for_an_open_echoes_event_id(autojump_clock):
@@ -361,7 +361,9 @@ async def test_exception_in_a_handler_closes_that_connection_1011_only(autojump_
         assert victim.close_code == 1011
         await trio.testing.wait_all_tasks_blocked()
         # The session it held detaches like any lost connection.
-        assert sim.server.registry.sessions[created["session_id"]].state.value == "detached"
+        assert (
+            sim.server.sessions.registry.sessions[created["session_id"]].state.value == "detached"
+        )
         assert (await echo(bystander))["server_event_seq"] == 1
         new, _ = await sim.open_session()
         await echo(new)

@@ -160,7 +160,7 @@ async def test_session_update_with_a_non_object_is_bad_event(autojump_clock):
 
 
 def journal_of(sim, created):
-    return sim.server.registry.sessions[created["session_id"]].journal
+    return sim.server.sessions.registry.sessions[created["session_id"]].journal
 
 
 async def test_event_ack_frees_entries_up_to_and_including_the_seq(autojump_clock):

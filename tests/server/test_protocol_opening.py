@@ -193,7 +193,7 @@ async def test_bad_first_message_opens_no_session(autojump_clock, message, code)
         assert error["code"] == code
         assert error["retryable"] is False
         assert sim.server.slots_held == 0
-        assert not sim.server.registry.sessions
+        assert not sim.server.sessions.registry.sessions
         # The connection may still open a session.
         created = await client.send_and_receive(UPDATE)
         assert created["type"] == "session.created"
@@ -403,7 +403,7 @@ async def test_session_is_not_resumable_before_created_is_delivered(autojump_clo
         gate = opening.transport.hold()
         await opening.send(UPDATE)
         await trio.testing.wait_all_tasks_blocked()
-        (session_id,) = sim.server.registry.sessions
+        (session_id,) = sim.server.sessions.registry.sessions
         other, answer = await sim.resume(session_id, "any-token")
         assert answer["code"] == "session_resume_expired"
         assert await other.receive_until_closed() == []
@@ -422,7 +422,7 @@ async def test_undelivered_created_closes_the_session_and_frees_the_slot_at_once
         gate = opening.transport.hold()
         await opening.send(UPDATE)
         await trio.testing.wait_all_tasks_blocked()
-        (session,) = sim.server.registry.sessions.values()
+        (session,) = sim.server.sessions.registry.sessions.values()
         start = trio.current_time()
         if fault == "cut":
             await opening.transport.cut()
@@ -431,7 +431,7 @@ async def test_undelivered_created_closes_the_session_and_frees_the_slot_at_once
             gate.set()
         await trio.testing.wait_all_tasks_blocked()
         assert sim.server.slots_held == 0
-        assert not sim.server.registry.sessions
+        assert not sim.server.sessions.registry.sessions
         assert session.terminal is not None
         assert session.terminal.reason == "session_created_undelivered"
         assert trio.current_time() - start < 1  # not after the grace period
@@ -483,7 +483,7 @@ async def test_undelivered_created_with_autostart_frees_the_slot_at_once(autojum
         first_gate.set()
         await trio.testing.wait_all_tasks_blocked()
         assert faulty.sends_completed == 1
-        (session,) = sim.server.registry.sessions.values()
+        (session,) = sim.server.sessions.registry.sessions.values()
         await faulty.cut()
         await trio.testing.wait_all_tasks_blocked()
         assert session.terminal is not None

@@ -12,7 +12,7 @@ import trio.testing
 from trio_duplex.core.config import ServerConfig
 from trio_duplex.testing import ScriptedEngine, running_server
 
-from ..helpers import echo
+from ..helpers import echo, state_of
 
 
 def resume_event(session_id, token, last=None, **extra) -> dict:
@@ -37,11 +37,6 @@ async def refused(client, code: str, *, retryable: bool = False, close_code: int
     assert error["retryable"] is retryable
     assert client.close_code == close_code
     return error
-
-
-def state_of(sim, session_id: str) -> str | None:
-    session = sim.server.registry.sessions.get(session_id)
-    return None if session is None else session.state.value
 
 
 async def detached_session(sim, events: int = 0):
@@ -241,7 +236,7 @@ async def test_resume_at_the_newest_seq_replays_nothing(autojump_clock):
 async def test_the_resume_acks_everything_up_to_its_seq(autojump_clock):
     async with running_server() as sim:
         created = await detached_session(sim, events=5)
-        journal = sim.server.registry.sessions[created["session_id"]].journal
+        journal = sim.server.sessions.registry.sessions[created["session_id"]].journal
         assert len(journal) == 5
         client, _resumed = await sim.resume(created["session_id"], created["resume_token"], 3)
         assert [(await client.receive())["server_event_seq"] for _ in range(2)] == [4, 5]
@@ -359,7 +354,7 @@ async def test_tokens_are_stored_only_as_digests(autojump_clock):
         sid, t0 = created["session_id"], created["resume_token"]
         _client, resumed = await sim.resume(sid, t0)
         t1 = resumed["resume_token"]
-        session = sim.server.registry.sessions[sid]
+        session = sim.server.sessions.registry.sessions[sid]
         stored = []
         for obj in (session, session.credentials):
             for name in getattr(type(obj), "__slots__", ()) or vars(obj):

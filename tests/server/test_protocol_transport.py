@@ -503,7 +503,7 @@ async def test_server_pings_every_20_seconds(autojump_clock, raw_ws):
         assert client.pings == 3
         assert client.close_code is None
         assert trio.current_time() - start == pytest.approx(65)
-        session = next(iter(sim.server.registry.sessions.values()))
+        session = next(iter(sim.server.sessions.registry.sessions.values()))
         assert session.state.value == "attached"
 
 
@@ -512,7 +512,7 @@ async def test_unanswered_ping_loses_the_connection_after_20_seconds(autojump_cl
         client = await raw_ws(sim, answer_pings=False)
         await client.send({"type": "session.update", "session": {}})
         created = await client.receive()
-        session = sim.server.registry.sessions[created["session_id"]]
+        session = sim.server.sessions.registry.sessions[created["session_id"]]
         start = trio.current_time()
         await trio.sleep(39.5)
         assert session.state.value == "attached"

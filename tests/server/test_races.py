@@ -68,7 +68,7 @@ def types(events: list[dict[str, Any]]) -> list[str]:
 
 
 def only_session(sim: Simulation) -> Session:
-    (session,) = sim.server.registry.sessions.values()
+    (session,) = sim.server.sessions.registry.sessions.values()
     return session
 
 
@@ -273,7 +273,7 @@ async def test_04_send_failure_after_handshake_detaches_once(
         session_id = created["session_id"]
         session = sim.session(session_id)
         assert session is not None
-        runner = sim.server.runners[session_id]
+        runner = sim.runner(session_id)
         conn = sim.connection_of(client)
         assert conn is not None
         if fault == "send_fails":
@@ -314,7 +314,7 @@ def _is_handler(task: trio.lowlevel.Task) -> bool:
 
 def _only_conn_scope(sim: Simulation) -> trio.CancelScope | None:
     conns = list(sim.server.connections)
-    return conns[0].scope if len(conns) == 1 else None
+    return conns[0].cancel_scope if len(conns) == 1 else None
 
 
 @pytest.mark.parametrize("path", ["first_message", "autostart"])
@@ -373,8 +373,8 @@ async def test_05_open_cancelled_while_created_is_held(autojump_clock: Any) -> N
         await client.transport.wait_held()
         assert sim.server.slots_held == 1
         conn = sim.connection_of(client)
-        assert conn is not None and conn.scope is not None
-        conn.scope.cancel()
+        assert conn is not None
+        conn.lost()
         await settle()
         assert sim.server.slots_held == 0
         client.transport.release()
@@ -471,8 +471,8 @@ async def test_07_resume_cancelled_half_way(
         assert session.resume is not None
         if how == "cancelled":
             conn = sim.connection_of(new)
-            assert conn is not None and conn.scope is not None
-            conn.scope.cancel()
+            assert conn is not None
+            conn.lost()
         else:
             await new.transport.cut()
         await settle()
@@ -490,7 +490,7 @@ async def test_07_resume_cancelled_half_way(
         assert types(got) == ([] if phase == "activation" else ["session.resumed"])
         if before == "attached":
             # Still attached to the old connection, which still works.
-            assert sim.server.runners[session.id].conn is sim.connection_of(old)
+            assert sim.runner(session.id).conn is sim.connection_of(old)
             assert seqs([await old.send_and_receive(text("e4", 4))]) == [4]
         # The token it presented is still good: resume again and get every event once.
         again, answer = await sim.resume(session.id, created["resume_token"], 0)
@@ -525,7 +525,7 @@ async def test_07_resume_cancelled_at_every_await_point(autojump_clock: Any, bef
             assert new_conn is not None
             (task,) = {t for t in all_tasks() if _is_handler(t)} - handlers
             canceller = CancelAtStep(
-                lambda t, mine=task: t is mine, lambda c=new_conn: c.scope, step
+                lambda t, mine=task: t is mine, lambda c=new_conn: c.cancel_scope, step
             )
             trio.lowlevel.add_instrument(canceller)
             try:
@@ -693,7 +693,7 @@ async def test_10_takeover_while_old_pump_mid_send(
         new.transport.release()
         await settle()
         session = only_session(sim)
-        assert session.generation == 2 and sim.server.runners[session.id].conn is not old_conn
+        assert session.generation == 2 and sim.runner(session.id).conn is not old_conn
         await engine.emit("e6")
         with contextlib.suppress(trio_websocket.ConnectionClosed):
             await old.send(text("stale"))  # a late event from the old connection...
@@ -712,7 +712,7 @@ async def test_10_takeover_while_old_pump_mid_send(
         assert detaches == []
         assert session.state is State.ATTACHED and session.generation == 2
         assert old_conn is not None
-        sim.server.runners[session.id].connection_lost(old_conn)  # a late report, too
+        sim.runner(session.id).connection_lost(old_conn)  # a late report, too
         assert session.state is State.ATTACHED
         # Nothing lost, nothing twice: the old stream is 1, 2, 3 (and 4 if its send
         # completed), then replaced; the new one carries on right after seq 3.

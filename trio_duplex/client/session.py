@@ -38,7 +38,8 @@ from websockets.exceptions import WebSocketException as _WebSocketException
 from websockets.trio.client import ClientConnection
 from websockets.trio.client import connect as _ws_connect
 
-from ..core.wire import CLOSE_RESUME_REFUSED, utf8_len
+from ..core.frames import CloseCode
+from ..core.wire import utf8_len
 from .state import (
     AckPolicy,
     Attached,
@@ -431,7 +432,7 @@ class ClientSession:
             message = await ws.recv()
         except ConnectionClosed as exc:
             code = exc.rcvd.code if exc.rcvd is not None else None
-            if code == CLOSE_RESUME_REFUSED and self._core.session_id is not None:
+            if code == CloseCode.RESUME_REFUSED and self._core.session_id is not None:
                 raise ResumeRefused(None, "resume refused", code) from None
             raise
         event = _parse(message)

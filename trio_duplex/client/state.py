@@ -15,19 +15,13 @@ from typing import Any, Final
 
 import attrs
 
-from ..core.wire import CLOSE_RESUME_REFUSED, encode, utf8_len
+from ..core.events import MANAGED_EVENTS, RESUME_REFUSALS, TERMINAL_EVENTS
+from ..core.frames import CloseCode
+from ..core.wire import encode, utf8_len
 
 Event = dict[str, Any]
 
 MiB: Final = 1024 * 1024
-MANAGED_EVENTS: Final = frozenset(
-    {"session.resume", "session.heartbeat", "session.event_ack", "session.close"}
-)
-"""Client events the client sends itself; ``send`` refuses them."""
-TERMINAL_EVENTS: Final = frozenset({"session.closed", "session.expired"})
-RESUME_REFUSALS: Final = frozenset(
-    {"session_resume_expired", "invalid_resume_token", "invalid_session_resume"}
-)
 
 
 # -- errors ----------------------------------------------------------------------------
@@ -535,5 +529,5 @@ def _refusal(event: Event, *, resuming: bool) -> ServerRefused:
     code = code if isinstance(code, str) else None
     message = str(event.get("message", ""))
     if resuming and code in RESUME_REFUSALS:
-        return ResumeRefused(code, message, CLOSE_RESUME_REFUSED)
+        return ResumeRefused(code, message, CloseCode.RESUME_REFUSED)
     return ServerRefused(code, message, retryable=event.get("retryable") is True)

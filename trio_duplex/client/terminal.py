@@ -27,7 +27,7 @@ from typing import Any, TextIO
 import attrs
 import trio
 
-from ..core.wire import DEFAULT_PATH
+from ..core.events import DEFAULT_PATH
 from . import (
     Attached,
     ClientError,

@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
-from .wire import DEFAULT_PATH
+from .events import DEFAULT_PATH
 
 MiB = 1024 * 1024
 

@@ -20,6 +20,7 @@ What a client may send and what it gets for breaking the rules:
 
 from __future__ import annotations
 
+import enum
 from typing import NamedTuple
 
 try:
@@ -27,14 +28,54 @@ try:
 except ImportError:  # pragma: no cover - websockets built without its C extension
     from websockets.utils import apply_mask
 
-CONT, TEXT, BINARY, CLOSE, PING, PONG = 0, 1, 2, 8, 9, 10
 
-NO_STATUS = 1005
-"""The code a close frame without a payload stands for (never sent on the wire)."""
+class Opcode(enum.IntEnum):
+    CONT = 0
+    TEXT = 1
+    BINARY = 2
+    CLOSE = 8
+    PING = 9
+    PONG = 10
+
+
+class CloseCode(enum.IntEnum):
+    """Close codes: RFC 6455's that we use, and the protocol's own (4000-4002)."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    PROTOCOL_ERROR = 1002
+    NO_STATUS = 1005
+    """What a close frame without a payload stands for (never sent on the wire)."""
+    ABNORMAL = 1006
+    """The connection ended without a close frame (never sent on the wire)."""
+    INVALID_DATA = 1007
+    POLICY_VIOLATION = 1008
+    TOO_BIG = 1009
+    INTERNAL_ERROR = 1011
+    TRY_AGAIN_LATER = 1013
+    REPLACED = 4000
+    """Another connection resumed the session (``session.replaced``)."""
+    RESUME_REFUSED = 4001
+    CONFIG_TIMEOUT = 4002
+
+
+# The parser compares opcodes per frame: module constants spare an enum attribute lookup.
+_CONT, _TEXT, _BINARY, _CLOSE, _PING, _PONG = (
+    Opcode.CONT,
+    Opcode.TEXT,
+    Opcode.BINARY,
+    Opcode.CLOSE,
+    Opcode.PING,
+    Opcode.PONG,
+)
 
 _WIRE_CLOSE_CODES = frozenset(
     {1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014}
 )
+
+
+BATCH = 64
+"""The most frames one write carries (the connection's pump, a resume's replay)."""
 
 
 class FrameError(Exception):
@@ -124,29 +165,40 @@ class FrameReader:
             b0 = buf[pos]
             b1 = buf[pos + 1]
             if not b1 & 0x80:
-                raise FrameError(1002, "a client's frames must be masked")
+                raise FrameError(CloseCode.PROTOCOL_ERROR, "a client's frames must be masked")
             if b0 & 0x70:
-                raise FrameError(1002, "reserved bits set, and no extension was negotiated")
+                raise FrameError(
+                    CloseCode.PROTOCOL_ERROR, "reserved bits set, and no extension was negotiated"
+                )
             opcode = b0 & 0x0F
             fin = b0 & 0x80
             length = b1 & 0x7F
             head = pos + 2
-            if opcode >= CLOSE:
-                if opcode > PONG:
-                    raise FrameError(1002, f"unknown opcode {opcode}")
+            if opcode >= _CLOSE:
+                if opcode > _PONG:
+                    raise FrameError(CloseCode.PROTOCOL_ERROR, f"unknown opcode {opcode}")
                 if not fin:
-                    raise FrameError(1002, "control frames cannot be fragmented")
+                    raise FrameError(
+                        CloseCode.PROTOCOL_ERROR, "control frames cannot be fragmented"
+                    )
                 if length > 125:
-                    raise FrameError(1002, "control frames carry at most 125 bytes")
-            elif opcode > BINARY:
-                raise FrameError(1002, f"unknown opcode {opcode}")
+                    raise FrameError(
+                        CloseCode.PROTOCOL_ERROR, "control frames carry at most 125 bytes"
+                    )
+            elif opcode > _BINARY:
+                raise FrameError(CloseCode.PROTOCOL_ERROR, f"unknown opcode {opcode}")
             else:
                 # Out-of-order fragments are refused from the header, like the size.
-                if opcode == CONT:
+                if opcode == _CONT:
                     if self._parts is None:
-                        raise FrameError(1002, "a continuation frame with no message to continue")
+                        raise FrameError(
+                            CloseCode.PROTOCOL_ERROR,
+                            "a continuation frame with no message to continue",
+                        )
                 elif self._parts is not None:
-                    raise FrameError(1002, "a new message began before the last one ended")
+                    raise FrameError(
+                        CloseCode.PROTOCOL_ERROR, "a new message began before the last one ended"
+                    )
                 if length == 126:
                     if n - head < 2:
                         self._need = 4
@@ -160,24 +212,28 @@ class FrameReader:
                     length = int.from_bytes(buf[head : head + 8], "big")
                     head += 8
                     if length >> 63:
-                        raise FrameError(1002, "a frame length must be below 2**63")
-                so_far = self._parts_size if opcode == CONT else 0
+                        raise FrameError(
+                            CloseCode.PROTOCOL_ERROR, "a frame length must be below 2**63"
+                        )
+                so_far = self._parts_size if opcode == _CONT else 0
                 if so_far + length > self._max:
-                    raise FrameError(1009, f"a message may hold at most {self._max} bytes")
+                    raise FrameError(
+                        CloseCode.TOO_BIG, f"a message may hold at most {self._max} bytes"
+                    )
             end = head + 4 + length
             if end > n:
                 self._need = end - pos
                 return pos
             payload = apply_mask(buf[head + 4 : end], buf[head : head + 4]) if length else b""
             pos = end
-            if opcode == TEXT or opcode == BINARY:
+            if opcode == _TEXT or opcode == _BINARY:
                 if fin:
-                    out.append(_message(payload, opcode == TEXT))
+                    out.append(_message(payload, opcode == _TEXT))
                 else:
                     self._parts = [payload]
                     self._parts_size = length
-                    self._parts_text = opcode == TEXT
-            elif opcode == CONT:
+                    self._parts_text = opcode == _TEXT
+            elif opcode == _CONT:
                 parts = self._parts
                 assert parts is not None  # checked at the header
                 parts.append(payload)
@@ -186,7 +242,7 @@ class FrameReader:
                     self._parts = None
                     self._parts_size = 0
                     out.append(_message(b"".join(parts), self._parts_text))
-            elif opcode == CLOSE:
+            elif opcode == _CLOSE:
                 out.append(parse_close(payload))
                 self._done = True
                 return pos
@@ -200,27 +256,31 @@ def _message(payload: bytes, text: bool) -> str | bytes:
     try:
         return payload.decode()
     except UnicodeDecodeError:
-        raise FrameError(1007, "a text message must be UTF-8") from None
+        raise FrameError(CloseCode.INVALID_DATA, "a text message must be UTF-8") from None
 
 
 def parse_close(payload: bytes) -> Close:
     if not payload:
-        return Close(NO_STATUS, "")
+        return Close(CloseCode.NO_STATUS, "")
     if len(payload) == 1:
-        raise FrameError(1002, "a close frame's payload is empty or at least 2 bytes")
+        raise FrameError(
+            CloseCode.PROTOCOL_ERROR, "a close frame's payload is empty or at least 2 bytes"
+        )
     code = int.from_bytes(payload[:2], "big")
     if code not in _WIRE_CLOSE_CODES and not 3000 <= code <= 4999:
-        raise FrameError(1002, f"close code {code} cannot be sent in a close frame")
+        raise FrameError(
+            CloseCode.PROTOCOL_ERROR, f"close code {code} cannot be sent in a close frame"
+        )
     try:
         reason = payload[2:].decode()
     except UnicodeDecodeError:
-        raise FrameError(1007, "a close reason must be UTF-8") from None
+        raise FrameError(CloseCode.INVALID_DATA, "a close reason must be UTF-8") from None
     return Close(code, reason)
 
 
 # -- what the server sends (unmasked) ----------------------------------------------------
 
-_TEXT_HEADS = [bytes((0x80 | TEXT, n)) for n in range(126)]
+_TEXT_HEADS = [bytes((0x80 | _TEXT, n)) for n in range(126)]
 
 
 def text_frame(text: str) -> bytes:
@@ -240,10 +300,10 @@ def control_frame(opcode: int, payload: bytes) -> bytes:
     return bytes((0x80 | opcode, len(payload))) + payload
 
 
-def close_frame(code: int = NO_STATUS, reason: str = "") -> bytes:
-    """A close frame; ``NO_STATUS`` gives one without a payload. A reason is cut to fit
+def close_frame(code: int = CloseCode.NO_STATUS, reason: str = "") -> bytes:
+    """A close frame; ``CloseCode.NO_STATUS`` gives one without a payload. A reason is cut to fit
     125 bytes (at a character boundary)."""
-    if code == NO_STATUS:
-        return control_frame(CLOSE, b"")
+    if code == CloseCode.NO_STATUS:
+        return control_frame(_CLOSE, b"")
     data = reason.encode()[:123].decode(errors="ignore").encode()
-    return control_frame(CLOSE, code.to_bytes(2, "big") + data)
+    return control_frame(_CLOSE, code.to_bytes(2, "big") + data)

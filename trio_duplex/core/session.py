@@ -28,26 +28,13 @@ from typing import Any, NamedTuple
 
 import attrs
 
+from . import events
 from .config import ServerConfig
 from .credentials import Credentials
-from .journal import Entry, Journal
-from .wire import (
-    CLOSE_GOING_AWAY,
-    CLOSE_INTERNAL_ERROR,
-    CLOSE_NORMAL,
-    CLOSE_RESUME_REFUSED,
-    CLOSE_TRY_AGAIN_LATER,
-    EXPIRY_REASONS,
-    REASON_ENGINE_ERROR,
-    REASON_GRACE_EXPIRED,
-    REASON_IDLE_EXPIRED,
-    REASON_SHUTDOWN,
-    REASON_UNDELIVERED,
-    ProtocolError,
-    encode,
-    is_seq,
-    utf8_len,
-)
+from .events import ErrorCode, Event, Reason
+from .frames import CloseCode
+from .journal import Journal
+from .wire import ProtocolError, encode, is_seq, utf8_len
 
 
 class State(enum.Enum):
@@ -101,8 +88,7 @@ class Emitted(NamedTuple):  # per event: a tuple is several times cheaper to bui
 
 
 def resync_frame(reason: str, dropped_through: int) -> str:
-    event = {"type": "session.resync_required", "reason": reason}
-    return encode({**event, "dropped_through_seq": dropped_through})
+    return encode(events.resync_required(reason, dropped_through))
 
 
 @attrs.define(eq=False, repr=False)
@@ -140,7 +126,7 @@ class Session:
         """The send of ``session.created`` failed, or its connection was gone first."""
         if self.state is not State.OPENING:
             return None
-        return self.begin_close(REASON_UNDELIVERED, now)
+        return self.begin_close(Reason.UNDELIVERED, now)
 
     # -- attachment --------------------------------------------------------------------
 
@@ -169,18 +155,18 @@ class Session:
 
     def begin_resume(self, token: object, last_seq: int, now: float) -> ResumeAttempt:
         if self.state not in (State.ATTACHED, State.DETACHED) or self._due(now):
-            raise _refused("session_resume_expired", "the session has ended or expired")
+            raise _refused(ErrorCode.SESSION_RESUME_EXPIRED, "the session has ended or expired")
         if not self.credentials.check(token):
-            raise _refused("invalid_resume_token", "the resume token is not valid")
+            raise _refused(ErrorCode.INVALID_RESUME_TOKEN, "the resume token is not valid")
         if self.resume is not None:
             raise ProtocolError(
-                "session_resume_conflict",
+                ErrorCode.SESSION_RESUME_CONFLICT,
                 "another resume of this session is in progress",
-                close_code=CLOSE_RESUME_REFUSED,
+                close_code=CloseCode.RESUME_REFUSED,
             )
         if last_seq > self.journal.head:
             raise _refused(
-                "invalid_session_resume",
+                ErrorCode.INVALID_SESSION_RESUME,
                 f"last_received_server_event_seq {last_seq} is past the newest seq "
                 f"{self.journal.head}",
                 param="last_received_server_event_seq",
@@ -191,19 +177,10 @@ class Session:
         self.resume = attempt
         return attempt
 
-    def resumed_event(self, attempt: ResumeAttempt) -> dict[str, Any]:
-        return {
-            "type": "session.resumed",
-            "session_id": self.id,
-            "session": self.config,
-            "resume_token": attempt.new_token,
-            "attachment_generation": attempt.generation,
-            "last_received_client_event_seq": self.client_seq,
-        }
-
-    def replay(self, after: int, now: float) -> list[Entry] | None:
-        """Journal entries after ``after`` (None: a gap; the caller sends a notice)."""
-        return self.journal.replay(after, now)
+    def resumed_event(self, attempt: ResumeAttempt) -> Event:
+        return events.resumed(
+            self.id, self.config, attempt.new_token, attempt.generation, self.client_seq
+        )
 
     def commit_resume(self, attempt: ResumeAttempt, now: float) -> Commit | None:
         """Move the session to the resuming connection. None: the session ended meanwhile."""
@@ -242,7 +219,7 @@ class Session:
     def ack(self, seq: object) -> None:
         if not is_seq(seq) or seq > self.journal.head:  # type: ignore[operator]
             raise ProtocolError(
-                "invalid_event_ack",
+                ErrorCode.INVALID_EVENT_ACK,
                 f"server_event_seq must be an integer from 0 to {self.journal.head}",
                 param="server_event_seq",
             )
@@ -257,26 +234,23 @@ class Session:
 
     # -- ending ------------------------------------------------------------------------
 
-    def begin_close(self, reason: str, now: float) -> Terminal | None:
+    def begin_close(self, reason: Reason, now: float) -> Terminal | None:
         """Decide the session's end. Returns the terminal event to the first caller only."""
         del now  # part of the signature so every transition reads the same
         if self.state not in LIVE_STATES:
             return None
-        kind = "session.expired" if reason in EXPIRY_REASONS else "session.closed"
-        if reason == REASON_ENGINE_ERROR:
-            code = CLOSE_INTERNAL_ERROR
-        elif reason == REASON_SHUTDOWN:
-            code = CLOSE_GOING_AWAY
+        if reason == Reason.ENGINE_ERROR:
+            code = CloseCode.INTERNAL_ERROR
+        elif reason == Reason.SHUTDOWN:
+            code = CloseCode.GOING_AWAY
         else:
-            code = CLOSE_NORMAL
+            code = CloseCode.NORMAL
         # An OPENING session's terminal goes to the connection carrying session.created,
         # should that send complete.
         attached = self.generation if self.state in (State.ATTACHED, State.OPENING) else None
         self.state = State.CLOSING
         self.grace_deadline = self.idle_deadline = math.inf
-        self.terminal = Terminal(
-            {"type": kind, "session_id": self.id, "reason": reason}, code, attached
-        )
+        self.terminal = Terminal(events.ended(self.id, reason), code, attached)
         return self.terminal
 
     def poll(self, now: float) -> Terminal | None:
@@ -284,9 +258,9 @@ class Session:
         if self.resume is not None:
             return None  # a resume in progress holds the timers; abort_resume polls again
         if self.state is State.DETACHED and now >= self.grace_deadline:
-            return self.begin_close(REASON_GRACE_EXPIRED, now)
+            return self.begin_close(Reason.GRACE_EXPIRED, now)
         if self.state is State.ATTACHED and now >= self.idle_deadline:
-            return self.begin_close(REASON_IDLE_EXPIRED, now)
+            return self.begin_close(Reason.IDLE_EXPIRED, now)
         return None
 
     def next_deadline(self) -> float:
@@ -303,7 +277,7 @@ class Session:
 
 
 def _refused(code: str, message: str, param: str | None = None) -> ProtocolError:
-    return ProtocolError(code, message, param=param, close_code=CLOSE_RESUME_REFUSED)
+    return ProtocolError(code, message, param=param, close_code=CloseCode.RESUME_REFUSED)
 
 
 @attrs.define(eq=False)
@@ -319,13 +293,15 @@ class Registry:
         """Take a slot and create an OPENING session. Returns it and its first token."""
         if self.shutting_down:
             raise ProtocolError(
-                "server_shutting_down", "the server is shutting down", close_code=CLOSE_GOING_AWAY
+                ErrorCode.SERVER_SHUTTING_DOWN,
+                "the server is shutting down",
+                close_code=CloseCode.GOING_AWAY,
             )
         if self.slots_held >= self.config.max_sessions:
             raise ProtocolError(
-                "resource_exhausted",
+                ErrorCode.RESOURCE_EXHAUSTED,
                 f"all {self.config.max_sessions} session slots are in use",
-                close_code=CLOSE_TRY_AGAIN_LATER,
+                close_code=CloseCode.TRY_AGAIN_LATER,
             )
         self.slots_held += 1
         credentials, token = Credentials.issue()
@@ -339,15 +315,10 @@ class Registry:
         self.sessions[session.id] = session
         return session, token
 
-    def created_event(self, session: Session, token: str) -> dict[str, Any]:
-        return {
-            "type": "session.created",
-            "session_id": session.id,
-            "session": session.config,
-            "resume_token": token,
-            "attachment_generation": session.generation,
-            "limits": self.config.limits(),
-        }
+    def created_event(self, session: Session, token: str) -> Event:
+        return events.created(
+            session.id, session.config, token, session.generation, self.config.limits()
+        )
 
     def release(self, session: Session) -> bool:
         """Teardown finished: free the slot. Only a CLOSING session can be released."""
@@ -361,9 +332,11 @@ class Registry:
     def lookup_for_resume(self, session_id: object) -> Session:
         if self.shutting_down:
             raise ProtocolError(
-                "server_shutting_down", "the server is shutting down", close_code=CLOSE_GOING_AWAY
+                ErrorCode.SERVER_SHUTTING_DOWN,
+                "the server is shutting down",
+                close_code=CloseCode.GOING_AWAY,
             )
         session = self.sessions.get(session_id) if isinstance(session_id, str) else None
         if session is None:
-            raise _refused("session_resume_expired", "no such session, or it has ended")
+            raise _refused(ErrorCode.SESSION_RESUME_EXPIRED, "no such session, or it has ended")
         return session

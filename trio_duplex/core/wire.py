@@ -1,4 +1,4 @@
-"""Wire format of protocol v1: event names, error and close codes, JSON framing.
+"""Wire format of protocol v1: JSON text to events and back, and the typed protocol error.
 
 Everything here is pure: text in, dicts out, dicts in, text out. The typed errors carry
 the code the peer must be answered with, so the layers above never invent one.
@@ -10,53 +10,12 @@ import json
 import json.scanner
 import re
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 import attrs
 
-PROTOCOL_VERSION: Final = 1
-DEFAULT_PATH: Final = "/v1/duplex"
-
-# Close codes (PROTOCOL.md, "Close codes").
-CLOSE_NORMAL: Final = 1000
-CLOSE_GOING_AWAY: Final = 1001
-CLOSE_NOT_AUTHORISED: Final = 1008
-CLOSE_TOO_BIG: Final = 1009
-CLOSE_INTERNAL_ERROR: Final = 1011
-CLOSE_TRY_AGAIN_LATER: Final = 1013
-CLOSE_REPLACED: Final = 4000
-CLOSE_RESUME_REFUSED: Final = 4001
-CLOSE_CONFIG_TIMEOUT: Final = 4002
-
-# Terminal reasons.
-REASON_CLIENT_CLOSE: Final = "client_close"
-REASON_ENGINE_FINISHED: Final = "engine_finished"
-REASON_ENGINE_ERROR: Final = "engine_error"
-REASON_UNDELIVERED: Final = "session_created_undelivered"
-REASON_SHUTDOWN: Final = "server_shutdown"
-REASON_GRACE_EXPIRED: Final = "disconnect_grace_expired"
-REASON_IDLE_EXPIRED: Final = "idle_ttl_expired"
-EXPIRY_REASONS: Final = frozenset({REASON_GRACE_EXPIRED, REASON_IDLE_EXPIRED})
-
-# Error codes that may be retried by sending the same request later.
-RETRYABLE_CODES: Final = frozenset(
-    {"resource_exhausted", "input_backpressure", "session_resume_conflict", "server_shutting_down"}
-)
-
-# Server events that are never journaled and never carry server_event_seq.
-CONTROL_EVENTS: Final = frozenset(
-    {
-        "session.created",
-        "session.resumed",
-        "session.replaced",
-        "session.resync_required",
-        "session.heartbeat_ack",
-        "session.going_away",
-        "session.closed",
-        "session.expired",
-        "error",
-    }
-)
+from . import events
+from .events import RETRYABLE_CODES, ErrorCode
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -148,26 +107,10 @@ class ProtocolError(Exception):
         event_id = self.event_id or (cause or {}).get("event_id")
         if not isinstance(event_id, str):
             event_id = None
-        return error_event(self.code, self.message, event_id=event_id, param=self.param)
+        return events.error(self.code, self.message, event_id=event_id, param=self.param)
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
-
-
-def error_event(
-    code: str, message: str, *, event_id: str | None = None, param: str | None = None
-) -> dict[str, Any]:
-    event: dict[str, Any] = {
-        "type": "error",
-        "code": code,
-        "message": message,
-        "retryable": code in RETRYABLE_CODES,
-    }
-    if event_id is not None:
-        event["event_id"] = event_id
-    if param is not None:
-        event["param"] = param
-    return event
 
 
 def decode(text: str | bytes) -> dict[str, Any]:
@@ -177,23 +120,26 @@ def decode(text: str | bytes) -> dict[str, Any]:
     ProtocolError(invalid_json) for text that is not JSON.
     """
     if not isinstance(text, str):
-        raise ProtocolError("bad_event", "binary frames are not accepted; send JSON text")
+        raise ProtocolError(ErrorCode.BAD_EVENT, "binary frames are not accepted; send JSON text")
     try:
         event = _loads(text)
     except (ValueError, RecursionError):
-        raise ProtocolError("invalid_json", "frame is not valid JSON") from None
+        raise ProtocolError(ErrorCode.INVALID_JSON, "frame is not valid JSON") from None
     if not isinstance(event, dict):
-        raise ProtocolError("bad_event", "an event must be a JSON object")
+        raise ProtocolError(ErrorCode.BAD_EVENT, "an event must be a JSON object")
     # Valid UTF-8 on the wire can still decode to a lone surrogate through a \u escape;
     # echoing such a string could never be encoded, so refuse it here (cheap test first).
     if ("\\ud" in text or "\\uD" in text) and _has_lone_surrogate(event):
-        raise ProtocolError("bad_event", "strings must not hold lone UTF-16 surrogates")
+        raise ProtocolError(ErrorCode.BAD_EVENT, "strings must not hold lone UTF-16 surrogates")
     event_id = event.get("event_id")
     if event_id is not None and not isinstance(event_id, str):
-        raise ProtocolError("bad_event", "event_id must be a string", param="event_id")
+        raise ProtocolError(ErrorCode.BAD_EVENT, "event_id must be a string", param="event_id")
     if not isinstance(event.get("type"), str):
         raise ProtocolError(
-            "bad_event", "an event needs a string field 'type'", event_id=event_id, param="type"
+            ErrorCode.BAD_EVENT,
+            "an event needs a string field 'type'",
+            event_id=event_id,
+            param="type",
         )
     return event
 

@@ -32,7 +32,10 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from ..core.wire import CONTROL_EVENTS, ProtocolError
+from .._pace import Pace
+from ..core import events
+from ..core.events import CONTROL_EVENTS, ErrorCode, EventType
+from ..core.wire import ProtocolError
 
 Event = dict[str, Any]
 
@@ -41,7 +44,7 @@ class BadEvent(ProtocolError):
     """Raised by ``Engine.check`` for an event whose fields are malformed."""
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__("bad_event", message, param=param)
+        super().__init__(ErrorCode.BAD_EVENT, message, param=param)
 
 
 class Engine:
@@ -69,18 +72,12 @@ BUILTIN = {
 """Built-in engines, by the name that ``--engine`` takes."""
 """Called with the session's initial configuration; returns that session's engine."""
 
-YIELD_EVERY = 16
-"""Per-event paths that can go on without waiting (an engine's send and receive, the
-reader serving messages from one read) check for cancellation every time but give the
-scheduler a round only every YIELD_EVERY-th time: a round per event was a task switch
-per event, and no task can starve the others for longer than this many events."""
-
 
 class Inbox:
     """Client events queued for an engine: bounded, with one receiver.
 
     What ``trio.open_memory_channel`` gives, for one consumer, at half the memory; and
-    the runner can see how many events are waiting (see ``SessionRunner._emit``).
+    the runner can see how many events are waiting (see ``SessionRunner.emit``).
     """
 
     __slots__ = ("_bound", "_closed", "_events", "_waiter")
@@ -143,7 +140,7 @@ class EngineSession:
     config: dict[str, Any]
     _inbox: Inbox
     _emit: Callable[[Event], Awaitable[None]]
-    _unyielded: int = 0
+    _pace: Pace = attrs.field(factory=Pace)
 
     async def send(self, event: Event) -> None:
         kind = event.get("type")
@@ -154,24 +151,17 @@ class EngineSession:
     async def receive(self) -> Event:
         """The next client event. ``session.update`` is answered here, not returned."""
         while True:
-            # Events already queued are taken in a burst (see YIELD_EVERY).
-            await trio.lowlevel.checkpoint_if_cancelled()
+            # Events already queued are taken in a burst (see Pace).
+            await self._pace.step()
             try:
                 event = self._inbox.get_nowait()
             except trio.WouldBlock:
-                self._unyielded = 0
+                self._pace.reset()
                 event = await self._inbox.get()
-            else:
-                self._unyielded += 1
-                if self._unyielded >= YIELD_EVERY:
-                    self._unyielded = 0
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-            if event["type"] != "session.update":
+            if event["type"] != EventType.UPDATE:
                 return event
             self.config.update(event["session"])
-            await self.send(
-                {"type": "session.updated", "session_id": self.session_id, "session": self.config}
-            )
+            await self.send(events.updated(self.session_id, self.config))
 
     def __aiter__(self) -> EngineSession:
         return self

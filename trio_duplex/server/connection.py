@@ -1,13 +1,19 @@
-"""One WebSocket connection: its outbox, the pump that drains it, and its keepalive.
+"""One WebSocket connection: its lifetime, its outbox, the pump that drains it, and its
+keepalive.
 
-Everything the server says to a client goes through ``Connection.push``, which never
-awaits, so the session core can answer from synchronous code. When nothing is queued
-and no write is in progress, push writes the frame at once with a non-blocking write on
-the socket (no task switch; nothing to cancel half-way). Otherwise the frame joins the
-outbox, and a single pump task (started with the connection's first queued frame) sends
-the outbox in order, in batched writes. A send that fails or is cancelled ends the
-connection (half a frame may have been written): the pump raises and the connection's
-nursery is cancelled.
+``Connection.open`` is the connection's whole life in one ``async with``: the block's
+body is the reader (the task that opened it), and the connection's nursery holds its
+other tasks: the pump (started by the first frame that has to wait) and a ping waiting
+for its pong. Leaving the block cancels them, stops the keepalive, and closes the
+WebSocket with a bounded close.
+
+Everything the server says to a client goes through ``push`` or ``finish``, which never
+await, so the session core can answer from synchronous code. When nothing is queued and
+no write is in progress, ``push`` writes the frame at once (``WebSocket.write_now``: no
+task switch, nothing to cancel half-way). Otherwise the frame joins the outbox, and the
+pump sends the outbox in order, in batched writes. A send that fails or is cancelled
+ends the connection (half a frame may have been written): the pump's end cancels the
+connection.
 """
 
 from __future__ import annotations
@@ -15,33 +21,86 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Protocol
 
 import attrs
 import trio
 
+from ..core.frames import BATCH, CloseCode
 from .timers import Timers
 from .websocket import ConnectionClosed, WebSocket
 
 log = logging.getLogger("trio_duplex")
 
-BATCH = 64
+
+class FinishWatcher(Protocol):
+    def terminal_queued(self, conn: Connection, frames: list[str]) -> None: ...
 
 
 @attrs.define(eq=False)
 class Connection:
     ws: WebSocket
     high_water: int
+    """Frames queued before an engine's ``send`` waits (see ``congested``)."""
     generation: int = 0
     """The attachment generation this connection holds (0: none)."""
     close_code: int | None = None
     """Set once the connection must close after its outbox is sent."""
-    scope: trio.CancelScope | None = None
-    nursery: trio.Nursery | None = None
-    """The connection's nursery while it is open: the pump runs in it."""
     outbox: deque[str] = attrs.field(factory=deque)
+    watchers: Sequence[FinishWatcher] = ()
+    """Told of every ``finish`` (the server's observers)."""
+    _nursery: trio.Nursery | None = None
+    """Open while the connection is: the pump and pings run in it."""
     _pumping: bool = False
     _wake: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _drained: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _keepalive: Keepalive | None = None
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        ws: WebSocket,
+        high_water: int,
+        *,
+        close_timeout: float,
+        watchers: Sequence[FinishWatcher] = (),
+    ) -> AsyncIterator[Connection]:
+        """The connection's lifetime. The body reads; once it has nothing more to read
+        for, it ends with ``await conn.send_rest()``. On the way out the pump and any
+        ping are cancelled and the WebSocket is closed within ``close_timeout``: with
+        ``close_code`` if one was set, 1011 after an error of ours, else 1001."""
+        conn = cls(ws, high_water, watchers=watchers)
+        close_code: int = CloseCode.GOING_AWAY
+        try:
+            async with trio.open_nursery() as conn._nursery:
+                try:
+                    yield conn
+                finally:
+                    conn._nursery = None  # ending: nothing more starts in it
+        except BaseException as exc:
+            if not _only_cancelled(exc):
+                close_code = CloseCode.INTERNAL_ERROR
+            raise
+        finally:
+            conn._nursery = None
+            if conn._keepalive is not None:
+                conn._keepalive.stop()
+            if conn.close_code is not None:
+                close_code = conn.close_code
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + close_timeout):
+                try:
+                    await ws.aclose(close_code)
+                except Exception:  # the peer may already be gone; nothing left to save
+                    pass
+
+    def start_keepalive(self, timers: Timers, interval: float, patience: float) -> None:
+        """Ping every ``interval``; no pong within ``patience`` ends the connection."""
+        assert self._keepalive is None
+        self._keepalive = Keepalive(self, timers, interval, patience)
+        self._keepalive.start()
 
     def push(self, frame: str, *, coalesce: bool = False) -> None:
         """Send ``frame`` after those pushed before.
@@ -51,18 +110,21 @@ class Connection:
         socket took only part of) the pump sends it, with whatever else queued up by
         then, in one write. ``coalesce`` says more frames follow at once.
         """
-        if self.close_code is None:
-            ws = self.ws
-            if coalesce or self.outbox or not ws.send_now(frame) or ws.broken:
-                # (On a broken socket the pump's first write raises and ends the
-                # connection, even if its reader has not noticed yet.)
-                self.outbox.append(frame)
-            elif not ws.unsent:
+        if self.close_code is not None:
+            return
+        ws = self.ws
+        if coalesce or self.outbox or not ws.can_write_now():
+            self.outbox.append(frame)
+        else:
+            ws.write_now(frame)
+            if not ws.unsent and not ws.broken:
                 return
-            if self._wake:
-                self._wake.unpark()
-            else:
-                self.start_pump()
+            # A tail to finish, or a broken socket: the pump's write finishes the frame,
+            # or raises and ends the connection even if its reader has not noticed yet.
+        if self._wake:
+            self._wake.unpark()
+        else:
+            self.start_pump()
 
     def finish(self, frames: list[str], close_code: int, *, flush: bool = True) -> None:
         """Send ``frames`` after (or, without ``flush``, instead of) what is queued, then
@@ -73,30 +135,45 @@ class Connection:
             self.outbox.clear()
         self.outbox.extend(frames)
         self.close_code = close_code
+        for watcher in self.watchers:
+            watcher.terminal_queued(self, frames)
         self._wake.unpark_all()
         self._drained.unpark_all()
         self.start_pump()
 
-    def start_pump(self) -> None:
-        """Start the pump, unless it runs or the connection's nursery is gone.
+    async def send_rest(self) -> None:
+        """Send what is queued, and what ``finish`` adds (a resumer may still be owed a
+        terminal event), then end the connection: never returns, the pump's end
+        cancels the connection."""
+        self.start_pump()
+        await trio.sleep_forever()
 
-        It starts with the first frame, not with the connection: a connection that has
-        said nothing since its handshake (an idle session) holds no pump task."""
-        nursery = self.nursery
+    def start_pump(self) -> None:
+        """Start the pump, unless it runs or the connection has ended.
+
+        It starts with the first frame that has to wait, not with the connection: a
+        connection that has said nothing since its handshake (an idle session) holds no
+        pump task."""
+        nursery = self._nursery
         if nursery is not None and not self._pumping:
             self._pumping = True
-            nursery.start_soon(self._pump_then_end, nursery.cancel_scope)
-
-    async def _pump_then_end(self, connection_scope: trio.CancelScope) -> None:
-        try:
-            await self.pump()
-        finally:
-            connection_scope.cancel()  # however the pump ends, so does the connection
+            nursery.start_soon(self._pump_then_end)
 
     def abort_after(self, seconds: float) -> None:
         """Give the pump ``seconds`` to finish, then cut the connection regardless."""
-        if self.scope is not None:
-            self.scope.deadline = min(self.scope.deadline, trio.current_time() + seconds)
+        if self._nursery is not None:
+            scope = self._nursery.cancel_scope
+            scope.deadline = min(scope.deadline, trio.current_time() + seconds)
+
+    @property
+    def cancel_scope(self) -> trio.CancelScope | None:
+        """The connection's scope while it is open: cancelling it cuts the connection."""
+        return None if self._nursery is None else self._nursery.cancel_scope
+
+    def lost(self) -> None:
+        """The peer is gone (no pong): end the connection now."""
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
 
     @property
     def congested(self) -> bool:
@@ -108,7 +185,13 @@ class Connection:
     def release_waiters(self) -> None:
         self._drained.unpark_all()
 
-    async def pump(self) -> None:
+    async def _pump_then_end(self) -> None:
+        try:
+            await self._pump()
+        finally:
+            self.lost()  # however the pump ends, so does the connection
+
+    async def _pump(self) -> None:
         """Send the outbox in order; return once closing and empty.
 
         Frames that queued up while the previous write was in flight go out together in
@@ -125,25 +208,30 @@ class Connection:
                     await ws.send_many([outbox.popleft() for _ in range(count)])
                 if self._drained and len(outbox) <= low_water:
                     self._drained.unpark_all()
-            elif ws.unsent:
-                await ws.flush()
+            elif ws.unsent or ws.broken:
+                await ws.flush()  # finishes a direct write's tail, or raises
             elif self.close_code is not None:
                 return
             else:
                 await self._wake.park()
+
+    def _start_ping(self, keepalive: Keepalive) -> bool:
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(keepalive.ping)
+        return True
 
 
 @attrs.define(eq=False)
 class Keepalive:
     """Pings one connection every ``interval``; no pong within ``patience`` ends it.
 
-    Driven by the server's timer heap: between pings it holds no task, and each ping
-    runs in a short task of ``nursery`` that lives until its pong.
+    Driven by the server's timer heap: between pings it holds no task; each ping runs in
+    a task of the connection's nursery that lives until its pong.
     """
 
     conn: Connection
     timers: Timers
-    nursery: trio.Nursery
     interval: float
     patience: float
     due: float = math.inf
@@ -153,23 +241,34 @@ class Keepalive:
         self.next_ping = trio.current_time() + self.interval
         self.timers.schedule(self)
 
+    def stop(self) -> None:
+        self.timers.forget(self)
+
     def next_deadline(self) -> float:
         return self.next_ping
 
     def fire(self, now: float) -> None:
         self.next_ping = math.inf  # the next one is set when the pong arrives
-        self.nursery.start_soon(self._ping)
+        self.conn._start_ping(self)
 
-    async def _ping(self) -> None:
+    async def ping(self) -> None:
+        conn = self.conn
         with trio.move_on_after(self.patience):
             try:
-                await self.conn.ws.ping()
+                await conn.ws.ping()
             except ConnectionClosed:
-                if self.conn.ws.broken and self.conn.scope is not None:
-                    self.conn.scope.cancel()  # lost: the session detaches now
+                if conn.ws.broken:
+                    conn.lost()  # lost: the session detaches now
                 return
             self.start()
             return
-        log.info("connection %s: no pong within %ss", self.conn.ws, self.patience)
-        if self.conn.scope is not None:
-            self.conn.scope.cancel()  # the connection is lost: its session detaches
+        log.info("connection %s: no pong within %ss", conn.ws, self.patience)
+        conn.lost()  # the connection is lost: its session detaches
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    """Did the connection end by cancellation or by the peer, not by our own error?"""
+    benign = (trio.Cancelled, ConnectionClosed, trio.BrokenResourceError)
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(benign)[1] is None
+    return isinstance(exc, benign)

@@ -1,40 +1,54 @@
-"""A session's life in trio: its engine, its timer, and the connection attached to it.
+"""A session's life in trio: its engine task and the connection attached to it.
 
-A ``SessionRunner`` task lives in the server's sessions nursery, not in any connection's,
-so the session and its engine outlive connections. It owns the engine's cancel scope;
-teardown (the engine gone) happens before the slot is released, and the slot is released
-before the terminal event is queued for the attached connection.
+A ``SessionRunner`` task lives in the sessions nursery (``Sessions``), not in any
+connection's, so the session and its engine outlive connections. It owns the engine's
+cancel scope; teardown (the engine gone) happens before the slot is released, and the
+slot is released before the terminal event is queued for the attached connection.
+
+The runner knows its owner only through ``Owner``, a narrow interface: it never imports
+the server or the sessions module.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 import trio
 
+from .._pace import Pace
+from ..core import events
+from ..core.events import SESSION_INPUT, ErrorCode, EventType, Reason
+from ..core.frames import CloseCode
 from ..core.session import Commit, Session, Terminal
-from ..core.wire import (
-    CLOSE_REPLACED,
-    REASON_CLIENT_CLOSE,
-    REASON_ENGINE_ERROR,
-    REASON_ENGINE_FINISHED,
-    REASON_SHUTDOWN,
-    ProtocolError,
-    encode,
-    is_seq,
-)
-from ..engines.api import YIELD_EVERY, Engine, EngineSession, Event, Inbox
+from ..core.wire import ProtocolError, encode, is_seq
+from ..engines.api import Engine, EngineSession, Event, Inbox
 from .connection import Connection
-
-if TYPE_CHECKING:
-    from .server import DuplexServer
 
 log = logging.getLogger("trio_duplex")
 
-_CONTROL_INPUT = frozenset({"session.update", "session.heartbeat", "session.close"})
+
+class Owner(Protocol):
+    """What a runner needs from whoever owns the sessions (``Sessions``)."""
+
+    close_timeout_s: float
+
+    def reschedule(self, runner: SessionRunner) -> None:
+        """The session's next deadline may have moved."""
+
+    def decided(self, runner: SessionRunner, terminal: Terminal) -> None:
+        """The core decided the session's end (report it; the runner tears down)."""
+
+    def ended(self, runner: SessionRunner) -> None:
+        """Teardown finished: free the slot and forget the runner."""
+
+    def attached(self, runner: SessionRunner, conn: Connection) -> None:
+        """``conn`` now carries the session."""
+
+    def going_away_frame(self) -> str | None:
+        """While the server drains: the warning for a newly attached connection."""
 
 
 def check_input(engine: Engine | None, event: Event) -> None:
@@ -42,43 +56,48 @@ def check_input(engine: Engine | None, event: Event) -> None:
 
     ``engine`` may be None only before one exists, for a first ``session.update``."""
     kind = event["type"]
-    if kind == "session.update":
+    if kind == EventType.UPDATE:
         if not isinstance(event.get("session"), dict):
-            raise ProtocolError("bad_event", "session must be an object", param="session")
-    elif kind == "session.event_ack" or kind in _CONTROL_INPUT:
+            raise ProtocolError(ErrorCode.BAD_EVENT, "session must be an object", param="session")
+    elif kind == EventType.EVENT_ACK or kind in SESSION_INPUT:
         return
-    elif kind == "session.resume":
+    elif kind == EventType.RESUME:
         raise ProtocolError(
-            "unsupported_session_resume",
+            ErrorCode.UNSUPPORTED_SESSION_RESUME,
             "session.resume must be the first message of a new connection",
         )
     elif engine is None or kind not in engine.accepts:
-        raise ProtocolError("unknown_event", f"event type {kind!r} is not accepted", param="type")
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_EVENT, f"event type {kind!r} is not accepted", param="type"
+        )
     else:
         engine.check(event)
     seq = event.get("client_event_seq")
     if seq is not None and not (is_seq(seq) and seq > 0):
         raise ProtocolError(
-            "bad_event", "client_event_seq must be a positive integer", param="client_event_seq"
+            ErrorCode.BAD_EVENT,
+            "client_event_seq must be a positive integer",
+            param="client_event_seq",
         )
 
 
 @attrs.define(eq=False)
 class SessionRunner:
-    server: DuplexServer
+    owner: Owner
     session: Session
     engine: Engine
+    max_pending_input: int
     conn: Connection | None = None
     resumer: Connection | None = None
     """A resuming connection owed the terminal event of a session that ended detached."""
-    _unyielded: int = 0
-    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     due: float = math.inf
-    """When the server's timer will next look at this session (see _timers.py)."""
+    """When the timer heap will next look at this session (see timers.py)."""
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    _pace: Pace = attrs.field(factory=Pace)
     _inbox: Inbox = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._inbox = Inbox(self.server.config.max_pending_input)
+        self._inbox = Inbox(self.max_pending_input)
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -90,11 +109,8 @@ class SessionRunner:
         finally:
             self._inbox.close()
             if session.terminal is None:  # the server itself was cancelled
-                session.begin_close(REASON_SHUTDOWN, trio.current_time())
-            self.server.registry.release(session)
-            self.server.runners.pop(session.id, None)
-            self.server.timers.forget(self)
-            self.server.changed()
+                self.end(Reason.SHUTDOWN)
+            self.owner.ended(self)
             terminal = session.terminal
             assert terminal is not None
             if terminal.generation is None:  # ended detached: only a resumer can hear it
@@ -108,72 +124,60 @@ class SessionRunner:
             log.info("session %s ended: %s", session.id, terminal.reason)
 
     async def _run_engine(self) -> None:
-        handle = EngineSession(self.session.id, self.session.config, self._inbox, self._emit)
+        handle = EngineSession(self.session.id, self.session.config, self._inbox, self.emit)
         try:
             await self.engine.run(handle)
         except Exception:
             log.exception("engine of session %s failed", self.session.id)
-            self.end(REASON_ENGINE_ERROR)
+            self.end(Reason.ENGINE_ERROR)
         else:
-            self.end(REASON_ENGINE_FINISHED)
+            self.end(Reason.ENGINE_FINISHED)
 
     def next_deadline(self) -> float:
         return self.session.next_deadline()
 
     def fire(self, now: float) -> None:
-        """The server's timer: a deadline of this session may have passed."""
+        """The timer heap: a deadline of this session may have passed."""
         self.apply(self.session.poll(now))
-        self.reschedule()
-
-    def reschedule(self) -> None:
-        """A deadline may have moved (opened, detached, resume begun or ended)."""
-        self.server.timers.schedule(self)
+        self.owner.reschedule(self)
 
     def apply(self, terminal: Terminal | None) -> None:
         """The core decided the end: tear down (the ``run`` finally does the rest)."""
         if terminal is not None:
+            self.owner.decided(self, terminal)
             self._scope.cancel()
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: Reason) -> None:
         self.apply(self.session.begin_close(reason, trio.current_time()))
 
     # -- attachment --------------------------------------------------------------------
 
     def attach(self, conn: Connection, commit: Commit) -> None:
+        self.owner.attached(self, conn)
         old, self.conn = self.conn, conn
         conn.generation = commit.generation
         if old is not None and old is not conn:
             old.release_waiters()
             if commit.replaced == old.generation:
-                replaced = {
-                    "type": "session.replaced",
-                    "session_id": self.session.id,
-                    "attachment_generation": commit.generation,
-                }
-                old.finish([encode(replaced)], CLOSE_REPLACED, flush=False)
-                old.abort_after(self.server.close_timeout_s)
-        if self.server.registry.shutting_down:  # attached during the drain: warn it too
-            conn.push(self.server.going_away_frame())
+                replaced = events.replaced(self.session.id, commit.generation)
+                old.finish([encode(replaced)], CloseCode.REPLACED, flush=False)
+                old.abort_after(self.owner.close_timeout_s)
+        going_away = self.owner.going_away_frame()
+        if going_away is not None:  # attached during the drain: warn it too
+            conn.push(going_away)
 
     def connection_lost(self, conn: Connection) -> None:
         if self.session.detach(conn.generation, trio.current_time()):
             log.info("session %s detached (generation %d)", self.session.id, conn.generation)
-            self.reschedule()
+            self.owner.reschedule(self)
         if self.conn is conn:
             conn.release_waiters()
 
     # -- the per-event paths -----------------------------------------------------------
 
-    async def _emit(self, event: Event) -> None:
-        # A cancellation point on every send, but a scheduler round only on every
-        # YIELD_EVERY-th one (or when the connection is congested): a full checkpoint
-        # per event cost a task switch per event, and an engine that only sends still
-        # cannot starve the others.
-        await trio.lowlevel.checkpoint_if_cancelled()
-        self._unyielded += 1
-        if self._unyielded >= YIELD_EVERY:
-            self._unyielded = 0
-            await trio.lowlevel.cancel_shielded_checkpoint()
+    async def emit(self, event: Event) -> None:
+        """An engine's ``send``: sequence, journal, and write to the attached connection."""
+        await self._pace.step()
         emitted = self.session.emit(event, trio.current_time())
         conn = self.conn
         if emitted is None or conn is None or not self.session.is_current(conn.generation):
@@ -201,12 +205,12 @@ class SessionRunner:
         try:
             check_input(self.engine, event)
             kind = event["type"]
-            if kind == "session.heartbeat":
-                conn.push(encode({"type": "session.heartbeat_ack", "session_id": session.id}))
-            elif kind == "session.event_ack":
+            if kind == EventType.HEARTBEAT:
+                conn.push(encode(events.heartbeat_ack(session.id)))
+            elif kind == EventType.EVENT_ACK:
                 session.ack(event.get("server_event_seq"))
-            elif kind == "session.close":
-                self.end(REASON_CLIENT_CLOSE)
+            elif kind == EventType.CLOSE:
+                self.end(Reason.CLIENT_CLOSE)
             else:
                 self._to_engine(event)
         except ProtocolError as exc:
@@ -221,7 +225,7 @@ class SessionRunner:
             self._inbox.put_nowait(event)
         except trio.WouldBlock:
             raise ProtocolError(
-                "input_backpressure", "the session's input queue is full; retry later"
+                ErrorCode.INPUT_BACKPRESSURE, "the session's input queue is full; retry later"
             ) from None
         if seq is not None:
             session.note_client_seq(seq)

@@ -11,7 +11,8 @@ goes, so someone must keep calling it while the connection is open (the server's
 does). Writes from several tasks (the pump, a ping, the reader's pong) take turns in
 arrival order; a write that fails or is cancelled may have left half a frame on the
 wire, so it ends the connection: every later write raises ``ConnectionClosed``.
-``send_now`` writes without awaiting at all when the socket is free (see Connection.push).
+``write_now`` writes without awaiting at all when the socket is free (``DirectWrite``;
+see Connection.push).
 
 Closing follows RFC 6455 for a server: after sending a close it reads until the client's
 close, after receiving one it echoes it; then it half-closes the stream (the server ends
@@ -20,6 +21,7 @@ the TCP connection first), and the caller closes it.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import sys
@@ -30,21 +32,20 @@ import trio
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 
+from .._pace import Pace
 from ..core.frames import (
-    PING,
-    PONG,
     Close,
+    CloseCode,
     Control,
     FrameReader,
+    Opcode,
     close_frame,
     control_frame,
     text_frame,
 )
-from ..engines.api import YIELD_EVERY
 
 RECEIVE_SIZE = 65536
 _MAX_REQUEST_BYTES = 16384
-_ABNORMAL = 1006
 
 # websockets logs each handshake at INFO; that is the server's business to say.
 _quiet = logging.getLogger("trio_duplex.websocket")
@@ -60,54 +61,110 @@ class ConnectionClosed(Exception):
         self.reason = reason
 
 
+class State(enum.Enum):
+    """Where a WebSocket is in its life (RFC 6455, server side)."""
+
+    OPEN = "open"
+    """Reading and writing."""
+    READ_ENDED = "read_ended"
+    """The peer ended its half (TCP FIN) without a close frame; we may still write."""
+    CLOSING = "closing"
+    """We sent a close and read on until the peer's close; no more messages go out."""
+    CLOSED = "closed"
+    """Both closes are done (or we closed after a framing error): nothing more either way."""
+    BROKEN = "broken"
+    """A write failed or was cancelled, or the stream broke: nothing more either way."""
+
+
+_READABLE = frozenset({State.OPEN, State.CLOSING})
+_WRITABLE = frozenset({State.OPEN, State.READ_ENDED})
+
+
+class DirectWrite:
+    """Writes a frame from the caller's task with one non-blocking ``os.write``.
+
+    Invariant: ``tail`` holds the part of the last directly written frame that the
+    socket did not take, and while it is non-empty nothing else is written before it:
+    a direct write refuses (``ready`` is False) and every awaited write takes the tail
+    first (``WebSocket._write``). So frames stay whole and in order on the wire.
+    Nothing here awaits, so nothing can be cancelled half-way.
+    """
+
+    __slots__ = ("fd", "tail")
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.tail = b""
+        # os.write on a socket's descriptor is POSIX; elsewhere every frame takes the pump.
+        self.fd = -1
+        if isinstance(stream, trio.SocketStream) and sys.platform != "win32":
+            self.fd = stream.socket.fileno()
+
+    @property
+    def ready(self) -> bool:
+        return self.fd >= 0 and not self.tail
+
+    def write(self, data: bytes) -> bool:
+        """Write ``data``, keeping what the socket did not take in ``tail``. False: the
+        socket is broken (reset, broken pipe)."""
+        try:
+            sent = os.write(self.fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            return False
+        if sent < len(data):
+            self.tail = data[sent:]
+        return True
+
+    def take_tail(self) -> bytes:
+        tail, self.tail = self.tail, b""
+        return tail
+
+
 class WebSocket:
     """One accepted server-side WebSocket. Build it with :func:`accept_websocket`."""
 
     __slots__ = (
-        "_broken",
         "_close",
-        "_close_sent",
-        "_ended",
-        "_fd",
+        "_direct",
         "_messages",
         "_next",
+        "_pace",
         "_pings_sent",
         "_pongs",
         "_reader",
         "_turn",
-        "_unsent",
-        "_unyielded",
         "_writing",
+        "state",
         "stream",
     )
 
     def __init__(self, stream: trio.abc.Stream, max_message_bytes: int) -> None:
         self.stream = stream
+        self.state = State.OPEN
         self._reader = FrameReader(max_message_bytes)
         self._messages: list[str | bytes] = []  # from the last read; served up to _next
         self._next = 0
-        self._unyielded = 0
+        self._pace = Pace()
         self._close: Close | None = None  # the close received, or the one we failed with
-        self._close_sent = False
-        self._ended = False  # nothing more will be read
-        self._broken = False  # nothing more can be written
         self._writing = False
         self._turn = trio.lowlevel.ParkingLot()
-        self._unsent = b""  # the tail of a frame send_now could not write whole
-        self._fd = -1  # os.write on a socket's descriptor is POSIX: else the pump sends
-        if isinstance(stream, trio.SocketStream) and sys.platform != "win32":
-            self._fd = stream.socket.fileno()
+        self._direct = DirectWrite(stream)
         self._pongs: dict[bytes, trio.Event] = {}
         self._pings_sent = 0
 
     def __repr__(self) -> str:
-        state = "closed" if self._broken or self._close_sent or self._ended else "open"
-        return f"<WebSocket {id(self):#x} {state}>"
+        return f"<WebSocket {id(self):#x} {self.state.value}>"
 
     def _closed_error(self) -> ConnectionClosed:
         if self._close is None:
-            return ConnectionClosed(_ABNORMAL, "connection lost")
+            return ConnectionClosed(CloseCode.ABNORMAL, "connection lost")
         return ConnectionClosed(self._close.code, self._close.reason)
+
+    def _set(self, state: State) -> None:
+        self.state = state
+        if state not in _READABLE:
+            self._release_pings()
 
     # -- reading -----------------------------------------------------------------------
 
@@ -115,18 +172,13 @@ class WebSocket:
         """The next message (text as ``str``, binary as ``bytes``); raises
         ``ConnectionClosed`` once the peer has closed or the connection failed."""
         if self._next < len(self._messages):
-            # Several messages came in one read. Serve them with a cancellation point
-            # each but a scheduler round only every YIELD_EVERY-th, so the tasks they
-            # feed run in batches and a fast client cannot starve the others.
-            await trio.lowlevel.checkpoint_if_cancelled()
-            self._unyielded += 1
-            if self._unyielded >= YIELD_EVERY:
-                self._unyielded = 0
-                await trio.lowlevel.cancel_shielded_checkpoint()
+            # Several messages came in one read: serve them at a Pace, so the tasks
+            # they feed run in batches and a fast client cannot starve the others.
+            await self._pace.step()
         while self._next >= len(self._messages):
-            if self._ended:
+            if self.state not in _READABLE:
                 raise self._closed_error()
-            self._unyielded = 0
+            self._pace.reset()
             await self._receive()  # a scheduler round
         message = self._messages[self._next]
         self._next += 1
@@ -139,8 +191,7 @@ class WebSocket:
             self._lost()
             raise self._closed_error() from None
         if not data:  # EOF without a close frame
-            self._ended = True
-            self._release_pings()
+            self._set(State.CLOSED if self.state is State.CLOSING else State.READ_ENDED)
             return
         if self._next >= len(self._messages):
             self._messages, self._next = [], 0
@@ -150,8 +201,9 @@ class WebSocket:
         """Parse ``data``, then send what it calls for: pongs, a close, and once the
         closing handshake is done, the end of our half of the TCP connection."""
         replies = self._absorb(data)
-        if replies or self._ended:
-            await self._write_out(replies, eof=self._ended)
+        done = self.state is State.CLOSED
+        if replies or done:
+            await self._write_out(replies, eof=done)
 
     def _absorb(self, data: bytes | bytearray) -> list[bytes]:
         """Parse ``data``; returns the frames to answer with (pongs, a close)."""
@@ -162,133 +214,119 @@ class WebSocket:
             if isinstance(item, (str, bytes)):
                 messages.append(item)
             elif isinstance(item, Control):
-                if item.opcode == PING:
-                    if not self._close_sent:
-                        replies.append(control_frame(PONG, item.payload))
+                if item.opcode == Opcode.PING:
+                    if self.state is State.OPEN:
+                        replies.append(control_frame(Opcode.PONG, item.payload))
                 else:
                     waiter = self._pongs.pop(item.payload, None)
                     if waiter is not None:
                         waiter.set()
             else:
                 self._close = item
-                if not self._close_sent:
+                if self.state is State.OPEN:
                     replies.append(close_frame(item.code))  # echo it
-                    self._close_sent = True
-                self._ended = True
+                self._set(State.CLOSED)
         error = reader.error
-        if error is not None and not self._ended:
+        if error is not None and self.state in _READABLE:
             self._close = Close(error.code, error.reason)
-            if not self._close_sent:
+            if self.state is State.OPEN:
                 replies.append(close_frame(error.code, error.reason))
-                self._close_sent = True
-            self._ended = True
-        if self._ended:
-            self._release_pings()
+            self._set(State.CLOSED)
         return replies
 
     # -- writing -----------------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._broken or self._close_sent:
+    def _check_writable(self) -> None:
+        if self.state not in _WRITABLE:
             raise self._closed_error()
 
     async def send_message(self, text: str) -> None:
         """Send one text message; returns once its bytes are handed to the stream."""
-        self._check_open()
+        self._check_writable()
         await self._write(text_frame(text))
 
     async def send_many(self, texts: Iterable[str]) -> None:
         """Send several text messages in one write."""
-        self._check_open()
+        self._check_writable()
         await self._write(b"".join([text_frame(text) for text in texts]))
 
-    def send_now(self, text: str) -> bool:
-        """Write one text message at once, from any task, without waiting; False if that
-        is not possible now (not a socket, another write in progress or unfinished,
-        closing): then send it the usual way.
+    def can_write_now(self) -> bool:
+        """Can ``write_now`` write at once: a socket, no write in progress, no tail left,
+        and the connection open for messages?"""
+        return self._direct.ready and not self._writing and self.state in _WRITABLE
 
-        Nothing awaits, so nothing can be cancelled half-way. If the socket takes only
-        part of the frame, the rest is kept and goes out before anything else; ``unsent``
-        is then true and someone must call ``flush``.
-        """
-        if self._fd < 0 or self._writing or self._unsent or self._broken or self._close_sent:
-            return False
-        data = text_frame(text)
-        try:
-            sent = os.write(self._fd, data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:  # reset, broken pipe: the reader will see the end too
-            self._lost()
-            return True
-        if sent < len(data):
-            self._unsent = data[sent:]
-        return True
+    def write_now(self, text: str) -> None:
+        """Write one text message from the caller's task without awaiting; call only
+        when ``can_write_now()``. If the socket takes only part of it, ``unsent`` is
+        true until someone awaits ``flush``; if the socket is broken, ``broken`` is."""
+        if not self._direct.write(text_frame(text)):
+            self._lost()  # reset, broken pipe: the reader will see the end too
 
     @property
     def broken(self) -> bool:
         """A write failed or was cancelled: nothing more can be sent."""
-        return self._broken
+        return self.state is State.BROKEN
 
     @property
     def unsent(self) -> bool:
-        return bool(self._unsent)
+        return bool(self._direct.tail)
 
     async def flush(self) -> None:
-        """Finish writing what ``send_now`` left."""
+        """Finish writing what ``write_now`` left; raises if the connection is broken."""
         await self._write(b"")
 
     async def ping(self) -> None:
         """Send a ping and wait for its pong (which a reader must be there to see)."""
-        self._check_open()
+        self._check_writable()
         self._pings_sent += 1
         payload = self._pings_sent.to_bytes(4, "big")
         waiter = self._pongs[payload] = trio.Event()
-        await self._write(control_frame(PING, payload))
+        await self._write(control_frame(Opcode.PING, payload))
         await waiter.wait()
-        if self._ended:  # woken by the end of the connection, not by a pong
+        if self.state not in _READABLE:  # woken by the end of the connection, not a pong
             raise self._closed_error()
 
     async def aclose(self, code: int, reason: str = "") -> None:
         """Send a close with ``code`` (unless one was sent or received) and read until
         the peer's reply. Bound it with a deadline: a dead peer never replies."""
         try:
-            if not self._close_sent and not self._ended and not self._broken:
-                self._close_sent = True
+            if self.state is State.OPEN:
+                self._set(State.CLOSING)
                 await self._write_out([close_frame(code, reason)], eof=False)
-            while not self._ended and not self._broken:
+            while self.state is State.CLOSING:
                 await self._receive()
                 self._next = len(self._messages)  # closing: what comes now is dropped
         except ConnectionClosed:
             pass
         finally:
-            self._ended = True
-            self._release_pings()
+            if self.state is not State.BROKEN:
+                self._set(State.CLOSED)
 
     async def _write_out(self, frames: list[bytes], *, eof: bool) -> None:
         if frames:
             await self._write(frames[0] if len(frames) == 1 else b"".join(frames))
-        if eof and not self._broken and isinstance(self.stream, trio.abc.HalfCloseableStream):
+        if eof and not self.broken and isinstance(self.stream, trio.abc.HalfCloseableStream):
             await self._write(None)
 
     async def _write(self, data: bytes | None) -> None:
-        """Write ``data`` (None: half-close), after the writes that came first."""
+        """Write ``data`` (None: half-close), after the writes that came first and after
+        a direct write's tail."""
         if self._writing:
             await self._turn.park()  # woken as the writer: _writing stays True
         else:
             self._writing = True
         try:
-            if self._broken:
+            if self.broken:
                 raise self._closed_error()
-            unsent, self._unsent = self._unsent, b""
+            tail = self._direct.take_tail()
             try:
                 if data is None:
                     assert isinstance(self.stream, trio.abc.HalfCloseableStream)
-                    if unsent:
-                        await self.stream.send_all(unsent)
+                    if tail:
+                        await self.stream.send_all(tail)
                     await self.stream.send_eof()
-                elif unsent or data:
-                    await self.stream.send_all(unsent + data if unsent else data)
+                elif tail or data:
+                    await self.stream.send_all(tail + data if tail else data)
             except BaseException:
                 self._lost()  # half a frame may be out: nothing more can go after it
                 raise
@@ -301,8 +339,7 @@ class WebSocket:
                 self._writing = False
 
     def _lost(self) -> None:
-        self._broken = self._ended = True
-        self._release_pings()
+        self._set(State.BROKEN)
 
     def _release_pings(self) -> None:
         if self._pongs:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from .client import SimClient
 from .engine import ScriptedEngine, ScriptedFactory
-from .probe import TERMINAL_TYPES as TERMINAL_TYPES
 from .probe import Probe, TerminalQueued, probing
 from .scheduler import CancelAtStep, all_tasks, settle
 from .simulation import Simulation, resume_event, running_server

@@ -1,7 +1,7 @@
 """``Probe``: what a simulated server decided and queued at the end of its sessions.
 
-``probing`` installs spies on ``Session.begin_close``, ``Connection.finish``,
-``Connection.push`` and ``SessionRunner.attach`` while any probe is active, and a trio
+``probing`` adds a ``Probe`` to the server as an ``Observer`` (the server tells it of
+every terminal decision, every terminal frame queued and every attachment), and a trio
 instrument that checks the server's invariants after every scheduler step.
 """
 
@@ -11,18 +11,16 @@ import json
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import attrs
 import trio
 
+from ..core.events import TERMINAL_EVENTS
 from ..core.session import Session, Terminal
 from ..engines.api import Event
 from ..server.connection import Connection
-from ..server.runner import SessionRunner
 from ..server.server import DuplexServer
-
-TERMINAL_TYPES = frozenset({"session.closed", "session.expired"})
+from ..server.sessions import Observer
 
 
 @attrs.frozen
@@ -38,7 +36,7 @@ class TerminalQueued:
 
 
 @attrs.define(eq=False)
-class Probe:
+class Probe(Observer):
     """What a server decided and sent at the end of its sessions, and invariant checks.
 
     ``decided[id]`` lists the terminal events ``Session.begin_close`` returned for that
@@ -51,7 +49,8 @@ class Probe:
     decided_at: dict[str, float] = attrs.field(factory=dict)
     """When each session's (first) terminal event was decided."""
     queued: list[TerminalQueued] = attrs.field(factory=list)
-    attached: dict[str, list[Connection]] = attrs.field(factory=lambda: defaultdict(list))
+    attached_to: dict[str, list[Connection]] = attrs.field(factory=lambda: defaultdict(list))
+    """Every connection each session was attached to, in order."""
     violations: list[str] = attrs.field(factory=list)
     max_slots_seen: int = 0
 
@@ -66,7 +65,7 @@ class Probe:
 
     def check(self) -> None:
         """The invariants that must hold between any two scheduler steps."""
-        registry = self.server.registry
+        registry = self.server.sessions.registry
         held = registry.slots_held
         self.max_slots_seen = max(self.max_slots_seen, held)
         if held > self.server.config.max_sessions:
@@ -74,7 +73,7 @@ class Probe:
         if held != len(registry.sessions):
             self._violate(f"{held} slots held by {len(registry.sessions)} sessions")
         live = self.server.connections
-        for session_id, conns in self.attached.items():
+        for session_id, conns in self.attached_to.items():
             session = registry.sessions.get(session_id)
             if session is None:
                 continue
@@ -93,22 +92,22 @@ class Probe:
         if len(self.violations) < 20:
             self.violations.append(f"t={trio.current_time():.6f}: {text}")
 
-    # -- fed by the patches below --
+    # -- Observer --------------------------------------------------------------------
 
-    def _on_begin_close(self, session: Session, terminal: Terminal) -> None:
-        if session.id in self.server.registry.sessions:
+    def terminal_decided(self, session: Session, terminal: Terminal) -> None:
+        if session.id in self.server.sessions.registry.sessions:
             self.decided[session.id].append(terminal)
             self.decided_at.setdefault(session.id, trio.current_time())
 
-    def _on_queued(self, conn: Connection, frames: list[str]) -> None:
+    def terminal_queued(self, conn: Connection, frames: list[str]) -> None:
         if conn not in self.server.connections:
             return
-        registry = self.server.registry
+        registry = self.server.sessions.registry
         for frame in frames:
             if '"session.closed"' not in frame and '"session.expired"' not in frame:
                 continue
             event = json.loads(frame)
-            if event.get("type") in TERMINAL_TYPES:
+            if event.get("type") in TERMINAL_EVENTS:
                 session_id = str(event.get("session_id"))
                 self.queued.append(
                     TerminalQueued(
@@ -120,9 +119,8 @@ class Probe:
                     )
                 )
 
-    def _on_attach(self, runner: SessionRunner, conn: Connection) -> None:
-        if runner.server is self.server:
-            self.attached[runner.session.id].append(conn)
+    def attached(self, session: Session, conn: Connection) -> None:
+        self.attached_to[session.id].append(conn)
 
 
 class _ProbeInstrument(trio.abc.Instrument):
@@ -133,70 +131,15 @@ class _ProbeInstrument(trio.abc.Instrument):
         self.probe.check()
 
 
-_PROBES: list[Probe] = []
-_ORIGINALS: dict[tuple[type, str], tuple[Any, Any]] = {}
-
-
-def _install_patches() -> None:
-    begin_close = Session.begin_close
-    finish = Connection.finish
-    push = Connection.push
-    attach = SessionRunner.attach
-
-    def spy_begin_close(self: Session, reason: str, now: float) -> Terminal | None:
-        terminal = begin_close(self, reason, now)
-        if terminal is not None:
-            for probe in _PROBES:
-                probe._on_begin_close(self, terminal)
-        return terminal
-
-    def spy_finish(
-        self: Connection, frames: list[str], close_code: int, *, flush: bool = True
-    ) -> None:
-        queued = self.close_code is None
-        finish(self, frames, close_code, flush=flush)
-        if queued:
-            for probe in _PROBES:
-                probe._on_queued(self, frames)
-
-    def spy_push(self: Connection, frame: str, *, coalesce: bool = False) -> None:
-        queued = self.close_code is None
-        push(self, frame, coalesce=coalesce)
-        if queued:
-            for probe in _PROBES:
-                probe._on_queued(self, [frame])
-
-    def spy_attach(self: SessionRunner, conn: Connection, commit: Any) -> None:
-        for probe in _PROBES:
-            probe._on_attach(self, conn)
-        attach(self, conn, commit)
-
-    for cls, name, spy in [
-        (Session, "begin_close", spy_begin_close),
-        (Connection, "finish", spy_finish),
-        (Connection, "push", spy_push),
-        (SessionRunner, "attach", spy_attach),
-    ]:
-        _ORIGINALS[(cls, name)] = (cls.__dict__[name], spy)
-        setattr(cls, name, spy)
-
-
 @contextmanager
 def probing(server: DuplexServer) -> Iterator[Probe]:
     """Observe ``server`` while the block runs (inside ``trio.run``)."""
     probe = Probe(server)
-    if not _PROBES:
-        _install_patches()
-    _PROBES.append(probe)
+    server.add_observer(probe)
     instrument = _ProbeInstrument(probe)
     trio.lowlevel.add_instrument(instrument)
     try:
         yield probe
     finally:
         trio.lowlevel.remove_instrument(instrument)
-        _PROBES.remove(probe)
-        if not _PROBES:
-            for (cls, name), (original, spy) in _ORIGINALS.items():
-                if cls.__dict__.get(name) is spy:  # not patched over since: undo ours
-                    setattr(cls, name, original)
-            _ORIGINALS.clear()
+        server.remove_observer(probe)

@@ -20,6 +20,7 @@ from ..core.session import Registry, Session
 from ..engines.api import EngineFactory, Event
 from ..engines.echo import EchoEngine
 from ..server.connection import Connection
+from ..server.runner import SessionRunner
 from ..server.server import DuplexServer
 from .client import SimClient
 from .probe import Probe, probing
@@ -62,7 +63,13 @@ class Simulation:
 
     def session(self, session_id: str) -> Session | None:
         """The live session with that id (None once its slot is free)."""
-        return self.server.registry.sessions.get(session_id)
+        return self.server.sessions.registry.sessions.get(session_id)
+
+    def runner(self, session_id: str) -> SessionRunner:
+        """The runner of a live session (its engine task and attachment)."""
+        runner = self.server.sessions.runner(session_id)
+        assert runner is not None, f"no running session {session_id}"
+        return runner
 
     def connection_of(self, client: SimClient) -> Connection | None:
         """The server's Connection for ``client``, while it is open."""
@@ -78,7 +85,7 @@ class Simulation:
 
     def assert_no_leak(self) -> None:
         """Every session still held is live in the registry, and no slot is unaccounted."""
-        registry: Registry = self.server.registry
+        registry: Registry = self.server.sessions.registry
         assert registry.slots_held == len(registry.sessions), (
             registry.slots_held,
             list(registry.sessions),

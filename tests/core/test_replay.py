@@ -1,0 +1,127 @@
+"""trio_duplex.core.replay: what a resume writes before it commits, with no I/O."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trio_duplex.core.config import ServerConfig
+from trio_duplex.core.frames import BATCH
+from trio_duplex.core.replay import Replay
+from trio_duplex.core.session import Registry, Session
+
+
+def detached_session(**limits: Any) -> tuple[Session, str]:
+    registry = Registry(ServerConfig(**limits))
+    session, token = registry.admit({})
+    session.handshake_delivered(0.0)
+    session.detach(session.generation, 0.0)
+    return session, token
+
+
+def emit(session: Session, count: int, now: float = 0.0, pad: int = 0) -> None:
+    for _ in range(count):
+        session.emit({"type": "e", "pad": "x" * pad}, now)
+
+
+def run(replay: Replay, now: float = 0.0) -> list[list[dict[str, Any]]]:
+    """Every write the shell would make, as decoded events, until caught up."""
+    writes = []
+    while frames := replay.next_frames(now):
+        writes.append([json.loads(frame) for frame in frames])
+    return writes
+
+
+def test_resumed_first_then_every_entry_after_the_presented_seq_in_batches() -> None:
+    session, token = detached_session()
+    emit(session, BATCH + 5)
+    attempt = session.begin_resume(token, 3, 0.0)
+    writes = run(Replay(attempt))
+    assert [e["type"] for e in writes[0]] == ["session.resumed"]
+    assert writes[0][0]["resume_token"] == attempt.new_token
+    assert [len(w) for w in writes[1:]] == [BATCH, 2]
+    seqs = [e["server_event_seq"] for w in writes[1:] for e in w]
+    assert seqs == list(range(4, BATCH + 6))
+    assert session.commit_resume(attempt, 0.0) is not None
+
+
+def test_nothing_to_replay_is_resumed_then_caught_up() -> None:
+    session, token = detached_session()
+    emit(session, 2)
+    replay = Replay(session.begin_resume(token, 2, 0.0))
+    assert [[e["type"] for e in w] for w in run(replay)] == [["session.resumed"]]
+    assert replay.cursor == 2
+
+
+def test_a_gap_at_the_start_gives_up_on_every_seq_handed_out_and_acks_them() -> None:
+    session, token = detached_session(journal_max_bytes=200)
+    emit(session, 4, pad=60)  # overflows: the oldest entries are dropped
+    journal = session.journal
+    head = journal.head
+    replay = Replay(session.begin_resume(token, 0, 0.0))
+    writes = run(replay)
+    notice = writes[1][0]
+    assert notice == {
+        "type": "session.resync_required",
+        "reason": "journal_gap",
+        "dropped_through_seq": head,
+    }
+    assert len(writes) == 2 and len(writes[1]) == 1  # nothing after it: all given up
+    assert journal.acked_through == head and len(journal) == 0
+
+
+def test_events_journaled_after_a_start_gap_are_replayed() -> None:
+    session, token = detached_session(journal_max_bytes=200)
+    emit(session, 4, pad=60)
+    replay = Replay(session.begin_resume(token, 0, 0.0))
+    replay.next_frames(0.0)  # session.resumed
+    (notice,) = [json.loads(f) for f in replay.next_frames(0.0)]
+    assert notice["dropped_through_seq"] == 4
+    emit(session, 1)  # while the notice was being written
+    (event,) = [json.loads(f) for f in replay.next_frames(0.0)]
+    assert event["server_event_seq"] == 5
+    assert replay.next_frames(0.0) == []
+
+
+def test_a_gap_found_part_way_is_announced_through_the_floor() -> None:
+    session, token = detached_session(journal_max_bytes=400)
+    emit(session, 2)
+    replay = Replay(session.begin_resume(token, 0, 0.0))
+    replay.next_frames(0.0)  # session.resumed
+    assert len(replay.next_frames(0.0)) == 2
+    emit(session, 6, pad=100)  # while those were written: the journal overflows
+    journal = session.journal
+    assert journal.floor > 2
+    frames = [json.loads(f) for f in replay.next_frames(0.0)]
+    assert frames[0] == {
+        "type": "session.resync_required",
+        "reason": "journal_gap",
+        "dropped_through_seq": journal.floor,
+    }
+    seqs = [e["server_event_seq"] for e in frames[1:]]
+    assert seqs == list(range(journal.floor + 1, journal.head + 1))
+    assert replay.next_frames(0.0) == []
+
+
+def test_entries_taken_in_one_look_are_written_whole_even_if_dropped_meanwhile() -> None:
+    session, token = detached_session(journal_max_bytes=1 << 20)
+    emit(session, BATCH + 2)
+    replay = Replay(session.begin_resume(token, 0, 0.0))
+    replay.next_frames(0.0)  # session.resumed
+    assert len(replay.next_frames(0.0)) == BATCH
+    session.journal.ack(BATCH + 2)  # e.g. a late ack: the journal lets them go
+    rest = [json.loads(f)["server_event_seq"] for f in replay.next_frames(0.0)]
+    assert rest == [BATCH + 1, BATCH + 2]
+    assert replay.next_frames(0.0) == []
+
+
+def test_a_clone_goes_on_independently() -> None:
+    session, token = detached_session()
+    emit(session, 3)
+    attempt = session.begin_resume(token, 0, 0.0)
+    replay = Replay(attempt)
+    replay.next_frames(0.0)
+    copy = replay.clone(attempt)
+    assert len(replay.next_frames(0.0)) == 3
+    assert (copy.cursor, copy.resumed_sent) == (0, True)
+    assert len(copy.next_frames(0.0)) == 3

@@ -1,0 +1,90 @@
+"""What a resume writes before it commits: the replay rules, sans-IO.
+
+A resume (``Session.begin_resume``) owes the resuming client, in order: its
+``session.resumed``, then every journaled event after the seq it presented, with a
+``session.resync_required{journal_gap}`` wherever the journal no longer holds what
+comes next. The shell asks ``Replay.next_frames(now)`` for the next frames, writes
+them, and asks again; an empty answer means caught up: commit the resume at once, with
+no await in between (``Session.commit_resume``), so that nothing journaled since can be
+missed. The interleaving checker (tests/modelcheck) drives this same object.
+
+The rules:
+
+* A gap at the start (an entry after the presented seq is gone): the client cannot get
+  it back, so the replay gives up on everything the journal has handed out: a notice
+  with ``dropped_through_seq = head``, and those seqs count as acked (no later overflow
+  notice names them again). Events journaled after that are replayed.
+* A gap found part-way (overflow, TTL or an ack while the replay was being written): a
+  notice through the journal's floor, then on from there.
+* Entries are written in batches of at most ``BATCH``, each taken from one look at the
+  journal: a batch that was taken is written whole even if the journal drops some of it
+  meanwhile (the client receives them in order all the same).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .frames import BATCH
+from .journal import Entry
+from .session import ResumeAttempt, resync_frame
+from .wire import encode
+
+
+@attrs.define(eq=False, repr=False)
+class Replay:
+    attempt: ResumeAttempt
+    cursor: int = attrs.field(init=False)
+    """The highest seq the client holds, has been written, or was told is gone."""
+    resumed_sent: bool = False
+    """``session.resumed`` has been handed out (the client may have it)."""
+    _checked_start: bool = False
+    _pending: list[Entry] = attrs.field(factory=list)
+    """Entries taken from the journal and not yet handed out, in order."""
+
+    def __attrs_post_init__(self) -> None:
+        self.cursor = self.attempt.last_seq
+
+    def __repr__(self) -> str:
+        return f"Replay({self.attempt.session.id}, cursor={self.cursor})"
+
+    @property
+    def pending_seqs(self) -> tuple[int, ...]:
+        return tuple(entry.seq for entry in self._pending)
+
+    def next_frames(self, now: float) -> list[str]:
+        """The frames to write next, in order; [] once the client is caught up."""
+        session = self.attempt.session
+        if not self.resumed_sent:
+            self.resumed_sent = True
+            return [encode(session.resumed_event(self.attempt))]
+        journal = session.journal
+        frames: list[str] = []
+        if not self._pending:
+            entries = journal.replay(self.cursor, now)
+            if entries is None:
+                if self._checked_start:
+                    self.cursor = journal.floor
+                else:
+                    self.cursor = journal.head
+                    journal.ack(self.cursor)  # given up: no overflow notice names them later
+                frames.append(resync_frame("journal_gap", self.cursor))
+                # The journal holds every entry above its floor, so this finds no gap;
+                # were it to, the next call would look again.
+                entries = journal.replay(self.cursor, now) or []
+            self._pending = entries
+        self._checked_start = True
+        batch = self._pending[:BATCH]
+        if batch:
+            del self._pending[:BATCH]
+            self.cursor = batch[-1].seq
+            frames.extend([entry.frame for entry in batch])
+        return frames
+
+    def clone(self, attempt: ResumeAttempt) -> Replay:
+        """A copy bound to ``attempt`` (the model checker copies whole worlds)."""
+        copy = Replay(attempt, resumed_sent=self.resumed_sent)
+        copy.cursor = self.cursor
+        copy._checked_start = self._checked_start
+        copy._pending = list(self._pending)
+        return copy

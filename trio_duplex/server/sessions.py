@@ -1,0 +1,192 @@
+"""``Sessions``: the one owner of every session of a server.
+
+It owns the admission registry (the core's ``Registry``), each session's runner and the
+nursery the runners live in, the timer heap that wakes every deadline, and the drain.
+A session starts here (``start``, once its ``session.created`` is delivered) and ends
+here (``ended``, called by its runner once the engine is gone): nothing else adds or
+removes a runner, frees a slot or forgets a timer entry.
+
+``Observer`` is how tests (and, later, metrics) watch the sessions: an explicit hook,
+like trio's ``Instrument``, called synchronously at each decision.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import trio
+
+from ..core import events
+from ..core.config import ServerConfig
+from ..core.events import ErrorCode, Reason
+from ..core.frames import CloseCode
+from ..core.session import Commit, Registry, Session, Terminal
+from ..core.wire import ProtocolError, encode
+from ..engines.api import Engine
+from .connection import Connection
+from .runner import SessionRunner
+from .timers import Timers
+
+log = logging.getLogger("trio_duplex")
+
+
+class Observer:
+    """Watches a server's sessions. Subclass it and override what you need; every method
+    runs synchronously inside the server and must neither raise nor block."""
+
+    def terminal_decided(self, session: Session, terminal: Terminal) -> None:
+        """The core returned ``terminal``: the session is ending (once per session)."""
+
+    def terminal_queued(self, conn: Connection, frames: list[str]) -> None:
+        """Frames that end a connection were queued (``Connection.finish``)."""
+
+    def attached(self, session: Session, conn: Connection) -> None:
+        """``conn`` now carries ``session`` (opened or resumed)."""
+
+
+@attrs.define(eq=False)
+class Sessions:
+    config: ServerConfig
+    close_timeout_s: float
+    registry: Registry = attrs.field(init=False)
+    timers: Timers = attrs.field(factory=Timers, init=False)
+    observers: list[Observer] = attrs.field(factory=list, init=False)
+    _runners: dict[str, SessionRunner] = attrs.field(factory=dict, init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _drain_deadline: float | None = attrs.field(default=None, init=False)
+    _drained: bool = attrs.field(default=False, init=False)
+    _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.registry = Registry(self.config)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hold the runners' nursery and the timer task until cancelled; cancelling
+        ends every session still running (``server_shutdown``)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self.timers.run)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- what the server asks ----------------------------------------------------------
+
+    @property
+    def slots_held(self) -> int:
+        return self.registry.slots_held
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.registry.shutting_down
+
+    def runner(self, session_id: str) -> SessionRunner | None:
+        """The runner of a started session that has not ended yet."""
+        return self._runners.get(session_id)
+
+    def admit(self, config: dict[str, object]) -> tuple[Session, str]:
+        """Take a slot for a new OPENING session (ProtocolError: full, or draining)."""
+        return self.registry.admit(config)
+
+    def undelivered(self, session: Session) -> None:
+        """Its ``session.created`` was not delivered: nothing ran, the slot is free now."""
+        terminal = session.handshake_failed(trio.current_time())
+        if terminal is not None:
+            self._decided(session, terminal)
+        self.registry.release(session)
+        self.changed()
+        log.info("session %s: session.created undelivered", session.id)
+
+    def start(self, session: Session, engine: Engine, conn: Connection) -> SessionRunner | None:
+        """``session.created`` was delivered on ``conn``: run the session's engine.
+        None: the session was closed while opening; ``conn`` has its terminal event."""
+        session.handshake_delivered(trio.current_time())
+        terminal = session.terminal
+        if terminal is not None:  # closed while opening (the core allows it)
+            self.registry.release(session)
+            self.changed()
+            conn.finish([encode(terminal.event)], terminal.close_code)
+            return None
+        runner = SessionRunner(self, session, engine, self.config.max_pending_input)
+        runner.attach(conn, Commit(session.generation, None))
+        self._runners[session.id] = runner
+        assert self._nursery is not None
+        self._nursery.start_soon(runner.run)  # synchronous: no cancel point in between
+        self.reschedule(runner)
+        if self._drained:  # delivered after the drain ended: it ends with the others
+            runner.end(Reason.SHUTDOWN)
+        log.info("session %s opened", session.id)
+        return runner
+
+    def for_resume(self, session_id: str) -> SessionRunner:
+        """The runner of a resumable session (ProtocolError: none, or draining)."""
+        session = self.registry.lookup_for_resume(session_id)
+        runner = self.runner(session.id)
+        if runner is None:  # still opening: its session.created is not delivered
+            raise ProtocolError(
+                ErrorCode.SESSION_RESUME_EXPIRED,
+                "no such session, or it has ended",
+                close_code=CloseCode.RESUME_REFUSED,
+            )
+        return runner
+
+    # -- what runners report (runner.Owner) --------------------------------------------
+
+    def reschedule(self, runner: SessionRunner) -> None:
+        self.timers.schedule(runner)
+
+    def decided(self, runner: SessionRunner, terminal: Terminal) -> None:
+        self._decided(runner.session, terminal)
+
+    def ended(self, runner: SessionRunner) -> None:
+        self.registry.release(runner.session)
+        del self._runners[runner.session.id]
+        self.timers.forget(runner)
+        self.changed()
+
+    def attached(self, runner: SessionRunner, conn: Connection) -> None:
+        for observer in self.observers:
+            observer.attached(runner.session, conn)
+
+    def _decided(self, session: Session, terminal: Terminal) -> None:
+        for observer in self.observers:
+            observer.terminal_decided(session, terminal)
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    def begin_shutdown(self) -> None:
+        """Refuse new opens and resumes, and warn every attached client."""
+        self.registry.shutting_down = True
+        self._drain_deadline = trio.current_time() + self.config.drain_timeout_s
+        going = encode(events.going_away(round(self.config.drain_timeout_s * 1000)))
+        for runner in self._runners.values():
+            conn = runner.conn
+            if conn is not None and runner.session.is_current(conn.generation):
+                conn.push(going)
+
+    async def drain(self) -> None:
+        """Wait for the sessions to end until the drain deadline, then end the rest."""
+        assert self._drain_deadline is not None, "begin_shutdown first"
+        # Slots, not runners: a session still sending its session.created counts too.
+        with trio.move_on_at(self._drain_deadline):
+            while self.registry.slots_held:
+                await self.wait_changed()
+        self._drained = True
+        for runner in list(self._runners.values()):
+            runner.end(Reason.SHUTDOWN)
+
+    def going_away_frame(self) -> str | None:
+        """While draining: ``session.going_away`` with the time left now."""
+        if self._drain_deadline is None:
+            return None
+        left = max(0.0, self._drain_deadline - trio.current_time())
+        return encode(events.going_away(round(left * 1000)))
+
+    # -- changes -----------------------------------------------------------------------
+
+    async def wait_changed(self) -> None:
+        """Wait until a session or connection ends (for the drain, and for tests)."""
+        await self._changed.park()
+
+    def changed(self) -> None:
+        self._changed.unpark_all()
