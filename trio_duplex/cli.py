@@ -9,100 +9,71 @@ import math
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
+import attrs
 import trio
 
-from .core.config import MiB, ServerConfig
+from .core.config import BYTES, FLAG, ConfigError, Flag, MiB, ServerConfig
 from .engines.api import load_engine_factory
 from .server.server import DuplexServer
 
 log = logging.getLogger("trio_duplex")
 
 
-def _number(
-    kind: Callable[[str], float], *, minimum: float, strict: bool
-) -> Callable[[str], float]:
-    def parse(text: str) -> float:
+def serve_flags() -> list[tuple[str, attrs.Attribute[Any], Flag]]:
+    """``(flag, field, Flag)`` for each ServerConfig field marked as a ``serve`` flag."""
+    fields = attrs.fields(attrs.resolve_types(ServerConfig))
+    return [
+        ("--" + f.name.removesuffix("_s").replace("_", "-"), f, f.metadata[FLAG])
+        for f in fields
+        if FLAG in f.metadata
+    ]
+
+
+def shown_default(field: attrs.Attribute[Any]) -> str:
+    """The default as ``--help`` (and the README) show it: 8 MiB, 30, 127.0.0.1."""
+    value: Any = field.default
+    if field.metadata[FLAG].metavar == BYTES and value % MiB == 0:
+        return f"{value // MiB} MiB"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+_KINDS: dict[object, Callable[[str], Any]] = {int: int, float: float, str: str}
+
+
+def _parse(field: attrs.Attribute[Any]) -> Callable[[str], Any]:
+    """Text to the field's type, then checked by ServerConfig's own validators."""
+    kind = _KINDS[field.type]
+
+    def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
-            bound = f"greater than {minimum}" if strict else f"at least {minimum}"
-            raise argparse.ArgumentTypeError(f"{text!r} must be {bound}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        try:  # every other field at its default: a refusal is this value's
+            ServerConfig(**{field.name: value})
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} {exc.rule}") from None
         return value
 
     return parse
 
 
-_seconds = _number(float, minimum=0, strict=True)
-_seconds0 = _number(float, minimum=0, strict=False)
-_count = _number(int, minimum=1, strict=False)
-
-
-def _port(text: str) -> int:
-    value = int(_number(int, minimum=0, strict=False)(text))
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535)")
-    return value
-
-
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run a trio-duplex server", description="Run a server.")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8765, help="TCP port, 0 for any free (8765)")
-    p.add_argument("--path", default="/v1/duplex", help="WebSocket endpoint path (/v1/duplex)")
     p.add_argument("--engine", default="echo", help="echo, voice, or package.module:factory (echo)")
-    p.add_argument("--max-sessions", type=_count, default=64, help="session slots (64)")
-    p.add_argument(
-        "--disconnect-grace",
-        type=_seconds0,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long a detached session waits for a resume (30)",
-    )
-    p.add_argument(
-        "--idle-ttl",
-        type=_seconds,
-        default=300.0,
-        metavar="SECONDS",
-        help="attached session expires after this long without client events (300)",
-    )
-    p.add_argument(
-        "--journal-max-bytes",
-        type=_count,
-        default=8 * MiB,
-        metavar="BYTES",
-        help="journal bound per session, compact JSON bytes (8 MiB)",
-    )
-    p.add_argument(
-        "--journal-ttl",
-        type=_seconds,
-        default=60.0,
-        metavar="SECONDS",
-        help="journal entries older than this are dropped (60)",
-    )
-    p.add_argument(
-        "--max-event-bytes",
-        type=_count,
-        default=15 * MiB,
-        metavar="BYTES",
-        help="largest client message in UTF-8 bytes; larger closes 1009 (15 MiB)",
-    )
-    p.add_argument(
-        "--config-timeout",
-        type=_seconds,
-        default=10.0,
-        metavar="SECONDS",
-        help="time allowed for the first message (10)",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=_seconds0,
-        default=5.0,
-        metavar="SECONDS",
-        help="on SIGINT/SIGTERM, time sessions get before they are closed (5)",
-    )
+    for flag, field, meta in serve_flags():
+        p.add_argument(
+            flag,
+            dest=field.name,
+            type=_parse(field),
+            default=field.default,
+            metavar=meta.metavar,
+            help=f"{meta.help} ({shown_default(field)})",
+        )
     p.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
@@ -111,19 +82,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
-        config = ServerConfig(
-            host=args.host,
-            port=int(args.port),
-            path=args.path,
-            max_sessions=int(args.max_sessions),
-            disconnect_grace_s=args.disconnect_grace,
-            idle_ttl_s=args.idle_ttl,
-            journal_max_bytes=int(args.journal_max_bytes),
-            journal_ttl_s=args.journal_ttl,
-            max_event_bytes=int(args.max_event_bytes),
-            config_timeout_s=args.config_timeout,
-            drain_timeout_s=args.drain_timeout,
-        )
+        config = ServerConfig(**{f.name: getattr(args, f.name) for _, f, _ in serve_flags()})
         factory = load_engine_factory(args.engine)
     except ValueError as exc:
         parser.error(str(exc))

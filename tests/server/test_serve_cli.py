@@ -14,7 +14,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from trio_duplex.cli import main
+from trio_duplex.cli import main, serve_flags, shown_default
+from trio_duplex.core.config import ServerConfig
 
 FLAGS = {
     "--host",
@@ -128,6 +129,33 @@ def test_help_lists_exactly_the_flags():
     assert result.returncode == 0, result
     shown = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", result.stdout))
     assert shown == FLAGS | {"--help"}, sorted(shown ^ (FLAGS | {"--help"}))
+
+
+def readme_serve_table() -> dict[str, str]:
+    """The README's table of ``trio-duplex serve`` flags: flag -> default as written."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## `trio-duplex serve`\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip().strip("|").split("|") for line in section.splitlines()]
+    table = {}
+    for cells in rows:
+        if len(cells) == 3 and cells[0].strip().startswith("`--"):
+            table[cells[0].strip().strip("`")] = cells[1].strip()
+    return table
+
+
+def test_readme_lists_every_flag_with_the_default_help_shows():
+    table = readme_serve_table()
+    assert set(table) == FLAGS, sorted(set(table) ^ FLAGS)
+    for flag, field, _ in serve_flags():
+        assert table[flag] == shown_default(field), flag
+
+
+def test_server_config_refusals_name_the_field_and_value():
+    # The CLI's messages reuse the rule; an embedder sees the field's name.
+    with pytest.raises(ValueError, match=r"^idle_ttl_s must be greater than 0, got 0$"):
+        ServerConfig(idle_ttl_s=0)
+    with pytest.raises(ValueError, match=r"^port must be at most 65535, got 65536$"):
+        ServerConfig(port=65536)
 
 
 def test_console_script_is_installed():

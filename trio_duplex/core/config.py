@@ -2,43 +2,131 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
-from attrs import validators as v
 
 from .events import DEFAULT_PATH
 
 MiB = 1024 * 1024
 
-_positive = v.gt(0)
-_positive_s = v.gt(0.0)
-_nonnegative_s = v.ge(0.0)
+SECONDS = "SECONDS"
+BYTES = "BYTES"
 
 
-def _path(_: Any, attribute: attrs.Attribute[str], value: str) -> None:
-    if not value.startswith("/") or "?" in value:
-        raise ValueError(f"{attribute.name} must start with '/' and hold no query, got {value!r}")
+class ConfigError(ValueError):
+    """ServerConfig refused ``value`` for ``field``: it breaks ``rule``."""
+
+    def __init__(self, field: str, value: object, rule: str) -> None:
+        super().__init__(f"{field} {rule}, got {value!r}")
+        self.field = field
+        self.value = value
+        self.rule = rule  # e.g. "must be at least 0"
+
+
+@attrs.frozen
+class _Rule:
+    rule: str
+    holds: Callable[[Any], bool]
+
+    def __call__(self, _: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not self.holds(value):
+            raise ConfigError(attribute.name, value, self.rule)
+
+
+def _at_least(bound: int) -> _Rule:
+    return _Rule(f"must be at least {bound}", lambda value: value >= bound)
+
+
+def _at_most(bound: int) -> _Rule:
+    return _Rule(f"must be at most {bound}", lambda value: value <= bound)
+
+
+def _above(bound: int) -> _Rule:
+    return _Rule(f"must be greater than {bound}", lambda value: value > bound)
+
+
+_path = _Rule(
+    "must start with '/' and hold no query",
+    lambda value: value.startswith("/") and "?" not in value,
+)
+
+
+@attrs.frozen
+class Flag:
+    """Marks a ServerConfig field as a ``trio-duplex serve`` flag (``metadata={FLAG: ...}``).
+
+    The flag is ``--`` and the field's name, ``_`` as ``-``, a trailing ``_s`` dropped; its
+    default and type are the field's, its values are checked by the field's validators.
+    """
+
+    help: str
+    metavar: str | None = None  # None: argparse's, the field's name in capitals
+
+
+FLAG = "trio_duplex.flag"
+
+
+def _flag(help: str, metavar: str | None = None) -> dict[str, Flag]:
+    return {FLAG: Flag(help, metavar)}
 
 
 @attrs.frozen(kw_only=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = attrs.field(default=8765, validator=[v.ge(0), v.le(65535)])
-    path: str = attrs.field(default=DEFAULT_PATH, validator=_path)
-    max_sessions: int = attrs.field(default=64, validator=v.ge(1))
-    disconnect_grace_s: float = attrs.field(default=30.0, validator=_nonnegative_s)
-    idle_ttl_s: float = attrs.field(default=300.0, validator=_positive_s)
-    journal_max_bytes: int = attrs.field(default=8 * MiB, validator=_positive)
-    journal_ttl_s: float = attrs.field(default=60.0, validator=_positive_s)
-    max_event_bytes: int = attrs.field(default=15 * MiB, validator=_positive)
-    config_timeout_s: float = attrs.field(default=10.0, validator=_positive_s)
-    drain_timeout_s: float = attrs.field(default=5.0, validator=_nonnegative_s)
-    ping_interval_s: float = attrs.field(default=20.0, validator=_positive_s)
-    ping_timeout_s: float = attrs.field(default=20.0, validator=_positive_s)
-    max_pending_input: int = attrs.field(default=256, validator=v.ge(1))
+    host: str = attrs.field(default="127.0.0.1", metadata=_flag("address to listen on"))
+    port: int = attrs.field(
+        default=8765,
+        validator=[_at_least(0), _at_most(65535)],
+        metadata=_flag("TCP port, 0 for any free"),
+    )
+    path: str = attrs.field(
+        default=DEFAULT_PATH, validator=_path, metadata=_flag("WebSocket endpoint path")
+    )
+    max_sessions: int = attrs.field(
+        default=64, validator=_at_least(1), metadata=_flag("session slots")
+    )
+    disconnect_grace_s: float = attrs.field(
+        default=30.0,
+        validator=_at_least(0),
+        metadata=_flag("how long a detached session waits for a resume", SECONDS),
+    )
+    idle_ttl_s: float = attrs.field(
+        default=300.0,
+        validator=_above(0),
+        metadata=_flag("attached session expires after this long without client events", SECONDS),
+    )
+    journal_max_bytes: int = attrs.field(
+        default=8 * MiB,
+        validator=_at_least(1),
+        metadata=_flag("journal bound per session, compact JSON bytes", BYTES),
+    )
+    journal_ttl_s: float = attrs.field(
+        default=60.0,
+        validator=_above(0),
+        metadata=_flag("journal entries older than this are dropped", SECONDS),
+    )
+    max_event_bytes: int = attrs.field(
+        default=15 * MiB,
+        validator=_at_least(1),
+        metadata=_flag("largest client message in UTF-8 bytes; larger closes 1009", BYTES),
+    )
+    config_timeout_s: float = attrs.field(
+        default=10.0,
+        validator=_above(0),
+        metadata=_flag("time allowed for the first message", SECONDS),
+    )
+    drain_timeout_s: float = attrs.field(
+        default=5.0,
+        validator=_at_least(0),
+        metadata=_flag("on SIGINT/SIGTERM, time sessions get before they are closed", SECONDS),
+    )
+    # Not flags: WebSocket keepalive and queue depths are tuned by embedders, not operators.
+    ping_interval_s: float = attrs.field(default=20.0, validator=_above(0))
+    ping_timeout_s: float = attrs.field(default=20.0, validator=_above(0))
+    max_pending_input: int = attrs.field(default=256, validator=_at_least(1))
     """Client events queued for the engine before ``input_backpressure``."""
-    max_pending_output: int = attrs.field(default=256, validator=v.ge(1))
+    max_pending_output: int = attrs.field(default=256, validator=_at_least(1))
     """Frames queued for a connection before the engine's ``send`` waits."""
 
     def limits(self) -> dict[str, Any]:
