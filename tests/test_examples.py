@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from websockets.sync.client import connect
 
 from trio_duplex import ServerConfig
@@ -71,3 +72,15 @@ async def test_barge_in_through_the_server(autojump_clock: Any) -> None:
         assert seqs == list(range(1, len(seqs) + 1))
         # the frames that raced the cancel are at most the one in flight
         assert kinds.count("response.output_audio.delta") <= 6
+
+
+def test_the_testing_guide_example_runs() -> None:
+    """docs/testing.md's race example, run as its reader would run it."""
+    text = (README.parent / "docs" / "testing.md").read_text()
+    start = text.index("## Example: `session.created` in flight")
+    match = re.search(r"```python\n(.*?)```", text[start:], re.S)
+    assert match is not None
+    namespace: dict[str, Any] = {}
+    exec(compile(match.group(1), "docs/testing.md", "exec"), namespace)
+    test = namespace["test_created_in_flight_when_the_peer_goes"]
+    trio.run(test, None, clock=trio.testing.MockClock(autojump_threshold=0))

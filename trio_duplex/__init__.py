@@ -1,12 +1,18 @@
-"""trio-duplex: resumable full-duplex realtime sessions over WebSocket, on trio."""
+"""trio-duplex: resumable full-duplex realtime sessions over WebSocket, on trio.
+
+What a user needs is here: the server (``DuplexServer``, ``ServerConfig``), the engine
+API (``Engine``, ``EngineSession``, ``BadEvent``), the protocol error and version, the
+``Observer`` hook, and the ``client`` package. The simulation kit for tests is
+``trio_duplex.testing``; built-in engines are in ``trio_duplex.engines``.
+"""
 
 from . import client
 from .core.config import ServerConfig
 from .core.events import PROTOCOL_VERSION
-from .core.session import Registry, Session, State
 from .core.wire import ProtocolError
 from .engines.api import BadEvent, Engine, EngineFactory, EngineSession, Event, load_engine_factory
 from .server.server import DuplexServer
+from .server.sessions import Observer
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -16,11 +22,9 @@ __all__ = [
     "EngineFactory",
     "EngineSession",
     "Event",
+    "Observer",
     "ProtocolError",
-    "Registry",
     "ServerConfig",
-    "Session",
-    "State",
     "client",
     "load_engine_factory",
 ]

@@ -113,15 +113,3 @@ def test_entries_taken_in_one_look_are_written_whole_even_if_dropped_meanwhile()
     rest = [json.loads(f)["server_event_seq"] for f in replay.next_frames(0.0)]
     assert rest == [BATCH + 1, BATCH + 2]
     assert replay.next_frames(0.0) == []
-
-
-def test_a_clone_goes_on_independently() -> None:
-    session, token = detached_session()
-    emit(session, 3)
-    attempt = session.begin_resume(token, 0, 0.0)
-    replay = Replay(attempt)
-    replay.next_frames(0.0)
-    copy = replay.clone(attempt)
-    assert len(replay.next_frames(0.0)) == 3
-    assert (copy.cursor, copy.resumed_sent) == (0, True)
-    assert len(copy.next_frames(0.0)) == 3

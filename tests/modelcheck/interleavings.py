@@ -223,6 +223,14 @@ def _copier(cls: type) -> Any:
 
 _copy_session, _copy_journal = _copier(Session), _copier(Journal)
 _copy_credentials, _copy_attempt = _copier(Credentials), _copier(ResumeAttempt)
+_copy_replay = _copier(Replay)
+
+
+def clone_replay(r: Replay, attempt: ResumeAttempt) -> Replay:
+    n: Replay = _copy_replay(r)
+    n.attempt = attempt
+    n._pending = list(r._pending)
+    return n
 
 
 def clone_session(s: Session) -> Session:
@@ -304,7 +312,7 @@ class World:
                 r = slot.resume
                 assert r.attempt is s.resume, "the shell's attempt is the core's"
                 assert n.session.resume is not None
-                n.resume = Resume(r.replay.clone(n.session.resume), r.conn, r.prev_token)
+                n.resume = Resume(clone_replay(r.replay, n.session.resume), r.conn, r.prev_token)
             w.slots.append(n)
         return w
 
@@ -323,7 +331,7 @@ class World:
                     r.conn,
                     replay.resumed_sent,
                     replay.cursor,
-                    replay.pending_seqs,
+                    tuple(entry.seq for entry in replay._pending),
                     slot.label(r.prev_token),
                 )
             slots.append(

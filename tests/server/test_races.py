@@ -24,9 +24,9 @@ import trio.testing
 import trio_websocket
 from wsproto.events import CloseConnection
 
-from trio_duplex import EngineFactory, ServerConfig, State
+from trio_duplex import EngineFactory, ServerConfig
 from trio_duplex import testing as kit
-from trio_duplex.core.session import Session
+from trio_duplex.core.session import Session, State
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.testing import (
     CancelAtStep,
@@ -204,7 +204,7 @@ async def test_02_connection_gone_before_created_is_sent(
 
 
 @pytest.mark.parametrize("disconnect", ["fin", "close_frame"])
-async def test_03_created_in_flight_when_reader_sees_disconnect_send_completes(
+async def test_03_peer_goes_while_created_is_in_flight_then_the_send_completes(
     autojump_clock: Any, raw_ws: Any, disconnect: str
 ) -> None:
     async with running_server(ServerConfig(max_sessions=1)) as sim:
@@ -217,7 +217,7 @@ async def test_03_created_in_flight_when_reader_sees_disconnect_send_completes(
             transport.end_reads()
         else:
             await raw.send_bytes(raw.ws.send(CloseConnection(code=1000)))
-        await settle()  # the reader has seen it
+        await settle()  # (nothing reads while session.created is in flight)
         session = only_session(sim)
         assert session.state is State.OPENING
         transport.release()  # ... and the send completes
@@ -233,7 +233,7 @@ async def test_03_created_in_flight_when_reader_sees_disconnect_send_completes(
 
 
 @pytest.mark.parametrize("fault", ["break_writes", "cut"])
-async def test_03_created_in_flight_when_reader_sees_disconnect_send_fails(
+async def test_03_peer_goes_while_created_is_in_flight_then_the_send_fails(
     autojump_clock: Any, fault: str
 ) -> None:
     async with running_server(ServerConfig(max_sessions=1)) as sim:
@@ -244,7 +244,7 @@ async def test_03_created_in_flight_when_reader_sees_disconnect_send_fails(
         session = only_session(sim)
         start = trio.current_time()
         if fault == "cut":
-            await client.transport.cut()  # the reader sees it, the held send fails
+            await client.transport.cut()  # the held send fails
         else:
             client.transport.end_reads()
             await settle()

@@ -48,10 +48,6 @@ class Replay:
     def __repr__(self) -> str:
         return f"Replay({self.attempt.session.id}, cursor={self.cursor})"
 
-    @property
-    def pending_seqs(self) -> tuple[int, ...]:
-        return tuple(entry.seq for entry in self._pending)
-
     def next_frames(self, now: float) -> list[str]:
         """The frames to write next, in order; [] once the client is caught up."""
         session = self.attempt.session
@@ -80,11 +76,3 @@ class Replay:
             self.cursor = batch[-1].seq
             frames.extend([entry.frame for entry in batch])
         return frames
-
-    def clone(self, attempt: ResumeAttempt) -> Replay:
-        """A copy bound to ``attempt`` (the model checker copies whole worlds)."""
-        copy = Replay(attempt, resumed_sent=self.resumed_sent)
-        copy.cursor = self.cursor
-        copy._checked_start = self._checked_start
-        copy._pending = list(self._pending)
-        return copy

@@ -155,9 +155,13 @@ class Session:
 
     def begin_resume(self, token: object, last_seq: int, now: float) -> ResumeAttempt:
         if self.state not in (State.ATTACHED, State.DETACHED) or self._due(now):
-            raise _refused(ErrorCode.SESSION_RESUME_EXPIRED, "the session has ended or expired")
+            raise ProtocolError.resume_refused(
+                ErrorCode.SESSION_RESUME_EXPIRED, "the session has ended or expired"
+            )
         if not self.credentials.check(token):
-            raise _refused(ErrorCode.INVALID_RESUME_TOKEN, "the resume token is not valid")
+            raise ProtocolError.resume_refused(
+                ErrorCode.INVALID_RESUME_TOKEN, "the resume token is not valid"
+            )
         if self.resume is not None:
             raise ProtocolError(
                 ErrorCode.SESSION_RESUME_CONFLICT,
@@ -165,7 +169,7 @@ class Session:
                 close_code=CloseCode.RESUME_REFUSED,
             )
         if last_seq > self.journal.head:
-            raise _refused(
+            raise ProtocolError.resume_refused(
                 ErrorCode.INVALID_SESSION_RESUME,
                 f"last_received_server_event_seq {last_seq} is past the newest seq "
                 f"{self.journal.head}",
@@ -276,8 +280,12 @@ class Session:
         return self.resume is None and now >= self.next_deadline()
 
 
-def _refused(code: str, message: str, param: str | None = None) -> ProtocolError:
-    return ProtocolError(code, message, param=param, close_code=CloseCode.RESUME_REFUSED)
+def _shutting_down() -> ProtocolError:
+    return ProtocolError(
+        ErrorCode.SERVER_SHUTTING_DOWN,
+        "the server is shutting down",
+        close_code=CloseCode.GOING_AWAY,
+    )
 
 
 @attrs.define(eq=False)
@@ -292,11 +300,7 @@ class Registry:
     def admit(self, session_config: dict[str, Any]) -> tuple[Session, str]:
         """Take a slot and create an OPENING session. Returns it and its first token."""
         if self.shutting_down:
-            raise ProtocolError(
-                ErrorCode.SERVER_SHUTTING_DOWN,
-                "the server is shutting down",
-                close_code=CloseCode.GOING_AWAY,
-            )
+            raise _shutting_down()
         if self.slots_held >= self.config.max_sessions:
             raise ProtocolError(
                 ErrorCode.RESOURCE_EXHAUSTED,
@@ -331,12 +335,10 @@ class Registry:
 
     def lookup_for_resume(self, session_id: object) -> Session:
         if self.shutting_down:
-            raise ProtocolError(
-                ErrorCode.SERVER_SHUTTING_DOWN,
-                "the server is shutting down",
-                close_code=CloseCode.GOING_AWAY,
-            )
+            raise _shutting_down()
         session = self.sessions.get(session_id) if isinstance(session_id, str) else None
         if session is None:
-            raise _refused(ErrorCode.SESSION_RESUME_EXPIRED, "no such session, or it has ended")
+            raise ProtocolError.resume_refused(
+                ErrorCode.SESSION_RESUME_EXPIRED, "no such session, or it has ended"
+            )
         return session

@@ -16,6 +16,7 @@ import attrs
 
 from . import events
 from .events import RETRYABLE_CODES, ErrorCode
+from .frames import CloseCode
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -97,6 +98,11 @@ class ProtocolError(Exception):
     event_id: str | None = None
     param: str | None = None
     close_code: int | None = None
+
+    @classmethod
+    def resume_refused(cls, code: str, message: str, param: str | None = None) -> ProtocolError:
+        """A refused ``session.resume``: answered, then closed with 4001."""
+        return cls(code, message, param=param, close_code=CloseCode.RESUME_REFUSED)
 
     @property
     def retryable(self) -> bool:

@@ -223,7 +223,7 @@ class DuplexServer:
         config: dict[str, Any],
         first: Event | None,
         engine: Engine,
-    ) -> SessionRunner | None:
+    ) -> SessionRunner:
         sessions = self.sessions
         session, token = sessions.admit(config)  # ProtocolError: full, or draining
         try:
@@ -233,7 +233,7 @@ class DuplexServer:
             sessions.undelivered(session)
             raise
         runner = sessions.start(session, engine, conn)
-        if runner is not None and first is not None:
+        if first is not None:
             runner.handle(conn, first)
         return runner
 
@@ -242,11 +242,10 @@ class DuplexServer:
         token = event.get("resume_token")
         last = event.get("last_received_server_event_seq", 0)
         if not isinstance(session_id, str) or not isinstance(token, str) or not is_seq(last):
-            raise ProtocolError(
+            raise ProtocolError.resume_refused(
                 ErrorCode.INVALID_SESSION_RESUME,
                 "session.resume needs session_id, resume_token (strings) and an optional "
                 "non-negative integer last_received_server_event_seq",
-                close_code=CloseCode.RESUME_REFUSED,
             )
         runner = self.sessions.for_resume(session_id)
         session = runner.session
@@ -277,10 +276,9 @@ class DuplexServer:
                 else:
                     runner.resumer = conn
                 return None
-            raise ProtocolError(
+            raise ProtocolError.resume_refused(
                 ErrorCode.SESSION_RESUME_EXPIRED,
                 "the session ended during the resume",
-                close_code=CloseCode.RESUME_REFUSED,
             )
         runner.attach(conn, commit)
         log.info("session %s resumed (generation %d)", session.id, commit.generation)

@@ -20,7 +20,6 @@ import trio
 from ..core import events
 from ..core.config import ServerConfig
 from ..core.events import ErrorCode, Reason
-from ..core.frames import CloseCode
 from ..core.session import Commit, Registry, Session, Terminal
 from ..core.wire import ProtocolError, encode
 from ..engines.api import Engine
@@ -97,16 +96,12 @@ class Sessions:
         self.changed()
         log.info("session %s: session.created undelivered", session.id)
 
-    def start(self, session: Session, engine: Engine, conn: Connection) -> SessionRunner | None:
-        """``session.created`` was delivered on ``conn``: run the session's engine.
-        None: the session was closed while opening; ``conn`` has its terminal event."""
+    def start(self, session: Session, engine: Engine, conn: Connection) -> SessionRunner:
+        """``session.created`` was delivered on ``conn``: run the session's engine."""
         session.handshake_delivered(trio.current_time())
-        terminal = session.terminal
-        if terminal is not None:  # closed while opening (the core allows it)
-            self.registry.release(session)
-            self.changed()
-            conn.finish([encode(terminal.event)], terminal.close_code)
-            return None
+        # The core lets an OPENING session be closed, but here only a runner, a timer
+        # entry or the drain ends a session, and it has none of them yet.
+        assert session.terminal is None, "a session ended before it started"
         runner = SessionRunner(self, session, engine, self.config.max_pending_input)
         runner.attach(conn, Commit(session.generation, None))
         self._runners[session.id] = runner
@@ -123,10 +118,9 @@ class Sessions:
         session = self.registry.lookup_for_resume(session_id)
         runner = self.runner(session.id)
         if runner is None:  # still opening: its session.created is not delivered
-            raise ProtocolError(
+            raise ProtocolError.resume_refused(
                 ErrorCode.SESSION_RESUME_EXPIRED,
                 "no such session, or it has ended",
-                close_code=CloseCode.RESUME_REFUSED,
             )
         return runner
 

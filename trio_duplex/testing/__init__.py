@@ -32,6 +32,7 @@ it is versioned with it.
 
 from __future__ import annotations
 
+from ..core.session import State
 from .client import SimClient
 from .engine import ScriptedEngine, ScriptedFactory
 from .probe import Probe, TerminalQueued, probing
@@ -49,6 +50,7 @@ __all__ = [
     "ScriptedFactory",
     "SimClient",
     "Simulation",
+    "State",
     "TerminalQueued",
     "all_tasks",
     "probing",

@@ -61,6 +61,10 @@ class Simulation:
         answer = await client.send_and_receive(resume_event(session_id, token, last_seq))
         return client, answer
 
+    def sessions(self) -> list[Session]:
+        """Every session that holds a slot (opening, attached, detached or closing)."""
+        return list(self.server.sessions.registry.sessions.values())
+
     def session(self, session_id: str) -> Session | None:
         """The live session with that id (None once its slot is free)."""
         return self.server.sessions.registry.sessions.get(session_id)
