@@ -84,3 +84,36 @@ def test_the_testing_guide_example_runs() -> None:
     exec(compile(match.group(1), "docs/testing.md", "exec"), namespace)
     test = namespace["test_created_in_flight_when_the_peer_goes"]
     trio.run(test, None, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def _layout_paths() -> list[Path]:
+    """Every path the README's Layout table names (a later bare name in a cell is relative
+    to the first one's folder)."""
+    text = README.read_text()
+    table = text[text.index("## Layout") :]
+    paths = []
+    for row in re.findall(r"^\| (`[^|]*`) \|", table, re.M):
+        names = re.findall(r"`([^`]+)`", row)
+        first = Path(names[0])
+        base = first if names[0].endswith("/") else first.parent
+        paths.append(first)
+        paths.extend(Path(n) if "/" in n.rstrip("/") else base / n for n in names[1:])
+    return paths
+
+
+def test_the_readme_layout_table_matches_the_tree() -> None:
+    root = README.parent
+    named = _layout_paths()
+    missing = [str(p) for p in named if not (root / p).exists()]
+    assert not missing, f"the README's layout names paths that do not exist: {missing}"
+    described = {str(p) for p in named}
+    folders = {str(p).rstrip("/") for p in named if (root / p).is_dir()}
+    modules = sorted((root / "trio_duplex").rglob("*.py"))
+    undescribed = [
+        str(m.relative_to(root))
+        for m in modules
+        if m.name not in ("__init__.py", "__main__.py")
+        and str(m.relative_to(root)) not in described
+        and str(m.parent.relative_to(root)) not in folders
+    ]
+    assert not undescribed, f"modules the README's layout does not mention: {undescribed}"
