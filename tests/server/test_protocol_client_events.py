@@ -1,4 +1,4 @@
-"""PROTOCOL.md, Other client events (heartbeat, close, engine events and their errors)
+"""docs/protocol.md, Other client events (heartbeat, close, engine events and their errors)
 and Errors (the shape of every error event)."""
 
 from __future__ import annotations

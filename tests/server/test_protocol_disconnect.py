@@ -1,4 +1,4 @@
-"""PROTOCOL.md, Disconnect, grace and expiry: what detaches a session, the grace period,
+"""docs/protocol.md, Disconnect, grace and expiry: what detaches a session, the grace period,
 idle expiry, heartbeats, and exactly one terminal event."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""PROTOCOL.md, Ending and Close codes: engine_finished, engine_error, server shutdown
+"""docs/protocol.md, Ending and Close codes: engine_finished, engine_error, server shutdown
 with its drain, and failures inside one connection that must not take down the server."""
 
 from __future__ import annotations

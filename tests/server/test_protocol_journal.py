@@ -1,4 +1,4 @@
-"""PROTOCOL.md, Events and the journal: seqs, control events, session.update, acks, the
+"""docs/protocol.md, Events and the journal: seqs, control events, session.update, acks, the
 byte and TTL bounds with their notices, client_event_seq and input_backpressure."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""PROTOCOL.md, Opening a session: the first message, the config timeout, ?autostart=1,
+"""docs/protocol.md, Opening a session: the first message, the config timeout, ?autostart=1,
 admission, session.created and the delivery rule."""
 
 from __future__ import annotations

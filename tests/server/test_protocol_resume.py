@@ -1,4 +1,4 @@
-"""PROTOCOL.md, Resume: every refusal, success, replay, token rotation, journal_gap,
+"""docs/protocol.md, Resume: every refusal, success, replay, token rotation, journal_gap,
 takeover, concurrent resumes and half-way failures."""
 
 from __future__ import annotations

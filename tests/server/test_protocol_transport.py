@@ -1,4 +1,4 @@
-"""PROTOCOL.md, Transport: endpoint, text frames, event_id, max_event_bytes, pings, and
+"""docs/protocol.md, Transport: endpoint, text frames, event_id, max_event_bytes, pings, and
 bad frames that must never take down the server or another session."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Resume credentials: 256-bit random tokens, kept only as SHA-256 digests.
 
-Rotation rule (PROTOCOL.md, Resume): a resume that presents a valid token is issued a
+Rotation rule (docs/protocol.md, Resume): a resume that presents a valid token is issued a
 new one; until the new token is itself presented, the presented one stays valid too, so
 a client whose ``session.resumed`` was lost can try again. Presenting the new token
 kills every older one. At most two digests are ever valid.

@@ -3,7 +3,7 @@
 Sans-IO: time is passed in. Entries hold the encoded frame, so an event is encoded once
 and the same string is sent live, journaled and replayed.
 
-Bounds (PROTOCOL.md, Events and the journal): ``max_bytes`` of compact JSON and
+Bounds (docs/protocol.md, Events and the journal): ``max_bytes`` of compact JSON and
 ``ttl_s`` of age. Overflow is never silent: when appending event N would exceed the byte
 bound every entry up to N-1 is dropped and the caller is told ``dropped_through = N-1``
 (an event that alone exceeds the bound is not journaled: ``dropped_through = N``). TTL

@@ -1,6 +1,6 @@
 """The session state machine and admission accounting. No I/O, no clock, no awaits.
 
-This file owns every rule of PROTOCOL.md about a session's life::
+This file owns every rule of docs/protocol.md about a session's life::
 
     OPENING --handshake_delivered--> ATTACHED <--commit_resume/detach--> DETACHED
        |                                 |                                   |

@@ -104,8 +104,8 @@ class Probe(Observer):
             return
         registry = self.server.sessions.registry
         for frame in frames:
-            if '"session.closed"' not in frame and '"session.expired"' not in frame:
-                continue
+            if not any(f'"{kind}"' in frame for kind in TERMINAL_EVENTS):
+                continue  # the cheap test first
             event = json.loads(frame)
             if event.get("type") in TERMINAL_EVENTS:
                 session_id = str(event.get("session_id"))

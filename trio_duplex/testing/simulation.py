@@ -15,7 +15,9 @@ import attrs
 import trio
 from trio_websocket import wrap_client_stream
 
+from ..core import events
 from ..core.config import ServerConfig
+from ..core.events import EventType
 from ..core.session import Registry, Session
 from ..engines.api import EngineFactory, Event
 from ..engines.echo import EchoEngine
@@ -50,8 +52,8 @@ class Simulation:
     async def open_session(self, config: dict[str, Any] | None = None) -> tuple[SimClient, Event]:
         """Connect and open a session; returns the client and its ``session.created``."""
         client = await self.connect()
-        created = await client.send_and_receive({"type": "session.update", "session": config or {}})
-        assert created["type"] == "session.created", created
+        created = await client.send_and_receive(events.update(config or {}))
+        assert created["type"] == EventType.CREATED, created
         return client, created
 
     async def resume(
@@ -98,12 +100,7 @@ class Simulation:
 
 
 def resume_event(session_id: str, token: str, last_seq: int = 0) -> Event:
-    return {
-        "type": "session.resume",
-        "session_id": session_id,
-        "resume_token": token,
-        "last_received_server_event_seq": last_seq,
-    }
+    return events.resume(session_id, token, last_seq)
 
 
 @asynccontextmanager
