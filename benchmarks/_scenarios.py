@@ -45,7 +45,7 @@ def row(
         ours=Summary.of(x for x in ours if x is not None),
         baseline_name=base_name,
         baseline=Summary.of(x for x in base if x is not None),
-        ratio=Summary.of(paired_ratios(ours, base)),  # type: ignore[arg-type]
+        ratio=Summary.of(paired_ratios(ours, base)),
         **kw,
     )
     suite.rows.append(r)
@@ -57,7 +57,7 @@ def per10k(events_key: str = "events") -> Callable[[dict[str, Any]], float]:
 
 
 def client_per10k(r: dict[str, Any]) -> float:
-    return float(r["client_cpu"]) * 10_000 / r["events"]
+    return float(r["client_cpu"]) * 10_000 / float(r["events"])
 
 
 # --------------------------------------------------------------------------- 1 and 7
@@ -336,7 +336,7 @@ def idle(suite: Suite) -> None:
         if r["count"] < n / 2:
             raise KeyError("too few opened to judge")
         m = r["server"]
-        return (m["settled"]["rss"] - m["before_open"]["rss"]) / r["count"] / 1024
+        return float((m["settled"]["rss"] - m["before_open"]["rss"]) / r["count"] / 1024)
 
     opened = lambda r: float(r["open_seconds"]) if r["count"] == n else math.nan  # noqa: E731
     for name, rs in (("trio-duplex", us), ("bare trio-websocket", bare), ("Socket.IO", peer)):
@@ -465,7 +465,7 @@ def resume(suite: Suite) -> None:
         k = result["k"]
         us, bare = result["duplex"], result["bare"]
         for q in ("p50", "p99"):
-            target = {}
+            target: dict[str, Any] = {}
             if k == 100 and q == "p99":
                 target = {"target": "< 10 ms", "target_abs": 10.0}
             suite.rows.append(Row(

@@ -63,7 +63,7 @@ class Summary:
         return {"median": self.median, "min": self.min, "max": self.max, "n": self.n}
 
 
-def paired_ratios(ours: Sequence[float], base: Sequence[float]) -> list[float]:
+def paired_ratios(ours: Sequence[float | None], base: Sequence[float | None]) -> list[float]:
     """``ours[i] / base[i]`` for runs made side by side; pairs with a 0 or None are skipped."""
     return [a / b for a, b in zip(ours, base, strict=False) if b not in (0, None) and a is not None]
 

@@ -296,8 +296,8 @@ def write_diff(
     lines.append("\ntop allocation sites with their callers:")
     for s in by_trace[:4]:
         lines.append(f"  {s.size_diff / n:8.0f} B per session:")
-        for frame in s.traceback.format()[-10:]:
-            lines.append("      " + frame)
+        for entry in s.traceback.format()[-10:]:
+            lines.append("      " + entry)
     out = Path(os.environ["BENCH_TRACEMALLOC_OUT"])
     tmp = out.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")

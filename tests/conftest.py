@@ -7,7 +7,7 @@ client; ``raw_http`` sends raw bytes and returns the answer; ``serve`` and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,11 +16,11 @@ from wsproto.events import AcceptConnection
 
 from trio_duplex.testing import Simulation
 
-from .helpers import RawClient, ServerProcess, Servers, raw_handshake
+from .helpers import RawClient, RawHttp, RawWs, Serve, Servers, raw_handshake
 
 
 @pytest.fixture
-def raw_ws() -> Callable[..., Any]:
+def raw_ws() -> RawWs:
     """``await raw_ws(sim, path)`` → a RawClient whose handshake was accepted."""
 
     async def connect(sim: Simulation, path: str = "/v1/duplex", **kwargs: Any) -> RawClient:
@@ -34,7 +34,7 @@ def raw_ws() -> Callable[..., Any]:
 
 
 @pytest.fixture
-def raw_http() -> Callable[..., Any]:
+def raw_http() -> RawHttp:
     """``await raw_http(sim, request_bytes)`` → every byte the server answers, until EOF."""
 
     async def exchange(sim: Simulation, request: bytes) -> bytes:
@@ -56,7 +56,7 @@ def raw_http() -> Callable[..., Any]:
 
 
 @pytest.fixture
-def serve() -> Iterator[Callable[..., ServerProcess]]:
+def serve() -> Iterator[Serve]:
     """``serve(*flags)`` starts a server on a free port and returns once it is ready."""
     servers = Servers()
     try:
@@ -66,7 +66,7 @@ def serve() -> Iterator[Callable[..., ServerProcess]]:
 
 
 @pytest.fixture(scope="module")
-def serve_module() -> Iterator[Callable[..., ServerProcess]]:
+def serve_module() -> Iterator[Serve]:
     """Like ``serve``, for a server shared by the tests of one module."""
     servers = Servers()
     try:

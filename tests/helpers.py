@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -53,7 +54,7 @@ class RawClient:
     pings: int = 0
     eof: bool = False
     _pending: deque[Any] = attrs.field(factory=deque)
-    _parts: list[str | bytes] = attrs.field(factory=list)
+    _parts: list[str | bytes | bytearray] = attrs.field(factory=list)
 
     # writing
     def frame(self, data: str | bytes, *, fin: bool = True) -> bytes:
@@ -85,7 +86,7 @@ class RawClient:
                 self.eof = True
                 self.ws.receive_data(None)
             else:
-                self.ws.receive_data(data)
+                self.ws.receive_data(bytes(data))
             self._pending.extend(self.ws.events())
         return self._pending.popleft()
 
@@ -237,6 +238,15 @@ class Servers:
     def stop_all(self) -> None:
         for server in self.started:
             server.stop()
+
+
+# The types of the fixtures in conftest.py, for the tests' signatures.
+RawWs = Callable[..., Awaitable[RawClient]]
+"""``raw_ws``: ``await raw_ws(sim, path="/v1/duplex", **RawClient_fields)`` → a RawClient."""
+RawHttp = Callable[[Simulation, bytes], Awaitable[bytes]]
+"""``raw_http``: ``await raw_http(sim, request_bytes)`` → every byte the server answers."""
+Serve = Callable[..., ServerProcess]
+"""``serve`` and ``serve_module``: ``serve(*flags, ready_timeout=15.0)`` → a ready server."""
 
 
 async def echo(client: SimClient, value: str = "x", seq: int | None = None) -> dict[str, Any]:

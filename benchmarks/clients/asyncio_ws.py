@@ -60,7 +60,7 @@ async def dial(url: str, max_queue: int = 64) -> ClientConnection:
 
 async def open_session(ws: ClientConnection) -> dict[str, Any]:
     await ws.send(SESSION_UPDATE)
-    created = json.loads(await ws.recv())
+    created: dict[str, Any] = json.loads(await ws.recv())
     if created.get("type") != "session.created":
         raise RuntimeError(f"expected session.created, got {created}")
     return created

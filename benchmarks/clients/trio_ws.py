@@ -34,7 +34,7 @@ from benchmarks._workload import (
 
 async def open_session(ws: WebSocketConnection) -> dict[str, Any]:
     await ws.send_message(SESSION_UPDATE)
-    created = json.loads(await ws.get_message())
+    created: dict[str, Any] = json.loads(await ws.get_message())
     if created.get("type") != "session.created":
         raise RuntimeError(f"expected session.created, got {created}")
     return created

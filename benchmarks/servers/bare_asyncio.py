@@ -21,6 +21,7 @@ from benchmarks._workload import burst_frame, raise_nofile
 
 
 async def handler(ws: ServerConnection) -> None:
+    assert ws.request is not None  # set once the handshake is done, before the handler
     try:
         query = parse_qs(urlsplit(ws.request.path).query)
         burst = int(query.get("burst", ["0"])[0])

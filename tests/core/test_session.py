@@ -510,7 +510,7 @@ def test_idle_expiry_racing_a_takeover_that_aborts() -> None:
         (Reason.IDLE_EXPIRED, "session.expired", 1000),
     ],
 )
-def test_exactly_one_terminal_event(reason: str, kind: str, code: int) -> None:
+def test_exactly_one_terminal_event(reason: Reason, kind: str, code: int) -> None:
     session, _ = opened(make_registry())
     terminal = session.begin_close(reason, 1.0)
     assert terminal is not None

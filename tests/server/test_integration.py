@@ -19,6 +19,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from ..helpers import Serve, ServerProcess
+
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 5.0
@@ -26,7 +28,7 @@ SHARED_FLAGS = ("--max-event-bytes", "4096", "--disconnect-grace", "30")
 
 
 @pytest.fixture(scope="module")
-def shared(serve_module):
+def shared(serve_module: Serve) -> ServerProcess:
     """One server for the tests that need no special flags."""
     return serve_module(*SHARED_FLAGS)
 
@@ -63,9 +65,11 @@ def request(ws: ClientConnection, event: dict[str, Any]) -> dict[str, Any]:
     return recv(ws)
 
 
-def until_closed(ws: ClientConnection, timeout: float = TIMEOUT) -> tuple[list[dict], int | None]:
+def until_closed(
+    ws: ClientConnection, timeout: float = TIMEOUT
+) -> tuple[list[dict[str, Any]], int | None]:
     """Every event until the server closes, and the close code it sent."""
-    events = []
+    events: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -77,7 +81,7 @@ def until_closed(ws: ClientConnection, timeout: float = TIMEOUT) -> tuple[list[d
         return events, code
 
 
-def open_session(ws: ClientConnection, config: dict | None = None) -> dict[str, Any]:
+def open_session(ws: ClientConnection, config: dict[str, Any] | None = None) -> dict[str, Any]:
     created = request(ws, {"type": "session.update", "session": config or {}})
     assert created["type"] == "session.created", created
     return created
@@ -201,7 +205,7 @@ class FrameReader:
 
     def until_close(self) -> tuple[list[tuple[int, bytes]], int]:
         """Frames until the server's Close frame, and its code."""
-        frames = []
+        frames: list[tuple[int, bytes]] = []
         while True:
             opcode, payload = self.frame()
             if opcode == 8:
@@ -213,7 +217,7 @@ class FrameReader:
 # -- open, echo, close -----------------------------------------------------------------------
 
 
-def test_open_echo_heartbeat_close(shared):
+def test_open_echo_heartbeat_close(shared: ServerProcess) -> None:
     with ws_connect(shared.url) as ws:
         created = open_session(ws, {"voice": "alto"})
         assert created["session"] == {"voice": "alto"}
@@ -236,7 +240,7 @@ def test_open_echo_heartbeat_close(shared):
         assert code == 1000
 
 
-def test_autostart_and_first_event_opens(shared):
+def test_autostart_and_first_event_opens(shared: ServerProcess) -> None:
     with ws_connect(shared.url + "?autostart=1") as ws:
         created = recv(ws)
         assert created["type"] == "session.created"
@@ -246,7 +250,7 @@ def test_autostart_and_first_event_opens(shared):
         assert recv(ws)["server_event_seq"] == 1
 
 
-def test_large_message_under_a_big_bound_is_accepted(serve):
+def test_large_message_under_a_big_bound_is_accepted(serve: Serve) -> None:
     # Over trio-websocket's own 1 MiB default, under --max-event-bytes.
     server = serve("--max-event-bytes", str(3 * 1024 * 1024))
     with ws_connect(server.url) as ws:
@@ -260,7 +264,7 @@ def test_large_message_under_a_big_bound_is_accepted(serve):
 # -- resume and takeover ---------------------------------------------------------------------
 
 
-def test_resume_with_replay_after_a_close_frame(shared):
+def test_resume_with_replay_after_a_close_frame(shared: ServerProcess) -> None:
     with ws_connect(shared.url) as ws:
         created = open_session(ws)
         for t in ("one", "two", "three"):
@@ -275,7 +279,7 @@ def test_resume_with_replay_after_a_close_frame(shared):
         assert echo(ws, "four")["server_event_seq"] == 4
 
 
-def test_resume_after_a_dropped_socket(shared):
+def test_resume_after_a_dropped_socket(shared: ServerProcess) -> None:
     sock, rest = raw_ws(shared.port)
     with sock:
         sock.sendall(client_frame(1, b'{"type":"session.update","session":{}}'))
@@ -293,7 +297,9 @@ def test_resume_after_a_dropped_socket(shared):
         assert (replayed["text"], replayed["server_event_seq"]) == ("kept", 1)
 
 
-def test_takeover_moves_the_session_and_closes_the_old_connection_4000(shared):
+def test_takeover_moves_the_session_and_closes_the_old_connection_4000(
+    shared: ServerProcess,
+) -> None:
     with ws_connect(shared.url) as old:
         created = open_session(old)
         echo(old, "before")
@@ -313,7 +319,7 @@ def test_takeover_moves_the_session_and_closes_the_old_connection_4000(shared):
             assert echo(new, "after")["server_event_seq"] == 2
 
 
-def test_resume_refusals_close_4001(shared):
+def test_resume_refusals_close_4001(shared: ServerProcess) -> None:
     with ws_connect(shared.url) as ws:
         created = open_session(ws)
     cases = [
@@ -332,7 +338,7 @@ def test_resume_refusals_close_4001(shared):
 # -- bad input -------------------------------------------------------------------------------
 
 
-def test_invalid_json_and_binary_are_errors_not_closes(shared):
+def test_invalid_json_and_binary_are_errors_not_closes(shared: ServerProcess) -> None:
     with ws_connect(shared.url) as ws:
         open_session(ws)
         ws.send("{nope")
@@ -349,7 +355,7 @@ def test_invalid_json_and_binary_are_errors_not_closes(shared):
     ["x" * 4097, "é" * 2500, b"\x00" * 5000],
     ids=["ascii-4097-bytes", "2500-chars-5000-bytes", "binary-5000-bytes"],
 )
-def test_oversize_message_closes_1009(shared, message):
+def test_oversize_message_closes_1009(shared: ServerProcess, message: str | bytes) -> None:
     with ws_connect(shared.url) as ws:
         open_session(ws)
         ws.send(message)
@@ -358,7 +364,7 @@ def test_oversize_message_closes_1009(shared, message):
         assert code == 1009
 
 
-def test_oversize_fragmented_message_closes_1009(shared):
+def test_oversize_fragmented_message_closes_1009(shared: ServerProcess) -> None:
     with ws_connect(shared.url) as ws:
         open_session(ws)
         ws.send(["é" * 1000, "é" * 1000, "é" * 1000])  # 3 fragments, 6000 bytes
@@ -367,7 +373,7 @@ def test_oversize_fragmented_message_closes_1009(shared):
         assert code == 1009
 
 
-def test_fragmented_message_under_the_bound_is_one_event(shared):
+def test_fragmented_message_under_the_bound_is_one_event(shared: ServerProcess) -> None:
     with ws_connect(shared.url) as ws:
         open_session(ws)
         text = json.dumps({"type": "input.text.append", "text": "y" * 3000})
@@ -376,7 +382,9 @@ def test_fragmented_message_under_the_bound_is_one_event(shared):
         assert reply["text"] == "y" * 3000
 
 
-def test_two_oversize_frames_in_one_tcp_write_do_not_take_down_the_server(shared):
+def test_two_oversize_frames_in_one_tcp_write_do_not_take_down_the_server(
+    shared: ServerProcess,
+) -> None:
     with ws_connect(shared.url) as bystander:
         open_session(bystander)
         echo(bystander, "before")
@@ -400,7 +408,7 @@ def test_two_oversize_frames_in_one_tcp_write_do_not_take_down_the_server(shared
         echo(ws, "new sessions still open")
 
 
-def test_other_path_is_404_and_non_upgrade_is_400(shared):
+def test_other_path_is_404_and_non_upgrade_is_400(shared: ServerProcess) -> None:
     with pytest.raises(InvalidStatus) as info:
         with ws_connect(shared.url.replace("/v1/duplex", "/v1/elsewhere")):
             pass
@@ -414,7 +422,7 @@ def test_other_path_is_404_and_non_upgrade_is_400(shared):
 # -- admission -------------------------------------------------------------------------------
 
 
-def test_admission_with_max_sessions_1(serve):
+def test_admission_with_max_sessions_1(serve: Serve) -> None:
     server = serve("--max-sessions", "1")
     with ws_connect(server.url) as first:
         open_session(first)
@@ -433,7 +441,7 @@ def test_admission_with_max_sessions_1(serve):
 # -- shutdown ------------------------------------------------------------------------------------
 
 
-def test_sigint_drains_then_closes_1001_and_exits_0(serve):
+def test_sigint_drains_then_closes_1001_and_exits_0(serve: Serve) -> None:
     drain = 1.5
     server = serve("--drain-timeout", str(drain))
     with ws_connect(server.url) as attached:
@@ -465,7 +473,7 @@ def test_sigint_drains_then_closes_1001_and_exits_0(serve):
     assert time.monotonic() - started < drain + 5
 
 
-def test_sigint_without_sessions_exits_at_once(serve):
+def test_sigint_without_sessions_exits_at_once(serve: Serve) -> None:
     server = serve("--drain-timeout", "30")
     started = time.monotonic()
     server.interrupt()

@@ -3,7 +3,11 @@ and Errors (the shape of every error event)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import pytest
+from trio.testing import MockClock
 
 from trio_duplex.core.config import ServerConfig
 from trio_duplex.testing import ScriptedEngine, running_server
@@ -19,7 +23,7 @@ RETRYABLE = {
 ERROR_KEYS = {"type", "code", "message", "retryable", "event_id", "param"}
 
 
-def assert_error_shape(error: dict) -> None:
+def assert_error_shape(error: dict[str, Any]) -> None:
     assert error["type"] == "error"
     assert set(error) <= ERROR_KEYS, error
     assert {"code", "message", "retryable"} <= set(error)
@@ -36,7 +40,7 @@ def assert_error_shape(error: dict) -> None:
 # -- heartbeat -------------------------------------------------------------------------------
 
 
-async def test_heartbeat_is_answered_with_heartbeat_ack(autojump_clock):
+async def test_heartbeat_is_answered_with_heartbeat_ack(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         ack = await client.send_and_receive({"type": "session.heartbeat"})
@@ -50,7 +54,7 @@ async def test_heartbeat_is_answered_with_heartbeat_ack(autojump_clock):
         assert ack2["type"] == "session.heartbeat_ack"
 
 
-async def test_heartbeat_with_event_id_and_extra_fields(autojump_clock):
+async def test_heartbeat_with_event_id_and_extra_fields(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         ack = await client.send_and_receive(
@@ -64,7 +68,9 @@ async def test_heartbeat_with_event_id_and_extra_fields(autojump_clock):
 
 
 @pytest.mark.parametrize("extra", [{}, {"reason": "done for today"}, {"reason": None}])
-async def test_session_close_ends_with_client_close_and_1000(autojump_clock, extra):
+async def test_session_close_ends_with_client_close_and_1000(
+    autojump_clock: MockClock, extra: dict[str, Any]
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         await echo(client)
@@ -81,7 +87,7 @@ async def test_session_close_ends_with_client_close_and_1000(autojump_clock, ext
         assert sim.server.slots_held == 0
 
 
-async def test_slot_is_free_when_session_closed_arrives(autojump_clock):
+async def test_slot_is_free_when_session_closed_arrives(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(max_sessions=1)) as sim:
         client, _ = await sim.open_session()
         await client.send({"type": "session.close"})
@@ -95,10 +101,12 @@ async def test_slot_is_free_when_session_closed_arrives(autojump_clock):
         assert created["type"] == "session.created"
 
 
-async def test_engine_output_before_the_close_comes_before_session_closed(autojump_clock):
+async def test_engine_output_before_the_close_comes_before_session_closed(
+    autojump_clock: MockClock,
+) -> None:
     engines: list[ScriptedEngine] = []
 
-    def factory(config):
+    def factory(config: Mapping[str, Any]) -> ScriptedEngine:
         engines.append(ScriptedEngine(dict(config)))
         return engines[-1]
 
@@ -111,7 +119,7 @@ async def test_engine_output_before_the_close_comes_before_session_closed(autoju
         assert engines[0].cancelled
 
 
-async def test_closed_session_cannot_be_resumed(autojump_clock):
+async def test_closed_session_cannot_be_resumed(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         await client.send({"type": "session.close"})
@@ -123,7 +131,7 @@ async def test_closed_session_cannot_be_resumed(autojump_clock):
 # -- events for the engine --------------------------------------------------------------------
 
 
-async def test_echo_engine_answers_text_and_audio(autojump_clock):
+async def test_echo_engine_answers_text_and_audio(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         text = await client.send_and_receive({"type": "input.text.append", "text": "héllo"})
@@ -143,7 +151,9 @@ async def test_echo_engine_answers_text_and_audio(autojump_clock):
 
 
 @pytest.mark.parametrize("kind", ["response.create", "session.nope", "", "input.text"])
-async def test_event_type_the_engine_does_not_accept_is_unknown_event(autojump_clock, kind):
+async def test_event_type_the_engine_does_not_accept_is_unknown_event(
+    autojump_clock: MockClock, kind: str
+) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         error = await client.send_and_receive({"type": kind, "event_id": "u"})
@@ -165,7 +175,9 @@ async def test_event_type_the_engine_does_not_accept_is_unknown_event(autojump_c
         ({"type": "input_audio_buffer.append", "audio": {}}, "audio"),
     ],
 )
-async def test_malformed_fields_are_bad_event_from_the_engine_check(autojump_clock, event, param):
+async def test_malformed_fields_are_bad_event_from_the_engine_check(
+    autojump_clock: MockClock, event: dict[str, Any], param: str
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         error = await client.send_and_receive({**event, "event_id": "b", "client_event_seq": 1})
@@ -181,7 +193,9 @@ async def test_malformed_fields_are_bad_event_from_the_engine_check(autojump_clo
 
 
 @pytest.mark.parametrize("message", ["{", "not json", '{"type": "x",}', "", "NaN x"])
-async def test_invalid_json_mid_session_is_non_fatal(autojump_clock, message):
+async def test_invalid_json_mid_session_is_non_fatal(
+    autojump_clock: MockClock, message: str
+) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         await client.send_raw(message)
@@ -192,7 +206,9 @@ async def test_invalid_json_mid_session_is_non_fatal(autojump_clock, message):
 
 
 @pytest.mark.parametrize("escaped", ["\\ud800", "\\udfff", "a\\ud83d", "\\uDC00x"])
-async def test_lone_surrogate_escape_is_refused_not_echoed(autojump_clock, escaped):
+async def test_lone_surrogate_escape_is_refused_not_echoed(
+    autojump_clock: MockClock, escaped: str
+) -> None:
     # Valid UTF-8 on the wire, but a lone surrogate once decoded: it could never be sent
     # back as UTF-8, so it must be refused instead of breaking the connection later.
     async with running_server() as sim:
@@ -204,7 +220,7 @@ async def test_lone_surrogate_escape_is_refused_not_echoed(autojump_clock, escap
         assert (await echo(client))["server_event_seq"] == 1
 
 
-async def test_lone_surrogate_in_event_id_or_config_is_refused(autojump_clock):
+async def test_lone_surrogate_in_event_id_or_config_is_refused(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         await client.send_raw('{"type":"nope","event_id":"\\ud800"}')
@@ -216,7 +232,7 @@ async def test_lone_surrogate_in_event_id_or_config_is_refused(autojump_clock):
         assert (await echo(client))["server_event_seq"] == 1
 
 
-async def test_escaped_surrogate_pair_is_fine(autojump_clock):
+async def test_escaped_surrogate_pair_is_fine(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         await client.send_raw('{"type":"input.text.append","text":"\\ud83d\\ude00"}')
@@ -224,7 +240,7 @@ async def test_escaped_surrogate_pair_is_fine(autojump_clock):
         assert reply["text"] == "\U0001f600"
 
 
-async def test_many_errors_in_a_row_do_not_end_the_session(autojump_clock):
+async def test_many_errors_in_a_row_do_not_end_the_session(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         for n in range(100):
@@ -238,11 +254,11 @@ async def test_many_errors_in_a_row_do_not_end_the_session(autojump_clock):
 
 
 async def test_every_error_has_code_message_retryable_and_optional_event_id_param(
-    autojump_clock,
-):
+    autojump_clock: MockClock,
+) -> None:
     engines: list[ScriptedEngine] = []
 
-    def factory(config):
+    def factory(config: Mapping[str, Any]) -> ScriptedEngine:
         engines.append(ScriptedEngine(dict(config), gated=True))
         return engines[-1]
 
@@ -250,12 +266,13 @@ async def test_every_error_has_code_message_retryable_and_optional_event_id_para
     async with running_server(config, factory) as sim:
         errors = []
         client, created = await sim.open_session()
-        for event in [
+        bad_events: list[dict[str, Any]] = [
             {"type": "nope", "event_id": "1"},
             {"type": "input.text.append", "text": "t", "client_event_seq": 0, "event_id": "2"},
             {"type": "session.event_ack", "server_event_seq": 9, "event_id": "3"},
             {"type": "session.resume", "session_id": "x", "resume_token": "y", "event_id": "4"},
-        ]:
+        ]
+        for event in bad_events:
             errors.append(await client.send_and_receive(event))
         await client.send_raw("{")
         errors.append(await client.receive())

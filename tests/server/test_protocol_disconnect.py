@@ -3,17 +3,20 @@ idle expiry, heartbeats, and exactly one terminal event."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
+from trio.testing import MockClock
 
 from trio_duplex.core.config import ServerConfig
 from trio_duplex.testing import ScriptedEngine, ScriptedFactory, running_server
 
-from ..helpers import echo, state_of
+from ..helpers import RawWs, echo, state_of
 
 
-def scripted_factory(engines: list[ScriptedEngine], **kwargs) -> ScriptedFactory:
+def scripted_factory(engines: list[ScriptedEngine], **kwargs: Any) -> ScriptedFactory:
     return ScriptedFactory(kwargs, engines)  # every engine it builds lands in ``engines``
 
 
@@ -21,7 +24,9 @@ def scripted_factory(engines: list[ScriptedEngine], **kwargs) -> ScriptedFactory
 
 
 @pytest.mark.parametrize("how", ["close-frame", "close-frame-4999", "cut"])
-async def test_losing_the_connection_detaches_the_session(autojump_clock, how):
+async def test_losing_the_connection_detaches_the_session(
+    autojump_clock: MockClock, how: str
+) -> None:
     engines: list[ScriptedEngine] = []
     async with running_server(engine_factory=scripted_factory(engines)) as sim:
         client, created = await sim.open_session()
@@ -43,7 +48,7 @@ async def test_losing_the_connection_detaches_the_session(autojump_clock, how):
         assert (replayed["text"], replayed["server_event_seq"]) == ("while detached", 1)
 
 
-async def test_a_failed_send_detaches_the_session(autojump_clock):
+async def test_a_failed_send_detaches_the_session(autojump_clock: MockClock) -> None:
     engines: list[ScriptedEngine] = []
     async with running_server(engine_factory=scripted_factory(engines)) as sim:
         client, created = await sim.open_session()
@@ -57,7 +62,9 @@ async def test_a_failed_send_detaches_the_session(autojump_clock):
         assert (replayed["text"], replayed["server_event_seq"]) == ("lost in transit", 1)
 
 
-async def test_an_unanswered_ping_detaches_the_session(autojump_clock, raw_ws):
+async def test_an_unanswered_ping_detaches_the_session(
+    autojump_clock: MockClock, raw_ws: RawWs
+) -> None:
     config = ServerConfig(ping_interval_s=5, ping_timeout_s=3, disconnect_grace_s=10)
     async with running_server(config) as sim:
         client = await raw_ws(sim, answer_pings=False)
@@ -76,7 +83,9 @@ async def test_an_unanswered_ping_detaches_the_session(autojump_clock, raw_ws):
         assert trio.current_time() - start == pytest.approx(18.1)
 
 
-async def test_answered_pings_keep_the_session_attached(autojump_clock, raw_ws):
+async def test_answered_pings_keep_the_session_attached(
+    autojump_clock: MockClock, raw_ws: RawWs
+) -> None:
     config = ServerConfig(ping_interval_s=5, ping_timeout_s=3)
     async with running_server(config) as sim:
         client = await raw_ws(sim)
@@ -91,7 +100,7 @@ async def test_answered_pings_keep_the_session_attached(autojump_clock, raw_ws):
 # -- the grace period ------------------------------------------------------------------------
 
 
-async def test_grace_expiry_closes_the_detached_session(autojump_clock):
+async def test_grace_expiry_closes_the_detached_session(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=30)) as sim:
         client, created = await sim.open_session()
         session = sim.server.sessions.registry.sessions[created["session_id"]]
@@ -114,7 +123,7 @@ async def test_grace_expiry_closes_the_detached_session(autojump_clock):
         assert client2.close_code == 4001
 
 
-async def test_resume_just_inside_the_grace_succeeds(autojump_clock):
+async def test_resume_just_inside_the_grace_succeeds(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=30)) as sim:
         client, created = await sim.open_session()
         await client.transport.cut()
@@ -125,7 +134,7 @@ async def test_resume_just_inside_the_grace_succeeds(autojump_clock):
         assert state_of(sim, created["session_id"]) == "attached"
 
 
-async def test_grace_restarts_after_each_new_loss(autojump_clock):
+async def test_grace_restarts_after_each_new_loss(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=10)) as sim:
         client, created = await sim.open_session()
         token = created["resume_token"]
@@ -140,7 +149,7 @@ async def test_grace_restarts_after_each_new_loss(autojump_clock):
         assert state_of(sim, created["session_id"]) is None
 
 
-async def test_zero_grace_closes_at_once(autojump_clock):
+async def test_zero_grace_closes_at_once(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=0)) as sim:
         client, created = await sim.open_session()
         await client.transport.cut()
@@ -151,7 +160,7 @@ async def test_zero_grace_closes_at_once(autojump_clock):
         assert answer["code"] == "session_resume_expired"
 
 
-async def test_engine_is_cancelled_when_the_grace_expires(autojump_clock):
+async def test_engine_is_cancelled_when_the_grace_expires(autojump_clock: MockClock) -> None:
     engines: list[ScriptedEngine] = []
     config = ServerConfig(disconnect_grace_s=5)
     async with running_server(config, scripted_factory(engines)) as sim:
@@ -167,7 +176,7 @@ async def test_engine_is_cancelled_when_the_grace_expires(autojump_clock):
 # -- idle expiry -----------------------------------------------------------------------------
 
 
-async def test_idle_ttl_expires_an_attached_session(autojump_clock):
+async def test_idle_ttl_expires_an_attached_session(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(idle_ttl_s=50)) as sim:
         client, created = await sim.open_session()
         start = trio.current_time()
@@ -184,7 +193,7 @@ async def test_idle_ttl_expires_an_attached_session(autojump_clock):
         assert sim.server.slots_held == 0
 
 
-async def test_idle_ttl_default_is_300_seconds(autojump_clock):
+async def test_idle_ttl_default_is_300_seconds(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         start = trio.current_time()
@@ -193,7 +202,7 @@ async def test_idle_ttl_default_is_300_seconds(autojump_clock):
         assert trio.current_time() - start == pytest.approx(300)
 
 
-async def test_heartbeat_resets_the_idle_clock(autojump_clock):
+async def test_heartbeat_resets_the_idle_clock(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(idle_ttl_s=10)) as sim:
         client, _ = await sim.open_session()
         start = trio.current_time()
@@ -206,7 +215,7 @@ async def test_heartbeat_resets_the_idle_clock(autojump_clock):
         assert trio.current_time() - start == pytest.approx(50)
 
 
-async def test_any_client_event_resets_the_idle_clock(autojump_clock):
+async def test_any_client_event_resets_the_idle_clock(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(idle_ttl_s=10)) as sim:
         client, _ = await sim.open_session()
         start = trio.current_time()
@@ -219,7 +228,7 @@ async def test_any_client_event_resets_the_idle_clock(autojump_clock):
         assert trio.current_time() - start == pytest.approx(28)
 
 
-async def test_server_output_does_not_reset_the_idle_clock(autojump_clock):
+async def test_server_output_does_not_reset_the_idle_clock(autojump_clock: MockClock) -> None:
     engines: list[ScriptedEngine] = []
     async with running_server(ServerConfig(idle_ttl_s=10), scripted_factory(engines)) as sim:
         client, _ = await sim.open_session()
@@ -235,7 +244,7 @@ async def test_server_output_does_not_reset_the_idle_clock(autojump_clock):
         assert trio.current_time() - start == pytest.approx(10)
 
 
-async def test_idle_ttl_does_not_run_while_detached(autojump_clock):
+async def test_idle_ttl_does_not_run_while_detached(autojump_clock: MockClock) -> None:
     config = ServerConfig(idle_ttl_s=10, disconnect_grace_s=30)
     async with running_server(config) as sim:
         client, created = await sim.open_session()
@@ -250,7 +259,7 @@ async def test_idle_ttl_does_not_run_while_detached(autojump_clock):
         assert trio.current_time() - start == pytest.approx(10)
 
 
-async def test_idle_expiry_cancels_the_engine_and_frees_the_slot(autojump_clock):
+async def test_idle_expiry_cancels_the_engine_and_frees_the_slot(autojump_clock: MockClock) -> None:
     engines: list[ScriptedEngine] = []
     config = ServerConfig(idle_ttl_s=5, max_sessions=1)
     async with running_server(config, scripted_factory(engines)) as sim:
@@ -264,7 +273,9 @@ async def test_idle_expiry_cancels_the_engine_and_frees_the_slot(autojump_clock)
 # -- exactly one terminal event --------------------------------------------------------------
 
 
-async def test_close_racing_engine_finish_gives_one_terminal_event(autojump_clock):
+async def test_close_racing_engine_finish_gives_one_terminal_event(
+    autojump_clock: MockClock,
+) -> None:
     engines: list[ScriptedEngine] = []
     factory = scripted_factory(engines, finish_on="stop")
     async with running_server(engine_factory=factory) as sim:
@@ -279,7 +290,9 @@ async def test_close_racing_engine_finish_gives_one_terminal_event(autojump_cloc
         assert client.close_code == 1000
 
 
-async def test_close_at_the_idle_deadline_gives_one_terminal_event(autojump_clock):
+async def test_close_at_the_idle_deadline_gives_one_terminal_event(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(ServerConfig(idle_ttl_s=10)) as sim:
         client, _ = await sim.open_session()
         await trio.sleep(10)  # the expiry and the close race at the same instant
@@ -290,7 +303,7 @@ async def test_close_at_the_idle_deadline_gives_one_terminal_event(autojump_cloc
         assert sim.server.slots_held == 0
 
 
-async def test_grace_expiry_racing_a_resume_ends_in_one_outcome(autojump_clock):
+async def test_grace_expiry_racing_a_resume_ends_in_one_outcome(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=10)) as sim:
         client, created = await sim.open_session()
         session = sim.server.sessions.registry.sessions[created["session_id"]]
@@ -308,7 +321,9 @@ async def test_grace_expiry_racing_a_resume_ends_in_one_outcome(autojump_clock):
             assert client2.close_code == 4001
 
 
-async def test_engine_blocked_on_a_slow_client_runs_on_once_detached(autojump_clock):
+async def test_engine_blocked_on_a_slow_client_runs_on_once_detached(
+    autojump_clock: MockClock,
+) -> None:
     engines: list[ScriptedEngine] = []
     config = ServerConfig(max_pending_output=4)
     async with running_server(config, scripted_factory(engines)) as sim:
@@ -318,7 +333,7 @@ async def test_engine_blocked_on_a_slow_client_runs_on_once_detached(autojump_cl
         emitted = 0
         all_emitted = trio.Event()
 
-        async def produce():
+        async def produce() -> None:
             nonlocal emitted
             for n in range(20):
                 await engine.emit(str(n))
@@ -338,7 +353,9 @@ async def test_engine_blocked_on_a_slow_client_runs_on_once_detached(autojump_cl
         assert replayed == list(range(1, 21))
 
 
-async def test_resume_at_the_head_after_acking_everything_has_no_gap(autojump_clock):
+async def test_resume_at_the_head_after_acking_everything_has_no_gap(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         for _ in range(3):
@@ -351,7 +368,9 @@ async def test_resume_at_the_head_after_acking_everything_has_no_gap(autojump_cl
         assert ack["type"] == "session.heartbeat_ack"  # no resync_required came first
 
 
-async def test_a_later_second_report_of_the_loss_does_not_restart_the_grace(autojump_clock):
+async def test_a_later_second_report_of_the_loss_does_not_restart_the_grace(
+    autojump_clock: MockClock,
+) -> None:
     engines: list[ScriptedEngine] = []
     config = ServerConfig(disconnect_grace_s=10)
     async with running_server(config, scripted_factory(engines)) as sim:

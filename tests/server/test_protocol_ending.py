@@ -3,15 +3,17 @@ with its drain, and failures inside one connection that must not take down the s
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from trio.testing import MockClock
 
 from trio_duplex.core.config import ServerConfig
-from trio_duplex.engines.api import Engine
+from trio_duplex.engines.api import Engine, EngineFactory, EngineSession, Event
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.server.server import DuplexServer
 from trio_duplex.testing import (
@@ -25,13 +27,13 @@ from trio_duplex.testing import (
 from ..helpers import echo
 
 
-def scripted_factory(engines: list[ScriptedEngine], **kwargs) -> ScriptedFactory:
+def scripted_factory(engines: list[ScriptedEngine], **kwargs: Any) -> ScriptedFactory:
     return ScriptedFactory(kwargs, engines)  # every engine it builds lands in ``engines``
 
 
 @asynccontextmanager
 async def serving(
-    config: ServerConfig, engine_factory=EchoEngine
+    config: ServerConfig, engine_factory: EngineFactory = EchoEngine
 ) -> AsyncIterator[tuple[Simulation, trio.Event]]:
     """Like ``running_server``, but the test can see when ``DuplexServer.run`` returns."""
     server = DuplexServer(config, engine_factory)
@@ -51,7 +53,9 @@ async def serving(
 # -- the engine ends the session ---------------------------------------------------------------
 
 
-async def test_engine_returning_ends_with_engine_finished_and_1000(autojump_clock):
+async def test_engine_returning_ends_with_engine_finished_and_1000(
+    autojump_clock: MockClock,
+) -> None:
     engines: list[ScriptedEngine] = []
     async with running_server(engine_factory=scripted_factory(engines, finish_on="bye")) as sim:
         client, created = await sim.open_session()
@@ -69,7 +73,7 @@ async def test_engine_returning_ends_with_engine_finished_and_1000(autojump_cloc
         assert sim.server.slots_held == 0
 
 
-async def test_engine_raising_ends_with_engine_error_and_1011(autojump_clock):
+async def test_engine_raising_ends_with_engine_error_and_1011(autojump_clock: MockClock) -> None:
     engines: list[ScriptedEngine] = []
     async with running_server(engine_factory=scripted_factory(engines, fail_on="boom")) as sim:
         client, created = await sim.open_session()
@@ -95,15 +99,15 @@ class ControlSender(Engine):
 
     accepts = frozenset({"input.text.append"})
 
-    def __init__(self, config=None) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         pass
 
-    async def run(self, session) -> None:
+    async def run(self, session: EngineSession) -> None:
         async for _ in session:
             await session.send({"type": "session.closed", "reason": "forged"})
 
 
-async def test_engine_cannot_forge_control_events(autojump_clock):
+async def test_engine_cannot_forge_control_events(autojump_clock: MockClock) -> None:
     async with running_server(engine_factory=ControlSender) as sim:
         client, _ = await sim.open_session()
         await client.send({"type": "input.text.append", "text": "x"})
@@ -112,7 +116,7 @@ async def test_engine_cannot_forge_control_events(autojump_clock):
         assert client.close_code == 1011
 
 
-async def test_engine_finishing_while_detached_ends_the_session(autojump_clock):
+async def test_engine_finishing_while_detached_ends_the_session(autojump_clock: MockClock) -> None:
     engines: list[ScriptedEngine] = []
     async with running_server(engine_factory=scripted_factory(engines, finish_on="bye")) as sim:
         client, created = await sim.open_session()
@@ -126,7 +130,9 @@ async def test_engine_finishing_while_detached_ends_the_session(autojump_clock):
         assert client2.close_code == 4001
 
 
-async def test_engine_error_during_output_keeps_earlier_output_first(autojump_clock):
+async def test_engine_error_during_output_keeps_earlier_output_first(
+    autojump_clock: MockClock,
+) -> None:
     engines: list[ScriptedEngine] = []
     async with running_server(engine_factory=scripted_factory(engines, fail_on="boom")) as sim:
         client, _ = await sim.open_session()
@@ -141,7 +147,7 @@ async def test_engine_error_during_output_keeps_earlier_output_first(autojump_cl
 # -- server shutdown ---------------------------------------------------------------------------
 
 
-async def test_shutdown_warns_refuses_then_closes_every_session(autojump_clock):
+async def test_shutdown_warns_refuses_then_closes_every_session(autojump_clock: MockClock) -> None:
     config = ServerConfig(drain_timeout_s=5, disconnect_grace_s=60)
     async with serving(config) as (sim, finished):
         attached, a = await sim.open_session()
@@ -156,7 +162,7 @@ async def test_shutdown_warns_refuses_then_closes_every_session(autojump_clock):
         assert going == {"type": "session.going_away", "time_left_ms": 5000}
 
         # New opens and resumes are refused, retryably, with 1001.
-        for path, first in [
+        openings: list[tuple[str, dict[str, Any] | None]] = [
             ("/v1/duplex", {"type": "session.update", "session": {}}),
             ("/v1/duplex", {"type": "input.text.append", "text": "x"}),
             ("/v1/duplex?autostart=1", None),
@@ -169,7 +175,8 @@ async def test_shutdown_warns_refuses_then_closes_every_session(autojump_clock):
                     "event_id": "during-drain",
                 },
             ),
-        ]:
+        ]
+        for path, first in openings:
             refused = await sim.connect(path)
             if first is not None:
                 await refused.send(first)
@@ -201,7 +208,7 @@ async def test_shutdown_warns_refuses_then_closes_every_session(autojump_clock):
             await finished.wait()
 
 
-async def test_detached_sessions_close_with_server_shutdown_too(autojump_clock):
+async def test_detached_sessions_close_with_server_shutdown_too(autojump_clock: MockClock) -> None:
     engines: list[ScriptedEngine] = []
     config = ServerConfig(drain_timeout_s=2, disconnect_grace_s=60)
     async with serving(config, scripted_factory(engines)) as (sim, finished):
@@ -224,7 +231,7 @@ async def test_detached_sessions_close_with_server_shutdown_too(autojump_clock):
         assert sim.server.slots_held == 0
 
 
-async def test_going_away_is_sent_once_and_carries_no_seq(autojump_clock):
+async def test_going_away_is_sent_once_and_carries_no_seq(autojump_clock: MockClock) -> None:
     async with serving(ServerConfig(drain_timeout_s=3)) as (sim, finished):
         client, _ = await sim.open_session()
         sim.server.begin_shutdown()
@@ -237,7 +244,7 @@ async def test_going_away_is_sent_once_and_carries_no_seq(autojump_clock):
             await finished.wait()
 
 
-async def test_shutdown_finishes_early_once_no_session_remains(autojump_clock):
+async def test_shutdown_finishes_early_once_no_session_remains(autojump_clock: MockClock) -> None:
     async with serving(ServerConfig(drain_timeout_s=30)) as (sim, finished):
         client, _ = await sim.open_session()
         start = trio.current_time()
@@ -254,7 +261,7 @@ async def test_shutdown_finishes_early_once_no_session_remains(autojump_clock):
         assert trio.current_time() - start <= 2 + sim.server.close_timeout_s + 0.1
 
 
-async def test_shutdown_without_sessions_finishes_at_once(autojump_clock):
+async def test_shutdown_without_sessions_finishes_at_once(autojump_clock: MockClock) -> None:
     async with serving(ServerConfig(drain_timeout_s=30)) as (sim, finished):
         start = trio.current_time()
         sim.server.begin_shutdown()
@@ -264,8 +271,8 @@ async def test_shutdown_without_sessions_finishes_at_once(autojump_clock):
 
 
 async def test_shutdown_closes_a_connection_still_waiting_for_its_first_message(
-    autojump_clock,
-):
+    autojump_clock: MockClock,
+) -> None:
     async with serving(ServerConfig(drain_timeout_s=1, config_timeout_s=60)) as (sim, finished):
         waiting = await sim.connect()
         sim.server.begin_shutdown()
@@ -276,7 +283,7 @@ async def test_shutdown_closes_a_connection_still_waiting_for_its_first_message(
 
 
 @pytest.mark.parametrize("attached", [False, True], ids=["detached", "attached"])
-async def test_session_ending_during_a_resume(autojump_clock, attached):
+async def test_session_ending_during_a_resume(autojump_clock: MockClock, attached: bool) -> None:
     # docs/protocol.md: if a connection was attached, the terminal event goes to it and the
     # resumer gets session_resume_expired + 4001; if the session was detached, the resumer
     # (which already has session.resumed) gets the terminal event and its close code.
@@ -323,7 +330,7 @@ async def test_session_ending_during_a_resume(autojump_clock, attached):
         assert not sim.server.sessions.registry.sessions
 
 
-async def test_server_shutting_down_for_an_open_echoes_event_id(autojump_clock):
+async def test_server_shutting_down_for_an_open_echoes_event_id(autojump_clock: MockClock) -> None:
     async with serving(ServerConfig(drain_timeout_s=1)) as (sim, _):
         await sim.open_session()
         sim.server.begin_shutdown()
@@ -340,19 +347,21 @@ async def test_server_shutting_down_for_an_open_echoes_event_id(autojump_clock):
 class CheckExplodes(EchoEngine):
     """Its field check raises something that is not a protocol error."""
 
-    def check(self, event):
+    def check(self, event: Event) -> None:
         if event.get("text") == "explode":
             raise RuntimeError("a bug in an engine's check")
         super().check(event)
 
 
-def factory_explodes(config):
+def factory_explodes(config: Mapping[str, Any]) -> EchoEngine:
     if config.get("explode"):
         raise RuntimeError("a bug in the engine factory")
     return EchoEngine(config)
 
 
-async def test_exception_in_a_handler_closes_that_connection_1011_only(autojump_clock):
+async def test_exception_in_a_handler_closes_that_connection_1011_only(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(engine_factory=CheckExplodes) as sim:
         bystander, _ = await sim.open_session()
         victim, created = await sim.open_session()
@@ -371,7 +380,9 @@ async def test_exception_in_a_handler_closes_that_connection_1011_only(autojump_
         assert resumed["type"] == "session.resumed"
 
 
-async def test_exception_in_the_engine_factory_does_not_take_down_the_server(autojump_clock):
+async def test_exception_in_the_engine_factory_does_not_take_down_the_server(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(engine_factory=factory_explodes) as sim:
         client = await sim.connect()
         await client.send({"type": "session.update", "session": {"explode": True}})
@@ -382,7 +393,9 @@ async def test_exception_in_the_engine_factory_does_not_take_down_the_server(aut
         await echo(other)
 
 
-async def test_many_failing_connections_do_not_take_down_the_server(autojump_clock):
+async def test_many_failing_connections_do_not_take_down_the_server(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(engine_factory=CheckExplodes) as sim:
         for _ in range(20):
             victim, _ = await sim.open_session()
@@ -394,7 +407,9 @@ async def test_many_failing_connections_do_not_take_down_the_server(autojump_clo
 
 
 @pytest.mark.parametrize("kind", ["open", "resume"])
-async def test_client_attached_during_the_drain_gets_going_away(autojump_clock, kind):
+async def test_client_attached_during_the_drain_gets_going_away(
+    autojump_clock: MockClock, kind: str
+) -> None:
     async with serving(ServerConfig(drain_timeout_s=5)) as (sim, _finished):
         late = await sim.connect()
         if kind == "open":
@@ -424,7 +439,9 @@ async def test_client_attached_during_the_drain_gets_going_away(autojump_clock, 
 
 
 @pytest.mark.parametrize("ending", ["drain-deadline", "last-session-closes"])
-async def test_server_stops_as_soon_as_the_drain_is_over(autojump_clock, ending):
+async def test_server_stops_as_soon_as_the_drain_is_over(
+    autojump_clock: MockClock, ending: str
+) -> None:
     async with serving(ServerConfig(drain_timeout_s=5)) as (sim, finished):
         client, _ = await sim.open_session()
         sim.server.begin_shutdown()

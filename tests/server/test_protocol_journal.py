@@ -4,13 +4,22 @@ byte and TTL bounds with their notices, client_event_seq and input_backpressure.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from trio.testing import MockClock
 
 from trio_duplex.core.config import ServerConfig
-from trio_duplex.testing import ScriptedEngine, ScriptedFactory, running_server
+from trio_duplex.core.journal import Journal
+from trio_duplex.testing import (
+    ScriptedEngine,
+    ScriptedFactory,
+    SimClient,
+    Simulation,
+    running_server,
+)
 
 from ..helpers import echo
 
@@ -33,17 +42,17 @@ def frame_size(text: str, seq: int) -> int:
     return len(json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode())
 
 
-def text(seq: int, text: str = "x") -> dict:
+def text(seq: int, text: str = "x") -> dict[str, Any]:
     return {"type": "input.text.append", "text": text, "client_event_seq": seq}
 
 
-async def next_is_heartbeat_ack(client) -> None:
+async def next_is_heartbeat_ack(client: SimClient) -> None:
     """Prove nothing else was queued: the very next frame answers a heartbeat."""
     ack = await client.send_and_receive({"type": "session.heartbeat"})
     assert ack["type"] == "session.heartbeat_ack", ack
 
 
-async def receive_skipping_overflow(client, dropped_through: int) -> dict:
+async def receive_skipping_overflow(client: SimClient, dropped_through: int) -> dict[str, Any]:
     """The next engine event. A journal_overflow notice may come first (the journal may
     still hold entries from before a gap); if it does, it must name ``dropped_through``."""
     event = await client.receive()
@@ -57,14 +66,16 @@ async def receive_skipping_overflow(client, dropped_through: int) -> dict:
     return event
 
 
-def scripted_factory(engines: list[ScriptedEngine], **kwargs) -> ScriptedFactory:
+def scripted_factory(engines: list[ScriptedEngine], **kwargs: Any) -> ScriptedFactory:
     return ScriptedFactory(kwargs, engines)  # every engine it builds lands in ``engines``
 
 
 # -- sequence numbers ----------------------------------------------------------------------
 
 
-async def test_engine_events_are_numbered_1_2_3_and_never_reset_by_resume(autojump_clock):
+async def test_engine_events_are_numbered_1_2_3_and_never_reset_by_resume(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         seqs = [(await echo(client, str(n)))["server_event_seq"] for n in range(3)]
@@ -79,7 +90,7 @@ async def test_engine_events_are_numbered_1_2_3_and_never_reset_by_resume(autoju
             assert (await echo(client))["server_event_seq"] == 5 + 2 * round_
 
 
-async def test_each_session_has_its_own_numbering(autojump_clock):
+async def test_each_session_has_its_own_numbering(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         a, _ = await sim.open_session()
         b, _ = await sim.open_session()
@@ -88,7 +99,7 @@ async def test_each_session_has_its_own_numbering(autojump_clock):
         assert (await echo(b))["server_event_seq"] == 1
 
 
-async def test_control_events_carry_no_seq(autojump_clock):
+async def test_control_events_carry_no_seq(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(journal_max_bytes=100)) as sim:
         seen = []
         client, created = await sim.open_session()
@@ -123,7 +134,9 @@ async def test_control_events_carry_no_seq(autojump_clock):
 # -- session.update after the open -------------------------------------------------------
 
 
-async def test_session_update_after_open_answers_session_updated_with_a_seq(autojump_clock):
+async def test_session_update_after_open_answers_session_updated_with_a_seq(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session({"a": 1})
         await echo(client)
@@ -136,7 +149,7 @@ async def test_session_update_after_open_answers_session_updated_with_a_seq(auto
         assert (await echo(client))["server_event_seq"] == 3
 
 
-async def test_session_updated_is_journaled_and_replayed(autojump_clock):
+async def test_session_updated_is_journaled_and_replayed(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         await client.send_and_receive({"type": "session.update", "session": {"v": "x"}})
@@ -148,7 +161,7 @@ async def test_session_updated_is_journaled_and_replayed(autojump_clock):
         assert replayed["server_event_seq"] == 1
 
 
-async def test_session_update_with_a_non_object_is_bad_event(autojump_clock):
+async def test_session_update_with_a_non_object_is_bad_event(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         error = await client.send_and_receive({"type": "session.update", "session": [1]})
@@ -159,11 +172,13 @@ async def test_session_update_with_a_non_object_is_bad_event(autojump_clock):
 # -- acks -----------------------------------------------------------------------------------
 
 
-def journal_of(sim, created):
+def journal_of(sim: Simulation, created: dict[str, Any]) -> Journal:
     return sim.server.sessions.registry.sessions[created["session_id"]].journal
 
 
-async def test_event_ack_frees_entries_up_to_and_including_the_seq(autojump_clock):
+async def test_event_ack_frees_entries_up_to_and_including_the_seq(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         for n in range(5):
@@ -182,7 +197,7 @@ async def test_event_ack_frees_entries_up_to_and_including_the_seq(autojump_cloc
         assert journal.bytes == 0
 
 
-async def test_acked_events_are_not_replayed(autojump_clock):
+async def test_acked_events_are_not_replayed(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         for n in range(4):
@@ -196,7 +211,9 @@ async def test_acked_events_are_not_replayed(autojump_clock):
         await next_is_heartbeat_ack(client2)
 
 
-async def test_acked_entries_make_room_so_no_overflow_is_reported(autojump_clock):
+async def test_acked_entries_make_room_so_no_overflow_is_reported(
+    autojump_clock: MockClock,
+) -> None:
     size = frame_size("x", 1)
     async with running_server(ServerConfig(journal_max_bytes=2 * size + size // 2)) as sim:
         client, _ = await sim.open_session()
@@ -211,12 +228,14 @@ async def test_acked_entries_make_room_so_no_overflow_is_reported(autojump_clock
 @pytest.mark.parametrize(
     "value", [3, 100, -1, "1", 1.0, 1.5, True, False, None, [1], {"seq": 1}, "missing"]
 )
-async def test_bad_ack_is_invalid_event_ack_and_the_session_goes_on(autojump_clock, value):
+async def test_bad_ack_is_invalid_event_ack_and_the_session_goes_on(
+    autojump_clock: MockClock, value: object
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         await echo(client)
         await echo(client)
-        ack = {"type": "session.event_ack", "event_id": "ack-1"}
+        ack: dict[str, Any] = {"type": "session.event_ack", "event_id": "ack-1"}
         if value != "missing":
             ack["server_event_seq"] = value
         error = await client.send_and_receive(ack)
@@ -228,7 +247,7 @@ async def test_bad_ack_is_invalid_event_ack_and_the_session_goes_on(autojump_clo
         assert (await echo(client))["server_event_seq"] == 3
 
 
-async def test_ack_of_the_newest_seq_is_valid(autojump_clock):
+async def test_ack_of_the_newest_seq_is_valid(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         await echo(client)
@@ -239,7 +258,9 @@ async def test_ack_of_the_newest_seq_is_valid(autojump_clock):
 # -- the byte bound ---------------------------------------------------------------------------
 
 
-async def test_overflow_notice_comes_before_the_event_and_numbering_goes_on(autojump_clock):
+async def test_overflow_notice_comes_before_the_event_and_numbering_goes_on(
+    autojump_clock: MockClock,
+) -> None:
     size = frame_size("x", 1)  # the same for seqs 1-9
     async with running_server(ServerConfig(journal_max_bytes=2 * size + size // 2)) as sim:
         client, created = await sim.open_session()
@@ -262,8 +283,8 @@ async def test_overflow_notice_comes_before_the_event_and_numbering_goes_on(auto
 
 
 async def test_after_overflow_the_held_events_are_replayed_and_the_dropped_are_a_gap(
-    autojump_clock,
-):
+    autojump_clock: MockClock,
+) -> None:
     size = frame_size("x", 1)
     async with running_server(ServerConfig(journal_max_bytes=2 * size + size // 2)) as sim:
         client, created = await sim.open_session()
@@ -294,8 +315,8 @@ async def test_after_overflow_the_held_events_are_replayed_and_the_dropped_are_a
 
 
 async def test_event_bigger_than_the_journal_is_delivered_with_its_own_seq_dropped(
-    autojump_clock,
-):
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(ServerConfig(journal_max_bytes=120)) as sim:
         client, created = await sim.open_session()
         await echo(client)
@@ -318,7 +339,7 @@ async def test_event_bigger_than_the_journal_is_delivered_with_its_own_seq_dropp
         await next_is_heartbeat_ack(client2)
 
 
-async def test_first_event_bigger_than_the_journal(autojump_clock):
+async def test_first_event_bigger_than_the_journal(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(journal_max_bytes=50)) as sim:
         client, _ = await sim.open_session()
         await client.send(text(1, "z" * 60))
@@ -326,7 +347,9 @@ async def test_first_event_bigger_than_the_journal(autojump_clock):
         assert (await client.receive())["server_event_seq"] == 1
 
 
-async def test_overflow_while_detached_is_reported_to_the_resume_as_a_gap(autojump_clock):
+async def test_overflow_while_detached_is_reported_to_the_resume_as_a_gap(
+    autojump_clock: MockClock,
+) -> None:
     engines: list[ScriptedEngine] = []
     config = ServerConfig(journal_max_bytes=150)
     async with running_server(config, scripted_factory(engines)) as sim:
@@ -350,7 +373,9 @@ async def test_overflow_while_detached_is_reported_to_the_resume_as_a_gap(autoju
         assert (live["text"], live["server_event_seq"]) == ("live", 6)
 
 
-async def test_events_emitted_while_detached_are_replayed_in_order(autojump_clock):
+async def test_events_emitted_while_detached_are_replayed_in_order(
+    autojump_clock: MockClock,
+) -> None:
     engines: list[ScriptedEngine] = []
     async with running_server(engine_factory=scripted_factory(engines)) as sim:
         client, created = await sim.open_session()
@@ -371,7 +396,7 @@ async def test_events_emitted_while_detached_are_replayed_in_order(autojump_cloc
 # -- the TTL ---------------------------------------------------------------------------------
 
 
-async def test_entries_older_than_the_ttl_are_dropped_quietly(autojump_clock):
+async def test_entries_older_than_the_ttl_are_dropped_quietly(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(journal_ttl_s=10)) as sim:
         client, created = await sim.open_session()
         await echo(client)
@@ -382,7 +407,7 @@ async def test_entries_older_than_the_ttl_are_dropped_quietly(autojump_clock):
         assert len(journal_of(sim, created)) == 1
 
 
-async def test_a_resume_that_needs_an_expired_entry_gets_a_gap(autojump_clock):
+async def test_a_resume_that_needs_an_expired_entry_gets_a_gap(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(journal_ttl_s=10)) as sim:
         client, created = await sim.open_session()
         await echo(client, "old")  # t=0
@@ -401,7 +426,9 @@ async def test_a_resume_that_needs_an_expired_entry_gets_a_gap(autojump_clock):
         await next_is_heartbeat_ack(client2)
 
 
-async def test_a_resume_that_needs_only_fresh_entries_is_replayed(autojump_clock):
+async def test_a_resume_that_needs_only_fresh_entries_is_replayed(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(ServerConfig(journal_ttl_s=10)) as sim:
         client, created = await sim.open_session()
         await echo(client, "old")
@@ -415,7 +442,7 @@ async def test_a_resume_that_needs_only_fresh_entries_is_replayed(autojump_clock
         await next_is_heartbeat_ack(client2)
 
 
-async def test_within_the_ttl_everything_is_replayed(autojump_clock):
+async def test_within_the_ttl_everything_is_replayed(autojump_clock: MockClock) -> None:
     async with running_server() as sim:  # journal_ttl_s defaults to 60
         client, created = await sim.open_session()
         await echo(client, "a")
@@ -428,7 +455,9 @@ async def test_within_the_ttl_everything_is_replayed(autojump_clock):
 # -- client_event_seq ------------------------------------------------------------------------
 
 
-async def test_repeated_or_older_client_event_seq_is_dropped_silently(autojump_clock):
+async def test_repeated_or_older_client_event_seq_is_dropped_silently(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         for seq, value in [(1, "a"), (2, "b"), (2, "b-again"), (1, "a-again"), (3, "c")]:
@@ -441,7 +470,9 @@ async def test_repeated_or_older_client_event_seq_is_dropped_silently(autojump_c
         assert resumed["last_received_client_event_seq"] == 3
 
 
-async def test_client_event_seq_may_skip_numbers_and_events_without_it_pass(autojump_clock):
+async def test_client_event_seq_may_skip_numbers_and_events_without_it_pass(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         await echo(client, "a", seq=5)
@@ -453,7 +484,9 @@ async def test_client_event_seq_may_skip_numbers_and_events_without_it_pass(auto
         assert resumed["last_received_client_event_seq"] == 9
 
 
-async def test_last_received_client_event_seq_is_zero_without_any(autojump_clock):
+async def test_last_received_client_event_seq_is_zero_without_any(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         await echo(client)
@@ -462,7 +495,9 @@ async def test_last_received_client_event_seq_is_zero_without_any(autojump_clock
         assert resumed["last_received_client_event_seq"] == 0
 
 
-async def test_client_event_seq_survives_resume_and_resends_are_dropped(autojump_clock):
+async def test_client_event_seq_survives_resume_and_resends_are_dropped(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         await echo(client, "a", seq=1)
@@ -478,7 +513,9 @@ async def test_client_event_seq_survives_resume_and_resends_are_dropped(autojump
 
 
 @pytest.mark.parametrize("value", [0, -1, "1", 1.5, True, [1]])
-async def test_malformed_client_event_seq_is_bad_event(autojump_clock, value):
+async def test_malformed_client_event_seq_is_bad_event(
+    autojump_clock: MockClock, value: object
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         event = {"type": "input.text.append", "text": "x", "client_event_seq": value}
@@ -491,7 +528,7 @@ async def test_malformed_client_event_seq_is_bad_event(autojump_clock, value):
         assert resumed["last_received_client_event_seq"] == 0
 
 
-async def test_control_events_need_no_client_event_seq(autojump_clock):
+async def test_control_events_need_no_client_event_seq(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         await echo(client, seq=1)
@@ -507,8 +544,8 @@ async def test_control_events_need_no_client_event_seq(autojump_clock):
 
 
 async def test_input_backpressure_is_retryable_and_the_refused_event_is_not_received(
-    autojump_clock,
-):
+    autojump_clock: MockClock,
+) -> None:
     engines: list[ScriptedEngine] = []
     config = ServerConfig(max_pending_input=2)
     async with running_server(config, scripted_factory(engines, gated=True)) as sim:
@@ -534,12 +571,12 @@ async def test_input_backpressure_is_retryable_and_the_refused_event_is_not_rece
         # The retry with the same seq is accepted, since 4 was never received.
         await client2.send(text(4, "d"))
         engine.release()
-        got = await client2.receive()
-        assert (got["text"], got["server_event_seq"]) == ("d", 4)
+        retried = await client2.receive()
+        assert (retried["text"], retried["server_event_seq"]) == ("d", 4)
         assert [e["text"] for e in engine.received] == ["a", "b", "c", "d"]
 
 
-async def test_input_backpressure_does_not_end_the_session(autojump_clock):
+async def test_input_backpressure_does_not_end_the_session(autojump_clock: MockClock) -> None:
     engines: list[ScriptedEngine] = []
     config = ServerConfig(max_pending_input=1)
     async with running_server(config, scripted_factory(engines, gated=True)) as sim:

@@ -3,13 +3,17 @@ admission, session.created and the delivery rule."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
+from trio.testing import MockClock
 
 from trio_duplex.core.config import ServerConfig
+from trio_duplex.engines.api import EngineSession
 from trio_duplex.engines.echo import EchoEngine
-from trio_duplex.testing import running_server
+from trio_duplex.testing import SimClient, running_server
 
 UPDATE = {"type": "session.update", "session": {}}
 
@@ -17,7 +21,7 @@ UPDATE = {"type": "session.update", "session": {}}
 class SlowTeardownEngine(EchoEngine):
     """Echo, but its teardown takes 5 s: the session stays CLOSING that long."""
 
-    async def run(self, session):
+    async def run(self, session: EngineSession) -> None:
         try:
             await super().run(session)
         finally:
@@ -25,7 +29,7 @@ class SlowTeardownEngine(EchoEngine):
                 await trio.sleep(5)
 
 
-async def expect_refused(client, code: str, close_code: int) -> dict:
+async def expect_refused(client: SimClient, code: str, close_code: int) -> dict[str, Any]:
     events = await client.receive_until_closed()
     assert len(events) == 1, events
     error = events[0]
@@ -38,7 +42,9 @@ async def expect_refused(client, code: str, close_code: int) -> dict:
 # -- what the first message opens ----------------------------------------------------------
 
 
-async def test_session_update_opens_a_session_with_that_configuration(autojump_clock):
+async def test_session_update_opens_a_session_with_that_configuration(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         config = {"voice": "alloy", "nested": {"a": [1, 2]}}
@@ -50,7 +56,7 @@ async def test_session_update_opens_a_session_with_that_configuration(autojump_c
         assert reply == {"type": "response.output_text.delta", "text": "hi", "server_event_seq": 1}
 
 
-async def test_session_created_fields(autojump_clock):
+async def test_session_created_fields(autojump_clock: MockClock) -> None:
     config = ServerConfig(
         disconnect_grace_s=12.5, idle_ttl_s=99.0, journal_max_bytes=4321, max_event_bytes=7777
     )
@@ -78,7 +84,7 @@ async def test_session_created_fields(autojump_clock):
         assert "server_event_seq" not in created
 
 
-async def test_default_limits_in_session_created(autojump_clock):
+async def test_default_limits_in_session_created(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         _, created = await sim.open_session()
         assert created["limits"] == {
@@ -89,7 +95,7 @@ async def test_default_limits_in_session_created(autojump_clock):
         }
 
 
-async def test_the_server_allocates_distinct_ids_and_tokens(autojump_clock):
+async def test_the_server_allocates_distinct_ids_and_tokens(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         created = [(await sim.open_session())[1] for _ in range(5)]
         assert len({c["session_id"] for c in created}) == 5
@@ -100,7 +106,7 @@ async def test_the_server_allocates_distinct_ids_and_tokens(autojump_clock):
         assert mine["session_id"] != "sess_mine"
 
 
-async def test_session_created_is_not_journaled(autojump_clock):
+async def test_session_created_is_not_journaled(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         await client.transport.cut()
@@ -111,7 +117,9 @@ async def test_session_created_is_not_journaled(autojump_clock):
         assert ack["type"] == "session.heartbeat_ack"
 
 
-async def test_other_valid_first_event_opens_default_session_and_is_handled(autojump_clock):
+async def test_other_valid_first_event_opens_default_session_and_is_handled(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         await client.send({"type": "input.text.append", "text": "first", "client_event_seq": 1})
@@ -130,7 +138,7 @@ async def test_other_valid_first_event_opens_default_session_and_is_handled(auto
         assert resumed["last_received_client_event_seq"] == 1
 
 
-async def test_heartbeat_as_first_message_opens_and_is_answered(autojump_clock):
+async def test_heartbeat_as_first_message_opens_and_is_answered(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         await client.send({"type": "session.heartbeat"})
@@ -140,7 +148,7 @@ async def test_heartbeat_as_first_message_opens_and_is_answered(autojump_clock):
         assert ack == {"type": "session.heartbeat_ack", "session_id": created["session_id"]}
 
 
-async def test_event_ack_zero_as_first_message_opens_a_session(autojump_clock):
+async def test_event_ack_zero_as_first_message_opens_a_session(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         ack = {"type": "session.event_ack", "server_event_seq": 0}
@@ -151,7 +159,7 @@ async def test_event_ack_zero_as_first_message_opens_a_session(autojump_clock):
         assert ack["type"] == "session.heartbeat_ack"
 
 
-async def test_session_close_as_first_message_opens_then_closes(autojump_clock):
+async def test_session_close_as_first_message_opens_then_closes(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         await client.send({"type": "session.close"})
@@ -166,7 +174,7 @@ async def test_session_close_as_first_message_opens_then_closes(autojump_clock):
         assert sim.server.slots_held == 0
 
 
-BAD_FIRST = [
+BAD_FIRST: list[tuple[str | bytes, str]] = [
     ("{not json", "invalid_json"),
     (b"binary", "bad_event"),
     ("[1]", "bad_event"),
@@ -184,7 +192,9 @@ BAD_FIRST = [
 
 
 @pytest.mark.parametrize(("message", "code"), BAD_FIRST)
-async def test_bad_first_message_opens_no_session(autojump_clock, message, code):
+async def test_bad_first_message_opens_no_session(
+    autojump_clock: MockClock, message: str | bytes, code: str
+) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         await client.send_raw(message)
@@ -200,7 +210,7 @@ async def test_bad_first_message_opens_no_session(autojump_clock, message, code)
         assert sim.server.slots_held == 1
 
 
-async def test_config_timeout_without_a_first_message(autojump_clock):
+async def test_config_timeout_without_a_first_message(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(config_timeout_s=7)) as sim:
         client = await sim.connect()
         start = trio.current_time()
@@ -210,7 +220,7 @@ async def test_config_timeout_without_a_first_message(autojump_clock):
         assert sim.server.slots_held == 0
 
 
-async def test_config_timeout_default_is_10_seconds(autojump_clock):
+async def test_config_timeout_default_is_10_seconds(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         start = trio.current_time()
@@ -220,7 +230,9 @@ async def test_config_timeout_default_is_10_seconds(autojump_clock):
         assert trio.current_time() - start == pytest.approx(10)
 
 
-async def test_bad_first_messages_do_not_restart_the_config_timeout(autojump_clock):
+async def test_bad_first_messages_do_not_restart_the_config_timeout(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(ServerConfig(config_timeout_s=10)) as sim:
         client = await sim.connect()
         start = trio.current_time()
@@ -234,7 +246,7 @@ async def test_bad_first_messages_do_not_restart_the_config_timeout(autojump_clo
         assert sim.server.slots_held == 0
 
 
-async def test_first_message_just_before_the_timeout_opens(autojump_clock):
+async def test_first_message_just_before_the_timeout_opens(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(config_timeout_s=10)) as sim:
         client = await sim.connect()
         await trio.sleep(9.9)
@@ -249,7 +261,7 @@ async def test_first_message_just_before_the_timeout_opens(autojump_clock):
 # -- ?autostart=1 ------------------------------------------------------------------------
 
 
-async def test_autostart_opens_a_default_session_on_connect(autojump_clock):
+async def test_autostart_opens_a_default_session_on_connect(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client = await sim.connect("/v1/duplex?autostart=1")
         created = await client.receive()  # nothing sent
@@ -261,7 +273,7 @@ async def test_autostart_opens_a_default_session_on_connect(autojump_clock):
         assert reply["server_event_seq"] == 1
 
 
-async def test_autostart_session_update_is_an_update(autojump_clock):
+async def test_autostart_session_update_is_an_update(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client = await sim.connect("/v1/duplex?autostart=1")
         created = await client.receive()
@@ -274,7 +286,7 @@ async def test_autostart_session_update_is_an_update(autojump_clock):
         }
 
 
-async def test_autostart_session_never_gets_a_config_timeout(autojump_clock):
+async def test_autostart_session_never_gets_a_config_timeout(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(config_timeout_s=5)) as sim:
         client = await sim.connect("/v1/duplex?autostart=1")
         assert (await client.receive())["type"] == "session.created"
@@ -284,7 +296,9 @@ async def test_autostart_session_never_gets_a_config_timeout(autojump_clock):
 
 
 @pytest.mark.parametrize("query", ["?autostart=0", "?autostart=", "?other=1"])
-async def test_without_autostart_1_the_server_waits_for_a_first_message(autojump_clock, query):
+async def test_without_autostart_1_the_server_waits_for_a_first_message(
+    autojump_clock: MockClock, query: str
+) -> None:
     async with running_server(ServerConfig(config_timeout_s=5)) as sim:
         client = await sim.connect("/v1/duplex" + query)
         await expect_refused(client, "config_timeout", 4002)
@@ -294,7 +308,9 @@ async def test_without_autostart_1_the_server_waits_for_a_first_message(autojump
 # -- admission -----------------------------------------------------------------------------
 
 
-async def test_full_server_refuses_with_resource_exhausted_and_1013(autojump_clock):
+async def test_full_server_refuses_with_resource_exhausted_and_1013(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(ServerConfig(max_sessions=2)) as sim:
         await sim.open_session()
         await sim.open_session()
@@ -314,7 +330,9 @@ async def test_full_server_refuses_with_resource_exhausted_and_1013(autojump_clo
         {"type": "session.close"},
     ],
 )
-async def test_full_server_refuses_any_opening_event(autojump_clock, first):
+async def test_full_server_refuses_any_opening_event(
+    autojump_clock: MockClock, first: dict[str, Any]
+) -> None:
     async with running_server(ServerConfig(max_sessions=1)) as sim:
         await sim.open_session()
         client = await sim.connect()
@@ -322,14 +340,14 @@ async def test_full_server_refuses_any_opening_event(autojump_clock, first):
         await expect_refused(client, "resource_exhausted", 1013)
 
 
-async def test_full_server_refuses_autostart(autojump_clock):
+async def test_full_server_refuses_autostart(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(max_sessions=1)) as sim:
         await sim.open_session()
         client = await sim.connect("/v1/duplex?autostart=1")
         await expect_refused(client, "resource_exhausted", 1013)
 
 
-async def test_resource_exhausted_echoes_event_id(autojump_clock):
+async def test_resource_exhausted_echoes_event_id(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(max_sessions=1)) as sim:
         await sim.open_session()
         client = await sim.connect()
@@ -338,7 +356,9 @@ async def test_resource_exhausted_echoes_event_id(autojump_clock):
         assert error.get("event_id") == "open-1"
 
 
-async def test_a_detached_session_holds_its_slot_until_it_expires(autojump_clock):
+async def test_a_detached_session_holds_its_slot_until_it_expires(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(ServerConfig(max_sessions=1, disconnect_grace_s=30)) as sim:
         first, _ = await sim.open_session()
         await first.transport.cut()
@@ -351,7 +371,7 @@ async def test_a_detached_session_holds_its_slot_until_it_expires(autojump_clock
         await sim.open_session()
 
 
-async def test_an_opening_session_holds_a_slot(autojump_clock):
+async def test_an_opening_session_holds_a_slot(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(max_sessions=1)) as sim:
         opening = await sim.connect()
         gate = opening.transport.hold()  # session.created cannot be sent yet
@@ -365,7 +385,9 @@ async def test_an_opening_session_holds_a_slot(autojump_clock):
         assert (await opening.receive())["type"] == "session.created"
 
 
-async def test_a_closing_session_holds_its_slot_until_teardown_finished(autojump_clock):
+async def test_a_closing_session_holds_its_slot_until_teardown_finished(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(ServerConfig(max_sessions=1), SlowTeardownEngine) as sim:
         first, _ = await sim.open_session()
         await first.send({"type": "session.close"})
@@ -381,7 +403,7 @@ async def test_a_closing_session_holds_its_slot_until_teardown_finished(autojump
         await sim.open_session()
 
 
-async def test_refused_open_leaves_slots_as_they_were(autojump_clock):
+async def test_refused_open_leaves_slots_as_they_were(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(max_sessions=1)) as sim:
         owner, _ = await sim.open_session()
         for _ in range(3):
@@ -397,7 +419,9 @@ async def test_refused_open_leaves_slots_as_they_were(autojump_clock):
 # -- the delivery rule ---------------------------------------------------------------------
 
 
-async def test_session_is_not_resumable_before_created_is_delivered(autojump_clock):
+async def test_session_is_not_resumable_before_created_is_delivered(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         opening = await sim.connect()
         gate = opening.transport.hold()
@@ -415,8 +439,8 @@ async def test_session_is_not_resumable_before_created_is_delivered(autojump_clo
 
 @pytest.mark.parametrize("fault", ["cut", "fail_sends"])
 async def test_undelivered_created_closes_the_session_and_frees_the_slot_at_once(
-    autojump_clock, fault
-):
+    autojump_clock: MockClock, fault: str
+) -> None:
     async with running_server(ServerConfig(max_sessions=1, disconnect_grace_s=30)) as sim:
         opening = await sim.connect()
         gate = opening.transport.hold()
@@ -443,7 +467,7 @@ async def test_undelivered_created_closes_the_session_and_frees_the_slot_at_once
         await sim.open_session()
 
 
-async def test_delivered_created_makes_the_session_resumable(autojump_clock):
+async def test_delivered_created_makes_the_session_resumable(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         created = await client.send_and_receive(UPDATE)
@@ -453,12 +477,12 @@ async def test_delivered_created_makes_the_session_resumable(autojump_clock):
         assert resumed["type"] == "session.resumed"
 
 
-async def test_concurrent_opens_never_overshoot_max_sessions(autojump_clock):
+async def test_concurrent_opens_never_overshoot_max_sessions(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(max_sessions=3)) as sim:
         clients = [await sim.connect() for _ in range(10)]
         answers: list[str] = []
 
-        async def open_one(client):
+        async def open_one(client: SimClient) -> None:
             await client.send(UPDATE)
             answers.append((await client.receive())["type"])
 
@@ -469,7 +493,9 @@ async def test_concurrent_opens_never_overshoot_max_sessions(autojump_clock):
         assert sim.server.slots_held == 3
 
 
-async def test_undelivered_created_with_autostart_frees_the_slot_at_once(autojump_clock):
+async def test_undelivered_created_with_autostart_frees_the_slot_at_once(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(ServerConfig(max_sessions=1)) as sim:
         stream, faulty = await sim.listener.connect()
         first_gate = faulty.hold()  # holds the HTTP 101 answer

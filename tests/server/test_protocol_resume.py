@@ -4,30 +4,41 @@ takeover, concurrent resumes and half-way failures."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from trio.testing import MockClock
 
 from trio_duplex.core.config import ServerConfig
-from trio_duplex.testing import ScriptedEngine, running_server
+from trio_duplex.testing import ScriptedEngine, SimClient, Simulation, running_server
 
 from ..helpers import echo, state_of
 
 
-def resume_event(session_id, token, last=None, **extra) -> dict:
-    event = {"type": "session.resume", "session_id": session_id, "resume_token": token}
+def resume_event(
+    session_id: str, token: str, last: int | None = None, **extra: object
+) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "type": "session.resume",
+        "session_id": session_id,
+        "resume_token": token,
+    }
     if last is not None:
         event["last_received_server_event_seq"] = last
     return {**event, **extra}
 
 
-async def next_is_heartbeat_ack(client) -> None:
+async def next_is_heartbeat_ack(client: SimClient) -> None:
     ack = await client.send_and_receive({"type": "session.heartbeat"})
     assert ack["type"] == "session.heartbeat_ack", ack
 
 
-async def refused(client, code: str, *, retryable: bool = False, close_code: int = 4001) -> dict:
+async def refused(
+    client: SimClient, code: str, *, retryable: bool = False, close_code: int = 4001
+) -> dict[str, Any]:
     """The client's only frame is ``error{code}``, then the server closes ``close_code``."""
     events = await client.receive_until_closed()
     assert len(events) == 1, events
@@ -39,7 +50,7 @@ async def refused(client, code: str, *, retryable: bool = False, close_code: int
     return error
 
 
-async def detached_session(sim, events: int = 0):
+async def detached_session(sim: Simulation, events: int = 0) -> dict[str, Any]:
     """Open a session, echo ``events`` times, drop the connection."""
     client, created = await sim.open_session()
     for n in range(events):
@@ -52,7 +63,7 @@ async def detached_session(sim, events: int = 0):
 # -- refusals -----------------------------------------------------------------------------------
 
 
-async def test_unknown_session_is_session_resume_expired(autojump_clock):
+async def test_unknown_session_is_session_resume_expired(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         await client.send(resume_event("sess_does_not_exist", "token", 0, event_id="r1"))
@@ -60,7 +71,7 @@ async def test_unknown_session_is_session_resume_expired(autojump_clock):
         assert error["event_id"] == "r1"
 
 
-async def test_closed_session_is_session_resume_expired(autojump_clock):
+async def test_closed_session_is_session_resume_expired(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         await client.send({"type": "session.close"})
@@ -71,7 +82,7 @@ async def test_closed_session_is_session_resume_expired(autojump_clock):
         assert client2.close_code == 4001
 
 
-async def test_expired_session_is_session_resume_expired(autojump_clock):
+async def test_expired_session_is_session_resume_expired(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=5)) as sim:
         created = await detached_session(sim)
         await trio.sleep(6)
@@ -80,7 +91,7 @@ async def test_expired_session_is_session_resume_expired(autojump_clock):
         await refused(client, "session_resume_expired")
 
 
-async def test_idle_expired_session_is_session_resume_expired(autojump_clock):
+async def test_idle_expired_session_is_session_resume_expired(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(idle_ttl_s=5)) as sim:
         client, created = await sim.open_session()
         await client.receive_until_closed()
@@ -90,7 +101,7 @@ async def test_idle_expired_session_is_session_resume_expired(autojump_clock):
 
 
 @pytest.mark.parametrize("token", ["wrong", "", "x" * 43])
-async def test_wrong_token_is_invalid_resume_token(autojump_clock, token):
+async def test_wrong_token_is_invalid_resume_token(autojump_clock: MockClock, token: str) -> None:
     async with running_server() as sim:
         created = await detached_session(sim)
         client = await sim.connect()
@@ -103,7 +114,7 @@ async def test_wrong_token_is_invalid_resume_token(autojump_clock, token):
         assert resumed["type"] == "session.resumed"
 
 
-async def test_token_of_another_session_is_invalid_resume_token(autojump_clock):
+async def test_token_of_another_session_is_invalid_resume_token(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         a = await detached_session(sim)
         b = await detached_session(sim)
@@ -123,7 +134,9 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize("event", MALFORMED)
-async def test_malformed_resume_is_invalid_session_resume(autojump_clock, event):
+async def test_malformed_resume_is_invalid_session_resume(
+    autojump_clock: MockClock, event: dict[str, Any]
+) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         await client.send({**event, "event_id": "r3"})
@@ -132,7 +145,9 @@ async def test_malformed_resume_is_invalid_session_resume(autojump_clock, event)
 
 
 @pytest.mark.parametrize("last", [-1, "1", 1.5, True, None, [0]])
-async def test_malformed_last_seq_is_invalid_session_resume(autojump_clock, last):
+async def test_malformed_last_seq_is_invalid_session_resume(
+    autojump_clock: MockClock, last: object
+) -> None:
     async with running_server() as sim:
         created = await detached_session(sim, events=2)
         client = await sim.connect()
@@ -143,7 +158,9 @@ async def test_malformed_last_seq_is_invalid_session_resume(autojump_clock, last
         assert state_of(sim, created["session_id"]) == "detached"
 
 
-async def test_last_seq_above_the_newest_is_invalid_session_resume(autojump_clock):
+async def test_last_seq_above_the_newest_is_invalid_session_resume(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         created = await detached_session(sim, events=2)
         client = await sim.connect()
@@ -159,7 +176,7 @@ async def test_last_seq_above_the_newest_is_invalid_session_resume(autojump_cloc
         await next_is_heartbeat_ack(client2)
 
 
-async def test_a_wrong_token_reveals_nothing_about_the_seq(autojump_clock):
+async def test_a_wrong_token_reveals_nothing_about_the_seq(autojump_clock: MockClock) -> None:
     # docs/protocol.md orders the checks: the token before the seq.
     async with running_server() as sim:
         created = await detached_session(sim, events=1)
@@ -168,7 +185,7 @@ async def test_a_wrong_token_reveals_nothing_about_the_seq(autojump_clock):
         await refused(client, "invalid_resume_token")
 
 
-async def test_resume_errors_carry_a_message(autojump_clock):
+async def test_resume_errors_carry_a_message(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         await client.send(resume_event("nope", "nope"))
@@ -180,7 +197,7 @@ async def test_resume_errors_carry_a_message(autojump_clock):
 # -- success ------------------------------------------------------------------------------------
 
 
-async def test_resumed_fields_then_replay_then_live(autojump_clock):
+async def test_resumed_fields_then_replay_then_live(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session({"voice": "v"})
         for n in range(1, 5):
@@ -213,7 +230,7 @@ async def test_resumed_fields_then_replay_then_live(autojump_clock):
         assert (await echo(client2, "live"))["server_event_seq"] == 5
 
 
-async def test_last_seq_defaults_to_zero(autojump_clock):
+async def test_last_seq_defaults_to_zero(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         created = await detached_session(sim, events=2)
         client = await sim.connect()
@@ -225,7 +242,7 @@ async def test_last_seq_defaults_to_zero(autojump_clock):
         await next_is_heartbeat_ack(client)
 
 
-async def test_resume_at_the_newest_seq_replays_nothing(autojump_clock):
+async def test_resume_at_the_newest_seq_replays_nothing(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         created = await detached_session(sim, events=3)
         client, resumed = await sim.resume(created["session_id"], created["resume_token"], 3)
@@ -233,7 +250,7 @@ async def test_resume_at_the_newest_seq_replays_nothing(autojump_clock):
         await next_is_heartbeat_ack(client)
 
 
-async def test_the_resume_acks_everything_up_to_its_seq(autojump_clock):
+async def test_the_resume_acks_everything_up_to_its_seq(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         created = await detached_session(sim, events=5)
         journal = sim.server.sessions.registry.sessions[created["session_id"]].journal
@@ -243,7 +260,7 @@ async def test_the_resume_acks_everything_up_to_its_seq(autojump_clock):
         assert len(journal) == 2
 
 
-async def test_generation_increments_with_every_resume(autojump_clock):
+async def test_generation_increments_with_every_resume(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         token = created["resume_token"]
@@ -254,7 +271,7 @@ async def test_generation_increments_with_every_resume(autojump_clock):
             token = resumed["resume_token"]
 
 
-async def test_resume_reports_the_updated_configuration(autojump_clock):
+async def test_resume_reports_the_updated_configuration(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session({"a": 1})
         await client.send_and_receive({"type": "session.update", "session": {"b": 2}})
@@ -263,7 +280,7 @@ async def test_resume_reports_the_updated_configuration(autojump_clock):
         assert resumed["session"] == {"a": 1, "b": 2}
 
 
-async def test_journal_gap_resumed_then_resync_then_live(autojump_clock):
+async def test_journal_gap_resumed_then_resync_then_live(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         for n in range(3):
@@ -285,7 +302,7 @@ async def test_journal_gap_resumed_then_resync_then_live(autojump_clock):
 # -- token rotation -------------------------------------------------------------------------------
 
 
-async def test_the_new_token_works_and_kills_the_old_one(autojump_clock):
+async def test_the_new_token_works_and_kills_the_old_one(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         created = await detached_session(sim)
         sid, t0 = created["session_id"], created["resume_token"]
@@ -304,7 +321,9 @@ async def test_the_new_token_works_and_kills_the_old_one(autojump_clock):
         assert resumed["type"] == "session.resumed"
 
 
-async def test_a_lost_session_resumed_leaves_the_presented_token_valid(autojump_clock):
+async def test_a_lost_session_resumed_leaves_the_presented_token_valid(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         created = await detached_session(sim, events=2)
         sid, t0 = created["session_id"], created["resume_token"]
@@ -327,7 +346,9 @@ async def test_a_lost_session_resumed_leaves_the_presented_token_valid(autojump_
         assert answer["code"] == "invalid_resume_token"
 
 
-async def test_presented_token_stays_valid_after_a_committed_resume(autojump_clock):
+async def test_presented_token_stays_valid_after_a_committed_resume(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         sid, t0 = created["session_id"], created["resume_token"]
@@ -348,7 +369,7 @@ async def test_presented_token_stays_valid_after_a_committed_resume(autojump_clo
         assert resumed["type"] == "session.resumed"
 
 
-async def test_tokens_are_stored_only_as_digests(autojump_clock):
+async def test_tokens_are_stored_only_as_digests(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         created = await detached_session(sim)
         sid, t0 = created["session_id"], created["resume_token"]
@@ -371,7 +392,7 @@ async def test_tokens_are_stored_only_as_digests(autojump_clock):
 # -- takeover -----------------------------------------------------------------------------------
 
 
-async def test_takeover_replaces_the_live_connection(autojump_clock):
+async def test_takeover_replaces_the_live_connection(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         old, created = await sim.open_session()
         await echo(old, "one")
@@ -393,7 +414,7 @@ async def test_takeover_replaces_the_live_connection(autojump_clock):
         assert (await echo(new, "two"))["server_event_seq"] == 2
 
 
-async def test_takeover_of_a_takeover(autojump_clock):
+async def test_takeover_of_a_takeover(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         first, created = await sim.open_session()
         second, resumed = await sim.resume(created["session_id"], created["resume_token"])
@@ -412,7 +433,9 @@ async def test_takeover_of_a_takeover(autojump_clock):
         await next_is_heartbeat_ack(third)
 
 
-async def test_late_frames_and_loss_of_the_replaced_connection_are_fenced_off(autojump_clock):
+async def test_late_frames_and_loss_of_the_replaced_connection_are_fenced_off(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         old, created = await sim.open_session()
         await echo(old, "one")
@@ -434,7 +457,9 @@ async def test_late_frames_and_loss_of_the_replaced_connection_are_fenced_off(au
         assert resumed["last_received_client_event_seq"] == 0  # "ghost" never counted
 
 
-async def test_takeover_replays_what_the_old_connection_had_not_acked(autojump_clock):
+async def test_takeover_replays_what_the_old_connection_had_not_acked(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         old, created = await sim.open_session()
         for n in range(3):
@@ -445,10 +470,12 @@ async def test_takeover_replays_what_the_old_connection_had_not_acked(autojump_c
         assert (await echo(new, "live"))["server_event_seq"] == 4
 
 
-async def test_no_event_is_lost_or_repeated_across_a_takeover_during_output(autojump_clock):
+async def test_no_event_is_lost_or_repeated_across_a_takeover_during_output(
+    autojump_clock: MockClock,
+) -> None:
     engines: list[ScriptedEngine] = []
 
-    def factory(config):
+    def factory(config: Mapping[str, Any]) -> ScriptedEngine:
         engines.append(ScriptedEngine(dict(config)))
         return engines[-1]
 
@@ -458,12 +485,12 @@ async def test_no_event_is_lost_or_repeated_across_a_takeover_during_output(auto
         received_old: list[int] = []
         received_new: list[int] = []
 
-        async def produce():
+        async def produce() -> None:
             for n in range(1, 41):
                 await engine.emit(str(n))
                 await trio.sleep(0.01)
 
-        async def read_old():
+        async def read_old() -> None:
             try:
                 while True:
                     event = await old.receive()
@@ -491,7 +518,7 @@ async def test_no_event_is_lost_or_repeated_across_a_takeover_during_output(auto
 # -- concurrent and half-way resumes -----------------------------------------------------------
 
 
-async def test_concurrent_resume_gets_session_resume_conflict(autojump_clock):
+async def test_concurrent_resume_gets_session_resume_conflict(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         created = await detached_session(sim, events=1)
         sid, t0 = created["session_id"], created["resume_token"]
@@ -515,7 +542,9 @@ async def test_concurrent_resume_gets_session_resume_conflict(autojump_clock):
         assert winner.close_code == 4000
 
 
-async def test_concurrent_resume_while_attached_never_attaches_two(autojump_clock):
+async def test_concurrent_resume_while_attached_never_attaches_two(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         old, created = await sim.open_session()
         sid, t0 = created["session_id"], created["resume_token"]
@@ -532,7 +561,9 @@ async def test_concurrent_resume_while_attached_never_attaches_two(autojump_cloc
         assert (await old.receive_until_closed())[-1]["type"] == "session.replaced"
 
 
-async def test_resume_failing_half_way_leaves_a_detached_session_detached(autojump_clock):
+async def test_resume_failing_half_way_leaves_a_detached_session_detached(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=20)) as sim:
         created = await detached_session(sim, events=2)
         sid, t0 = created["session_id"], created["resume_token"]
@@ -554,7 +585,7 @@ async def test_resume_failing_half_way_leaves_a_detached_session_detached(autoju
         assert trio.current_time() - lost_at == pytest.approx(19.8)
 
 
-async def test_grace_is_not_extended_by_a_failed_resume(autojump_clock):
+async def test_grace_is_not_extended_by_a_failed_resume(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=20)) as sim:
         created = await detached_session(sim)
         sid, t0 = created["session_id"], created["resume_token"]
@@ -571,7 +602,9 @@ async def test_grace_is_not_extended_by_a_failed_resume(autojump_clock):
         assert answer["code"] == "session_resume_expired"
 
 
-async def test_resume_failing_half_way_leaves_the_old_connection_attached(autojump_clock):
+async def test_resume_failing_half_way_leaves_the_old_connection_attached(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         old, created = await sim.open_session()
         sid, t0 = created["session_id"], created["resume_token"]
@@ -591,7 +624,9 @@ async def test_resume_failing_half_way_leaves_the_old_connection_attached(autoju
 
 
 @pytest.mark.parametrize("own", [True, False], ids=["same-session", "other-session"])
-async def test_resume_mid_session_is_unsupported_and_the_session_goes_on(autojump_clock, own):
+async def test_resume_mid_session_is_unsupported_and_the_session_goes_on(
+    autojump_clock: MockClock, own: bool
+) -> None:
     async with running_server() as sim:
         other = await detached_session(sim)
         client, created = await sim.open_session()

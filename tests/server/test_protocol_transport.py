@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from trio.testing import MockClock
 from trio_websocket import ConnectionRejected, wrap_client_stream
 
 from trio_duplex.core.config import ServerConfig
 from trio_duplex.testing import Simulation, running_server
 
-from ..helpers import echo
+from ..helpers import RawClient, RawHttp, RawWs, echo
 
 UPGRADE = (
     "GET {path} HTTP/1.1\r\n"
@@ -57,7 +59,9 @@ def echo_message(size: int, char: str = "a") -> str:
 
 
 @pytest.mark.parametrize("path", ["/v1/other", "/", "/v1/duplex/", "/v1/duplexx", "/v2/duplex"])
-async def test_upgrade_for_another_path_is_rejected_with_404(autojump_clock, raw_http, path):
+async def test_upgrade_for_another_path_is_rejected_with_404(
+    autojump_clock: MockClock, raw_http: RawHttp, path: str
+) -> None:
     async with running_server() as sim:
         answer = await raw_http(sim, UPGRADE.format(path=path).encode())
         assert status_of(answer) == 404
@@ -65,22 +69,29 @@ async def test_upgrade_for_another_path_is_rejected_with_404(autojump_clock, raw
         await assert_still_serving(sim)
 
 
-async def test_trio_websocket_client_sees_404_as_a_rejected_handshake(autojump_clock):
+async def test_trio_websocket_client_sees_404_as_a_rejected_handshake(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         stream, _ = await sim.listener.connect()
         statuses = set()
         try:
             # trio-websocket raises the rejection from its reader task too: own nursery.
             async with trio.open_nursery() as nursery:
-                await wrap_client_stream(nursery, stream, "sim", "/v1/other?autostart=1")
+                # trio-websocket annotates it SocketStream | SSLStream; any trio Stream works:
+                await wrap_client_stream(nursery, stream, "sim", "/v1/other?autostart=1")  # type: ignore[arg-type]
         except* ConnectionRejected as group:
-            statuses = {exc.status_code for exc in group.exceptions}  # type: ignore[attr-defined]
+            statuses = {
+                exc.status_code for exc in group.exceptions if isinstance(exc, ConnectionRejected)
+            }
         assert statuses == {404}
         assert sim.server.slots_held == 0
         await assert_still_serving(sim)
 
 
-async def test_configured_path_is_the_endpoint(autojump_clock, raw_http):
+async def test_configured_path_is_the_endpoint(
+    autojump_clock: MockClock, raw_http: RawHttp
+) -> None:
     async with running_server(ServerConfig(path="/custom/ws")) as sim:
         answer = await raw_http(sim, UPGRADE.format(path="/v1/duplex").encode())
         assert status_of(answer) == 404
@@ -89,7 +100,7 @@ async def test_configured_path_is_the_endpoint(autojump_clock, raw_http):
         assert created["type"] == "session.created"
 
 
-async def test_query_string_does_not_change_the_path(autojump_clock):
+async def test_query_string_does_not_change_the_path(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client = await sim.connect("/v1/duplex?client=test")
         created = await client.send_and_receive({"type": "session.update", "session": {}})
@@ -97,14 +108,18 @@ async def test_query_string_does_not_change_the_path(autojump_clock):
 
 
 @pytest.mark.parametrize("path", ["/v1/duplex", "/elsewhere"])
-async def test_request_that_is_not_an_upgrade_gets_400(autojump_clock, raw_http, path):
+async def test_request_that_is_not_an_upgrade_gets_400(
+    autojump_clock: MockClock, raw_http: RawHttp, path: str
+) -> None:
     async with running_server() as sim:
         answer = await raw_http(sim, f"GET {path} HTTP/1.1\r\nHost: sim\r\n\r\n".encode())
         assert status_of(answer) == 400
         await assert_still_serving(sim)
 
 
-async def test_garbage_instead_of_http_does_not_take_down_the_server(autojump_clock, raw_http):
+async def test_garbage_instead_of_http_does_not_take_down_the_server(
+    autojump_clock: MockClock, raw_http: RawHttp
+) -> None:
     async with running_server() as sim:
         await raw_http(sim, b"\x00\xff not http at all\r\n\r\n")
         await assert_still_serving(sim)
@@ -113,7 +128,7 @@ async def test_garbage_instead_of_http_does_not_take_down_the_server(autojump_cl
 # -- text frames, binary frames, event_id ------------------------------------------------
 
 
-async def test_binary_first_frame_is_bad_event_and_opens_nothing(autojump_clock):
+async def test_binary_first_frame_is_bad_event_and_opens_nothing(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         await client.send_raw(b'{"type":"session.update","session":{}}')
@@ -127,7 +142,9 @@ async def test_binary_first_frame_is_bad_event_and_opens_nothing(autojump_clock)
         assert created["type"] == "session.created"
 
 
-async def test_binary_frame_mid_session_is_bad_event_and_session_goes_on(autojump_clock):
+async def test_binary_frame_mid_session_is_bad_event_and_session_goes_on(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         await client.send_raw(b"\x00\x01\x02")
@@ -142,7 +159,9 @@ async def test_binary_frame_mid_session_is_bad_event_and_session_goes_on(autojum
     "message",
     ["[1,2]", '"text"', "42", "null", '{"no_type":1}', '{"type":7}', '{"type":null}'],
 )
-async def test_frame_that_is_not_an_object_with_string_type_is_bad_event(autojump_clock, message):
+async def test_frame_that_is_not_an_object_with_string_type_is_bad_event(
+    autojump_clock: MockClock, message: str
+) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         await client.send_raw(message)
@@ -165,7 +184,9 @@ async def test_frame_that_is_not_an_object_with_string_type_is_bad_event(autojum
         ),
     ],
 )
-async def test_event_id_is_echoed_mid_session(autojump_clock, event, code):
+async def test_event_id_is_echoed_mid_session(
+    autojump_clock: MockClock, event: dict[str, Any], code: str
+) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         error = await client.send_and_receive({**event, "event_id": "evt-42"})
@@ -183,7 +204,9 @@ async def test_event_id_is_echoed_mid_session(autojump_clock, event, code):
         ({"type": "session.update", "session": []}, "bad_event"),
     ],
 )
-async def test_event_id_is_echoed_for_a_bad_first_message(autojump_clock, event, code):
+async def test_event_id_is_echoed_for_a_bad_first_message(
+    autojump_clock: MockClock, event: dict[str, Any], code: str
+) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         error = await client.send_and_receive({**event, "event_id": "first-1"})
@@ -193,7 +216,9 @@ async def test_event_id_is_echoed_for_a_bad_first_message(autojump_clock, event,
 
 
 @pytest.mark.parametrize("message", ['{"event_id":"first-2"}', '{"event_id":"first-2","type":5}'])
-async def test_event_id_is_echoed_for_a_first_message_without_type(autojump_clock, message):
+async def test_event_id_is_echoed_for_a_first_message_without_type(
+    autojump_clock: MockClock, message: str
+) -> None:
     async with running_server() as sim:
         client = await sim.connect()
         await client.send_raw(message)
@@ -202,7 +227,7 @@ async def test_event_id_is_echoed_for_a_first_message_without_type(autojump_cloc
         assert error.get("event_id") == "first-2"
 
 
-async def test_event_id_is_echoed_mid_session_without_type(autojump_clock):
+async def test_event_id_is_echoed_mid_session_without_type(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         await client.send_raw('{"event_id":"mid-1","type":5}')
@@ -210,7 +235,7 @@ async def test_event_id_is_echoed_mid_session_without_type(autojump_clock):
         assert (error["code"], error.get("event_id")) == ("bad_event", "mid-1")
 
 
-async def test_event_id_that_is_not_a_string_is_bad_event(autojump_clock):
+async def test_event_id_that_is_not_a_string_is_bad_event(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         error = await client.send_and_receive(
@@ -220,7 +245,7 @@ async def test_event_id_that_is_not_a_string_is_bad_event(autojump_clock):
         assert "event_id" not in error
 
 
-async def test_no_event_id_means_none_in_the_error(autojump_clock):
+async def test_no_event_id_means_none_in_the_error(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         client, _ = await sim.open_session()
         error = await client.send_and_receive({"type": "no.such.event"})
@@ -231,7 +256,7 @@ async def test_no_event_id_means_none_in_the_error(autojump_clock):
 # -- max_event_bytes ----------------------------------------------------------------------
 
 
-async def test_message_of_exactly_max_event_bytes_is_accepted(autojump_clock):
+async def test_message_of_exactly_max_event_bytes_is_accepted(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(max_event_bytes=100)) as sim:
         client, _ = await sim.open_session()
         await client.send_raw(echo_message(100))
@@ -243,7 +268,9 @@ async def test_message_of_exactly_max_event_bytes_is_accepted(autojump_clock):
 
 
 @pytest.mark.parametrize("first", [True, False], ids=["first-message", "mid-session"])
-async def test_one_byte_over_max_event_bytes_closes_1009(autojump_clock, first):
+async def test_one_byte_over_max_event_bytes_closes_1009(
+    autojump_clock: MockClock, first: bool
+) -> None:
     async with running_server(ServerConfig(max_event_bytes=100)) as sim:
         if first:
             client = await sim.connect()
@@ -256,7 +283,9 @@ async def test_one_byte_over_max_event_bytes_closes_1009(autojump_clock, first):
 
 
 @pytest.mark.parametrize("first", [True, False], ids=["first-message", "mid-session"])
-async def test_size_counts_utf8_bytes_not_characters(autojump_clock, first):
+async def test_size_counts_utf8_bytes_not_characters(
+    autojump_clock: MockClock, first: bool
+) -> None:
     # 60 two-byte characters: 60 characters but 120 bytes, over a bound of 100.
     async with running_server(ServerConfig(max_event_bytes=100)) as sim:
         if first:
@@ -269,7 +298,7 @@ async def test_size_counts_utf8_bytes_not_characters(autojump_clock, first):
         assert sim.server.slots_held == (0 if first else 1)
 
 
-async def test_size_counts_bytes_of_four_byte_characters(autojump_clock):
+async def test_size_counts_bytes_of_four_byte_characters(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(max_event_bytes=100)) as sim:
         client, _ = await sim.open_session()
         # 30 characters, 120 bytes, inside a valid event.
@@ -278,7 +307,7 @@ async def test_size_counts_bytes_of_four_byte_characters(autojump_clock):
         assert client.close_code == 1009
 
 
-async def test_same_characters_under_the_byte_bound_are_accepted(autojump_clock):
+async def test_same_characters_under_the_byte_bound_are_accepted(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(max_event_bytes=100)) as sim:
         client, _ = await sim.open_session()
         # 50 two-byte characters = 100 bytes: not JSON, so invalid_json, not a close.
@@ -288,7 +317,7 @@ async def test_same_characters_under_the_byte_bound_are_accepted(autojump_clock)
         await echo(client, "still open")
 
 
-async def test_1009_detaches_the_session_which_stays_resumable(autojump_clock):
+async def test_1009_detaches_the_session_which_stays_resumable(autojump_clock: MockClock) -> None:
     # 300, not 100: a session.resume itself is about 150 bytes.
     async with running_server(ServerConfig(max_event_bytes=300)) as sim:
         client, created = await sim.open_session()
@@ -302,7 +331,9 @@ async def test_1009_detaches_the_session_which_stays_resumable(autojump_clock):
         assert reply["server_event_seq"] == 2
 
 
-async def test_fragmented_message_over_the_bound_closes_1009(autojump_clock, raw_ws):
+async def test_fragmented_message_over_the_bound_closes_1009(
+    autojump_clock: MockClock, raw_ws: RawWs
+) -> None:
     async with running_server(ServerConfig(max_event_bytes=100)) as sim:
         client = await raw_ws(sim)
         await client.send({"type": "session.update", "session": {}})
@@ -316,7 +347,9 @@ async def test_fragmented_message_over_the_bound_closes_1009(autojump_clock, raw
         await assert_still_serving(sim)
 
 
-async def test_fragmented_multibyte_message_over_the_byte_bound_closes_1009(autojump_clock, raw_ws):
+async def test_fragmented_multibyte_message_over_the_byte_bound_closes_1009(
+    autojump_clock: MockClock, raw_ws: RawWs
+) -> None:
     async with running_server(ServerConfig(max_event_bytes=100)) as sim:
         client = await raw_ws(sim)
         await client.send({"type": "session.update", "session": {}})
@@ -331,7 +364,9 @@ async def test_fragmented_multibyte_message_over_the_byte_bound_closes_1009(auto
         assert client.close_code == 1009
 
 
-async def test_fragmented_message_under_the_bound_is_one_event(autojump_clock, raw_ws):
+async def test_fragmented_message_under_the_bound_is_one_event(
+    autojump_clock: MockClock, raw_ws: RawWs
+) -> None:
     async with running_server(ServerConfig(max_event_bytes=100)) as sim:
         client = await raw_ws(sim)
         await client.send({"type": "session.update", "session": {}})
@@ -348,7 +383,7 @@ async def test_fragmented_message_under_the_bound_is_one_event(autojump_clock, r
 # -- frames that must not take down the server -------------------------------------------
 
 
-def _junk(client, kind: str) -> bytes:
+def _junk(client: RawClient, kind: str) -> bytes:
     big = "x" * 300
     if kind == "oversize-text":
         return client.frame(big)
@@ -399,8 +434,8 @@ JUNK_COMBINATIONS = [
 @pytest.mark.parametrize("kinds", JUNK_COMBINATIONS, ids="+".join)
 @pytest.mark.parametrize("when", ["before-first-message", "mid-session"])
 async def test_bad_frames_in_one_write_never_take_down_the_server(
-    autojump_clock, raw_ws, kinds, when
-):
+    autojump_clock: MockClock, raw_ws: RawWs, kinds: tuple[str, ...], when: str
+) -> None:
     async with running_server(ServerConfig(max_event_bytes=100)) as sim:
         bystander, _ = await sim.open_session()
         await echo(bystander, "before")
@@ -452,8 +487,8 @@ def _random_junk(rng: random.Random) -> bytes:
 
 @pytest.mark.parametrize("seed", range(60))
 async def test_random_bytes_after_the_handshake_end_only_that_connection(
-    autojump_clock, raw_ws, seed
-):
+    autojump_clock: MockClock, raw_ws: RawWs, seed: int
+) -> None:
     """Whatever a client writes after the 101, the server ends that connection with a
     close code (or keeps it, for what is valid), and nobody else notices."""
     rng = random.Random(seed)
@@ -465,6 +500,7 @@ async def test_random_bytes_after_the_handshake_end_only_that_connection(
             assert (await attacker.receive())["type"] == "session.created"
         with trio.fail_after(120):
             await attacker.send_bytes(_random_junk(rng))
+            assert isinstance(attacker.stream, trio.abc.HalfCloseableStream)
             await attacker.stream.send_eof()  # then the peer's FIN
             events = await attacker.receive_until_closed()
         assert all(isinstance(event, dict) and "type" in event for event in events)
@@ -477,7 +513,9 @@ async def test_random_bytes_after_the_handshake_end_only_that_connection(
         assert bystander.close_code is None
 
 
-async def test_two_oversize_frames_in_one_write_close_1009(autojump_clock, raw_ws):
+async def test_two_oversize_frames_in_one_write_close_1009(
+    autojump_clock: MockClock, raw_ws: RawWs
+) -> None:
     async with running_server(ServerConfig(max_event_bytes=100)) as sim:
         attacker = await raw_ws(sim)
         await attacker.send({"type": "session.update", "session": {}})
@@ -491,7 +529,7 @@ async def test_two_oversize_frames_in_one_write_close_1009(autojump_clock, raw_w
 # -- pings ----------------------------------------------------------------------------------
 
 
-async def test_server_pings_every_20_seconds(autojump_clock, raw_ws):
+async def test_server_pings_every_20_seconds(autojump_clock: MockClock, raw_ws: RawWs) -> None:
     async with running_server() as sim:
         client = await raw_ws(sim)
         await client.send({"type": "session.update", "session": {}})
@@ -507,7 +545,9 @@ async def test_server_pings_every_20_seconds(autojump_clock, raw_ws):
         assert session.state.value == "attached"
 
 
-async def test_unanswered_ping_loses_the_connection_after_20_seconds(autojump_clock, raw_ws):
+async def test_unanswered_ping_loses_the_connection_after_20_seconds(
+    autojump_clock: MockClock, raw_ws: RawWs
+) -> None:
     async with running_server() as sim:
         client = await raw_ws(sim, answer_pings=False)
         await client.send({"type": "session.update", "session": {}})
@@ -524,7 +564,9 @@ async def test_unanswered_ping_loses_the_connection_after_20_seconds(autojump_cl
         assert resumed["type"] == "session.resumed"
 
 
-async def test_every_server_frame_is_a_json_text_object(autojump_clock, raw_ws):
+async def test_every_server_frame_is_a_json_text_object(
+    autojump_clock: MockClock, raw_ws: RawWs
+) -> None:
     async with running_server() as sim:
         client = await raw_ws(sim)
         await client.send({"type": "session.update", "session": {}})

@@ -17,6 +17,8 @@ from websockets.sync.client import connect
 from trio_duplex.cli import main, serve_flags, shown_default
 from trio_duplex.core.config import ServerConfig
 
+from ..helpers import Serve
+
 FLAGS = {
     "--host",
     "--port",
@@ -72,7 +74,9 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize(("flag", "value"), BAD_VALUES)
-def test_bad_flag_value_exits_2_with_a_clear_message(capsys, flag, value):
+def test_bad_flag_value_exits_2_with_a_clear_message(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
     with pytest.raises(SystemExit) as info:
         main(["serve", flag, value])
     assert info.value.code == 2
@@ -95,7 +99,9 @@ def test_bad_flag_value_exits_2_with_a_clear_message(capsys, flag, value):
         ("--path", "/with?query=1"),
     ],
 )
-def test_bad_engine_or_path_exits_2_with_a_clear_message(capsys, flag, value):
+def test_bad_engine_or_path_exits_2_with_a_clear_message(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
     with pytest.raises(SystemExit) as info:
         main(["serve", flag, value])
     assert info.value.code == 2
@@ -105,7 +111,7 @@ def test_bad_engine_or_path_exits_2_with_a_clear_message(capsys, flag, value):
     assert "Traceback" not in err
 
 
-def test_bad_values_exit_2_from_the_real_command():
+def test_bad_values_exit_2_from_the_real_command() -> None:
     for args in (("--port", "-1"), ("--max-sessions", "0"), ("--engine", "nosuch:thing")):
         result = run_cli("serve", *args)
         assert result.returncode == 2, result
@@ -114,7 +120,7 @@ def test_bad_values_exit_2_from_the_real_command():
         assert "Traceback" not in result.stderr
 
 
-def test_unknown_flag_or_missing_command_exits_2(capsys):
+def test_unknown_flag_or_missing_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["serve", "--no-such-flag"])
     assert info.value.code == 2
@@ -124,7 +130,7 @@ def test_unknown_flag_or_missing_command_exits_2(capsys):
     assert info.value.code == 2
 
 
-def test_help_lists_exactly_the_flags():
+def test_help_lists_exactly_the_flags() -> None:
     result = run_cli("serve", "--help")
     assert result.returncode == 0, result
     shown = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", result.stdout))
@@ -143,14 +149,14 @@ def readme_serve_table() -> dict[str, str]:
     return table
 
 
-def test_readme_lists_every_flag_with_the_default_help_shows():
+def test_readme_lists_every_flag_with_the_default_help_shows() -> None:
     table = readme_serve_table()
     assert set(table) == FLAGS, sorted(set(table) ^ FLAGS)
     for flag, field, _ in serve_flags():
         assert table[flag] == shown_default(field), flag
 
 
-def test_server_config_refusals_name_the_field_and_value():
+def test_server_config_refusals_name_the_field_and_value() -> None:
     # The CLI's messages reuse the rule; an embedder sees the field's name.
     with pytest.raises(ValueError, match=r"^idle_ttl_s must be greater than 0, got 0$"):
         ServerConfig(idle_ttl_s=0)
@@ -158,7 +164,7 @@ def test_server_config_refusals_name_the_field_and_value():
         ServerConfig(port=65536)
 
 
-def test_console_script_is_installed():
+def test_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "trio-duplex"
     assert script.exists()
     result = subprocess.run(
@@ -169,7 +175,7 @@ def test_console_script_is_installed():
 
 
 @pytest.mark.integration
-def test_ready_line_holds_the_url(serve):
+def test_ready_line_holds_the_url(serve: Serve) -> None:
     server = serve()
     assert re.fullmatch(r"ws://127\.0\.0\.1:\d+/v1/duplex", server.url), server.url
     assert server.port != 0  # --port 0: the line names the port actually bound
@@ -179,7 +185,7 @@ def test_ready_line_holds_the_url(serve):
 
 
 @pytest.mark.integration
-def test_ready_line_holds_a_custom_path(serve):
+def test_ready_line_holds_a_custom_path(serve: Serve) -> None:
     server = serve("--path", "/custom/endpoint", "--host", "127.0.0.1")
     assert re.fullmatch(r"ws://127\.0\.0\.1:\d+/custom/endpoint", server.url), server.url
     with connect(server.url, open_timeout=5, ping_interval=None) as ws:
@@ -188,7 +194,7 @@ def test_ready_line_holds_a_custom_path(serve):
 
 
 @pytest.mark.integration
-def test_fractions_are_accepted_for_seconds(serve):
+def test_fractions_are_accepted_for_seconds(serve: Serve) -> None:
     server = serve(
         "--disconnect-grace",
         "0.5",
@@ -218,7 +224,7 @@ def test_fractions_are_accepted_for_seconds(serve):
 
 
 @pytest.mark.integration
-def test_zero_is_accepted_where_it_makes_sense(serve):
+def test_zero_is_accepted_where_it_makes_sense(serve: Serve) -> None:
     server = serve("--disconnect-grace", "0", "--drain-timeout", "0")
     with connect(server.url, open_timeout=5, ping_interval=None) as ws:
         ws.send(json.dumps({"type": "session.update", "session": {}}))
@@ -227,7 +233,7 @@ def test_zero_is_accepted_where_it_makes_sense(serve):
 
 
 @pytest.mark.integration
-def test_port_in_use_exits_1_with_a_message():
+def test_port_in_use_exits_1_with_a_message() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
