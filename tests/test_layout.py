@@ -1,0 +1,422 @@
+"""The package's layout: its import graph has no cycle, its layers import only downwards,
+and ``trio_duplex.__all__`` is public API only.
+
+Every module under trio_duplex/ is parsed with ``ast`` (nothing is imported to build the
+graph), and each import of the package by itself becomes an edge between two modules:
+
+* relative (``from .x import y``, ``from .. import z``) and absolute (``trio_duplex...``)
+  imports alike;
+* wherever the import is: at module level, inside a function, or under
+  ``if TYPE_CHECKING:``. A TYPE_CHECKING import never runs, but it is still a dependency
+  of the design: two modules that need each other's names are one unit split over two
+  files, and the guard only hides the cycle from the interpreter, not from a reader or
+  from the next refactoring. So it counts, like any other import;
+* ``from P import name`` is an edge to the module ``P.name`` if there is one, else to
+  ``P`` itself: importing a package's ``__init__`` re-exports is importing that package
+  (and, through its ``__init__``, whatever that imports);
+* ``import P.Q`` is an edge to ``P.Q``; the parent packages the interpreter initialises
+  on the way are not counted as dependencies;
+* dynamic imports (``importlib.import_module``, engine strings such as
+  ``trio_duplex.engines.echo:EchoEngine``) are not seen.
+
+The layers are checked transitively, along every edge: a module may not reach a forbidden
+module through another one either (each violation is reported with its chain).
+
+* ``trio_duplex.core``: nothing from server, client, engines or testing, and no trio;
+* ``trio_duplex.engines``: nothing from server, client or testing;
+* ``trio_duplex.server``: nothing from client or testing.
+
+The checker's functions take the package name and the graph as arguments, so that the
+self-tests at the end can prove each check fails when it should.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio_duplex
+
+PACKAGE = "trio_duplex"
+PACKAGE_DIR = Path(trio_duplex.__file__).resolve().parent
+
+
+# -- the graph ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Edge:
+    """``source`` imports ``target`` (both modules of the package) at ``line``."""
+
+    source: str
+    target: str
+    line: int
+    type_checking: bool = False
+    in_function: bool = False
+
+    def __str__(self) -> str:
+        where = [f"line {self.line}"]
+        if self.type_checking:
+            where.append("under TYPE_CHECKING")
+        if self.in_function:
+            where.append("inside a function")
+        return f"{self.source} -> {self.target} ({', '.join(where)})"
+
+
+@dataclass
+class ImportGraph:
+    """The package's modules, their imports of each other, and their other imports
+    (by top-level name, e.g. ``trio`` for ``import trio.lowlevel``)."""
+
+    edges: dict[str, list[Edge]] = field(default_factory=dict)
+    external: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+
+def module_name(path: Path, package_dir: Path, package: str) -> str:
+    parts = [package, *path.relative_to(package_dir).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+class _Imports(ast.NodeVisitor):
+    """Every import statement of one module, with where it stands."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[ast.Import | ast.ImportFrom, bool, bool]] = []
+        self._type_checking = 0
+        self._function = 0
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self.found.append((node, self._type_checking > 0, self._function > 0))
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        self.found.append((node, self._type_checking > 0, self._function > 0))
+
+    def visit_If(self, node: ast.If) -> None:
+        self.visit(node.test)
+        if _is_type_checking(node.test):
+            self._type_checking += 1
+            for child in node.body:
+                self.visit(child)
+            self._type_checking -= 1
+        else:
+            for child in node.body:
+                self.visit(child)
+        for child in node.orelse:
+            self.visit(child)
+
+    def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self._function += 1
+        self.generic_visit(node)
+        self._function -= 1
+
+    visit_FunctionDef = _visit_function
+    visit_AsyncFunctionDef = _visit_function
+
+
+def build_graph(package_dir: Path, package: str) -> ImportGraph:
+    """Parse every module under ``package_dir`` and resolve its imports of ``package``."""
+    paths = {module_name(p, package_dir, package): p for p in sorted(package_dir.rglob("*.py"))}
+    graph = ImportGraph()
+    unresolved: list[str] = []
+
+    def inside(name: str) -> bool:
+        return name == package or name.startswith(package + ".")
+
+    for module, path in paths.items():
+        is_package = path.name == "__init__.py"
+        edges = graph.edges.setdefault(module, [])
+        external = graph.external.setdefault(module, [])
+        visitor = _Imports()
+        visitor.visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+        for node, type_checking, in_function in visitor.found:
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if inside(alias.name):
+                        targets.append(alias.name)
+                    else:
+                        external.append((alias.name.partition(".")[0], node.lineno))
+            else:
+                if node.level:
+                    base = (module if is_package else module.rpartition(".")[0]).split(".")
+                    if node.level > 1:
+                        base = base[: -(node.level - 1)]
+                    target = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    target = node.module or ""
+                if inside(target):
+                    for alias in node.names:
+                        submodule = f"{target}.{alias.name}"
+                        targets.append(submodule if submodule in paths else target)
+                else:
+                    external.append((target.partition(".")[0], node.lineno))
+            for target in targets:
+                if target in paths:
+                    edges.append(Edge(module, target, node.lineno, type_checking, in_function))
+                else:
+                    unresolved.append(f"{module} line {node.lineno}: {target}")
+    assert not unresolved, "imports of the package that name no module:\n" + "\n".join(unresolved)
+    return graph
+
+
+# -- the checks -----------------------------------------------------------------------------
+
+
+def find_cycles(edges: Mapping[str, Sequence[Edge]]) -> list[list[Edge]]:
+    """One cycle (as its edges) for each strongly connected part of the graph that has
+    one; empty when the graph is acyclic."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(node: str) -> None:  # Tarjan
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for e in edges.get(node, ()):
+            if e.target not in index:
+                connect(e.target)
+                low[node] = min(low[node], low[e.target])
+            elif e.target in on_stack:
+                low[node] = min(low[node], index[e.target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            components.append(component)
+
+    for node in sorted(edges):
+        if node not in index:
+            connect(node)
+
+    cycles = []
+    for component in components:
+        members = set(component)
+        start = min(component)
+        # The shortest way from ``start`` back to itself, inside the component.
+        came_by: dict[str, Edge] = {}
+        queue = deque([start])
+        closing: Edge | None = None
+        while queue and closing is None:
+            node = queue.popleft()
+            for e in edges.get(node, ()):
+                if e.target == start:
+                    closing = e
+                    break
+                if e.target in members and e.target not in came_by:
+                    came_by[e.target] = e
+                    queue.append(e.target)
+        if closing is None:
+            continue  # a single module that does not import itself
+        cycle = [closing]
+        while cycle[0].source != start:
+            cycle.insert(0, came_by[cycle[0].source])
+        cycles.append(cycle)
+    return cycles
+
+
+def _paths_from(start: str, edges: Mapping[str, Sequence[Edge]]) -> Iterator[list[Edge]]:
+    """The shortest chain of edges from ``start`` to each module it reaches."""
+    came_by: dict[str, list[Edge]] = {start: []}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for e in edges.get(node, ()):
+            if e.target not in came_by:
+                came_by[e.target] = [*came_by[node], e]
+                queue.append(e.target)
+                yield came_by[e.target]
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Modules in ``package`` may not reach ``forbidden`` packages nor import ``external``
+    top-level names (such as ``trio``), directly or through other modules."""
+
+    package: str
+    forbidden: tuple[str, ...]
+    external: tuple[str, ...] = ()
+
+
+LAYERS = [
+    Layer(
+        f"{PACKAGE}.core",
+        tuple(f"{PACKAGE}.{p}" for p in ("server", "client", "engines", "testing")),
+        external=("trio",),
+    ),
+    Layer(f"{PACKAGE}.engines", tuple(f"{PACKAGE}.{p}" for p in ("server", "client", "testing"))),
+    Layer(f"{PACKAGE}.server", tuple(f"{PACKAGE}.{p}" for p in ("client", "testing"))),
+]
+
+
+def layer_violations(graph: ImportGraph, layers: Sequence[Layer]) -> list[str]:
+    found = []
+    for layer in layers:
+        for module in sorted(m for m in graph.edges if _within(m, layer.package)):
+            chains = [[], *_paths_from(module, graph.edges)]
+            for chain in chains:
+                reached = chain[-1].target if chain else module
+                via = "".join(f"\n    {e}" for e in chain)
+                for banned in layer.forbidden:
+                    if _within(reached, banned):
+                        found.append(f"{module} reaches {banned}:{via}")
+                for name, line in graph.external.get(reached, ()):
+                    if name in layer.external:
+                        found.append(f"{module} imports {name}:{via}\n    {reached} line {line}")
+    return found
+
+
+def describe(cycle: Sequence[Edge]) -> str:
+    return " -> ".join([cycle[0].source, *(e.target for e in cycle)]) + "".join(
+        f"\n    {e}" for e in cycle
+    )
+
+
+# -- the package ------------------------------------------------------------------------------
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    cycles = find_cycles(build_graph(PACKAGE_DIR, PACKAGE).edges)
+    assert not cycles, "import cycles (TYPE_CHECKING imports count):\n" + "\n".join(
+        describe(c) for c in cycles
+    )
+
+
+def test_the_layers_import_only_downwards() -> None:
+    violations = layer_violations(build_graph(PACKAGE_DIR, PACKAGE), LAYERS)
+    assert not violations, "layering violations:\n" + "\n".join(violations)
+
+
+def test_the_graph_sees_every_module_and_the_known_edges() -> None:
+    """The parser is not vacuous: it finds every module and edges of each kind."""
+    graph = build_graph(PACKAGE_DIR, PACKAGE)
+    assert len(graph.edges) == len(list(PACKAGE_DIR.rglob("*.py")))
+    targets = {(e.source, e.target) for edges in graph.edges.values() for e in edges}
+    # from .server.server import DuplexServer (absolute through a relative import)
+    assert (PACKAGE, f"{PACKAGE}.server.server") in targets
+    # from . import client: the subpackage itself
+    assert (PACKAGE, f"{PACKAGE}.client") in targets
+    # from ..core.wire import ... (two levels up)
+    assert (f"{PACKAGE}.engines.api", f"{PACKAGE}.core.wire") in targets
+    # an import inside a function (cli's connect command)
+    assert any(e.in_function for e in graph.edges[f"{PACKAGE}.cli"])
+    assert "trio" in {name for name, _ in graph.external[f"{PACKAGE}.server.server"]}
+
+
+# Names of the server's internals (the session table, a session, its state machine): tests
+# and the simulation kit reach them by their module path, trio_duplex.core.session.
+INTERNAL = {"Registry", "Session", "State"}
+
+
+def test_the_package_exports_only_public_api() -> None:
+    exported = set(trio_duplex.__all__)
+    leaked = sorted(exported & INTERNAL)
+    assert not leaked, f"internals in trio_duplex.__all__: {leaked}"
+    assert all(not name.startswith("_") for name in exported), exported
+    assert all(hasattr(trio_duplex, name) for name in exported), exported
+
+
+# -- self-tests: each check can fail --------------------------------------------------------
+
+
+def _graph(edges: Mapping[str, Sequence[str]], **external: Sequence[str]) -> ImportGraph:
+    return ImportGraph(
+        edges={
+            source: [Edge(source, target, n + 1) for n, target in enumerate(targets)]
+            for source, targets in edges.items()
+        },
+        external={m: [(name, 1) for name in names] for m, names in external.items()},
+    )
+
+
+def test_find_cycles_finds_a_cycle_and_only_a_cycle() -> None:
+    acyclic = _graph({"p": ["p.a", "p.b"], "p.a": ["p.b"], "p.b": []})
+    assert find_cycles(acyclic.edges) == []
+    cyclic = _graph({"p": ["p.a"], "p.a": ["p.b"], "p.b": ["p.c"], "p.c": ["p.a"], "p.d": []})
+    (cycle,) = find_cycles(cyclic.edges)
+    assert describe(cycle).splitlines()[0] == "p.a -> p.b -> p.c -> p.a"
+    (loop,) = find_cycles(_graph({"p.a": ["p.a"]}).edges)
+    assert [(e.source, e.target) for e in loop] == [("p.a", "p.a")]
+    two = _graph({"p.a": ["p.b"], "p.b": ["p.a"], "p.c": ["p.d"], "p.d": ["p.c"]})
+    assert len(find_cycles(two.edges)) == 2
+
+
+def test_layer_violations_direct_transitive_and_external() -> None:
+    layers = [Layer("p.core", ("p.server",), external=("trio",))]
+    clean = _graph({"p.core.a": ["p.core.b"], "p.core.b": [], "p.server": ["p.core.a"]})
+    assert layer_violations(clean, layers) == []
+    direct = _graph({"p.core.a": ["p.server"], "p.server": []})
+    assert layer_violations(direct, layers) == [
+        "p.core.a reaches p.server:\n    p.core.a -> p.server (line 1)"
+    ]
+    # Through the package's __init__ (a re-export), then a submodule.
+    transitive = _graph({"p.core.a": ["p"], "p": ["p.server.x"], "p.server.x": []})
+    (violation,) = layer_violations(transitive, layers)
+    assert violation.startswith("p.core.a reaches p.server:")
+    uses_trio = _graph({"p.core.a": ["p.core.b"], "p.core.b": []}, **{"p.core.b": ["trio"]})
+    assert [v.splitlines()[0] for v in layer_violations(uses_trio, layers)] == [
+        "p.core.a imports trio:",
+        "p.core.b imports trio:",
+    ]
+
+
+def test_build_graph_resolves_every_kind_of_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "from .a import A\nfrom . import sub\n",
+        "a.py": (
+            "from typing import TYPE_CHECKING\n"
+            "import trio.lowlevel\n"
+            "if TYPE_CHECKING:\n"
+            "    from .sub.b import B\n"
+            "else:\n"
+            "    import json\n"
+            "class A: ...\n"
+        ),
+        "sub/__init__.py": "from .b import B\n",
+        "sub/b.py": "def f() -> None:\n    from pkg import a\n    from .. import A\n",
+        "sub/c.py": "import pkg.sub.b\nfrom pkg.sub import B\nfrom ..sub import *\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    graph = build_graph(pkg, "pkg")
+    edges = {(e.source, e.target, e.line, e.type_checking, e.in_function) for e in _all(graph)}
+    assert edges == {
+        ("pkg", "pkg.a", 1, False, False),
+        ("pkg", "pkg.sub", 2, False, False),
+        ("pkg.a", "pkg.sub.b", 4, True, False),
+        ("pkg.sub", "pkg.sub.b", 1, False, False),
+        ("pkg.sub.b", "pkg.a", 2, False, True),
+        ("pkg.sub.b", "pkg", 3, False, True),  # a re-export: the package itself
+        ("pkg.sub.c", "pkg.sub.b", 1, False, False),
+        ("pkg.sub.c", "pkg.sub", 2, False, False),
+        ("pkg.sub.c", "pkg.sub", 3, False, False),
+    }
+    assert graph.external["pkg.a"] == [("typing", 1), ("trio", 2), ("json", 6)]
+    cycles = {describe(c).splitlines()[0] for c in find_cycles(graph.edges)}
+    assert cycles == {"pkg -> pkg.a -> pkg.sub.b -> pkg"}
+
+
+def _all(graph: ImportGraph) -> Iterator[Edge]:
+    for edges in graph.edges.values():
+        yield from edges
