@@ -365,11 +365,22 @@ def test_oversize_message_closes_1009(shared: ServerProcess, message: str | byte
 
 
 def test_oversize_fragmented_message_closes_1009(shared: ServerProcess) -> None:
-    with ws_connect(shared.url) as ws:
-        open_session(ws)
-        ws.send(["é" * 1000, "é" * 1000, "é" * 1000])  # 3 fragments, 6000 bytes
-        events, code = until_closed(ws)
-        assert events == []
+    # Raw frames, all in ONE write: the server may close as soon as the running total
+    # passes the bound (before the last fragment has arrived), and a client sending the
+    # fragments one by one would then fail its own send at random.
+    sock, rest = raw_ws(shared.port)
+    with sock:
+        sock.sendall(client_frame(1, b'{"type":"session.update","session":{}}'))
+        reader = FrameReader(sock, rest)
+        assert reader.event()["type"] == "session.created"
+        piece = ("é" * 1000).encode()  # 3 fragments of 2000 bytes: 6000 > 4096
+        sock.sendall(
+            client_frame(1, piece, fin=False)
+            + client_frame(0, piece, fin=False)
+            + client_frame(0, piece)
+        )
+        frames, code = reader.until_close()
+        assert frames == []
         assert code == 1009
 
 
