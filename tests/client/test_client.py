@@ -228,7 +228,7 @@ def test_heartbeat_interval_is_at_most_a_third_of_the_idle_ttl() -> None:
 def test_close_goes_out_after_everything_queued() -> None:
     state = opened()
     state.enqueue(text("last words"))
-    state.closing, state.close_reason = True, "done"
+    state.request_close("done")
     frames = drain(state)
     assert [f["type"] for f in frames] == ["input.text.append", "session.close"]
     assert frames[1] == {"type": "session.close", "reason": "done"}

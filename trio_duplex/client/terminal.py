@@ -27,7 +27,7 @@ from typing import Any, TextIO
 import attrs
 import trio
 
-from ..core.events import DEFAULT_PATH
+from ..core.events import DEFAULT_PATH, TERMINAL_EVENTS, EventType, Reason
 from . import (
     Attached,
     ClientError,
@@ -118,7 +118,7 @@ class Printer:
         seq = event.get("server_event_seq")
         rest = {k: v for k, v in event.items() if k not in ("type", "server_event_seq")}
         head = self._paint("2", f"{seq:>5}" if seq is not None else "    -")
-        if kind == "error":
+        if kind == EventType.ERROR:
             where = f" (event_id={rest['event_id']})" if "event_id" in rest else ""
             body = f"{rest.get('code')}: {rest.get('message')}{where}"
             return f"{head} {self._paint('1;31', kind)} {self._paint('31', body)}"
@@ -202,9 +202,9 @@ class _Run:
                 kind = event.get("type")
                 if self.audio is not None and kind == "response.output_audio.delta":
                     self.audio.add(event)
-                if kind == "session.expired" or event.get("reason") == "engine_error":
+                if kind == EventType.EXPIRED or event.get("reason") == Reason.ENGINE_ERROR:
                     self.exit_code = 1
-                if kind in ("session.closed", "session.expired"):
+                if kind in TERMINAL_EVENTS:
                     self.printer.status(f"session ended: {kind} ({event.get('reason')})")
         except ClientError as exc:
             self.printer.status(f"session failed: {exc}")
