@@ -235,7 +235,8 @@ class ClientSession:
 
     @property
     def state(self) -> SessionState:
-        """The protocol state machine (read it; don't change it)."""
+        """The protocol state machine, read-only (it changes only through its methods,
+        which are the shell's to call)."""
         return self._core
 
     @property

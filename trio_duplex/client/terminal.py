@@ -187,7 +187,6 @@ class _Run:
     args: argparse.Namespace
     printer: Printer
     audio: AudioSink | None = None
-    session: ClientSession | None = None
     interrupts: int = 0
     exit_code: int = 0
     quiet: trio.CancelScope | None = None
@@ -244,14 +243,13 @@ class _Run:
                 self.printer.status("closing the session (Ctrl-C again to detach)")
                 nursery.start_soon(session.aclose)  # output goes on until session.closed
             else:
-                state = session.resume_state()
-                await session.detach()
-                self._show_resume(state)
+                state = await session.detach()  # counts what arrived while detaching
+                self._show_resume(session, state)
                 self.done.set()
                 return
 
-    def _show_resume(self, state: ResumeState) -> None:
-        grace = self.session.limits.disconnect_grace_s if self.session else 30
+    def _show_resume(self, session: ClientSession, state: ResumeState) -> None:
+        grace = session.limits.disconnect_grace_s
         self.printer.status(
             f"detached. Resume within {grace:g}s with:\n  trio-duplex connect "
             f"{self.args.url} --resume {state.session_id} --token {state.resume_token} "
@@ -318,7 +316,6 @@ async def run(
             open_stream=open_stream,
             rng=rng,
         ) as session:
-            state.session = session
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(state.show_events, session)
                 nursery.start_soon(state.feed, session, lines)
