@@ -15,10 +15,10 @@ import subprocess
 import sys
 import time
 import wave
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import attrs
 import pytest
@@ -27,7 +27,8 @@ import trio.testing
 
 from trio_duplex import ServerConfig
 from trio_duplex.client import ResumeState, connect
-from trio_duplex.client.terminal import Printer, _full_url, build_parser, run
+from trio_duplex.client.terminal import Printer, build_parser, run
+from trio_duplex.engines.api import EngineFactory
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.engines.voice import VoiceEngine
 from trio_duplex.testing import FaultyStream, Simulation, running_server
@@ -84,13 +85,16 @@ class Terminal:
 
 @asynccontextmanager
 async def terminal(
-    argv: Sequence[str], config: ServerConfig | None = None, engine: Any = EchoEngine
+    argv: Sequence[str],
+    config: ServerConfig | None = None,
+    engine: EngineFactory = EchoEngine,
+    url: str = "ws://sim",
 ) -> AsyncIterator[Terminal]:
     async with running_server(config, engine) as sim:
         lines_in, lines = trio.open_memory_channel[str](100)
         presses_in, presses = trio.open_memory_channel[int](10)
         term = Terminal(sim, lines_in, presses_in, Screen(), Screen())
-        args = build_parser().parse_args(["ws://sim", *argv])
+        args = build_parser().parse_args([url, *argv])
         printer = Printer(term.out, term.err, raw_json=args.json)
 
         async def client() -> None:
@@ -258,13 +262,29 @@ async def test_bad_arguments_exit_2(argv: list[str], message: str) -> None:
     assert code == 2 and message in err.getvalue()
 
 
-def test_the_default_path_is_added() -> None:
-    assert _full_url("ws://h:1") == "ws://h:1/v1/duplex"
-    assert _full_url("ws://h:1/") == "ws://h:1/v1/duplex"
-    assert _full_url("ws://h:1/other?x=1") == "ws://h:1/other?x=1"
+async def test_the_default_path_is_added(autojump_clock: trio.abc.Clock) -> None:
+    for url in ("ws://sim", "ws://sim/"):  # the server serves /v1/duplex only
+        async with terminal([], url=url) as term:
+            term.lines.close()
+        assert term.exit_code == 0 and "* connected: session" in term.err.getvalue()
+    async with terminal([], url="ws://sim/other?x=1") as term:  # a path given is kept
+        pass
+    assert term.exit_code == 1 and "HTTP 404" in term.err.getvalue()
 
 
 # -- subprocesses: a real server, the client driven through a pipe ----------------------
+
+
+class Server(Protocol):
+    """What these tests use of the ``serve`` fixture's ServerProcess (tests/helpers.py)."""
+
+    url: str
+
+
+class Serve(Protocol):
+    """The ``serve`` fixture: starts ``trio-duplex serve`` with these flags."""
+
+    def __call__(self, *flags: str) -> Server: ...
 
 
 def connect_command(*args: str) -> list[str]:
@@ -289,7 +309,7 @@ def wait_for_output(proc: subprocess.Popen[bytes], pattern: str, timeout: float)
 
 
 @pytest.mark.integration
-def test_driven_through_a_pipe(serve: Callable[..., Any]) -> None:
+def test_driven_through_a_pipe(serve: Serve) -> None:
     server = serve("--engine", "echo")
     lines = [f"line {i}" for i in range(50)]
     done = subprocess.run(
@@ -309,7 +329,7 @@ def test_driven_through_a_pipe(serve: Callable[..., Any]) -> None:
 
 
 @pytest.mark.integration
-def test_json_through_a_pipe(serve: Callable[..., Any]) -> None:
+def test_json_through_a_pipe(serve: Serve) -> None:
     server = serve("--engine", "echo")
     done = subprocess.run(
         connect_command(server.url, "--json", "--linger", "0.2"),
@@ -325,7 +345,7 @@ def test_json_through_a_pipe(serve: Callable[..., Any]) -> None:
 
 
 @pytest.mark.integration
-def test_ctrl_c_closes_cleanly(serve: Callable[..., Any]) -> None:
+def test_ctrl_c_closes_cleanly(serve: Serve) -> None:
     server = serve("--engine", "echo")
     proc = subprocess.Popen(
         connect_command(server.url),
@@ -345,7 +365,7 @@ def test_ctrl_c_closes_cleanly(serve: Callable[..., Any]) -> None:
 
 
 @pytest.mark.integration
-async def test_resume_from_the_command_line(serve: Callable[..., Any]) -> None:
+async def test_resume_from_the_command_line(serve: Serve) -> None:
     server = serve("--engine", "echo")
     with trio.fail_after(60):
         async with connect(server.url) as session:
@@ -379,7 +399,7 @@ async def test_resume_from_the_command_line(serve: Callable[..., Any]) -> None:
 
 
 @pytest.mark.integration
-def test_voice_audio_saved_through_a_pipe(serve: Callable[..., Any], tmp_path: Path) -> None:
+def test_voice_audio_saved_through_a_pipe(serve: Serve, tmp_path: Path) -> None:
     server = serve("--engine", "voice")
     path = tmp_path / "voice.wav"
     done = subprocess.run(

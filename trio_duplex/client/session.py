@@ -7,11 +7,12 @@
         async for event in session:
             print(event)
 
-``SessionState`` (in ``_client_state.py``) is the client side of PROTOCOL.md as a
-state machine with no I/O, no clock and no awaits: sequence numbers both ways, the
-unconfirmed outbox, deduplication, the ack and heartbeat policies. ``ClientSession`` and
-``connect``, here, are the trio shell around it: one supervisor task that connects, resumes with
-backoff, and runs a reader and a single writer per connection.
+``SessionState`` (in ``state.py``) is the client side of PROTOCOL.md as a state machine
+with no I/O, no clock and no awaits: sequence numbers both ways, the unconfirmed outbox,
+deduplication, the ack and heartbeat policies. ``ClientSession`` and ``connect``, here,
+are the trio shell around it: one supervisor task that connects, resumes with backoff,
+and runs a reader and a single writer per connection. The shell changes the state
+machine only through its methods, and keeps its own lifecycle in one ``_Status``.
 
 Guarantees: every server event with a ``server_event_seq`` is yielded once, in order,
 across reconnects; control events (no seq) are yielded once per arrival. Every event
@@ -22,6 +23,7 @@ to have read it; after a resume exactly the events past the server's
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import math
@@ -38,6 +40,7 @@ from websockets.exceptions import WebSocketException as _WebSocketException
 from websockets.trio.client import ClientConnection
 from websockets.trio.client import connect as _ws_connect
 
+from ..core.events import ErrorCode
 from ..core.frames import CloseCode
 from ..core.wire import utf8_len
 from .state import (
@@ -104,7 +107,6 @@ class _Loss:
     reason: str = "connection closed"
     close_code: int | None = None
     abort: bool = False
-    fatal: ClientError | None = None
 
 
 class _AttemptFailed(Exception):
@@ -112,6 +114,61 @@ class _AttemptFailed(Exception):
 
 
 SessionStatus = Literal["connecting", "attached", "reconnecting", "closing", "ended", "failed"]
+
+
+class _Status(enum.Enum):
+    """The shell's lifecycle. Changed only by ``ClientSession._to``, along ``_NEXT``."""
+
+    CONNECTING = "connecting"
+    """Before the first attach (``connect`` has not returned the session yet)."""
+    ATTACHED = "attached"
+    RECONNECTING = "reconnecting"
+    """Between connections, after the first attach."""
+    CLOSING = "closing"
+    """``session.close`` requested; the supervisor (re)connects until it has ended."""
+    DETACHING = "detaching"
+    """Dropping the connection, keeping the session; shown as ``closing``."""
+    ENDED = "ended"
+    """Over: the terminal event arrived, or the supervisor stopped without a failure."""
+    FAILED = "failed"
+    """Over: ``_failure`` says why."""
+
+    @property
+    def public(self) -> SessionStatus:
+        return _PUBLIC_STATUS[self]
+
+
+_PUBLIC_STATUS: dict[_Status, SessionStatus] = {
+    _Status.CONNECTING: "connecting",
+    _Status.ATTACHED: "attached",
+    _Status.RECONNECTING: "reconnecting",
+    _Status.CLOSING: "closing",
+    _Status.DETACHING: "closing",
+    _Status.ENDED: "ended",
+    _Status.FAILED: "failed",
+}
+
+_NEXT: dict[_Status, frozenset[_Status]] = {
+    _Status.CONNECTING: frozenset({_Status.ATTACHED, _Status.ENDED, _Status.FAILED}),
+    _Status.ATTACHED: frozenset(
+        {_Status.RECONNECTING, _Status.CLOSING, _Status.DETACHING, _Status.ENDED, _Status.FAILED}
+    ),
+    _Status.RECONNECTING: frozenset(
+        {_Status.ATTACHED, _Status.CLOSING, _Status.DETACHING, _Status.ENDED, _Status.FAILED}
+    ),
+    _Status.CLOSING: frozenset({_Status.DETACHING, _Status.ENDED, _Status.FAILED}),
+    _Status.DETACHING: frozenset({_Status.ENDED, _Status.FAILED}),
+    _Status.ENDED: frozenset(),
+    _Status.FAILED: frozenset(),
+}
+"""The allowed transitions. A session that closes or detaches stays so across reconnects
+(a close is re-sent on the next connection); ENDED and FAILED are final."""
+
+_OVER = frozenset({_Status.ENDED, _Status.FAILED})
+_STOPPING = frozenset({_Status.DETACHING, *_OVER})
+"""The supervisor connects no more."""
+_UNUSABLE = frozenset({_Status.CLOSING, *_STOPPING})
+"""``send`` and ``confirm`` raise."""
 
 
 class ClientSession:
@@ -142,11 +199,12 @@ class ClientSession:
         self._wake = trio.Event()
         self._progress = trio.Event()
         self._stop = trio.Event()
+        """Set on detach: cuts a backoff wait short."""
         self._done = trio.Event()
-        self._detaching = False
-        self._attached = False
-        self._started = False
+        """Set once the supervisor has stopped (the status is ENDED or FAILED by then)."""
+        self._status = _Status.CONNECTING
         self._failure: ClientError | None = None
+        """Set with the status FAILED, and only then."""
         self._scope = trio.CancelScope()
         """The supervisor's scope: shielded once attached, so that a cancelled block
         still gets its bounded close; ``connect`` cancels it when done."""
@@ -177,26 +235,18 @@ class ClientSession:
 
     @property
     def state(self) -> SessionState:
-        """The protocol state machine (read it; don't change it)."""
+        """The protocol state machine, read-only (it changes only through its methods,
+        which are the shell's to call)."""
         return self._core
 
     @property
     def status(self) -> SessionStatus:
-        if self._failure is not None:
-            return "failed"
-        if self._done.is_set() or self._core.ended:
-            return "ended"
-        if self._core.closing or self._detaching:
-            return "closing"
-        if self._attached:
-            return "attached"
-        return "reconnecting" if self._started else "connecting"
+        return self._status.public
 
     def resume_state(self) -> ResumeState:
         """Session id, current token and last received seq, for ``connect(resume=...)``."""
         state = self._core.resume_state()
-        if state is None:
-            raise SessionEnded()
+        assert state is not None, "connect hands the session out only once it is attached"
         return state
 
     async def send(self, event: Mapping[str, Any]) -> int:
@@ -260,33 +310,58 @@ class ClientSession:
         """Drop the connection without closing the session; the server keeps it for
         ``disconnect_grace_s``. Returns what ``connect(resume=...)`` needs. Events already
         received stay readable here, and a later resume starts after them."""
-        state = self.resume_state()
         self._request_detach()
         await self._done.wait()
-        return self._core.resume_state() or state
+        return self.resume_state()
 
     # -- internals ---------------------------------------------------------------------
 
     def _check_usable(self) -> None:
         if self._failure is not None:
             raise self._failure
-        if self._done.is_set() or self._core.ended or self._core.closing or self._detaching:
+        if self._status in _UNUSABLE:
             raise SessionEnded(self._terminal)
+
+    def _to(self, status: _Status) -> None:
+        assert status in _NEXT[self._status], f"{self._status.name} -> {status.name}"
+        self._status = status
+
+    def _attach(self) -> None:
+        if self._status in (_Status.CONNECTING, _Status.RECONNECTING):
+            self._to(_Status.ATTACHED)
+
+    def _detach_connection(self) -> None:
+        if self._status is _Status.ATTACHED:
+            self._to(_Status.RECONNECTING)
+
+    def _end(self, terminal: Event | None = None) -> None:
+        if self._status not in _OVER:
+            self._terminal = terminal
+            self._to(_Status.ENDED)
+
+    def _fail(self, failure: ClientError) -> None:
+        if self._status not in _OVER:
+            log.info("session %s failed: %s", self.session_id, failure)
+            self._failure = failure
+            self._to(_Status.FAILED)
 
     def _notify_progress(self) -> None:
         self._progress.set()
         self._progress = trio.Event()
 
     def _request_close(self, reason: str | None = None) -> None:
-        if not self._core.closing:
-            self._core.closing = True
-            self._core.close_reason = reason
-        self._wake.set()
+        """Ignored once closing, detaching or over: the first way out wins."""
+        if self._status in (_Status.ATTACHED, _Status.RECONNECTING):
+            self._core.request_close(reason)
+            self._to(_Status.CLOSING)
+            self._wake.set()
 
     def _request_detach(self) -> None:
-        self._detaching = True
-        self._stop.set()
-        self._wake.set()
+        """Overrides a close in progress: the connection is dropped, the session kept."""
+        if self._status in (_Status.ATTACHED, _Status.RECONNECTING, _Status.CLOSING):
+            self._to(_Status.DETACHING)
+            self._stop.set()
+            self._wake.set()
 
     def _change(self, change: ConnectionChange) -> None:
         if self._on_change is not None:
@@ -307,28 +382,33 @@ class ClientSession:
         if not self._done.is_set():
             log.info("session %s: close timed out; cutting the connection", self.session_id)
 
-    async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _run(
+        self, *, task_status: trio.TaskStatus[ClientError | None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The supervisor. Reports None once attached, or the failure that came first
+        (it returns normally only after attaching)."""
+        never_attached = False
         try:
             with self._scope:
                 await self._supervise(task_status)
         except ClientError as exc:
-            log.info("session %s failed: %s", self.session_id, exc)
-            self._failure = exc
+            never_attached = self._status is _Status.CONNECTING
+            self._fail(exc)
         finally:
-            self._attached = False
+            self._end()
             self._events_tx.close()
             self._done.set()
             self._notify_progress()
-        if not self._started:
-            task_status.started()  # connect() raises self._failure
+        if never_attached:
+            task_status.started(self._failure)  # connect raises it
 
-    async def _supervise(self, task_status: trio.TaskStatus[None]) -> None:
+    async def _supervise(self, task_status: trio.TaskStatus[ClientError | None]) -> None:
         policy = self._options.reconnect
         failures = 0
         outage_start = trio.current_time()
         last_error = ""
         first = True
-        while not (self._core.ended or self._detaching):
+        while self._status not in _STOPPING:
             if not first:
                 elapsed = trio.current_time() - outage_start
                 if failures >= policy.max_attempts or elapsed >= policy.deadline:
@@ -337,7 +417,7 @@ class ClientSession:
                 self._change(Retrying(failures + 1, delay, last_error))
                 with trio.move_on_after(delay):
                     await self._stop.wait()
-                if self._detaching:
+                if self._status is _Status.DETACHING:
                     return
             first = False
             try:
@@ -348,12 +428,10 @@ class ClientSession:
                 log.info("session %s: attempt failed: %s", self.session_id, last_error)
                 continue
             except ResumeRefused as exc:
-                if self._core.closing and exc.code == "session_resume_expired":
+                if self._status is _Status.CLOSING and exc.code == ErrorCode.SESSION_RESUME_EXPIRED:
                     return  # our close won the race: the session is gone, as asked
                 raise
-            if loss.fatal is not None:
-                raise loss.fatal
-            if self._core.ended or self._detaching:
+            if self._status in _STOPPING:
                 return
             failures = 0
             outage_start = trio.current_time()
@@ -361,7 +439,7 @@ class ClientSession:
             log.info("session %s: connection lost: %s", self.session_id, loss.reason)
             self._change(Disconnected(loss.reason, loss.close_code))
 
-    async def _connection(self, task_status: trio.TaskStatus[None]) -> _Loss:
+    async def _connection(self, task_status: trio.TaskStatus[ClientError | None]) -> _Loss:
         """One connection: open it, handshake, then pump until it is lost."""
         deadline = trio.current_time() + self._options.open_timeout
         attached = False
@@ -376,7 +454,9 @@ class ClientSession:
                     if exc.retryable:
                         raise _AttemptFailed(str(exc)) from None
                     raise
-                attached = self._attached = True
+                attached = True
+                first_attach = self._status is _Status.CONNECTING
+                self._attach()
                 self._notify_progress()
                 log.info(
                     "session %s: attached, generation %d%s",
@@ -385,10 +465,9 @@ class ClientSession:
                     " (resumed)" if change.resumed else "",
                 )
                 self._change(change)
-                if not self._started:
-                    self._started = True
+                if first_attach:
                     self._scope.shield = True
-                    task_status.started()
+                    task_status.started(None)
                 loss = await self._pump(ws)
                 if loss.abort:
                     await trio.aclose_forcefully(ws.stream)
@@ -405,7 +484,7 @@ class ClientSession:
                 return _Loss(_describe(exc))
             raise _AttemptFailed(_describe(exc)) from exc
         finally:
-            self._attached = False
+            self._detach_connection()
 
     @asynccontextmanager
     async def _websocket(self, deadline: float) -> AsyncIterator[ClientConnection]:
@@ -435,7 +514,7 @@ class ClientSession:
             if code == CloseCode.RESUME_REFUSED and self._core.session_id is not None:
                 raise ResumeRefused(None, "resume refused", code) from None
             raise
-        event = _parse(message)
+        event = _parse(message) if isinstance(message, str) else None
         if event is None:
             raise ProtocolViolation("the server's first frame is not a JSON event")
         return event
@@ -457,8 +536,7 @@ class ClientSession:
                 loss.reason = _describe(exc)
                 loss.close_code = exc.rcvd.code if exc.rcvd is not None else None
                 return
-            event = _parse(message)
-            if event is None or not isinstance(message, str):
+            if not isinstance(message, str) or (event := _parse(message)) is None:
                 log.warning("session %s: ignored a frame that is not a JSON event", core.session_id)
                 continue
             had_unacked = core.ack_pending
@@ -474,12 +552,12 @@ class ClientSession:
             if not had_unacked and core.ack_pending:
                 self._wake.set()  # the writer times the ack from the first unacked event
             if verdict is Verdict.END:
-                self._terminal = event
+                self._end(event)
                 loss.reason = f"{event.get('type')} ({event.get('reason')})"
                 return
             if verdict is Verdict.REPLACED:
                 generation = event.get("attachment_generation")
-                loss.fatal = SessionReplaced(generation if type(generation) is int else None)
+                self._fail(SessionReplaced(generation if type(generation) is int else None))
                 return
 
     async def _write_loop(self, ws: ClientConnection, loss: _Loss, pump: trio.CancelScope) -> None:
@@ -488,7 +566,7 @@ class ClientSession:
             while True:
                 self._wake = trio.Event()
                 now = trio.current_time()
-                if self._detaching:
+                if self._status is _Status.DETACHING:
                     loss.reason = "detached"
                     break
                 if core.heartbeat_overdue(now):
@@ -533,9 +611,7 @@ _TRANSIENT = (
 by ReconnectPolicy, so a permanent problem misread as transient still ends."""
 
 
-def _parse(message: str | bytes) -> Event | None:
-    if not isinstance(message, str):
-        return None
+def _parse(message: str) -> Event | None:
     try:
         event = json.loads(message)
     except ValueError:
@@ -600,8 +676,8 @@ async def connect(
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         try:
-            await nursery.start(client._run)
-            if client._started:
+            refused: ClientError | None = await nursery.start(client._run)
+            if refused is None:
                 try:
                     yield client
                 except GeneratorExit:
@@ -610,11 +686,11 @@ async def connect(
                     # Re-raised below, outside the nursery, so it is not wrapped in a group.
                     body_error = exc
                 finally:
-                    await client._finish(detach=detach_on_exit or client._detaching)
+                    await client._finish(detach=detach_on_exit)
         finally:
             client._scope.cancel()
             nursery.cancel_scope.cancel()
     if body_error is not None:
         raise body_error
-    if not client._started:
-        raise client._failure or SessionEnded()
+    if refused is not None:
+        raise refused

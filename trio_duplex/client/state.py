@@ -10,12 +10,13 @@ from __future__ import annotations
 import enum
 import random
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import attrs
 
-from ..core.events import MANAGED_EVENTS, RESUME_REFUSALS, TERMINAL_EVENTS
+from ..core import events
+from ..core.events import MANAGED_EVENTS, RESUME_REFUSALS, TERMINAL_EVENTS, EventType
 from ..core.frames import CloseCode
 from ..core.wire import encode, utf8_len
 
@@ -265,7 +266,18 @@ class _Outgoing:
     size: int
 
 
-_HEARTBEAT: Final = encode({"type": "session.heartbeat"})
+_HEARTBEAT: Final = encode(events.heartbeat())
+
+
+class Phase(enum.Enum):
+    """Where a session is in its life, as ``SessionState`` sees it."""
+
+    OPEN = "open"
+    """Being opened or resumed, or running (the state machine does not track connections)."""
+    CLOSING = "closing"
+    """``request_close`` was called: ``session.close`` goes out after everything queued."""
+    ENDED = "ended"
+    """A terminal event or ``session.replaced`` arrived: nothing more will come."""
 
 
 @attrs.define(eq=False, repr=False)
@@ -274,46 +286,121 @@ class SessionState:
 
     Per connection the shell calls ``opening_frame``, feeds the first answer to
     ``on_handshake``, then loops ``next_frame``/``next_deadline`` in its writer and
-    ``on_event`` in its reader.
+    ``on_event`` in its reader. Its state changes only through these methods (and
+    ``enqueue``, ``request_confirm``, ``request_close``): every attribute is read-only.
+    The constructor takes where a session starts (``for_resume`` fills it in).
     """
 
-    config: dict[str, Any]
-    acks: AckPolicy = AckPolicy()
-    heartbeat: HeartbeatPolicy = HeartbeatPolicy()
-    session_id: str | None = None
-    resume_token: str | None = None
-    generation: int = 0
-    limits: Limits = Limits()
+    _config: dict[str, Any]
+    _acks: AckPolicy = AckPolicy()
+    _heartbeat: HeartbeatPolicy = HeartbeatPolicy()
+    _session_id: str | None = None
+    _resume_token: str | None = None
+    _generation: int = 0
+    _limits: Limits = Limits()
     # server -> client
-    last_received_seq: int = 0
-    """Highest ``server_event_seq`` received: dedup, and what a resume claims."""
-    acked_seq: int = 0
+    _last_received_seq: int = 0
+    _acked_seq: int = 0
     # client -> server
-    next_client_seq: int = 1
-    confirmed_seq: int = 0
-    """Every client event up to this seq has been read by the server."""
-    outbox: deque[_Outgoing] = attrs.field(factory=deque)
-    """Unconfirmed client events, contiguous seqs in order: the resend buffer."""
-    outbox_bytes: int = 0
-    closing: bool = False
-    close_reason: str | None = None
-    ended: bool = False
-    _unacked: int = 0
-    _unacked_bytes: int = 0
-    _unacked_since: float | None = None
-    _sent_through: int = 0
-    _heartbeats: deque[tuple[float, int]] = attrs.field(factory=deque)
+    _next_client_seq: int = 1
+    _confirmed_seq: int = 0
+    _outbox: deque[_Outgoing] = attrs.field(init=False, factory=deque)
+    _outbox_bytes: int = attrs.field(init=False, default=0)
+    _phase: Phase = attrs.field(init=False, default=Phase.OPEN)
+    _close_reason: str | None = attrs.field(init=False, default=None)
+    _unacked: int = attrs.field(init=False, default=0)
+    _unacked_bytes: int = attrs.field(init=False, default=0)
+    _unacked_since: float | None = attrs.field(init=False, default=None)
+    _sent_through: int = attrs.field(init=False, default=0)
+    _heartbeats: deque[tuple[float, int]] = attrs.field(init=False, factory=deque)
     """Outstanding heartbeats on this connection: (sent at, last client seq before it)."""
-    _last_heartbeat: float = 0.0
-    _confirm_target: int = 0
-    _close_sent: bool = False
-    _resume_from: int = 0
+    _last_heartbeat: float = attrs.field(init=False, default=0.0)
+    _confirm_target: int = attrs.field(init=False, default=0)
+    _close_sent: bool = attrs.field(init=False, default=False)
+    _resume_from: int = attrs.field(init=False, default=0)
+
+    # -- read-only views ---------------------------------------------------------------
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The session's configuration (the server's copy once it has answered)."""
+        return self._config
+
+    @property
+    def acks(self) -> AckPolicy:
+        return self._acks
+
+    @property
+    def heartbeat(self) -> HeartbeatPolicy:
+        return self._heartbeat
+
+    @property
+    def session_id(self) -> str | None:
+        return self._session_id
+
+    @property
+    def resume_token(self) -> str | None:
+        return self._resume_token
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    @property
+    def last_received_seq(self) -> int:
+        """Highest ``server_event_seq`` received: dedup, and what a resume claims."""
+        return self._last_received_seq
+
+    @property
+    def acked_seq(self) -> int:
+        """Highest ``server_event_seq`` acknowledged to the server."""
+        return self._acked_seq
+
+    @property
+    def next_client_seq(self) -> int:
+        return self._next_client_seq
+
+    @property
+    def confirmed_seq(self) -> int:
+        """Every client event up to this seq has been read by the server."""
+        return self._confirmed_seq
+
+    @property
+    def outbox(self) -> Sequence[_Outgoing]:
+        """Unconfirmed client events, contiguous seqs in order: the resend buffer."""
+        return self._outbox
+
+    @property
+    def outbox_bytes(self) -> int:
+        return self._outbox_bytes
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def closing(self) -> bool:
+        """A close was requested and the session has not ended yet."""
+        return self._phase is Phase.CLOSING
+
+    @property
+    def ended(self) -> bool:
+        return self._phase is Phase.ENDED
+
+    @property
+    def close_reason(self) -> str | None:
+        """The ``reason`` given to ``request_close``."""
+        return self._close_reason
 
     def __repr__(self) -> str:
         return (
-            f"SessionState({self.session_id}, generation={self.generation}, "
-            f"received={self.last_received_seq}, sent={self.next_client_seq - 1}, "
-            f"confirmed={self.confirmed_seq})"
+            f"SessionState({self._session_id}, generation={self._generation}, "
+            f"received={self._last_received_seq}, sent={self._next_client_seq - 1}, "
+            f"confirmed={self._confirmed_seq})"
         )
 
     @classmethod
@@ -328,67 +415,61 @@ class SessionState:
         )
 
     def resume_state(self) -> ResumeState | None:
-        if self.session_id is None or self.resume_token is None:
+        if self._session_id is None or self._resume_token is None:
             return None
-        return ResumeState(self.session_id, self.resume_token, self.last_received_seq)
+        return ResumeState(self._session_id, self._resume_token, self._last_received_seq)
 
     # -- handshake ---------------------------------------------------------------------
 
     def opening_frame(self) -> str:
         """The first frame of a connection: open a session, or resume ours."""
-        if self.session_id is None:
-            return encode({"type": "session.update", "session": self.config})
-        self._resume_from = self.last_received_seq
-        return encode(
-            {
-                "type": "session.resume",
-                "session_id": self.session_id,
-                "resume_token": self.resume_token,
-                "last_received_server_event_seq": self.last_received_seq,
-            }
-        )
+        if self._session_id is None:
+            return encode(events.update(self._config))
+        assert self._resume_token is not None, "a session id without its resume token"
+        self._resume_from = self._last_received_seq
+        return encode(events.resume(self._session_id, self._resume_token, self._resume_from))
 
     def on_handshake(self, event: Event, now: float) -> Attached:
         """The server's first answer. Raises ServerRefused (see ``.retryable``),
         ResumeRefused or ProtocolViolation."""
         kind = event.get("type")
-        if kind == "error":
-            raise _refusal(event, resuming=self.session_id is not None)
+        if kind == EventType.ERROR:
+            raise _refusal(event, resuming=self._session_id is not None)
         token = event.get("resume_token")
         generation = event.get("attachment_generation")
         if not isinstance(token, str) or type(generation) is not int:
             raise ProtocolViolation(f"{kind} without resume_token or attachment_generation")
-        resumed = self.session_id is not None
+        resumed = self._session_id is not None
         if not resumed:
             session_id = event.get("session_id")
-            if kind != "session.created" or not isinstance(session_id, str):
+            if kind != EventType.CREATED or not isinstance(session_id, str):
                 raise ProtocolViolation(f"expected session.created, got {kind!r}")
-            self.session_id = session_id
-            self.limits = Limits.from_event(event.get("limits"))
+            self._session_id = session_id
+            self._limits = Limits.from_event(event.get("limits"))
             if isinstance(event.get("session"), dict):
-                self.config = event["session"]
+                self._config = event["session"]
         else:
             received = event.get("last_received_client_event_seq")
-            if kind != "session.resumed" or event.get("session_id") != self.session_id:
-                raise ProtocolViolation(f"expected session.resumed of {self.session_id}")
+            if kind != EventType.RESUMED or event.get("session_id") != self._session_id:
+                raise ProtocolViolation(f"expected session.resumed of {self._session_id}")
             if type(received) is not int or received < 0:
                 raise ProtocolViolation("session.resumed without last_received_client_event_seq")
             if isinstance(event.get("session"), dict):
-                self.config = event["session"]
+                self._config = event["session"]
             # The resume acked everything up to what it claimed.
-            self.acked_seq = max(self.acked_seq, self._resume_from)
+            self._acked_seq = max(self._acked_seq, self._resume_from)
             self._unacked, self._unacked_bytes, self._unacked_since = 0, 0, None
             # Resuming from another process: our numbering continues after the server's.
-            self.next_client_seq = max(self.next_client_seq, received + 1)
+            self._next_client_seq = max(self._next_client_seq, received + 1)
             self._confirm(received)
-        self.resume_token = token
-        self.generation = generation
-        self._sent_through = self.confirmed_seq
+        self._resume_token = token
+        self._generation = generation
+        self._sent_through = self._confirmed_seq
         self._heartbeats.clear()
         self._last_heartbeat = now
         self._close_sent = False
-        assert self.session_id is not None
-        return Attached(self.session_id, generation, resumed, len(self.outbox))
+        assert self._session_id is not None
+        return Attached(self._session_id, generation, resumed, len(self._outbox))
 
     # -- client -> server --------------------------------------------------------------
 
@@ -402,19 +483,27 @@ class SessionState:
             raise ValueError(f"{kind} is sent by the client itself; see ClientSession's methods")
         if "client_event_seq" in event:
             raise ValueError("client_event_seq is assigned by the client")
-        seq = self.next_client_seq
+        seq = self._next_client_seq
         frame = encode({**event, "client_event_seq": seq})
         size = utf8_len(frame)
-        if size > self.limits.max_event_bytes:
-            raise EventTooLarge(size, self.limits.max_event_bytes)
-        self.next_client_seq = seq + 1
-        self.outbox.append(_Outgoing(seq, frame, size))
-        self.outbox_bytes += size
+        if size > self._limits.max_event_bytes:
+            raise EventTooLarge(size, self._limits.max_event_bytes)
+        self._next_client_seq = seq + 1
+        self._outbox.append(_Outgoing(seq, frame, size))
+        self._outbox_bytes += size
         return seq
+
+    def request_close(self, reason: str | None = None) -> None:
+        """Close the session: ``session.close`` (with ``reason``) goes out after everything
+        already queued, on this connection or the next. Only the first request counts,
+        and none once the session has ended."""
+        if self._phase is Phase.OPEN:
+            self._phase = Phase.CLOSING
+            self._close_reason = reason
 
     def request_confirm(self) -> int:
         """Ask for a heartbeat after everything sent so far; returns the seq to wait for."""
-        target = self.next_client_seq - 1
+        target = self._next_client_seq - 1
         self._confirm_target = max(self._confirm_target, target)
         return target
 
@@ -423,65 +512,62 @@ class SessionState:
         Taking a frame counts it as sent: a failed send ends the connection, and the next
         handshake resets what counts as sent."""
         if self._ack_due(now):
-            self.acked_seq = self.last_received_seq
+            self._acked_seq = self._last_received_seq
             self._unacked, self._unacked_bytes, self._unacked_since = 0, 0, None
-            return encode({"type": "session.event_ack", "server_event_seq": self.acked_seq})
+            return encode(events.event_ack(self._acked_seq))
         if self._heartbeat_due(now):
             self._heartbeats.append((now, self._sent_through))
             self._last_heartbeat = now
             return _HEARTBEAT
-        if self.outbox:
-            index = self._sent_through + 1 - self.outbox[0].seq
-            if index < len(self.outbox):
-                item = self.outbox[max(index, 0)]
+        if self._outbox:
+            index = self._sent_through + 1 - self._outbox[0].seq
+            if index < len(self._outbox):
+                item = self._outbox[max(index, 0)]
                 self._sent_through = item.seq
                 return item.frame
-        if self.closing and not self._close_sent:
+        if self._phase is Phase.CLOSING and not self._close_sent:
             self._close_sent = True
-            close: Event = {"type": "session.close"}
-            if self.close_reason is not None:
-                close["reason"] = self.close_reason
-            return encode(close)
+            return encode(events.close(self._close_reason))
         return None
 
     def next_deadline(self) -> float:
         deadline = self._last_heartbeat + self._heartbeat_interval()
         if self._heartbeats:
-            deadline = min(deadline, self._heartbeats[0][0] + self.heartbeat.timeout)
+            deadline = min(deadline, self._heartbeats[0][0] + self._heartbeat.timeout)
         if self._unacked_since is not None:
-            deadline = min(deadline, self._unacked_since + self.acks.max_delay)
+            deadline = min(deadline, self._unacked_since + self._acks.max_delay)
         return deadline
 
     def heartbeat_overdue(self, now: float) -> bool:
-        return bool(self._heartbeats) and now >= self._heartbeats[0][0] + self.heartbeat.timeout
+        return bool(self._heartbeats) and now >= self._heartbeats[0][0] + self._heartbeat.timeout
 
     def has_room(self, max_events: int, max_bytes: int) -> bool:
-        return len(self.outbox) < max_events and self.outbox_bytes < max_bytes
+        return len(self._outbox) < max_events and self._outbox_bytes < max_bytes
 
     # -- server -> client --------------------------------------------------------------
 
     def on_event(self, event: Event, size: int, now: float) -> Verdict:
         seq = event.get("server_event_seq")
         if type(seq) is int:
-            if seq <= self.last_received_seq:
+            if seq <= self._last_received_seq:
                 return Verdict.DUPLICATE
-            self.last_received_seq = seq
+            self._last_received_seq = seq
             self._unacked += 1
             self._unacked_bytes += size
             if self._unacked_since is None:
                 self._unacked_since = now
             return Verdict.DELIVER
         kind = event.get("type")
-        if kind == "session.heartbeat_ack":
-            if self._heartbeats:
+        if kind == EventType.HEARTBEAT_ACK:
+            if self._heartbeats:  # else unasked for: nothing to confirm
                 _, barrier = self._heartbeats.popleft()
                 self._confirm(barrier)
             return Verdict.INTERNAL
         if kind in TERMINAL_EVENTS:
-            self.ended = True
+            self._phase = Phase.ENDED
             return Verdict.END
-        if kind == "session.replaced":
-            self.ended = True
+        if kind == EventType.REPLACED:
+            self._phase = Phase.ENDED
             return Verdict.REPLACED
         return Verdict.DELIVER
 
@@ -493,33 +579,33 @@ class SessionState:
     # -- internals ---------------------------------------------------------------------
 
     def _confirm(self, seq: int) -> None:
-        self.confirmed_seq = max(self.confirmed_seq, min(seq, self.next_client_seq - 1))
-        outbox = self.outbox
-        while outbox and outbox[0].seq <= self.confirmed_seq:
-            self.outbox_bytes -= outbox.popleft().size
+        self._confirmed_seq = max(self._confirmed_seq, min(seq, self._next_client_seq - 1))
+        outbox = self._outbox
+        while outbox and outbox[0].seq <= self._confirmed_seq:
+            self._outbox_bytes -= outbox.popleft().size
 
     def _ack_due(self, now: float) -> bool:
         if not self._unacked:
             return False
-        every_bytes = min(self.acks.every_bytes, max(1, self.limits.journal_max_bytes // 4))
+        every_bytes = min(self._acks.every_bytes, max(1, self._limits.journal_max_bytes // 4))
         return (
-            self._unacked >= self.acks.every_events
+            self._unacked >= self._acks.every_events
             or self._unacked_bytes >= every_bytes
-            or ((since := self._unacked_since) is not None and now >= since + self.acks.max_delay)
+            or ((since := self._unacked_since) is not None and now >= since + self._acks.max_delay)
         )
 
     def _heartbeat_interval(self) -> float:
-        return min(self.heartbeat.interval, self.limits.idle_ttl_s / 3)
+        return min(self._heartbeat.interval, self._limits.idle_ttl_s / 3)
 
     def _heartbeat_due(self, now: float) -> bool:
         if now >= self._last_heartbeat + self._heartbeat_interval():
             return True
-        barrier = self._heartbeats[-1][1] if self._heartbeats else self.confirmed_seq
+        barrier = self._heartbeats[-1][1] if self._heartbeats else self._confirmed_seq
         unbarriered = self._sent_through - barrier
         if unbarriered <= 0:
             return False
         return (
-            unbarriered >= self.heartbeat.confirm_every
+            unbarriered >= self._heartbeat.confirm_every
             or self._sent_through >= self._confirm_target > barrier
         )
 

@@ -27,7 +27,7 @@ from typing import Any, TextIO
 import attrs
 import trio
 
-from ..core.events import DEFAULT_PATH
+from ..core.events import DEFAULT_PATH, TERMINAL_EVENTS, EventType, Reason
 from . import (
     Attached,
     ClientError,
@@ -118,7 +118,7 @@ class Printer:
         seq = event.get("server_event_seq")
         rest = {k: v for k, v in event.items() if k not in ("type", "server_event_seq")}
         head = self._paint("2", f"{seq:>5}" if seq is not None else "    -")
-        if kind == "error":
+        if kind == EventType.ERROR:
             where = f" (event_id={rest['event_id']})" if "event_id" in rest else ""
             body = f"{rest.get('code')}: {rest.get('message')}{where}"
             return f"{head} {self._paint('1;31', kind)} {self._paint('31', body)}"
@@ -187,7 +187,6 @@ class _Run:
     args: argparse.Namespace
     printer: Printer
     audio: AudioSink | None = None
-    session: ClientSession | None = None
     interrupts: int = 0
     exit_code: int = 0
     quiet: trio.CancelScope | None = None
@@ -202,9 +201,9 @@ class _Run:
                 kind = event.get("type")
                 if self.audio is not None and kind == "response.output_audio.delta":
                     self.audio.add(event)
-                if kind == "session.expired" or event.get("reason") == "engine_error":
+                if kind == EventType.EXPIRED or event.get("reason") == Reason.ENGINE_ERROR:
                     self.exit_code = 1
-                if kind in ("session.closed", "session.expired"):
+                if kind in TERMINAL_EVENTS:
                     self.printer.status(f"session ended: {kind} ({event.get('reason')})")
         except ClientError as exc:
             self.printer.status(f"session failed: {exc}")
@@ -244,14 +243,13 @@ class _Run:
                 self.printer.status("closing the session (Ctrl-C again to detach)")
                 nursery.start_soon(session.aclose)  # output goes on until session.closed
             else:
-                state = session.resume_state()
-                await session.detach()
-                self._show_resume(state)
+                state = await session.detach()  # counts what arrived while detaching
+                self._show_resume(session, state)
                 self.done.set()
                 return
 
-    def _show_resume(self, state: ResumeState) -> None:
-        grace = self.session.limits.disconnect_grace_s if self.session else 30
+    def _show_resume(self, session: ClientSession, state: ResumeState) -> None:
+        grace = session.limits.disconnect_grace_s
         self.printer.status(
             f"detached. Resume within {grace:g}s with:\n  trio-duplex connect "
             f"{self.args.url} --resume {state.session_id} --token {state.resume_token} "
@@ -318,7 +316,6 @@ async def run(
             open_stream=open_stream,
             rng=rng,
         ) as session:
-            state.session = session
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(state.show_events, session)
                 nursery.start_soon(state.feed, session, lines)

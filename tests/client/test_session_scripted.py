@@ -1,0 +1,198 @@
+"""``ClientSession`` against a scripted WebSocket server in memory (trio-websocket on
+``trio_duplex.testing``'s ``MemoryListener``, virtual time): each connection runs a
+script, for the answers a correct server never gives or gives only in a race (overlapping
+replays, lost ``session.resumed``, a bare close 4001, a first frame that is not an
+event). Also the client's filter of a benign websockets log record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+from trio_websocket import ConnectionClosed as WsClosed
+from trio_websocket import WebSocketConnection, WebSocketRequest, WebSocketServer
+
+from trio_duplex.client import ProtocolViolation, ResumeRefused, ServerRefused, connect
+from trio_duplex.client import session as client_module
+from trio_duplex.testing import MemoryListener
+
+from .helpers import FAST, URL, Event, created, out, resumed
+
+StreamOpener = Callable[[], Awaitable[trio.abc.Stream]]
+
+
+Script = Callable[[WebSocketConnection, int], Awaitable[None]]
+
+
+@asynccontextmanager
+async def scripted_server(script: Script) -> AsyncIterator[StreamOpener]:
+    """A WebSocket server in memory that runs ``script(ws, n)`` for its n-th connection."""
+    listener = MemoryListener.create()
+    counter = itertools.count()
+
+    async def handler(request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        with contextlib.suppress(WsClosed):
+            await script(ws, next(counter))
+
+    server = WebSocketServer(handler, [listener])  # type: ignore[list-item]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+
+        async def open_stream() -> trio.abc.Stream:
+            client, _ = await listener.connect()
+            return client
+
+        yield open_stream
+        nursery.cancel_scope.cancel()
+
+
+async def receive_json(ws: WebSocketConnection) -> Event:
+    result: Event = json.loads(await ws.get_message())
+    return result
+
+
+async def send_json(ws: WebSocketConnection, *events: Event) -> None:
+    for event in events:
+        await ws.send_message(json.dumps(event))
+
+
+async def test_a_replay_that_overlaps_is_deduplicated(autojump_clock: trio.abc.Clock) -> None:
+    async def script(ws: WebSocketConnection, n: int) -> None:
+        first = await receive_json(ws)
+        if n == 0:
+            assert first["type"] == "session.update"
+            await send_json(ws, created(), out(1), out(2), out(3))
+            return  # the connection ends: the client resumes
+        assert first["last_received_server_event_seq"] == 3
+        await send_json(ws, resumed(0), out(2), out(3), out(4), {"type": "session.going_away"})
+        await send_json(ws, out(4), out(5), {"type": "session.closed", "reason": "engine_finished"})
+        await ws.get_message()
+
+    async with scripted_server(script) as open_stream:
+        async with connect(URL, open_stream=open_stream, options=FAST) as session:
+            events = [event async for event in session]
+    assert [e.get("server_event_seq", e["type"]) for e in events] == [
+        1,
+        2,
+        3,
+        4,
+        "session.going_away",
+        5,
+        "session.closed",
+    ]
+    assert session.duplicates_dropped == 3
+
+
+async def test_a_resume_conflict_is_retried(autojump_clock: trio.abc.Clock) -> None:
+    tokens: list[str] = []
+
+    async def script(ws: WebSocketConnection, n: int) -> None:
+        first = await receive_json(ws)
+        if n == 0:
+            await send_json(ws, created())
+            return
+        tokens.append(first["resume_token"])
+        if n == 1:
+            conflict = {"type": "error", "code": "session_resume_conflict", "retryable": True}
+            await send_json(ws, {**conflict, "message": "busy"})
+            await ws.aclose(4001)
+            return
+        await send_json(ws, resumed(0), {"type": "session.closed", "reason": "engine_finished"})
+        await ws.get_message()
+
+    async with scripted_server(script) as open_stream:
+        async with connect(URL, open_stream=open_stream, options=FAST) as session:
+            assert [e["type"] async for e in session] == ["session.closed"]
+    assert tokens == ["secret-1", "secret-1"]
+
+
+async def test_a_lost_session_resumed_is_retried_with_the_same_token(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    tokens: list[str] = []
+
+    async def script(ws: WebSocketConnection, n: int) -> None:
+        first = await receive_json(ws)
+        if n == 0:
+            await send_json(ws, created())
+            return
+        tokens.append(first["resume_token"])
+        if n == 1:
+            return  # processed, but session.resumed never arrives
+        await send_json(ws, resumed(0, generation=3))
+        await send_json(ws, {"type": "session.closed", "reason": "engine_finished"})
+        await ws.get_message()
+
+    async with scripted_server(script) as open_stream:
+        async with connect(URL, open_stream=open_stream, options=FAST) as session:
+            assert [e["type"] async for e in session] == ["session.closed"]
+            assert session.generation == 3
+    assert tokens == ["secret-1", "secret-1"]
+
+
+async def test_close_4001_without_an_error_is_terminal(autojump_clock: trio.abc.Clock) -> None:
+    async def script(ws: WebSocketConnection, n: int) -> None:
+        await receive_json(ws)
+        if n == 0:
+            await send_json(ws, created())
+            return
+        await ws.aclose(4001)
+
+    async with scripted_server(script) as open_stream:
+        async with connect(URL, open_stream=open_stream, options=FAST) as session:
+            with pytest.raises(ResumeRefused) as caught:
+                await session.receive()
+    assert caught.value.close_code == 4001
+
+
+async def test_a_first_frame_that_is_not_an_event_is_a_violation(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async def script(ws: WebSocketConnection, n: int) -> None:
+        await receive_json(ws)
+        await ws.send_message("hello")
+
+    async with scripted_server(script) as open_stream:
+        with pytest.raises(ProtocolViolation):
+            async with connect(URL, open_stream=open_stream, options=FAST):
+                raise AssertionError("not reached")
+
+
+async def test_a_refused_open_is_raised_at_connect(autojump_clock: trio.abc.Clock) -> None:
+    async def script(ws: WebSocketConnection, n: int) -> None:
+        await receive_json(ws)
+        await send_json(
+            ws, {"type": "error", "code": "bad_event", "message": "no", "retryable": False}
+        )
+        await ws.get_message()
+
+    async with scripted_server(script) as open_stream:
+        with pytest.raises(ServerRefused) as caught:
+            async with connect(URL, open_stream=open_stream, options=FAST):
+                raise AssertionError("not reached")
+    assert caught.value.code == "bad_event" and not caught.value.retryable
+
+
+def test_a_benign_websockets_race_is_not_logged_as_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # websockets wraps the logger it is given in an adapter of its own, as here.
+    logger = logging.LoggerAdapter(client_module._WEBSOCKETS_LOG, {"websocket": None})
+    try:
+        raise EOFError("stream of frames ended")
+    except EOFError:
+        logger.error("unexpected internal error", exc_info=True)
+    try:
+        raise RuntimeError("a real bug")
+    except RuntimeError:
+        logger.error("unexpected internal error", exc_info=True)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info and errors[0].exc_info[0] is RuntimeError

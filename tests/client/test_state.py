@@ -1,0 +1,336 @@
+"""``SessionState``, the client's protocol state machine, alone: no I/O, no clock, no
+trio. Frames are taken from ``next_frame`` and server events fed to ``on_event`` by hand,
+time is passed in as ``now``; the last test drives it against a model server through
+random cuts (hypothesis). Also the reconnect policy's backoff, which is pure too.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trio_duplex.client import (
+    AckPolicy,
+    Attached,
+    EventTooLarge,
+    HeartbeatPolicy,
+    ReconnectPolicy,
+    ResumeState,
+    SessionState,
+    Verdict,
+)
+from trio_duplex.client.state import Phase
+
+from .helpers import Event, created, resumed, text
+
+
+def opened(acks: AckPolicy | None = None, heartbeat: HeartbeatPolicy | None = None) -> SessionState:
+    """A state machine attached by ``created()``, after checking its opening frame."""
+    state = SessionState({"voice": "x"}, acks or AckPolicy(), heartbeat or HeartbeatPolicy())
+    assert json.loads(state.opening_frame()) == {
+        "type": "session.update",
+        "session": {"voice": "x"},
+    }
+    state.on_handshake(created(), now=0.0)
+    return state
+
+
+def drain(state: SessionState, now: float = 0.0) -> list[Event]:
+    frames = []
+    while (frame := state.next_frame(now)) is not None:
+        frames.append(json.loads(frame))
+    return frames
+
+
+def test_send_stamps_seqs_and_refuses_what_the_client_owns() -> None:
+    state = opened()
+    assert state.enqueue(text("a")) == 1
+    assert state.enqueue({"type": "session.update", "session": {}}) == 2  # goes to the engine
+    for bad in (
+        {"type": "session.close"},
+        {"type": "session.heartbeat"},
+        {"type": "session.resume"},
+        {"type": "session.event_ack", "server_event_seq": 0},
+        {**text("b"), "client_event_seq": 9},
+        {"text": "no type"},
+    ):
+        with pytest.raises(ValueError):
+            state.enqueue(bad)
+    assert [f["client_event_seq"] for f in drain(state)] == [1, 2]
+    assert state.next_client_seq == 3
+
+
+def test_too_large_event_is_refused_before_it_is_queued() -> None:
+    state = SessionState({})
+    state.opening_frame()
+    state.on_handshake(created(max_event_bytes=100), now=0.0)
+    with pytest.raises(EventTooLarge) as caught:
+        state.enqueue(text("x" * 100))
+    assert caught.value.limit == 100
+    assert state.next_client_seq == 1 and not state.outbox
+
+
+def test_resume_resends_exactly_what_the_server_did_not_receive() -> None:
+    state = opened()
+    for i in range(5):
+        state.enqueue(text(str(i)))
+    assert [f["client_event_seq"] for f in drain(state)] == [1, 2, 3, 4, 5]
+    state.on_event({"type": "x", "server_event_seq": 1}, 10, now=0.0)
+    state.on_event({"type": "x", "server_event_seq": 2}, 10, now=0.0)
+    resume = json.loads(state.opening_frame())
+    assert resume == {
+        "type": "session.resume",
+        "session_id": "s1",
+        "resume_token": "secret-1",
+        "last_received_server_event_seq": 2,
+    }
+    change = state.on_handshake(resumed(received=3), now=1.0)
+    assert change == Attached("s1", 2, resumed=True, resent=2)
+    assert [f["client_event_seq"] for f in drain(state, 1.0)] == [4, 5]
+    assert state.resume_token == "secret-2" and state.acked_seq == 2  # the resume acked 2
+
+
+def test_resume_from_another_process_continues_the_numbering() -> None:
+    state = SessionState.for_resume(ResumeState("s1", "secret-1", 7))
+    assert json.loads(state.opening_frame())["last_received_server_event_seq"] == 7
+    state.on_handshake(resumed(received=12), now=0.0)
+    assert state.enqueue(text("next")) == 13
+
+
+def test_events_with_a_seq_are_deduplicated_control_events_are_not() -> None:
+    state = opened()
+    seen = [
+        state.on_event({"type": "x", "server_event_seq": seq}, 10, now=0.0)
+        for seq in (1, 2, 2, 1, 3, 5, 4)
+    ]
+    assert seen == [Verdict.DELIVER] * 2 + [Verdict.DUPLICATE] * 2 + [Verdict.DELIVER] * 2 + [
+        Verdict.DUPLICATE
+    ]
+    resync = {"type": "session.resync_required", "reason": "journal_gap", "dropped_through_seq": 5}
+    assert state.on_event(resync, 10, now=0.0) is Verdict.DELIVER
+    assert state.on_event(dict(resync), 10, now=0.0) is Verdict.DELIVER
+    assert state.on_event({"type": "session.going_away"}, 10, now=0.0) is Verdict.DELIVER
+    assert state.on_event({"type": "session.replaced"}, 10, now=0.0) is Verdict.REPLACED
+    assert state.on_event({"type": "session.closed"}, 10, now=0.0) is Verdict.END
+
+
+def test_acks_go_out_by_count_by_bytes_and_by_time() -> None:
+    state = opened(acks=AckPolicy(every_events=3, every_bytes=1000, max_delay=0.5))
+    for seq in (1, 2):
+        state.on_event({"type": "x", "server_event_seq": seq}, 10, now=0.0)
+    assert drain(state) == []
+    assert state.next_deadline() == 0.5
+    state.on_event({"type": "x", "server_event_seq": 3}, 10, now=0.1)
+    assert drain(state, 0.1) == [{"type": "session.event_ack", "server_event_seq": 3}]
+    state.on_event({"type": "x", "server_event_seq": 4}, 1000, now=0.2)  # bytes
+    assert drain(state, 0.2) == [{"type": "session.event_ack", "server_event_seq": 4}]
+    state.on_event({"type": "x", "server_event_seq": 5}, 10, now=1.0)  # time
+    assert drain(state, 1.4) == []
+    assert drain(state, 1.5) == [{"type": "session.event_ack", "server_event_seq": 5}]
+
+
+def test_heartbeats_keep_time_confirm_and_trim_the_resend_buffer() -> None:
+    state = opened(heartbeat=HeartbeatPolicy(interval=10, timeout=4, confirm_every=3))
+    assert state.next_deadline() == 10
+    assert drain(state, 10.0) == [{"type": "session.heartbeat"}]
+    assert state.heartbeat_overdue(14.0) and not state.heartbeat_overdue(13.9)
+    state.on_event({"type": "session.heartbeat_ack"}, 10, now=11.0)
+    for i in range(4):
+        state.enqueue(text(str(i)))
+    kinds = [f["type"] for f in drain(state, 11.0)]
+    # After three unconfirmed events a heartbeat goes out as a barrier.
+    assert kinds == ["input.text.append"] * 3 + ["session.heartbeat", "input.text.append"]
+    assert state.on_event({"type": "session.heartbeat_ack"}, 10, now=11.5) is Verdict.INTERNAL
+    assert state.confirmed_seq == 3 and [item.seq for item in state.outbox] == [4]
+    target = state.request_confirm()
+    assert target == 4 and drain(state, 12.0) == [{"type": "session.heartbeat"}]
+    state.on_event({"type": "session.heartbeat_ack"}, 10, now=12.1)
+    assert state.confirmed_seq == 4 and not state.outbox and state.outbox_bytes == 0
+
+
+def test_heartbeat_interval_is_at_most_a_third_of_the_idle_ttl() -> None:
+    state = SessionState({})
+    state.opening_frame()
+    state.on_handshake(created(idle_ttl_s=6), now=100.0)
+    assert state.next_deadline() == 102.0
+
+
+def test_close_goes_out_after_everything_queued() -> None:
+    state = opened()
+    state.enqueue(text("last words"))
+    state.request_close("done")
+    frames = drain(state)
+    assert [f["type"] for f in frames] == ["input.text.append", "session.close"]
+    assert frames[1] == {"type": "session.close", "reason": "done"}
+    assert drain(state) == []
+
+
+def test_a_close_is_sent_again_on_the_next_connection_until_the_session_ends() -> None:
+    state = opened()
+    state.request_close("first")
+    state.request_close("second")  # only the first request counts
+    phases = [state.phase]
+    assert state.closing and state.close_reason == "first"
+    assert drain(state) == [{"type": "session.close", "reason": "first"}]
+    state.opening_frame()  # the connection was lost before session.closed
+    state.on_handshake(resumed(received=0), now=1.0)
+    assert drain(state, 1.0) == [{"type": "session.close", "reason": "first"}]
+    closed = {"type": "session.closed", "reason": "client_close"}
+    assert state.on_event(closed, 10, now=1.0) is Verdict.END
+    phases.append(state.phase)
+    assert phases == [Phase.CLOSING, Phase.ENDED] and state.ended and not state.closing
+
+
+def test_a_close_requested_after_the_end_is_ignored() -> None:
+    state = opened()
+    state.on_event({"type": "session.replaced", "attachment_generation": 2}, 10, now=0.0)
+    state.request_close()
+    assert state.phase is Phase.ENDED and drain(state) == []
+
+
+STATE = """config acks heartbeat session_id resume_token generation limits last_received_seq
+acked_seq next_client_seq confirmed_seq outbox outbox_bytes phase closing close_reason ended"""
+
+
+@pytest.mark.parametrize("name", STATE.split())
+def test_its_state_changes_only_through_its_methods(name: str) -> None:
+    state = opened()
+    with pytest.raises(AttributeError):
+        setattr(state, name, getattr(state, name))
+
+
+def test_the_resume_token_is_never_in_a_repr() -> None:
+    state = opened()
+    resume = state.resume_state()
+    assert resume is not None and resume.resume_token == "secret-1"
+    assert "secret" not in repr(resume) and "secret" not in repr(state)
+
+
+@given(st.integers(1, 40), st.integers(0, 2**32))
+def test_backoff_grows_is_capped_and_jittered_within_bounds(attempt: int, seed: int) -> None:
+    policy = ReconnectPolicy(initial_delay=0.1, max_delay=5.0, multiplier=2.0, jitter=0.5)
+    base = min(5.0, 0.1 * 2.0 ** (attempt - 1))
+    assert base * 0.5 <= policy.delay(attempt, random.Random(seed)) <= base
+
+
+@attrs.define
+class ModelServer:
+    """The server side of the protocol, reduced to what the client's guarantees rest on:
+    highest-seq dedup, an ordered journal with acks and replay, heartbeat acks in order."""
+
+    client_seq: int = 0
+    inputs: list[str] = attrs.field(factory=list)
+    head: int = 0
+    journal: list[tuple[int, str]] = attrs.field(factory=list)
+
+    def emit(self) -> str:
+        self.head += 1
+        frame = json.dumps({"type": "out", "server_event_seq": self.head})
+        self.journal.append((self.head, frame))
+        return frame
+
+    def handle(self, frame: str) -> list[str]:
+        event = json.loads(frame)
+        if event["type"] == "session.heartbeat":
+            return [json.dumps({"type": "session.heartbeat_ack"})]
+        if event["type"] == "session.event_ack":
+            seq = event["server_event_seq"]
+            assert 0 <= seq <= self.head
+            self.journal = [entry for entry in self.journal if entry[0] > seq]
+            return []
+        seq = event["client_event_seq"]
+        if seq <= self.client_seq:
+            return []
+        assert seq == self.client_seq + 1, "the client skipped a seq"
+        self.client_seq = seq
+        self.inputs.append(event["text"])
+        return [self.emit()]
+
+    def resume(self, frame: str) -> list[str]:
+        last = json.loads(frame)["last_received_server_event_seq"]
+        assert 0 <= last <= self.head
+        self.journal = [entry for entry in self.journal if entry[0] > last]
+        assert [seq for seq, _ in self.journal] == list(range(last + 1, self.head + 1))
+        answer = {**resumed(self.client_seq), "session_id": "s1"}
+        return [json.dumps(answer)] + [frame for _, frame in self.journal]
+
+
+steps = st.lists(
+    st.one_of(
+        st.just(("send", 0)),
+        st.just(("emit", 0)),
+        st.tuples(st.just("write"), st.integers(1, 5)),
+        st.tuples(st.just("serve"), st.integers(1, 5)),
+        st.tuples(st.just("read"), st.integers(1, 5)),
+        st.tuples(st.just("tick"), st.integers(0, 20)),
+        st.tuples(st.just("cut"), st.integers(0, 1)),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_model_every_event_once_in_order_through_any_cuts(plan: list[tuple[str, int]]) -> None:
+    state = opened(
+        acks=AckPolicy(every_events=2, max_delay=1.0),
+        heartbeat=HeartbeatPolicy(interval=5, timeout=100, confirm_every=2),
+    )
+    server = ModelServer()
+    sent: list[str] = []
+    delivered: list[int] = []
+    up: list[str] = []  # frames on the wire, client to server
+    down: list[str] = []  # and server to client
+    now = 0.0
+
+    def read(count: int) -> None:
+        for frame in down[:count]:
+            if state.on_event(json.loads(frame), len(frame), now) is Verdict.DELIVER:
+                delivered.append(json.loads(frame)["server_event_seq"])
+        del down[:count]
+
+    def write(count: int) -> None:
+        for _ in range(count):
+            if (frame := state.next_frame(now)) is not None:
+                up.append(frame)
+
+    def serve(count: int) -> None:
+        for frame in up[:count]:
+            down.extend(server.handle(frame))
+        del up[:count]
+
+    for step, arg in plan:
+        if step == "send":
+            sent.append(f"m{len(sent)}")
+            state.enqueue(text(sent[-1]))
+        elif step == "emit":
+            down.append(server.emit())
+        elif step == "write":
+            write(arg)
+        elif step == "serve":
+            serve(arg)
+        elif step == "read":
+            read(arg)
+        elif step == "tick":
+            now += arg / 4
+        else:  # cut: whatever is in flight is lost; arg=1 also loses session.resumed
+            up.clear()
+            down.clear()
+            answer = server.resume(state.opening_frame())
+            if arg:
+                answer = server.resume(state.opening_frame())
+            state.on_handshake(json.loads(answer[0]), now)
+            down.extend(answer[1:])
+    state.request_confirm()  # the end: a barrier heartbeat, then everything settles
+    for _ in range(10):
+        write(1000)
+        serve(len(up))
+        read(len(down))
+    assert not up and not down and not state.outbox
+    assert server.inputs == sent
+    assert delivered == list(range(1, server.head + 1))
