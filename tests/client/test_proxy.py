@@ -73,7 +73,7 @@ async def test_exactly_once_through_a_cutting_proxy(seed: int) -> None:
             seqs = [e["server_event_seq"] for e in got]
             assert seqs == list(range(1, len(sent) + 1))
             assert [e["text"] for e in RecordingEcho.inputs] == sent
-            # PROTOCOL.md: the slot is free before session.closed is sent.
+            # docs/protocol.md: the slot is free before session.closed is sent.
             assert session.session_id not in server.sessions.registry.sessions
             # A cut between the server's send of session.created and the client's read of
             # it leaves a session nobody can resume: it must go after its grace.

@@ -9,6 +9,7 @@ import attrs
 import pytest
 
 from trio_duplex.core.credentials import Credentials, _digest, new_token
+from trio_duplex.core.events import Reason
 from trio_duplex.core.journal import Journal
 from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Registry, Session, State, Terminal
@@ -169,7 +170,7 @@ def test_catches_the_old_replay_floor(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_catches_the_old_opening_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     original = Session.begin_close
 
-    def nowhere(self: Session, reason: str, now: float) -> Terminal | None:
+    def nowhere(self: Session, reason: Reason, now: float) -> Terminal | None:
         opening = self.state is State.OPENING
         terminal = original(self, reason, now)
         if terminal is not None and opening:
@@ -230,7 +231,7 @@ def test_catches_a_resume_before_the_handshake(monkeypatch: pytest.MonkeyPatch) 
 def test_catches_a_second_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     original = Session.begin_close
 
-    def again(self: Session, reason: str, now: float) -> Terminal | None:
+    def again(self: Session, reason: Reason, now: float) -> Terminal | None:
         if self.state is State.CLOSING:
             self.state = State.ATTACHED
         return original(self, reason, now)

@@ -7,7 +7,7 @@
         async for event in session:
             print(event)
 
-``SessionState`` (in ``state.py``) is the client side of PROTOCOL.md as a state machine
+``SessionState`` (in ``state.py``) is the client side of docs/protocol.md as a state machine
 with no I/O, no clock and no awaits: sequence numbers both ways, the unconfirmed outbox,
 deduplication, the ack and heartbeat policies. ``ClientSession`` and ``connect``, here,
 are the trio shell around it: one supervisor task that connects, resumes with backoff,

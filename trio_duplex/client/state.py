@@ -1,4 +1,4 @@
-"""The client side of PROTOCOL.md as a state machine: no I/O, no clock, no awaits.
+"""The client side of docs/protocol.md as a state machine: no I/O, no clock, no awaits.
 
 ``SessionState`` keeps sequence numbers both ways, the unconfirmed outbox, replay
 deduplication, and the ack and heartbeat policies; the errors and options live here too.
@@ -87,7 +87,7 @@ class SessionEnded(ClientError):
 
 
 class ProtocolViolation(ClientError):
-    """The server broke PROTOCOL.md (e.g. its first frame was neither created nor resumed)."""
+    """The server broke docs/protocol.md (e.g. its first frame was neither created nor resumed)."""
 
 
 @attrs.define(eq=False)
