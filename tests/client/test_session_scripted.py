@@ -19,8 +19,7 @@ import trio
 from trio_websocket import ConnectionClosed as WsClosed
 from trio_websocket import WebSocketConnection, WebSocketRequest, WebSocketServer
 
-from trio_duplex.client import ProtocolViolation, ResumeRefused, ServerRefused, connect
-from trio_duplex.client import session as client_module
+from trio_duplex.client import ProtocolViolation, ResumeRefused, ServerRefused, connect, transport
 from trio_duplex.testing import MemoryListener
 
 from .helpers import FAST, URL, Event, created, out, resumed
@@ -185,7 +184,7 @@ def test_a_benign_websockets_race_is_not_logged_as_an_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # websockets wraps the logger it is given in an adapter of its own, as here.
-    logger = logging.LoggerAdapter(client_module._WEBSOCKETS_LOG, {"websocket": None})
+    logger = logging.LoggerAdapter(transport.WEBSOCKETS_LOG, {"websocket": None})
     try:
         raise EOFError("stream of frames ended")
     except EOFError:

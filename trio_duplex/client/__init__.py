@@ -7,9 +7,10 @@
         async for event in session:
             print(event)
 
-* ``state``: ``SessionState``, the client side of the protocol with no I/O (sans-IO),
-  with the client's errors, options and policies.
-* ``session``: ``ClientSession`` and ``connect``, the trio shell around it.
+* ``state``: ``SessionState``, the client side of the protocol with no I/O (sans-IO);
+  ``errors`` and ``options``: what it raises, and its options and policies.
+* ``session``: ``ClientSession`` and ``connect``, the trio shell around it;
+  ``transport``: what that shell needs around its websockets connection.
 * ``terminal``: ``trio-duplex connect``, an interactive terminal client.
 """
 

@@ -24,11 +24,9 @@ to have read it; after a resume exactly the events past the server's
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import math
 import random
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -36,35 +34,39 @@ from typing import Any, Literal
 import attrs
 import trio
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
-from websockets.exceptions import WebSocketException as _WebSocketException
 from websockets.trio.client import ClientConnection
 from websockets.trio.client import connect as _ws_connect
 
 from ..core.events import ErrorCode
 from ..core.frames import CloseCode
 from ..core.wire import utf8_len
-from .state import (
-    AckPolicy,
-    Attached,
+from .errors import (
     ClientError,
-    ClientOptions,
-    ConnectionChange,
-    Disconnected,
     EventTooLarge,
-    HeartbeatPolicy,
-    Limits,
     ProtocolViolation,
     ReconnectFailed,
-    ReconnectPolicy,
     ResumeRefused,
-    ResumeState,
-    Retrying,
     ServerRefused,
     SessionEnded,
     SessionReplaced,
+)
+from .options import (
+    AckPolicy,
+    Attached,
+    ClientOptions,
+    ConnectionChange,
+    Disconnected,
+    HeartbeatPolicy,
+    Limits,
+    ReconnectPolicy,
+    ResumeState,
+    Retrying,
+)
+from .state import (
     SessionState,
     Verdict,
 )
+from .transport import TRANSIENT, WEBSOCKETS_LOG, describe, parse_event
 
 __all__ = [
     "AckPolicy",
@@ -478,11 +480,11 @@ class ClientSession:
             status = exc.response.status_code
             if 400 <= status < 500 and status != 429:  # e.g. 404: a wrong path stays wrong
                 raise ServerRefused(None, f"WebSocket handshake refused: HTTP {status}") from exc
-            raise _AttemptFailed(_describe(exc)) from exc
-        except _TRANSIENT as exc:
+            raise _AttemptFailed(describe(exc)) from exc
+        except TRANSIENT as exc:
             if attached:  # lost while closing the transport: still just a loss
-                return _Loss(_describe(exc))
-            raise _AttemptFailed(_describe(exc)) from exc
+                return _Loss(describe(exc))
+            raise _AttemptFailed(describe(exc)) from exc
         finally:
             self._detach_connection()
 
@@ -502,7 +504,7 @@ class ClientSession:
             close_timeout=self._options.transport_close_timeout,
             max_size=self._options.max_message_bytes,
             user_agent_header="trio-duplex-client",
-            logger=_WEBSOCKETS_LOG,
+            logger=WEBSOCKETS_LOG,
         ) as ws:
             yield ws
 
@@ -514,7 +516,7 @@ class ClientSession:
             if code == CloseCode.RESUME_REFUSED and self._core.session_id is not None:
                 raise ResumeRefused(None, "resume refused", code) from None
             raise
-        event = _parse(message) if isinstance(message, str) else None
+        event = parse_event(message) if isinstance(message, str) else None
         if event is None:
             raise ProtocolViolation("the server's first frame is not a JSON event")
         return event
@@ -533,10 +535,10 @@ class ClientSession:
             try:
                 message = await ws.recv()
             except ConnectionClosed as exc:
-                loss.reason = _describe(exc)
+                loss.reason = describe(exc)
                 loss.close_code = exc.rcvd.code if exc.rcvd is not None else None
                 return
-            if not isinstance(message, str) or (event := _parse(message)) is None:
+            if not isinstance(message, str) or (event := parse_event(message)) is None:
                 log.warning("session %s: ignored a frame that is not a JSON event", core.session_id)
                 continue
             had_unacked = core.ack_pending
@@ -580,57 +582,9 @@ class ClientSession:
                     continue
                 await ws.send(frame)
         except ConnectionClosed as exc:
-            loss.reason = _describe(exc)
+            loss.reason = describe(exc)
             loss.close_code = exc.rcvd.code if exc.rcvd is not None else None
         pump.cancel()
-
-
-class _WebsocketsLog(logging.LoggerAdapter[logging.Logger]):
-    """websockets 17.4's trio connection logs "unexpected internal error" (EOFError) when a
-    failed send closes the stream while its reader is mid-batch: a benign race on a
-    connection that is ending anyway (what it carried is replayed by the resume).
-    Demoted to DEBUG so a terminal does not show a traceback for an ordinary cut."""
-
-    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
-        if msg == "unexpected internal error" and isinstance(sys.exc_info()[1], EOFError):
-            level, msg, args, kwargs = logging.DEBUG, "connection ended mid-batch", (), {}
-        super().log(level, msg, *args, **kwargs)
-
-
-_WEBSOCKETS_LOG = _WebsocketsLog(logging.getLogger("websockets.client"), {})
-
-_TRANSIENT = (
-    OSError,  # refused, reset, unreachable
-    TimeoutError,
-    trio.TooSlowError,
-    trio.BrokenResourceError,
-    trio.ClosedResourceError,
-    _WebSocketException,  # a cut handshake (InvalidMessage), a close (ConnectionClosed), ...
-)
-"""What one connection attempt may fail with and another may not. Attempts are bounded
-by ReconnectPolicy, so a permanent problem misread as transient still ends."""
-
-
-def _parse(message: str) -> Event | None:
-    try:
-        event = json.loads(message)
-    except ValueError:
-        return None
-    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-        return None
-    return event
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionClosed):
-        if exc.rcvd is not None:
-            reason = f" {exc.rcvd.reason}" if exc.rcvd.reason else ""
-            return f"closed by the server: {exc.rcvd.code}{reason}"
-        return "connection lost"
-    if isinstance(exc, TimeoutError | trio.TooSlowError):
-        return "timed out"
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @asynccontextmanager

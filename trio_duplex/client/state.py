@@ -1,14 +1,14 @@
 """The client side of docs/protocol.md as a state machine: no I/O, no clock, no awaits.
 
 ``SessionState`` keeps sequence numbers both ways, the unconfirmed outbox, replay
-deduplication, and the ack and heartbeat policies; the errors and options live here too.
-``trio_duplex.client`` is the trio shell around it, and the public home of these names.
+deduplication, and the ack and heartbeat policies (``options.py``), and raises the
+client's errors (``errors.py``). ``session.py`` is the trio shell around it, and
+``trio_duplex.client`` the public home of these names.
 """
 
 from __future__ import annotations
 
 import enum
-import random
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -19,230 +19,10 @@ from ..core import events
 from ..core.events import MANAGED_EVENTS, RESUME_REFUSALS, TERMINAL_EVENTS, EventType
 from ..core.frames import CloseCode
 from ..core.wire import encode, utf8_len
+from .errors import EventTooLarge, ProtocolViolation, ResumeRefused, ServerRefused
+from .options import AckPolicy, Attached, HeartbeatPolicy, Limits, ResumeState
 
 Event = dict[str, Any]
-
-MiB: Final = 1024 * 1024
-
-
-# -- errors ----------------------------------------------------------------------------
-
-
-class ClientError(Exception):
-    """Base of every error the client raises about the session or the server."""
-
-
-@attrs.define(eq=False)
-class ServerRefused(ClientError):
-    """The server answered the open or resume with ``error{code}`` (or a refusing close)."""
-
-    code: str | None
-    message: str
-    close_code: int | None = None
-    retryable: bool = False
-    """The server said the same request may succeed later (``error.retryable``)."""
-
-    def __str__(self) -> str:
-        return f"{self.code or 'closed ' + str(self.close_code)}: {self.message}"
-
-
-class ResumeRefused(ServerRefused):
-    """A terminal resume refusal: ``session_resume_expired``, ``invalid_resume_token``,
-    ``invalid_session_resume`` or close 4001. The session cannot be resumed again."""
-
-
-@attrs.define(eq=False)
-class SessionReplaced(ClientError):
-    """Another connection resumed this session (``session.replaced``, close 4000)."""
-
-    generation: int | None
-
-    def __str__(self) -> str:
-        return f"session taken over by attachment generation {self.generation}"
-
-
-@attrs.define(eq=False)
-class ReconnectFailed(ClientError):
-    """No connection could be (re)established within the attempts or the deadline."""
-
-    attempts: int
-    elapsed: float
-    last_error: str
-
-    def __str__(self) -> str:
-        return f"gave up after {self.attempts} attempts in {self.elapsed:.1f}s: {self.last_error}"
-
-
-@attrs.define(eq=False)
-class SessionEnded(ClientError):
-    """The session is over (closed, expired, closing or detached); ``event`` is the
-    terminal event when one arrived."""
-
-    event: Event | None = None
-
-    def __str__(self) -> str:
-        if self.event is None:
-            return "the session has ended"
-        return f"the session has ended: {self.event.get('type')} ({self.event.get('reason')})"
-
-
-class ProtocolViolation(ClientError):
-    """The server broke docs/protocol.md (e.g. its first frame was neither created nor resumed)."""
-
-
-@attrs.define(eq=False)
-class EventTooLarge(ClientError, ValueError):
-    """An event would exceed the server's ``max_event_bytes``; it was not queued."""
-
-    size: int
-    limit: int
-
-    def __str__(self) -> str:
-        return f"event is {self.size} bytes, the server accepts at most {self.limit}"
-
-
-# -- configuration ---------------------------------------------------------------------
-
-
-def _positive(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{attribute.name} must be > 0, got {value!r}")
-
-
-@attrs.frozen(kw_only=True)
-class ReconnectPolicy:
-    """Jittered exponential backoff, per outage (reset once attached again).
-
-    Attempt ``n`` (1 for the first retry) waits ``min(max_delay, initial_delay *
-    multiplier**(n-1))``, of which a random fraction up to ``jitter`` is taken off.
-    The client gives up after ``max_attempts`` failed attempts or ``deadline`` seconds
-    since the connection was lost, whichever comes first. The default deadline matches
-    the server's default ``disconnect_grace_s``: after it a resume cannot succeed.
-    """
-
-    initial_delay: float = attrs.field(default=0.1, validator=_positive)
-    max_delay: float = attrs.field(default=5.0, validator=_positive)
-    multiplier: float = attrs.field(default=2.0, validator=attrs.validators.ge(1.0))
-    jitter: float = attrs.field(
-        default=0.5, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
-    )
-    max_attempts: int = attrs.field(default=10, validator=attrs.validators.ge(1))
-    deadline: float = attrs.field(default=30.0, validator=_positive)
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        base = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
-        return base * (1.0 - self.jitter * rng.random())
-
-
-@attrs.frozen(kw_only=True)
-class AckPolicy:
-    """Send ``session.event_ack`` once ``every_events`` events or ``every_bytes`` bytes
-    are unacknowledged, or ``max_delay`` seconds after the oldest unacknowledged one.
-    ``every_bytes`` is also capped at a quarter of the server's ``journal_max_bytes``."""
-
-    every_events: int = attrs.field(default=32, validator=attrs.validators.ge(1))
-    every_bytes: int = attrs.field(default=1 * MiB, validator=attrs.validators.ge(1))
-    max_delay: float = attrs.field(default=0.5, validator=_positive)
-
-
-@attrs.frozen(kw_only=True)
-class HeartbeatPolicy:
-    """``session.heartbeat`` every ``interval`` seconds (at most a third of the server's
-    ``idle_ttl_s``); no ``heartbeat_ack`` within ``timeout`` means the connection is dead.
-
-    A heartbeat is also a barrier: the server reads a connection's frames in order, so its
-    ack proves every event written before it was read (received, or answered with an
-    error). The client sends one early after ``confirm_every`` unconfirmed events, which
-    keeps the resend buffer short on a long-lived connection."""
-
-    interval: float = attrs.field(default=15.0, validator=_positive)
-    timeout: float = attrs.field(default=10.0, validator=_positive)
-    confirm_every: int = attrs.field(default=64, validator=attrs.validators.ge(1))
-
-
-@attrs.frozen(kw_only=True)
-class ClientOptions:
-    """Every policy of a client session, with defaults that suit the default server."""
-
-    reconnect: ReconnectPolicy = ReconnectPolicy()
-    acks: AckPolicy = AckPolicy()
-    heartbeat: HeartbeatPolicy = HeartbeatPolicy()
-    open_timeout: float = attrs.field(default=10.0, validator=_positive)
-    """One attempt: TCP, WebSocket handshake and the server's first answer."""
-    close_timeout: float = attrs.field(default=5.0, validator=_positive)
-    """Leaving ``connect``: time allowed to close (or detach) cleanly before cutting."""
-    transport_close_timeout: float = attrs.field(default=2.0, validator=_positive)
-    """The WebSocket closing handshake of one connection."""
-    max_unconfirmed_events: int = attrs.field(default=1024, validator=attrs.validators.ge(1))
-    max_unconfirmed_bytes: int = attrs.field(default=16 * MiB, validator=attrs.validators.ge(1))
-    """``send`` waits while the resend buffer holds this much (flow control)."""
-    max_message_bytes: int | None = None
-    """Largest server message accepted (None: no limit; audio can be large)."""
-
-
-@attrs.frozen
-class Limits:
-    """The ``limits`` of ``session.created`` (defaults until the server has said)."""
-
-    disconnect_grace_s: float = 30.0
-    idle_ttl_s: float = 300.0
-    journal_max_bytes: int = 8 * MiB
-    max_event_bytes: int = 15 * MiB
-
-    @classmethod
-    def from_event(cls, value: object) -> Limits:
-        if not isinstance(value, dict):
-            return cls()
-        fields = {
-            name: value[name]
-            for name in ("disconnect_grace_s", "idle_ttl_s", "journal_max_bytes", "max_event_bytes")
-            if isinstance(value.get(name), int | float) and not isinstance(value[name], bool)
-        }
-        return cls(**fields)
-
-
-@attrs.frozen
-class ResumeState:
-    """What a later process needs to resume the session. The token is a secret: it is
-    left out of ``repr`` and never logged."""
-
-    session_id: str
-    resume_token: str = attrs.field(repr=False)
-    last_server_event_seq: int = 0
-
-
-# -- connection changes (for ``on_change``) --------------------------------------------
-
-
-@attrs.frozen
-class Attached:
-    """A connection now carries the session (``resumed`` False: it was just opened)."""
-
-    session_id: str
-    generation: int
-    resumed: bool
-    resent: int
-    """Client events queued for (re)sending on this connection."""
-
-
-@attrs.frozen
-class Disconnected:
-    """The connection was lost; the client will try to resume."""
-
-    reason: str
-    close_code: int | None
-
-
-@attrs.frozen
-class Retrying:
-    """Attempt ``attempt`` starts after ``delay`` seconds."""
-
-    attempt: int
-    delay: float
-    error: str
-
-
-ConnectionChange = Attached | Disconnected | Retrying
 
 
 # -- the state machine -----------------------------------------------------------------
@@ -292,12 +72,12 @@ class SessionState:
     """
 
     _config: dict[str, Any]
-    _acks: AckPolicy = AckPolicy()
-    _heartbeat: HeartbeatPolicy = HeartbeatPolicy()
+    _acks: AckPolicy = attrs.field(factory=AckPolicy)
+    _heartbeat: HeartbeatPolicy = attrs.field(factory=HeartbeatPolicy)
     _session_id: str | None = None
     _resume_token: str | None = None
     _generation: int = 0
-    _limits: Limits = Limits()
+    _limits: Limits = attrs.field(factory=Limits)
     # server -> client
     _last_received_seq: int = 0
     _acked_seq: int = 0

@@ -1,0 +1,63 @@
+"""What the client needs around the ``websockets`` connection it runs on: which errors
+are worth another attempt, how a loss is described, how a server frame is parsed, and
+a logger adapter that keeps a benign websockets race out of the user's terminal."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import trio
+from websockets.exceptions import ConnectionClosed, WebSocketException
+
+Event = dict[str, Any]
+
+
+class WebsocketsLog(logging.LoggerAdapter[logging.Logger]):
+    """websockets 17.4's trio connection logs "unexpected internal error" (EOFError) when a
+    failed send closes the stream while its reader is mid-batch: a benign race on a
+    connection that is ending anyway (what it carried is replayed by the resume).
+    Demoted to DEBUG so a terminal does not show a traceback for an ordinary cut."""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if msg == "unexpected internal error" and isinstance(sys.exc_info()[1], EOFError):
+            level, msg, args, kwargs = logging.DEBUG, "connection ended mid-batch", (), {}
+        super().log(level, msg, *args, **kwargs)
+
+
+WEBSOCKETS_LOG = WebsocketsLog(logging.getLogger("websockets.client"), {})
+
+TRANSIENT = (
+    OSError,  # refused, reset, unreachable
+    TimeoutError,
+    trio.TooSlowError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    WebSocketException,  # a cut handshake (InvalidMessage), a close (ConnectionClosed), ...
+)
+"""What one connection attempt may fail with and another may not. Attempts are bounded
+by ReconnectPolicy, so a permanent problem misread as transient still ends."""
+
+
+def parse_event(message: str) -> Event | None:
+    try:
+        event = json.loads(message)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        return None
+    return event
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionClosed):
+        if exc.rcvd is not None:
+            reason = f" {exc.rcvd.reason}" if exc.rcvd.reason else ""
+            return f"closed by the server: {exc.rcvd.code}{reason}"
+        return "connection lost"
+    if isinstance(exc, TimeoutError | trio.TooSlowError):
+        return "timed out"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
