@@ -73,6 +73,9 @@ BUILTIN = {
 """Called with the session's initial configuration; returns that session's engine."""
 
 
+_UPDATE = frozenset({EventType.UPDATE})  # a set: a member lookup per event costs ~100 ns
+
+
 class Inbox:
     """Client events queued for an engine: bounded, with one receiver.
 
@@ -158,7 +161,7 @@ class EngineSession:
             except trio.WouldBlock:
                 self._pace.reset()
                 event = await self._inbox.get()
-            if event["type"] != EventType.UPDATE:
+            if event["type"] not in _UPDATE:
                 return event
             self.config.update(event["session"])
             await self.send(events.updated(self.session_id, self.config))

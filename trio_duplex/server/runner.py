@@ -56,22 +56,21 @@ def check_input(engine: Engine | None, event: Event) -> None:
 
     ``engine`` may be None only before one exists, for a first ``session.update``."""
     kind = event["type"]
-    if kind == EventType.UPDATE:
-        if not isinstance(event.get("session"), dict):
-            raise ProtocolError(ErrorCode.BAD_EVENT, "session must be an object", param="session")
-    elif kind == EventType.EVENT_ACK or kind in SESSION_INPUT:
-        return
+    if kind not in _PROTOCOL_INPUT:  # an engine's event: the per-event path, one lookup
+        if engine is None or kind not in engine.accepts:
+            raise ProtocolError(
+                ErrorCode.UNKNOWN_EVENT, f"event type {kind!r} is not accepted", param="type"
+            )
+        engine.check(event)
     elif kind == EventType.RESUME:
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_SESSION_RESUME,
             "session.resume must be the first message of a new connection",
         )
-    elif engine is None or kind not in engine.accepts:
-        raise ProtocolError(
-            ErrorCode.UNKNOWN_EVENT, f"event type {kind!r} is not accepted", param="type"
-        )
-    else:
-        engine.check(event)
+    elif kind != EventType.UPDATE:
+        return  # heartbeat, ack and close carry nothing more to check
+    elif not isinstance(event.get("session"), dict):
+        raise ProtocolError(ErrorCode.BAD_EVENT, "session must be an object", param="session")
     seq = event.get("client_event_seq")
     if seq is not None and not (is_seq(seq) and seq > 0):
         raise ProtocolError(
@@ -79,6 +78,11 @@ def check_input(engine: Engine | None, event: Event) -> None:
             "client_event_seq must be a positive integer",
             param="client_event_seq",
         )
+
+
+# Sets, not enum members, on the per-event path: a member lookup costs ~100 ns on 3.11.
+_PROTOCOL_INPUT = frozenset({*SESSION_INPUT, EventType.EVENT_ACK, EventType.RESUME})
+_ANSWERED_HERE = frozenset({EventType.HEARTBEAT, EventType.EVENT_ACK, EventType.CLOSE})
 
 
 @attrs.define(eq=False)
@@ -205,14 +209,14 @@ class SessionRunner:
         try:
             check_input(self.engine, event)
             kind = event["type"]
-            if kind == EventType.HEARTBEAT:
+            if kind not in _ANSWERED_HERE:  # for the engine (session.update too)
+                self._to_engine(event)
+            elif kind == EventType.HEARTBEAT:
                 conn.push(encode(events.heartbeat_ack(session.id)))
             elif kind == EventType.EVENT_ACK:
                 session.ack(event.get("server_event_seq"))
-            elif kind == EventType.CLOSE:
-                self.end(Reason.CLIENT_CLOSE)
             else:
-                self._to_engine(event)
+                self.end(Reason.CLIENT_CLOSE)
         except ProtocolError as exc:
             conn.push(encode(exc.to_event(event)))
 

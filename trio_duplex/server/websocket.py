@@ -132,8 +132,10 @@ class WebSocket:
         "_pace",
         "_pings_sent",
         "_pongs",
+        "_readable",
         "_reader",
         "_turn",
+        "_writable",
         "_writing",
         "state",
         "stream",
@@ -142,6 +144,9 @@ class WebSocket:
     def __init__(self, stream: trio.abc.Stream, max_message_bytes: int) -> None:
         self.stream = stream
         self.state = State.OPEN
+        # Derived from state in _set alone: the per-message paths test a bool, not a
+        # frozenset of members (an enum member's hash is a Python call).
+        self._readable = self._writable = True
         self._reader = FrameReader(max_message_bytes)
         self._messages: list[str | bytes] = []  # from the last read; served up to _next
         self._next = 0
@@ -163,7 +168,9 @@ class WebSocket:
 
     def _set(self, state: State) -> None:
         self.state = state
-        if state not in _READABLE:
+        self._readable = state in _READABLE
+        self._writable = state in _WRITABLE
+        if not self._readable:
             self._release_pings()
 
     # -- reading -----------------------------------------------------------------------
@@ -176,7 +183,7 @@ class WebSocket:
             # they feed run in batches and a fast client cannot starve the others.
             await self._pace.step()
         while self._next >= len(self._messages):
-            if self.state not in _READABLE:
+            if not self._readable:
                 raise self._closed_error()
             self._pace.reset()
             await self._receive()  # a scheduler round
@@ -227,7 +234,7 @@ class WebSocket:
                     replies.append(close_frame(item.code))  # echo it
                 self._set(State.CLOSED)
         error = reader.error
-        if error is not None and self.state in _READABLE:
+        if error is not None and self._readable:
             self._close = Close(error.code, error.reason)
             if self.state is State.OPEN:
                 replies.append(close_frame(error.code, error.reason))
@@ -237,7 +244,7 @@ class WebSocket:
     # -- writing -----------------------------------------------------------------------
 
     def _check_writable(self) -> None:
-        if self.state not in _WRITABLE:
+        if not self._writable:
             raise self._closed_error()
 
     async def send_message(self, text: str) -> None:
@@ -253,7 +260,7 @@ class WebSocket:
     def can_write_now(self) -> bool:
         """Can ``write_now`` write at once: a socket, no write in progress, no tail left,
         and the connection open for messages?"""
-        return self._direct.ready and not self._writing and self.state in _WRITABLE
+        return self._writable and not self._writing and self._direct.ready
 
     def write_now(self, text: str) -> None:
         """Write one text message from the caller's task without awaiting; call only
@@ -265,7 +272,7 @@ class WebSocket:
     @property
     def broken(self) -> bool:
         """A write failed or was cancelled: nothing more can be sent."""
-        return self.state is State.BROKEN
+        return not self._writable and self.state is State.BROKEN
 
     @property
     def unsent(self) -> bool:
@@ -283,7 +290,7 @@ class WebSocket:
         waiter = self._pongs[payload] = trio.Event()
         await self._write(control_frame(Opcode.PING, payload))
         await waiter.wait()
-        if self.state not in _READABLE:  # woken by the end of the connection, not a pong
+        if not self._readable:  # woken by the end of the connection, not a pong
             raise self._closed_error()
 
     async def aclose(self, code: int, reason: str = "") -> None:

@@ -1,0 +1,110 @@
+"""Instructions the server spends per event, counted by callgrind: repeatable where
+wall-clock and CPU-time figures are not (a shared machine's steal and frequency change
+move those by 10-30 % between runs; an instruction count moves by well under 1 %).
+
+    python -m benchmarks.instructions                      # this tree
+    python -m benchmarks.instructions --tree ../other      # another checkout, to compare
+    python -m benchmarks.instructions --events 2000 --runs 2
+
+The server runs under ``valgrind --tool=callgrind`` on the echo engine; a client in this
+process opens one session and sends ``N`` then ``2N`` 100-byte ``input.text.append``
+events, pipelined, reading every echo. Per event = (count at 2N - count at N) / N, so
+start-up, the handshake and the shutdown cancel out. Needs ``valgrind`` (Debian's
+package) and is slow (~1 min a run): a measuring tool, not part of the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from websockets.sync.client import connect
+
+READY = re.compile(r"serving (ws://\S+)")
+TEXT = "x" * 60  # with the envelope, a ~100-byte message each way
+WINDOW = 1  # one event in flight: each takes the same path, so counts repeat
+
+
+def count(tree: Path, events: int) -> int:
+    """Instructions of one server process that served ``events`` echoes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        argv = [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            "-m",
+            "trio_duplex",
+            "serve",
+            "--port",
+            "0",
+        ]
+        env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(tree)}
+        proc = subprocess.Popen(argv, cwd=tree, env=env, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        url = ""
+        for line in proc.stderr:
+            match = READY.search(line)
+            if match:
+                url = match.group(1)
+                break
+        if not url:
+            proc.kill()
+            raise SystemExit(f"the server under valgrind did not start ({tree})")
+        try:
+            drive(url, events)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=300)
+        totals = re.search(r"^(?:totals|summary): (\d+)", out.read_text(), re.M)
+        assert totals is not None, "no totals in the callgrind output"
+        return int(totals.group(1))
+
+
+def drive(url: str, events: int) -> None:
+    with connect(url, max_size=None, open_timeout=120, close_timeout=120) as ws:
+        ws.send(json.dumps({"type": "session.update", "session": {}}))
+        assert json.loads(ws.recv(timeout=120))["type"] == "session.created"
+        sent = received = 0
+        while received < events:
+            while sent < events and sent - received < WINDOW:
+                ws.send(json.dumps({"type": "input.text.append", "text": TEXT}))
+                sent += 1
+            reply = json.loads(ws.recv(timeout=120))
+            if reply.get("type") == "response.output_text.delta":
+                received += 1
+        ws.send(json.dumps({"type": "session.close"}))
+        while json.loads(ws.recv(timeout=120))["type"] != "session.closed":
+            pass
+
+
+def per_event(tree: Path, events: int) -> float:
+    small = count(tree, events)
+    large = count(tree, 2 * events)
+    return (large - small) / events
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tree", type=Path, default=Path.cwd(), help="checkout to measure")
+    parser.add_argument("--events", type=int, default=2000, help="N (default 2000)")
+    parser.add_argument("--runs", type=int, default=1, help="repeat and show each (1)")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    tree = args.tree.resolve()
+    for _ in range(args.runs):
+        print(f"{tree}: {per_event(tree, args.events):,.0f} instructions per event", flush=True)
+
+
+if __name__ == "__main__":
+    main()
