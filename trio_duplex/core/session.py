@@ -47,6 +47,11 @@ class State(enum.Enum):
 
 LIVE_STATES = frozenset({State.OPENING, State.ATTACHED, State.DETACHED})
 
+# For the per-event methods (is_current, emit): a module global is read in a few ns, an
+# enum member through its class in ~100 ns on Python 3.11, and hashing one for a set
+# test is a Python call.
+_ATTACHED, _CLOSING, _CLOSED = State.ATTACHED, State.CLOSING, State.CLOSED
+
 
 @attrs.frozen
 class Terminal:
@@ -131,7 +136,7 @@ class Session:
     # -- attachment --------------------------------------------------------------------
 
     def is_current(self, generation: int) -> bool:
-        return self.state is State.ATTACHED and generation == self.generation
+        return self.state is _ATTACHED and generation == self.generation
 
     def detach(self, generation: int, now: float) -> bool:
         """A connection was lost. True only for the first report of the current one."""
@@ -211,7 +216,8 @@ class Session:
 
     def emit(self, event: dict[str, Any], now: float) -> Emitted | None:
         """Sequence, encode and journal one engine event. None once the session ends."""
-        if self.state not in LIVE_STATES:
+        state = self.state
+        if state is _CLOSING or state is _CLOSED:
             return None
         journal = self.journal
         event["server_event_seq"] = journal.head + 1

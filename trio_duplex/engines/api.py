@@ -154,13 +154,13 @@ class EngineSession:
     async def receive(self) -> Event:
         """The next client event. ``session.update`` is answered here, not returned."""
         while True:
-            # Events already queued are taken in a burst (see Pace).
-            await self._pace.step()
-            try:
-                event = self._inbox.get_nowait()
-            except trio.WouldBlock:
+            inbox = self._inbox
+            if inbox:  # queued: taken in a burst, at a Pace (cancelled, it takes none)
+                await self._pace.step()
+                event = inbox.get_nowait()
+            else:  # parking is the checkpoint
                 self._pace.reset()
-                event = await self._inbox.get()
+                event = await inbox.get()
             if event["type"] not in _UPDATE:
                 return event
             self.config.update(event["session"])

@@ -208,7 +208,7 @@ class WebSocket:
         """Parse ``data``, then send what it calls for: pongs, a close, and once the
         closing handshake is done, the end of our half of the TCP connection."""
         replies = self._absorb(data)
-        done = self.state is State.CLOSED
+        done = not self._readable and self.state is State.CLOSED
         if replies or done:
             await self._write_out(replies, eof=done)
 
