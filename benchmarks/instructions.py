@@ -8,7 +8,7 @@ move those by 10-30 % between runs; an instruction count moves by well under 1 %
 
 The server runs under ``valgrind --tool=callgrind`` on the echo engine; a client in this
 process opens one session and sends ``N`` then ``2N`` 100-byte ``input.text.append``
-events, pipelined, reading every echo. Per event = (count at 2N - count at N) / N, so
+events, ``--window`` at a time, reading every echo. Per event = (count at 2N - count at N) / N, so
 start-up, the handshake and the shutdown cancel out. Needs ``valgrind`` (Debian's
 package) and is slow (~1 min a run): a measuring tool, not part of the suite.
 """
@@ -30,10 +30,9 @@ from websockets.sync.client import connect
 
 READY = re.compile(r"serving (ws://\S+)")
 TEXT = "x" * 60  # with the envelope, a ~100-byte message each way
-WINDOW = 1  # one event in flight: each takes the same path, so counts repeat
 
 
-def count(tree: Path, events: int) -> int:
+def count(tree: Path, events: int, window: int) -> int:
     """Instructions of one server process that served ``events`` echoes."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -61,7 +60,7 @@ def count(tree: Path, events: int) -> int:
             proc.kill()
             raise SystemExit(f"the server under valgrind did not start ({tree})")
         try:
-            drive(url, events)
+            drive(url, events, window)
         finally:
             proc.send_signal(signal.SIGINT)
             proc.communicate(timeout=300)
@@ -70,13 +69,13 @@ def count(tree: Path, events: int) -> int:
         return int(totals.group(1))
 
 
-def drive(url: str, events: int) -> None:
+def drive(url: str, events: int, window: int) -> None:
     with connect(url, max_size=None, open_timeout=120, close_timeout=120) as ws:
         ws.send(json.dumps({"type": "session.update", "session": {}}))
         assert json.loads(ws.recv(timeout=120))["type"] == "session.created"
         sent = received = 0
         while received < events:
-            while sent < events and sent - received < WINDOW:
+            while sent < events and sent - received < window:
                 ws.send(json.dumps({"type": "input.text.append", "text": TEXT}))
                 sent += 1
             reply = json.loads(ws.recv(timeout=120))
@@ -87,9 +86,9 @@ def drive(url: str, events: int) -> None:
             pass
 
 
-def per_event(tree: Path, events: int) -> float:
-    small = count(tree, events)
-    large = count(tree, 2 * events)
+def per_event(tree: Path, events: int, window: int) -> float:
+    small = count(tree, events, window)
+    large = count(tree, 2 * events, window)
     return (large - small) / events
 
 
@@ -98,12 +97,20 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, default=Path.cwd(), help="checkout to measure")
     parser.add_argument("--events", type=int, default=2000, help="N (default 2000)")
     parser.add_argument("--runs", type=int, default=1, help="repeat and show each (1)")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=1,
+        help="events in flight (1: round trips, every event takes the same path and the "
+        "count repeats; 64: pipelined, batching varies with timing, about ±4 %%)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     tree = args.tree.resolve()
     for _ in range(args.runs):
-        print(f"{tree}: {per_event(tree, args.events):,.0f} instructions per event", flush=True)
+        figure = per_event(tree, args.events, args.window)
+        print(f"{tree}: {figure:,.0f} instructions per event, window {args.window}", flush=True)
 
 
 if __name__ == "__main__":
