@@ -31,7 +31,9 @@ from trio_duplex.client.terminal import Printer, build_parser, run
 from trio_duplex.engines.api import EngineFactory
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.engines.voice import VoiceEngine
-from trio_duplex.testing import FaultyStream, Simulation, running_server
+from trio_duplex.testing import Simulation, running_server
+
+from .helpers import Net
 
 # -- in process -------------------------------------------------------------------------
 
@@ -62,18 +64,9 @@ class Terminal:
     presses: trio.MemorySendChannel[int]
     out: Screen
     err: Screen
-    streams: list[FaultyStream] = attrs.field(factory=list)
-    down: bool = False
+    net: Net
     exit_code: int | None = None
     exited: trio.Event = attrs.field(factory=trio.Event)
-
-    async def open_stream(self) -> trio.abc.Stream:
-        await trio.lowlevel.checkpoint()
-        if self.down:
-            raise OSError("network is down")
-        client, faulty = await self.sim.listener.connect()
-        self.streams.append(faulty)
-        return client
 
     async def type(self, *lines: str) -> None:
         for line in lines:
@@ -93,7 +86,7 @@ async def terminal(
     async with running_server(config, engine) as sim:
         lines_in, lines = trio.open_memory_channel[str](100)
         presses_in, presses = trio.open_memory_channel[int](10)
-        term = Terminal(sim, lines_in, presses_in, Screen(), Screen())
+        term = Terminal(sim, lines_in, presses_in, Screen(), Screen(), Net(sim))
         args = build_parser().parse_args([url, *argv])
         printer = Printer(term.out, term.err, raw_json=args.json)
 
@@ -103,7 +96,7 @@ async def terminal(
                 lines=lines,
                 interrupts=presses,
                 printer=printer,
-                open_stream=term.open_stream,
+                open_stream=term.net.open_stream,
                 rng=random.Random(0),
             )
             term.exited.set()
@@ -155,10 +148,10 @@ async def test_reconnects_and_resumes_are_shown(autojump_clock: trio.abc.Clock) 
     async with terminal([]) as term:
         await term.type("before")
         await term.wait_for("before")
-        term.down = True
-        await term.streams[-1].cut()
+        term.net.down = True
+        await term.net.cut()
         await term.wait_for("retry 2", "err")
-        term.down = False
+        term.net.down = False
         await term.type("after")
         await term.wait_for("after")
         term.lines.close()
@@ -187,8 +180,8 @@ async def test_a_second_ctrl_c_detaches_and_the_session_can_be_resumed(
     async with terminal([]) as term:
         await term.type("kept")
         await term.wait_for("kept")
-        term.down = True  # the close cannot get through: the user gives up waiting
-        await term.streams[-1].cut()
+        term.net.down = True  # the close cannot get through: the user gives up waiting
+        await term.net.cut()
         await term.presses.send(signal.SIGINT)
         await term.wait_for("retry", "err")
         await term.presses.send(signal.SIGINT)
@@ -201,7 +194,7 @@ async def test_a_second_ctrl_c_detaches_and_the_session_can_be_resumed(
         assert command is not None and command.group(4) == "1"
         assert term.sim.server.slots_held == 1  # detached, inside its grace
         # And the printed command works.
-        term.down = False
+        term.net.down = False
         argv = ["--resume", command.group(2), "--token", command.group(3), "--last-seq", "1"]
         args = build_parser().parse_args([command.group(1), *argv])
         out, err = io.StringIO(), io.StringIO()
@@ -211,7 +204,7 @@ async def test_a_second_ctrl_c_detaches_and_the_session_can_be_resumed(
         lines_in.close()
         printer = Printer(out, err)
         code = await run(
-            args, lines=lines, interrupts=presses, printer=printer, open_stream=term.open_stream
+            args, lines=lines, interrupts=presses, printer=printer, open_stream=term.net.open_stream
         )
         assert code == 0
         assert "resumed session" in err.getvalue()

@@ -14,30 +14,36 @@
 * ``terminal``: ``trio-duplex connect``, an interactive terminal client.
 """
 
-from .session import (
-    AckPolicy,
-    Attached,
+from .errors import (
     ClientError,
-    ClientOptions,
-    ClientSession,
-    ConnectionChange,
-    Disconnected,
     EventTooLarge,
-    HeartbeatPolicy,
-    Limits,
     ProtocolViolation,
     ReconnectFailed,
-    ReconnectPolicy,
     ResumeRefused,
-    ResumeState,
-    Retrying,
     ServerRefused,
     SessionEnded,
     SessionReplaced,
-    SessionState,
+)
+from .options import (
+    AckPolicy,
+    Attached,
+    ClientOptions,
+    ConnectionChange,
+    Disconnected,
+    HeartbeatPolicy,
+    Limits,
+    ReconnectPolicy,
+    ResumeState,
+    Retrying,
+)
+from .session import (
+    ClientSession,
     StreamFactory,
-    Verdict,
     connect,
+)
+from .state import (
+    SessionState,
+    Verdict,
 )
 
 __all__ = [

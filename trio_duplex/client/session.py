@@ -42,7 +42,6 @@ from ..core.frames import CloseCode
 from ..core.wire import utf8_len
 from .errors import (
     ClientError,
-    EventTooLarge,
     ProtocolViolation,
     ReconnectFailed,
     ResumeRefused,
@@ -51,14 +50,10 @@ from .errors import (
     SessionReplaced,
 )
 from .options import (
-    AckPolicy,
-    Attached,
     ClientOptions,
     ConnectionChange,
     Disconnected,
-    HeartbeatPolicy,
     Limits,
-    ReconnectPolicy,
     ResumeState,
     Retrying,
 )
@@ -67,32 +62,6 @@ from .state import (
     Verdict,
 )
 from .transport import TRANSIENT, WEBSOCKETS_LOG, describe, parse_event
-
-__all__ = [
-    "AckPolicy",
-    "Attached",
-    "ClientError",
-    "ClientOptions",
-    "ClientSession",
-    "ConnectionChange",
-    "Disconnected",
-    "EventTooLarge",
-    "HeartbeatPolicy",
-    "Limits",
-    "ProtocolViolation",
-    "ReconnectFailed",
-    "ReconnectPolicy",
-    "ResumeRefused",
-    "ResumeState",
-    "Retrying",
-    "ServerRefused",
-    "SessionEnded",
-    "SessionReplaced",
-    "SessionState",
-    "StreamFactory",
-    "Verdict",
-    "connect",
-]
 
 log = logging.getLogger("trio_duplex.client")
 

@@ -215,11 +215,9 @@ class Connection:
             else:
                 await self._wake.park()
 
-    def _start_ping(self, keepalive: Keepalive) -> bool:
-        if self._nursery is None:
-            return False
-        self._nursery.start_soon(keepalive.ping)
-        return True
+    def _start_ping(self, keepalive: Keepalive) -> None:
+        if self._nursery is not None:  # (a ping due while the connection ends: none)
+            self._nursery.start_soon(keepalive.ping)
 
 
 @attrs.define(eq=False)
