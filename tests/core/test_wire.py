@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_duplex.core.wire import ProtocolError, _loads, decode, encode
+from trio_duplex.core.wire import MAX_DEPTH, ProtocolError, _loads, decode, encode
 
 json_values = st.recursive(
     st.none()
@@ -80,3 +80,58 @@ def test_decode_errors_keep_their_codes(text: str, code: str) -> None:
     with pytest.raises(ProtocolError) as info:
         decode(text)
     assert info.value.code == code
+
+
+# -- what could be read but never sent back is refused as it is read --------------------
+
+
+@pytest.mark.parametrize(
+    "number", ["NaN", "Infinity", "-Infinity", "1e999999", "-1e400", "1.5e309"]
+)
+def test_non_finite_numbers_are_invalid_json(number: str) -> None:
+    for text in (
+        f'{{"type":"session.update","session":{{"x":{number}}}}}',
+        f' {{"type":"e","v":[1,{number}]}}',  # the full path too (leading space)
+    ):
+        with pytest.raises(ProtocolError) as info:
+            decode(text)
+        assert info.value.code == "invalid_json"
+
+
+def test_large_finite_numbers_are_kept() -> None:
+    event = decode('{"type":"e","big":1.7976931348623157e308,"small":5e-324}')
+    assert event["big"] == 1.7976931348623157e308 and event["small"] == 5e-324
+    assert encode(event)  # and they can be sent back
+
+
+def nested(depth: int, inner: str = "1") -> str:
+    """An event whose field ``v`` nests ``depth - 1`` arrays deep (the event is 1)."""
+    return '{"type":"e","v":' + "[" * (depth - 1) + inner + "]" * (depth - 1) + "}"
+
+
+def test_nesting_up_to_the_bound_is_accepted_and_beyond_it_refused() -> None:
+    assert decode(nested(MAX_DEPTH))["type"] == "e"
+    with pytest.raises(ProtocolError) as info:
+        decode(nested(MAX_DEPTH + 1))
+    assert info.value.code == "bad_event"
+    assert str(MAX_DEPTH) in info.value.message
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    event = decode(json.dumps({"type": "e", "text": "[{" * 500}))
+    assert event["text"] == "[{" * 500
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 500, 900])
+def test_a_lone_surrogate_nested_deep_is_refused_without_recursion(depth: int) -> None:
+    # Was: a recursive surrogate check hit the recursion limit around 500 deep (1011 and
+    # a 127 KB traceback per connection).
+    with pytest.raises(ProtocolError) as info:
+        decode(nested(depth, '"\\ud800"'))
+    assert info.value.code == "bad_event"
+
+
+def test_a_lone_surrogate_is_refused_at_any_allowed_depth() -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(nested(MAX_DEPTH, '"x\\udfff"'))
+    assert info.value.message == "strings must not hold lone UTF-16 surrogates"

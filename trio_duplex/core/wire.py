@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import json.scanner
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -49,19 +50,38 @@ def _make_encode() -> Callable[[Any], str]:
 encode = _make_encode()
 """Compact JSON: the form that is sent and whose size the journal counts."""
 
+MAX_DEPTH = 32
+"""How deeply arrays and objects may nest in a client event (the event itself is 1)."""
+
+
+def _non_finite(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (math.inf, -math.inf):  # 1e999 parses to inf, which could never be sent
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+# NaN, Infinity and out-of-range floats are refused as they are parsed: an event that
+# holds one could be read but never encoded again (echoed, journaled, sent back).
+_decoder = json.JSONDecoder(parse_constant=_non_finite, parse_float=_finite)
 _scan: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
-    json.JSONDecoder()  # type: ignore[arg-type]
+    _decoder  # type: ignore[arg-type]
 )
 
 
 def _loads(text: str) -> Any:
-    """``json.loads(text)`` with one C call in the common case (no surrounding space)."""
+    """``_decoder.decode(text)`` with one C call in the common case (no surrounding
+    space)."""
     try:
         value, end = _scan(text, 0)
     except (StopIteration, ValueError):
-        return json.loads(text)  # the full path, for its exact error or leading space
+        return _decoder.decode(text)  # the full path, for its exact error or leading space
     if end != len(text):
-        return json.loads(text)
+        return _decoder.decode(text)
     return value
 
 
@@ -76,14 +96,30 @@ def utf8_len(text: str) -> int:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _has_lone_surrogate(value: object) -> bool:
-    if isinstance(value, str):
-        return _SURROGATE.search(value) is not None
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(v) for v in value)
-    return False
+def _check_structure(value: object, surrogates: bool) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and (if ``surrogates``) strings that hold a
+    lone surrogate. A loop with its own stack, not recursion: no input can reach the
+    interpreter's recursion limit here."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if surrogates and _SURROGATE.search(item) is not None:
+                raise ProtocolError(
+                    ErrorCode.BAD_EVENT, "strings must not hold lone UTF-16 surrogates"
+                )
+            continue
+        if isinstance(item, dict):
+            children: list[object] = [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise ProtocolError(
+                ErrorCode.BAD_EVENT, f"arrays and objects may nest at most {MAX_DEPTH} deep"
+            )
+        stack.extend((child, depth + 1) for child in children)
 
 
 @attrs.frozen
@@ -134,9 +170,11 @@ def decode(text: str | bytes) -> dict[str, Any]:
     if not isinstance(event, dict):
         raise ProtocolError(ErrorCode.BAD_EVENT, "an event must be a JSON object")
     # Valid UTF-8 on the wire can still decode to a lone surrogate through a \u escape;
-    # echoing such a string could never be encoded, so refuse it here (cheap test first).
-    if ("\\ud" in text or "\\uD" in text) and _has_lone_surrogate(event):
-        raise ProtocolError(ErrorCode.BAD_EVENT, "strings must not hold lone UTF-16 surrogates")
+    # echoing such a string could never be encoded, so refuse it here. Both walks are
+    # skipped by a cheap test of the text first (a nest needs that many brackets).
+    surrogates = "\\ud" in text or "\\uD" in text
+    if surrogates or text.count("[") + text.count("{") > MAX_DEPTH:
+        _check_structure(event, surrogates)
     event_id = event.get("event_id")
     if event_id is not None and not isinstance(event_id, str):
         raise ProtocolError(ErrorCode.BAD_EVENT, "event_id must be a string", param="event_id")
