@@ -131,8 +131,12 @@ class SessionRunner:
         handle = EngineSession(self.session.id, self.session.config, self._inbox, self.emit)
         try:
             await self.engine.run(handle)
-        except Exception:
-            log.exception("engine of session %s failed", self.session.id)
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:  # whatever an engine raises ends only its session
+            if _only_trio_cancellation(exc):
+                raise
+            log.error("engine of session %s failed", self.session.id, exc_info=exc)
             self.end(Reason.ENGINE_ERROR)
         else:
             self.end(Reason.ENGINE_FINISHED)
@@ -207,7 +211,16 @@ class SessionRunner:
         now = trio.current_time()
         session.touch(now)
         try:
-            check_input(self.engine, event)
+            try:
+                check_input(self.engine, event)
+            except ProtocolError:
+                raise
+            except BaseException as exc:  # the engine's check is broken, not the event
+                if isinstance(exc, trio.Cancelled):
+                    raise
+                log.error("engine of session %s failed in check", session.id, exc_info=exc)
+                self.end(Reason.ENGINE_ERROR)
+                return
             kind = event["type"]
             if kind not in _ANSWERED_HERE:  # for the engine (session.update too)
                 self._to_engine(event)
@@ -233,3 +246,8 @@ class SessionRunner:
             ) from None
         if seq is not None:
             session.note_client_seq(seq)
+
+
+def _only_trio_cancellation(exc: BaseException) -> bool:
+    """A group of nothing but trio's own Cancelled (an engine's nursery cancelled)."""
+    return isinstance(exc, BaseExceptionGroup) and exc.split(trio.Cancelled)[1] is None

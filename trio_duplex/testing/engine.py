@@ -65,9 +65,11 @@ class ScriptedEngine(Engine):
         """Make ``run`` return now (the session ends with ``engine_finished``)."""
         self._stop.cancel()
 
-    def fail(self, message: str = "scripted failure") -> None:
-        """Make ``run`` raise now (the session ends with ``engine_error``)."""
-        self._failure = RuntimeError(message)
+    def fail(self, error: BaseException | str = "scripted failure") -> None:
+        """Make ``run`` raise now: a RuntimeError with that message, or ``error`` itself
+        (any BaseException: an engine may raise KeyboardInterrupt or asyncio's
+        CancelledError). The session ends with ``engine_error``."""
+        self._failure = RuntimeError(error) if isinstance(error, str) else error
         self._stop.cancel()
 
     def release_teardown(self) -> None:
