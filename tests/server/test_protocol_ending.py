@@ -359,25 +359,22 @@ def factory_explodes(config: Mapping[str, Any]) -> EchoEngine:
     return EchoEngine(config)
 
 
-async def test_exception_in_a_handler_closes_that_connection_1011_only(
+async def test_exception_in_an_engine_check_ends_that_session_only(
     autojump_clock: MockClock,
 ) -> None:
     async with running_server(engine_factory=CheckExplodes) as sim:
         bystander, _ = await sim.open_session()
         victim, created = await sim.open_session()
         await victim.send({"type": "input.text.append", "text": "explode"})
-        await victim.receive_until_closed()
+        events = await victim.receive_until_closed()
+        assert [(e["type"], e["reason"]) for e in events] == [("session.closed", "engine_error")]
         assert victim.close_code == 1011
-        await trio.testing.wait_all_tasks_blocked()
-        # The session it held detaches like any lost connection.
-        assert (
-            sim.server.sessions.registry.sessions[created["session_id"]].state.value == "detached"
-        )
+        assert sim.session(created["session_id"]) is None  # ended, its slot free
         assert (await echo(bystander))["server_event_seq"] == 1
         new, _ = await sim.open_session()
         await echo(new)
-        _, resumed = await sim.resume(created["session_id"], created["resume_token"])
-        assert resumed["type"] == "session.resumed"
+        _, refused = await sim.resume(created["session_id"], created["resume_token"])
+        assert refused["code"] == "session_resume_expired"
 
 
 async def test_exception_in_the_engine_factory_does_not_take_down_the_server(
