@@ -128,3 +128,25 @@ def test_rotation_through_the_session_survives_a_lost_resumed() -> None:
     with pytest.raises(ProtocolError) as error:
         session.begin_resume(a, 0, 6.0)
     assert error.value.code == "invalid_resume_token"
+
+
+def test_confirming_the_pending_token_kills_the_presented_one() -> None:
+    credentials, t0 = Credentials.issue()
+    t1 = credentials.rotate(t0)
+    issued = credentials.pending
+    assert issued is not None and credentials.check(t0) and credentials.check(t1)
+    credentials.confirm(issued)
+    assert not credentials.check(t0) and credentials.check(t1)
+    assert credentials.pending is None
+    credentials.confirm(issued)  # again: nothing more to kill
+    assert credentials.check(t1)
+
+
+def test_confirming_a_superseded_token_changes_nothing() -> None:
+    credentials, t0 = Credentials.issue()
+    t1 = credentials.rotate(t0)
+    first = credentials.pending
+    assert first is not None
+    t2 = credentials.rotate(t1)  # a newer resume issued t2 before t1 was confirmed
+    credentials.confirm(first)
+    assert credentials.check(t1) and credentials.check(t2)  # t2 not shown yet: t1 stays

@@ -151,6 +151,7 @@ class Slot:
         "status",
         "terminals",
         "token",
+        "unconfirmed",
     )
 
     def __init__(self) -> None:
@@ -162,6 +163,7 @@ class Slot:
         self.issued: list[str] = []  # every token, oldest first
         self.presented: str | None = None  # the token the latest successful resume presented
         self.token: str | None = None  # the token the client holds
+        self.unconfirmed = False  # resumed, and no client event on it since
         self.listening = 0  # the connection the client reads
         self.conns: list[Conn] = []
         self.resume: Resume | None = None
@@ -299,6 +301,7 @@ class World:
             )
             n.issued, n.presented, n.token = list(slot.issued), slot.presented, slot.token
             n.listening, n.client_seq = slot.listening, slot.client_seq
+            n.unconfirmed = slot.unconfirmed
             n.digests = list(slot.digests)
             n.conns = [c.clone() for c in slot.conns]
             n.session, n.resume = None, None
@@ -341,6 +344,7 @@ class World:
                     slot.terminals,
                     slot.label(slot.token),
                     slot.label(slot.presented),
+                    slot.unconfirmed,
                     None if s is None else slot.credentials_key(s),
                     slot.listening,
                     slot.client_seq,
@@ -530,6 +534,7 @@ class World:
         require(slot.hs, "resumable_before_handshake", f"session {i}")
         require(slot.resume is None, "two_resumes", f"session {i}")
         slot.presented = token
+        slot.unconfirmed = False  # a newer token is issued: the last commit's is not newest
         slot.issue(attempt.new_token)
         slot.conns.append(Conn(0, last))
         slot.resume = Resume(Replay(attempt), len(slot.conns) - 1, token)
@@ -601,6 +606,7 @@ class World:
             f"switched at seq {conn.last} (gap to {conn.gap_to}), head {s.journal.head}",
         )
         conn.gen = commit.generation
+        slot.unconfirmed = True
         if old is not None:
             old.replaced = True  # session.replaced, close 4000
             old.alive = False
@@ -664,12 +670,22 @@ class World:
             holder.receive_notice(notice["dropped_through_seq"])
         holder.receive_event(seq, "live")
 
+    def _touch(self, i: int) -> None:
+        """A client event on the attached connection. The first one after a resume shows
+        the client holds the token issued there: the one it presented dies (unless a
+        newer resume has issued a newer token since: then that one's rule holds)."""
+        slot, s = self.slots[i], self._session(i)
+        s.touch(self.now)
+        if slot.unconfirmed:
+            slot.unconfirmed = False
+            slot.presented = None
+
     def do_ack(self, i: int, seq: object = None) -> None:
         """The attached connection acks what it received (or ``seq``, valid or not)."""
         slot, s = self.slots[i], self._session(i)
         holder = slot.holder()
         assert holder is not None
-        s.touch(self.now)
+        self._touch(i)
         seq = holder.last if seq is None else seq
         valid = type(seq) is int and 0 <= seq <= s.journal.head
         try:
@@ -686,14 +702,14 @@ class World:
     def do_client_event(self, i: int, seq: int) -> None:
         """A client event bound for the engine with ``client_event_seq``."""
         slot, s = self.slots[i], self._session(i)
-        s.touch(self.now)
+        self._touch(i)
         require(s.is_new_client_seq(seq) == (seq > slot.client_seq), "bad_client_seq", str(seq))
         s.note_client_seq(seq)
         slot.client_seq = max(slot.client_seq, seq)
 
     def do_close(self, i: int) -> None:
         s = self._session(i)
-        s.touch(self.now)
+        self._touch(i)
         terminal = s.begin_close(Reason.CLIENT_CLOSE, self.now)
         require(
             terminal is not None and terminal.generation == s.generation, "bad_close", str(terminal)

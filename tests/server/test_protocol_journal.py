@@ -300,8 +300,8 @@ async def test_after_overflow_the_held_events_are_replayed_and_the_dropped_are_a
         assert [(await client2.receive())["server_event_seq"] for _ in range(2)] == [3, 4]
         await next_is_heartbeat_ack(client2)
         await client2.transport.cut()
-        # The old token is still valid (the new one was never presented): ask for seq 2.
-        client3, resumed3 = await sim.resume(created["session_id"], created["resume_token"], 1)
+        # Resume again, with the token client2 was given, and ask for seq 2.
+        client3, resumed3 = await sim.resume(created["session_id"], resumed["resume_token"], 1)
         assert resumed3["type"] == "session.resumed"
         gap = await client3.receive()
         assert gap == {

@@ -369,6 +369,40 @@ async def test_presented_token_stays_valid_after_a_committed_resume(
         assert resumed["type"] == "session.resumed"
 
 
+async def test_the_presented_token_dies_with_the_first_event_on_the_resumed_connection(
+    autojump_clock: MockClock,
+) -> None:
+    # Was: the pre-rotation token stayed valid until the next resume, so whoever stole it
+    # could take over a live session whose client already held the new token.
+    async with running_server() as sim:
+        client, created = await sim.open_session()
+        sid, t0 = created["session_id"], created["resume_token"]
+        await client.transport.cut()
+        client, resumed = await sim.resume(sid, t0)
+        t1 = resumed["resume_token"]
+        await echo(client, "holds t1")  # the client shows it has session.resumed
+        _thief, answer = await sim.resume(sid, t0)
+        assert answer["code"] == "invalid_resume_token"
+        assert state_of(sim, sid) == "attached"
+        assert (await echo(client, "undisturbed"))["server_event_seq"] == 2
+        await client.transport.cut()
+        _, again = await sim.resume(sid, t1)
+        assert again["type"] == "session.resumed"
+
+
+async def test_until_the_first_event_a_lost_session_resumed_can_be_retried(
+    autojump_clock: MockClock,
+) -> None:
+    async with running_server() as sim:
+        client, created = await sim.open_session()
+        sid, t0 = created["session_id"], created["resume_token"]
+        await client.transport.cut()
+        client, _ = await sim.resume(sid, t0)  # committed, then lost before any event
+        await client.transport.cut()
+        _, again = await sim.resume(sid, t0)
+        assert again["type"] == "session.resumed"
+
+
 async def test_tokens_are_stored_only_as_digests(autojump_clock: MockClock) -> None:
     async with running_server() as sim:
         created = await detached_session(sim)
@@ -440,7 +474,7 @@ async def test_late_frames_and_loss_of_the_replaced_connection_are_fenced_off(
         old, created = await sim.open_session()
         await echo(old, "one")
         old.transport.hold()  # the old connection can no longer be written to
-        new, _ = await sim.resume(created["session_id"], created["resume_token"], 1)
+        new, took_over = await sim.resume(created["session_id"], created["resume_token"], 1)
         # Frames still arriving on the old connection are ignored.
         await old.send({"type": "input.text.append", "text": "ghost", "client_event_seq": 7})
         await old.send({"type": "session.close"})
@@ -453,7 +487,7 @@ async def test_late_frames_and_loss_of_the_replaced_connection_are_fenced_off(
         assert state_of(sim, created["session_id"]) == "attached"
         assert (await echo(new, "three"))["server_event_seq"] == 3
         await new.transport.cut()
-        _, resumed = await sim.resume(created["session_id"], created["resume_token"], 3)
+        _, resumed = await sim.resume(created["session_id"], took_over["resume_token"], 3)
         assert resumed["last_received_client_event_seq"] == 0  # "ghost" never counted
 
 

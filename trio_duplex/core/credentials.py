@@ -1,9 +1,11 @@
 """Resume credentials: 256-bit random tokens, kept only as SHA-256 digests.
 
 Rotation rule (docs/protocol.md, Resume): a resume that presents a valid token is issued a
-new one; until the new token is itself presented, the presented one stays valid too, so
-a client whose ``session.resumed`` was lost can try again. Presenting the new token
-kills every older one. At most two digests are ever valid.
+new one; until the client shows it holds the new token, the presented one stays valid
+too, so a client whose ``session.resumed`` was lost can try again. The client shows it
+by presenting the new token (a later resume), or by its first message on the resumed
+connection (``confirm``); either kills every older token. At most two digests are ever
+valid.
 """
 
 from __future__ import annotations
@@ -56,6 +58,17 @@ class Credentials:
         token = new_token()
         self._pending = _digest(token)
         return token
+
+    @property
+    def pending(self) -> bytes | None:
+        """The digest of the newest token while an older one is still valid too."""
+        return self._pending
+
+    def confirm(self, digest: bytes) -> None:
+        """The client holds the token of ``digest`` (a ``pending`` seen before): if it is
+        still the pending one, every older token dies."""
+        if self._pending is not None and hmac.compare_digest(digest, self._pending):
+            self._current, self._pending = self._pending, None
 
     def __repr__(self) -> str:
         return "Credentials(<redacted>)"

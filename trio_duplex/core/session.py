@@ -112,6 +112,9 @@ class Session:
     terminal: Terminal | None = None
     resume: ResumeAttempt | None = None
     _lost_in_handshake: bool = False
+    _unconfirmed: bytes | None = None
+    """The digest of the token the last resume issued, until the client shows it holds
+    it (its first event on the resumed attachment)."""
 
     def __repr__(self) -> str:
         return f"Session({self.id}, {self.state.value}, generation={self.generation})"
@@ -153,8 +156,13 @@ class Session:
         return True
 
     def touch(self, now: float) -> None:
-        """A client event arrived on the current attachment: the idle clock restarts."""
+        """A client event arrived on the current attachment: the idle clock restarts, and
+        after a resume, the first one shows the client holds the token it was issued
+        there (it waited for ``session.resumed``): the token it presented dies."""
         self.idle_deadline = now + self.limits.idle_ttl_s
+        if self._unconfirmed is not None:
+            self.credentials.confirm(self._unconfirmed)
+            self._unconfirmed = None
 
     # -- resume ------------------------------------------------------------------------
 
@@ -203,6 +211,7 @@ class Session:
         self.state = State.ATTACHED
         self.grace_deadline = math.inf
         self.idle_deadline = now + self.limits.idle_ttl_s
+        self._unconfirmed = self.credentials.pending
         return Commit(attempt.generation, replaced)
 
     def abort_resume(self, attempt: ResumeAttempt, now: float) -> Terminal | None:
