@@ -30,6 +30,7 @@ FLAGS = {
     "--journal-max-bytes",
     "--journal-ttl",
     "--max-event-bytes",
+    "--handshake-timeout",
     "--config-timeout",
     "--drain-timeout",
     "--log-level",

@@ -111,6 +111,11 @@ class ServerConfig:
         validator=_at_least(1),
         metadata=_flag("largest client message in UTF-8 bytes; larger closes 1009", BYTES),
     )
+    handshake_timeout_s: float = attrs.field(
+        default=10.0,
+        validator=_above(0),
+        metadata=_flag("time allowed for the whole HTTP upgrade", SECONDS),
+    )
     config_timeout_s: float = attrs.field(
         default=10.0,
         validator=_above(0),

@@ -47,6 +47,10 @@ class State(enum.Enum):
 
 LIVE_STATES = frozenset({State.OPENING, State.ATTACHED, State.DETACHED})
 
+MAX_CLIENT_SEQ_JUMP = 65536
+"""How far past the highest ``client_event_seq`` received a new one may be. Clients
+number their events one by one; a gap comes only from events that were refused."""
+
 # For the per-event methods (is_current, emit): a module global is read in a few ns, an
 # enum member through its class in ~100 ns on Python 3.11, and hashing one for a set
 # test is a Python call.
@@ -245,6 +249,15 @@ class Session:
         self.journal.ack(seq)  # type: ignore[arg-type]
 
     def is_new_client_seq(self, seq: int) -> bool:
+        """False for a resend of what was received; ProtocolError for a seq so far ahead
+        that every normal event after it would be taken for a resend."""
+        if seq > self.client_seq + MAX_CLIENT_SEQ_JUMP:
+            raise ProtocolError(
+                ErrorCode.BAD_EVENT,
+                f"client_event_seq {seq} is more than {MAX_CLIENT_SEQ_JUMP} past the highest "
+                f"received ({self.client_seq})",
+                param="client_event_seq",
+            )
         return seq > self.client_seq
 
     def note_client_seq(self, seq: int) -> None:

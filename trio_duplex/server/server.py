@@ -40,7 +40,6 @@ from .websocket import ConnectionClosed, WebSocket, accept_websocket
 
 log = logging.getLogger("trio_duplex")
 
-_HANDSHAKE_TIMEOUT_S = 10.0
 _CONFIG_TIMEOUT = ProtocolError(
     ErrorCode.CONFIG_TIMEOUT, "no first message in time", close_code=CloseCode.CONFIG_TIMEOUT
 )
@@ -127,7 +126,7 @@ class DuplexServer:
     async def _handle_stream(self, stream: trio.abc.Stream) -> None:
         try:
             accepted = None
-            with trio.move_on_after(_HANDSHAKE_TIMEOUT_S):
+            with trio.move_on_after(self.config.handshake_timeout_s):
                 accepted = await accept_websocket(
                     stream, self.config.path, self.config.max_event_bytes
                 )

@@ -355,6 +355,32 @@ class WebSocket:
                 waiter.set()
 
 
+def _answer(status: str, text: str) -> bytes:
+    body = text.encode()
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+_BAD_REQUEST = _answer("400 Bad Request", "HTTP lines must end with CR LF.\n")
+_TOO_LARGE = _answer(
+    "431 Request Header Fields Too Large", f"The request head exceeds {_MAX_REQUEST_BYTES} bytes.\n"
+)
+
+
+def _bare_line_feed(head: bytes, start: int) -> bool:
+    """A line ended by LF alone at or after ``start``: never a valid upgrade, and its
+    "\r\n\r\n" may never come."""
+    at = head.find(b"\n", start)
+    while at >= 0:
+        if at == 0 or head[at - 1] != 0x0D:
+            return True
+        at = head.find(b"\n", at + 1)
+    return False
+
+
 async def accept_websocket(
     stream: trio.abc.Stream, path: str, max_message_bytes: int
 ) -> tuple[WebSocket, dict[str, list[str]]] | None:
@@ -365,14 +391,21 @@ async def accept_websocket(
     is not HTTP is dropped: those return None. Bound it with a deadline.
     """
     received = b""
+    checked = 0  # LFs before this were looked at
     while (end := received.find(b"\r\n\r\n")) < 0:
         if len(received) > _MAX_REQUEST_BYTES:
-            end = len(received) - 4  # websockets answers 431 for it below
             break
+        if _bare_line_feed(received, checked):
+            await stream.send_all(_BAD_REQUEST)
+            return None
+        checked = len(received)
         data = await stream.receive_some(RECEIVE_SIZE)
         if not data:
             return None
         received += data
+    if end < 0 or end + 4 > _MAX_REQUEST_BYTES:  # the bound counts however the bytes came
+        await stream.send_all(_TOO_LARGE)
+        return None
     # A GET upgrade has no body: frames the client sent at once come right after it.
     head, early = received[: end + 4], received[end + 4 :]
     protocol = ServerProtocol(logger=_quiet)
