@@ -29,7 +29,7 @@ import attrs
 import trio
 
 from ..core.frames import BATCH, CloseCode
-from .timers import Timers
+from .timers import Entry, Timers
 from .websocket import ConnectionClosed, WebSocket
 
 log = logging.getLogger("trio_duplex")
@@ -95,6 +95,7 @@ class Connection:
                     await ws.aclose(close_code)
                 except Exception:  # the peer may already be gone; nothing left to save
                     pass
+            conn.outbox.clear()  # frames it never sent are freed now, not at a collection
 
     def start_keepalive(self, timers: Timers, interval: float, patience: float) -> None:
         """Ping every ``interval``; no pong within ``patience`` ends the connection."""
@@ -232,7 +233,7 @@ class Keepalive:
     timers: Timers
     interval: float
     patience: float
-    due: float = math.inf
+    timer: Entry | None = None
     next_ping: float = math.inf
 
     def start(self) -> None:

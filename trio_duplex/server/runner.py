@@ -12,7 +12,6 @@ the server or the sessions module.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Protocol
 
 import attrs
@@ -26,6 +25,7 @@ from ..core.session import Commit, Session, Terminal
 from ..core.wire import ProtocolError, encode, is_seq
 from ..engines.api import Engine, EngineSession, Event, Inbox
 from .connection import Connection
+from .timers import Entry
 
 log = logging.getLogger("trio_duplex")
 
@@ -94,8 +94,8 @@ class SessionRunner:
     conn: Connection | None = None
     resumer: Connection | None = None
     """A resuming connection owed the terminal event of a session that ended detached."""
-    due: float = math.inf
-    """When the timer heap will next look at this session (see timers.py)."""
+    timer: Entry | None = None
+    """Its entry in the timer heap (timers.py)."""
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _pace: Pace = attrs.field(factory=Pace)
     _inbox: Inbox = attrs.field(init=False)

@@ -2,8 +2,10 @@
 connections' keepalive pings.
 
 A sleeping task per session and per connection would cost a task, a nursery and cancel
-scopes each. Instead each ``Timed`` item has at most one live entry in a heap; an entry
-that has gone stale (the item ended, or its deadline moved) is skipped when it comes up.
+scopes each. Instead each ``Timed`` item has at most one live entry in a heap. An entry
+that has gone stale (the item ended, or its deadline moved) stays in the heap until it
+comes up or a compaction drops it, but it no longer refers to its item: an ended
+session's runner, and what it holds, are freed at once, not at its old deadline.
 What a deadline means is the item's business (``fire``); this only wakes it on time.
 """
 
@@ -12,24 +14,32 @@ from __future__ import annotations
 import heapq
 import math
 from itertools import count
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
 
 
 class Timed(Protocol):
-    due: float
-    """The deadline of this item's live heap entry (inf: none; -inf: forgotten)."""
+    timer: Entry | None
+    """Its live heap entry (None: none; ``FORGOTTEN``: it has ended). Only Timers sets it."""
 
     def next_deadline(self) -> float: ...
 
     def fire(self, now: float) -> None: ...
 
 
+Entry = list[Any]
+"""A heap entry: [deadline, order, item], the item None once the entry is stale. A list
+(compared by deadline, then order) so that it can go stale in place."""
+
+FORGOTTEN: Entry = [-math.inf, -1, None]
+"""The ``timer`` of an item that has ended: it is never scheduled again."""
+
+
 @attrs.define(eq=False)
 class Timers:
-    _heap: list[tuple[float, int, Timed]] = attrs.field(factory=list)
+    _heap: list[Entry] = attrs.field(factory=list)
     _order: count[int] = attrs.field(factory=count)
     _sleep: trio.CancelScope | None = None
     _stale: int = 0
@@ -37,26 +47,33 @@ class Timers:
     def schedule(self, item: Timed) -> None:
         """Make sure ``item`` is fired at its next deadline."""
         deadline = item.next_deadline()
-        if deadline >= item.due:
-            return  # an entry at or before it is already waiting (or it has ended)
-        if item.due != math.inf:
-            self._stale += 1
-        item.due = deadline
-        heapq.heappush(self._heap, (deadline, next(self._order), item))
+        entry = item.timer
+        if entry is not None:
+            if entry is FORGOTTEN or deadline >= entry[0]:
+                return  # an entry at or before it is already waiting (or it has ended)
+            self._go_stale(entry)
+        if deadline == math.inf:
+            item.timer = None
+            return
+        item.timer = entry = [deadline, next(self._order), item]
+        heapq.heappush(self._heap, entry)
         if self._sleep is not None and deadline < self._sleep.deadline:
             self._sleep.deadline = deadline
 
     def forget(self, item: Timed) -> None:
-        """The item has ended: its entry is stale, and no new one will be made."""
-        if item.due != math.inf:
-            self._stale += 1
-        item.due = -math.inf
+        """The item has ended: its entry goes stale, and no new one will be made."""
+        if item.timer is not None and item.timer is not FORGOTTEN:
+            self._go_stale(item.timer)
+        item.timer = FORGOTTEN
         heap = self._heap
         if self._stale > 64 and 2 * self._stale > len(heap):
-            # Drop stale entries (and the items they keep alive) in one pass.
-            heap[:] = [entry for entry in heap if entry[0] == entry[2].due]
+            heap[:] = [entry for entry in heap if entry[2] is not None]
             heapq.heapify(heap)
             self._stale = 0
+
+    def _go_stale(self, entry: Entry) -> None:
+        entry[2] = None  # the heap no longer keeps the item alive
+        self._stale += 1
 
     async def run(self) -> None:
         heap = self._heap
@@ -66,9 +83,9 @@ class Timers:
             self._sleep = None
             now = trio.current_time()
             while heap and heap[0][0] <= now:
-                deadline, _, item = heapq.heappop(heap)
-                if deadline != item.due:
+                _, _, item = heapq.heappop(heap)
+                if item is None:
                     self._stale -= 1
-                    continue  # stale: the item has an earlier entry, or none is needed
-                item.due = math.inf
+                    continue
+                item.timer = None
                 item.fire(now)
