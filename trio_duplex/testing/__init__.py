@@ -19,15 +19,15 @@ The parts, from the wire up:
   connection between two steps.
 * ``MemoryListener`` / ``Simulation.connect``: an in-memory listener and a JSON client.
 * ``ScriptedEngine``: an engine whose output, end, failure and teardown the test decides.
-* ``Probe``: installed by ``running_server``; records every terminal event the server
-  decides and queues, and checks after every scheduler step that slots never exceed
+* ``Probe``: an ``Observer`` installed by ``running_server``; records every terminal
+  event the server decides and queues, and checks after every scheduler step that slots never exceed
   ``max_sessions`` and that no session has two attached connections. ``running_server``
   asserts its findings, and that no slot leaked, when the block ends without error.
 * ``CancelAtStep``: cancel a scope just before the k-th step of chosen tasks, to visit
   every await point of a path in turn.
 
-The kit reads a few private attributes of the server (registry, runners, connections);
-it is versioned with it.
+The probe watches the server through its ``Observer`` hook; the rest reads the server's
+sessions and connections, so the kit is versioned with the server.
 """
 
 from __future__ import annotations
