@@ -1,8 +1,8 @@
 """Exhaustive interleaving checker for the sans-IO session core.
 
-Drives the real ``Registry`` and ``Session`` objects, plus a small model of what the trio
-shell does around them (the handshake send, the resume's replay loop, teardown, the
-per-session timer) and of the clients, through every ordering of a set of actions, and
+Drives the real ``Registry``, ``Session`` and ``Replay`` objects, plus a small model of
+what the trio shell does around them (the handshake send, writing what ``Replay`` says,
+teardown, the per-session timer) and of the clients, through every ordering of a set of actions, and
 checks the invariants of docs/protocol.md after every step. Breadth-first with a canonical
 state key, so equivalent states are expanded once and the first violation found for an
 invariant comes with a shortest action sequence.
