@@ -32,6 +32,7 @@ FLAGS = {
     "--max-event-bytes",
     "--handshake-timeout",
     "--config-timeout",
+    "--replay-timeout",
     "--drain-timeout",
     "--log-level",
 }

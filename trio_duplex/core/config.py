@@ -121,6 +121,11 @@ class ServerConfig:
         validator=_above(0),
         metadata=_flag("time allowed for the first message", SECONDS),
     )
+    replay_timeout_s: float = attrs.field(
+        default=20.0,
+        validator=_above(0),
+        metadata=_flag("time a resume may take to write its replay, else it is aborted", SECONDS),
+    )
     drain_timeout_s: float = attrs.field(
         default=5.0,
         validator=_at_least(0),

@@ -254,14 +254,24 @@ class DuplexServer:
         self.sessions.reschedule(runner)
         replay = Replay(attempt)
         try:
-            # The core decides what to write; this only writes it.
-            while frames := replay.next_frames(trio.current_time()):
-                await conn.ws.send_many(frames)
+            # The core decides what to write; this only writes it, within a bound: a
+            # resumer that does not read would otherwise hold the session (its timers
+            # frozen, other resumes refused as a conflict) for ever.
+            with trio.fail_after(self.config.replay_timeout_s):
+                while frames := replay.next_frames(trio.current_time()):
+                    await conn.ws.send_many(frames)
             # Caught up with the journal and no await since: switch the attachment now.
             commit = session.commit_resume(attempt, trio.current_time())
-        except BaseException:
+        except BaseException as exc:
             runner.apply(session.abort_resume(attempt, trio.current_time()))
             self.sessions.reschedule(runner)
+            if isinstance(exc, trio.TooSlowError):  # the write was cut: no close frame
+                log.info(
+                    "session %s: resume aborted, replay not written within %ss",
+                    session.id,
+                    self.config.replay_timeout_s,
+                )
+                return None
             raise
         self.sessions.reschedule(runner)
         if commit is None:
