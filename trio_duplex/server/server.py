@@ -7,7 +7,7 @@ Task tree::
     │   ├── Timers.run (every session's deadlines, every connection's next ping)
     │   └── SessionRunner.run (one per session: runs its engine)
     └── connections nursery
-        ├── trio.serve_listeners
+        ├── DuplexServer._accept, one per listener
         └── one task per TCP connection: the handshake, then ``Connection.open``,
             whose body is the reader and whose nursery holds the pump and a ping
             waiting for its pong (connection.py)
@@ -18,9 +18,11 @@ connection (1011) and is logged, and the session it held follows docs/protocol.m
 
 from __future__ import annotations
 
+import errno
 import logging
+import math
+import os
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import attrs
@@ -39,6 +41,11 @@ from .sessions import Observer, Sessions
 from .websocket import ConnectionClosed, WebSocket, accept_websocket
 
 log = logging.getLogger("trio_duplex")
+
+_AT_CAPACITY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+"""What accept(2) returns when the process or the system is out of room: retry later."""
+_AT_CAPACITY_RETRY_S = 0.1
+_AT_CAPACITY_QUIET_S = 60.0
 
 _CONFIG_TIMEOUT = ProtocolError(
     ErrorCode.CONFIG_TIMEOUT, "no first message in time", close_code=CloseCode.CONFIG_TIMEOUT
@@ -80,13 +87,8 @@ class DuplexServer:
         async with trio.open_nursery() as sessions_nursery:
             await sessions_nursery.start(self.sessions.run)
             async with trio.open_nursery() as conns:
-                serve = partial(
-                    trio.serve_listeners,
-                    self._handle_stream,
-                    list(listeners),
-                    handler_nursery=conns,
-                )
-                await conns.start(serve)
+                for listener in listeners:
+                    conns.start_soon(self._accept, listener, conns)
                 task_status.started()
                 await self._shutdown.wait()
                 await self.sessions.drain()
@@ -122,6 +124,32 @@ class DuplexServer:
         await self.sessions.wait_changed()
 
     # -- one connection ----------------------------------------------------------------
+
+    async def _accept(self, listener: trio.abc.Listener[Any], nursery: trio.Nursery) -> None:
+        """Accept connections for ever; each one's task runs in ``nursery``.
+
+        trio.serve_listeners logged an ERROR with a traceback every 100 ms while the
+        process was out of file descriptors: here it is one warning a minute."""
+        quiet_until = -math.inf
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _AT_CAPACITY:
+                        raise
+                    now = trio.current_time()
+                    if now >= quiet_until:
+                        quiet_until = now + _AT_CAPACITY_QUIET_S
+                        log.warning(
+                            "accept: %s (%s); retrying every %ss (said once a minute)",
+                            errno.errorcode[exc.errno],
+                            os.strerror(exc.errno),
+                            _AT_CAPACITY_RETRY_S,
+                        )
+                    await trio.sleep(_AT_CAPACITY_RETRY_S)
+                else:
+                    nursery.start_soon(self._handle_stream, stream)
 
     async def _handle_stream(self, stream: trio.abc.Stream) -> None:
         try:
