@@ -30,8 +30,7 @@ def errors_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
         asyncio.CancelledError(),
         SystemExit(3),
         BaseExceptionGroup("from the engine's own nursery", [KeyboardInterrupt()]),
-        RuntimeError("an ordinary failure"),
-    ],
+    ],  # an ordinary Exception: test_protocol_ending.py
     ids=lambda e: type(e).__name__,
 )
 async def test_whatever_run_raises_ends_only_that_session(

@@ -346,15 +346,21 @@ async def test_a_lost_session_resumed_leaves_the_presented_token_valid(
         assert answer["code"] == "invalid_resume_token"
 
 
+async def resumed_once(sim: Simulation) -> tuple[SimClient, str, str, str]:
+    """Open a session, lose its connection and resume it: the resumed client, the
+    session id, the token presented (t0) and the one issued (t1)."""
+    client, created = await sim.open_session()
+    sid, t0 = created["session_id"], created["resume_token"]
+    await client.transport.cut()
+    client, resumed = await sim.resume(sid, t0)
+    return client, sid, t0, resumed["resume_token"]
+
+
 async def test_presented_token_stays_valid_after_a_committed_resume(
     autojump_clock: MockClock,
 ) -> None:
     async with running_server() as sim:
-        client, created = await sim.open_session()
-        sid, t0 = created["session_id"], created["resume_token"]
-        await client.transport.cut()
-        client, resumed = await sim.resume(sid, t0)  # t1 issued, maybe lost
-        t1 = resumed["resume_token"]
+        client, sid, t0, t1 = await resumed_once(sim)  # t1 issued, maybe lost
         await client.transport.cut()
         client, resumed = await sim.resume(sid, t0)  # t0 again: accepted, t2 issued
         assert resumed["type"] == "session.resumed"
@@ -375,11 +381,7 @@ async def test_the_presented_token_dies_with_the_first_event_on_the_resumed_conn
     # Was: the pre-rotation token stayed valid until the next resume, so whoever stole it
     # could take over a live session whose client already held the new token.
     async with running_server() as sim:
-        client, created = await sim.open_session()
-        sid, t0 = created["session_id"], created["resume_token"]
-        await client.transport.cut()
-        client, resumed = await sim.resume(sid, t0)
-        t1 = resumed["resume_token"]
+        client, sid, t0, t1 = await resumed_once(sim)
         await echo(client, "holds t1")  # the client shows it has session.resumed
         _thief, answer = await sim.resume(sid, t0)
         assert answer["code"] == "invalid_resume_token"
@@ -394,10 +396,7 @@ async def test_until_the_first_event_a_lost_session_resumed_can_be_retried(
     autojump_clock: MockClock,
 ) -> None:
     async with running_server() as sim:
-        client, created = await sim.open_session()
-        sid, t0 = created["session_id"], created["resume_token"]
-        await client.transport.cut()
-        client, _ = await sim.resume(sid, t0)  # committed, then lost before any event
+        client, sid, t0, _ = await resumed_once(sim)  # committed, then lost before any event
         await client.transport.cut()
         _, again = await sim.resume(sid, t0)
         assert again["type"] == "session.resumed"

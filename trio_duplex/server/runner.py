@@ -51,8 +51,14 @@ class Owner(Protocol):
         """While the server drains: the warning for a newly attached connection."""
 
 
+class CheckFailed(Exception):
+    """An engine's ``check`` raised something other than a ProtocolError (a ``BadEvent``):
+    the engine is broken, not the event. What it raised is the ``__cause__``."""
+
+
 def check_input(engine: Engine | None, event: Event) -> None:
-    """Validate a client event bound for a session (not a resume). Raises ProtocolError.
+    """Validate a client event bound for a session (not a resume). Raises ProtocolError,
+    or CheckFailed when the engine's own check breaks.
 
     ``engine`` may be None only before one exists, for a first ``session.update``."""
     kind = event["type"]
@@ -61,7 +67,12 @@ def check_input(engine: Engine | None, event: Event) -> None:
             raise ProtocolError(
                 ErrorCode.UNKNOWN_EVENT, f"event type {kind!r} is not accepted", param="type"
             )
-        engine.check(event)
+        try:
+            engine.check(event)
+        except ProtocolError:
+            raise
+        except BaseException as exc:  # a BadEvent is the event's fault, the rest the engine's
+            raise CheckFailed from exc
     elif kind == EventType.RESUME:
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_SESSION_RESUME,
@@ -211,16 +222,7 @@ class SessionRunner:
         now = trio.current_time()
         session.touch(now)
         try:
-            try:
-                check_input(self.engine, event)
-            except ProtocolError:
-                raise
-            except BaseException as exc:  # the engine's check is broken, not the event
-                if isinstance(exc, trio.Cancelled):
-                    raise
-                log.error("engine of session %s failed in check", session.id, exc_info=exc)
-                self.end(Reason.ENGINE_ERROR)
-                return
+            check_input(self.engine, event)
             kind = event["type"]
             if kind not in _ANSWERED_HERE:  # for the engine (session.update too)
                 self._to_engine(event)
@@ -232,6 +234,9 @@ class SessionRunner:
                 self.end(Reason.CLIENT_CLOSE)
         except ProtocolError as exc:
             conn.push(encode(exc.to_event(event)))
+        except CheckFailed as exc:
+            log.error("engine of session %s failed in check", session.id, exc_info=exc.__cause__)
+            self.end(Reason.ENGINE_ERROR)
 
     def _to_engine(self, event: Event) -> None:
         seq = event.get("client_event_seq")
