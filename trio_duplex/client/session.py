@@ -29,7 +29,7 @@ import math
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import attrs
 import trio
@@ -106,18 +106,9 @@ class _Status(enum.Enum):
 
     @property
     def public(self) -> SessionStatus:
-        return _PUBLIC_STATUS[self]
+        """The value users see: each status's own, but a detach reads as closing."""
+        return cast(SessionStatus, "closing" if self is _Status.DETACHING else self.value)
 
-
-_PUBLIC_STATUS: dict[_Status, SessionStatus] = {
-    _Status.CONNECTING: "connecting",
-    _Status.ATTACHED: "attached",
-    _Status.RECONNECTING: "reconnecting",
-    _Status.CLOSING: "closing",
-    _Status.DETACHING: "closing",
-    _Status.ENDED: "ended",
-    _Status.FAILED: "failed",
-}
 
 _NEXT: dict[_Status, frozenset[_Status]] = {
     _Status.CONNECTING: frozenset({_Status.ATTACHED, _Status.ENDED, _Status.FAILED}),
