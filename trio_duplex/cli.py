@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import trio
 
-from .core.config import BYTES, FLAG, ConfigError, Flag, MiB, ServerConfig
+from .core.config import BYTES, FLAG, ConfigError, Flag, KiB, MiB, ServerConfig
 from .engines.api import load_engine_factory
 from .server.server import DuplexServer
 
@@ -34,8 +34,8 @@ def serve_flags() -> list[tuple[str, attrs.Attribute[Any], Flag]]:
 def shown_default(field: attrs.Attribute[Any]) -> str:
     """The default as ``--help`` (and the README) show it: 8 MiB, 30, 127.0.0.1."""
     value: Any = field.default
-    if field.metadata[FLAG].metavar == BYTES and value % MiB == 0:
-        return f"{value // MiB} MiB"
+    if field.metadata[FLAG].metavar == BYTES and value % KiB == 0:
+        return f"{value // MiB} MiB" if value % MiB == 0 else f"{value // KiB} KiB"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 

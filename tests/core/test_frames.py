@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
+import tracemalloc
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -474,7 +475,7 @@ def test_empty_messages_and_control_frames() -> None:
         + frame(Opcode.CLOSE)
     )
     for chunks in ([stream], bytewise(stream)):
-        reader = FrameReader(0)
+        reader = FrameReader(18)  # the fragmented one: three 6-byte headers
         assert typed(feed(reader, chunks)) == typed(
             [
                 "",
@@ -884,6 +885,7 @@ def test_single_frame_over_the_limit() -> None:
 
 
 def test_fragments_over_the_limit() -> None:
+    # 10 + 9 bytes (headers count) before the fragment that goes over 20
     before = BEFORE + frame(Opcode.TEXT, b"x" * 4, fin=False) + frame(Opcode.PING, b"a")
     before += frame(Opcode.CONT, b"y" * 3, fin=False) + frame(Opcode.PONG, b"b")
     before_items = [*BEFORE_ITEMS, Control(Opcode.PING, b"a"), Control(Opcode.PONG, b"b")]
@@ -892,45 +894,86 @@ def test_fragments_over_the_limit() -> None:
         1009,
         before=before,
         before_items=before_items,
-        max_message_bytes=10,
+        max_message_bytes=20,
     )
     assert_fault(
         frame(Opcode.CONT, b"z" * 4, fin=False),
         1009,
         before=before,
         before_items=before_items,
-        max_message_bytes=10,
+        max_message_bytes=20,
     )
     # the header of the fragment that goes over is enough
-    reader = FrameReader(10)
+    reader = FrameReader(20)
     assert typed(reader.receive(before + header(Opcode.CONT, 4, fin=False))) == typed(before_items)
     assert reader.error is not None and reader.error.code == 1009
 
 
 def test_message_of_exactly_the_limit_is_accepted() -> None:
+    # A fragmented message counts each fragment's header (6 bytes here) with its payload.
     stream = (
-        frame(Opcode.TEXT, b"x" * 10)
-        + frame(Opcode.BINARY, b"y" * 4, fin=False)
+        frame(Opcode.TEXT, b"x" * 22)
+        + frame(Opcode.BINARY, b"y" * 4, fin=False)  # 10
         + frame(Opcode.PING, b"125 bytes of ping do not count" * 4)
-        + frame(Opcode.CONT, b"y" * 6)
+        + frame(Opcode.CONT, b"y" * 6)  # 22
         # a new message starts counting from zero again
-        + frame(Opcode.TEXT, b"z" * 3, fin=False)
-        + frame(Opcode.CONT, b"", fin=False)
-        + frame(Opcode.CONT, b"z" * 7)
-        + frame(Opcode.TEXT, "€€€".encode() + b"a")
+        + frame(Opcode.TEXT, b"z", fin=False)  # 7
+        + frame(Opcode.CONT, b"", fin=False)  # 13
+        + frame(Opcode.CONT, b"z" * 3)  # 22
+        + frame(Opcode.TEXT, "€€€".encode() + b"a" * 12)
     )
     for chunks in ([stream], bytewise(stream)):
-        reader = FrameReader(10)
+        reader = FrameReader(22)
         assert typed(feed(reader, chunks)) == typed(
             [
-                "x" * 10,
+                "x" * 22,
                 Control(Opcode.PING, b"125 bytes of ping do not count" * 4),
                 b"y" * 10,
-                "z" * 10,
-                "€€€a",
+                "z" * 4,
+                "€€€" + "a" * 12,
             ]
         )
         assert reader.error is None
+
+
+def test_endless_empty_continuation_frames_meet_the_bound() -> None:
+    # Was: each empty fragment was kept (a list entry apiece) and none counted, so a
+    # client could grow the server without bound while its pings were answered.
+    limit = 6000
+    reader = FrameReader(limit)
+    assert reader.receive(frame(Opcode.TEXT, b"a", fin=False)) == []
+    empty = frame(Opcode.CONT, b"", fin=False) + frame(Opcode.PING, b"p")
+    answered = 0
+    for _ in range(limit):
+        items = reader.receive(empty)
+        if reader.error is not None:
+            break
+        assert items == [Control(Opcode.PING, b"p")]
+        answered += 1
+    assert reader.error is not None and reader.error.code == 1009
+    assert answered == (limit - 7) // 6  # the 6-byte headers filled the bound
+
+
+def test_a_message_in_one_byte_fragments_costs_its_size() -> None:
+    # Was: 12 MiB sent as 1-byte fragments peaked at 624 MB (a bytes object and a list
+    # slot per fragment). Now the fragments are joined as they arrive.
+    size = 200_000
+    stream = b"".join(
+        [frame(Opcode.BINARY, b"\x00", fin=False)]
+        + [frame(Opcode.CONT, b"\x01", fin=False)] * (size - 2)
+        + [frame(Opcode.CONT, b"\x02")]
+    )
+    reader = FrameReader(len(stream))
+    tracemalloc.start()
+    try:
+        items: list[Item] = []
+        for at in range(0, len(stream), 65536):  # as the server reads: 64 KiB at a time
+            items += reader.receive(stream[at : at + 65536])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert items == [b"\x00" + b"\x01" * (size - 2) + b"\x02"]
+    assert peak < 4 * size  # was about 60 times the message
 
 
 def test_limit_zero_allows_only_empty_messages() -> None:
@@ -1013,7 +1056,7 @@ def test_one_mib_message_in_4_kib_chunks_is_fast() -> None:
     )
     stream = frame(Opcode.BINARY, payload) + frame(Opcode.TEXT, text.encode()) + fragmented
     chunks = cut(stream, range(4096, len(stream), 4096))
-    reader = FrameReader(1 << 20)
+    reader = FrameReader((1 << 20) + 16 * 14)  # and the fragments' 14-byte headers
     start = time.perf_counter()
     items = feed(reader, chunks)
     elapsed = time.perf_counter() - start

@@ -99,6 +99,7 @@ def test_admit_creates_an_opening_session_holding_a_slot() -> None:
             "idle_ttl_s": IDLE,
             "journal_max_bytes": 10_000,
             "max_event_bytes": 15 * 1024 * 1024,
+            "max_config_bytes": 64 * 1024,
         },
     }
 

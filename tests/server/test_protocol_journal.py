@@ -144,9 +144,14 @@ async def test_session_update_after_open_answers_session_updated_with_a_seq(
         assert updated["type"] == "session.updated"
         assert updated["session_id"] == created["session_id"]
         assert updated["session"]["b"] == 2
-        assert updated["session"] == {"a": 1, "b": 2}  # docs/protocol.md: shallow merge
+        # The fields this update set, not the whole configuration (docs/protocol.md)...
+        assert updated["session"] == {"b": 2}
         assert updated["server_event_seq"] == 2
         assert (await echo(client))["server_event_seq"] == 3
+        # ...which is their shallow merge, as a resume shows.
+        await client.transport.cut()
+        _, resumed = await sim.resume(created["session_id"], created["resume_token"], 3)
+        assert resumed["session"] == {"a": 1, "b": 2}
 
 
 async def test_session_updated_is_journaled_and_replayed(autojump_clock: MockClock) -> None:

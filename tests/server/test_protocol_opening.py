@@ -80,6 +80,7 @@ async def test_session_created_fields(autojump_clock: MockClock) -> None:
             "idle_ttl_s": 99.0,
             "journal_max_bytes": 4321,
             "max_event_bytes": 7777,
+            "max_config_bytes": 64 * 1024,
         }
         assert "server_event_seq" not in created
 
@@ -92,6 +93,7 @@ async def test_default_limits_in_session_created(autojump_clock: MockClock) -> N
             "idle_ttl_s": 300,
             "journal_max_bytes": 8 * 1024 * 1024,
             "max_event_bytes": 15 * 1024 * 1024,
+            "max_config_bytes": 64 * 1024,
         }
 
 

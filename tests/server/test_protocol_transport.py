@@ -367,7 +367,8 @@ async def test_fragmented_multibyte_message_over_the_byte_bound_closes_1009(
 async def test_fragmented_message_under_the_bound_is_one_event(
     autojump_clock: MockClock, raw_ws: RawWs
 ) -> None:
-    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
+    # 100 bytes of payload and four 6-byte fragment headers, which count too
+    async with running_server(ServerConfig(max_event_bytes=124)) as sim:
         client = await raw_ws(sim)
         await client.send({"type": "session.update", "session": {}})
         assert (await client.receive())["type"] == "session.created"

@@ -9,7 +9,11 @@ import attrs
 
 from .events import DEFAULT_PATH
 
-MiB = 1024 * 1024
+KiB = 1024
+MiB = 1024 * KiB
+
+FIRST_MESSAGE_ENVELOPE = 4 * KiB
+"""What a connection's first message may hold beyond ``max_config_bytes``."""
 
 SECONDS = "SECONDS"
 BYTES = "BYTES"
@@ -111,6 +115,34 @@ class ServerConfig:
         validator=_at_least(1),
         metadata=_flag("largest client message in UTF-8 bytes; larger closes 1009", BYTES),
     )
+    max_config_bytes: int = attrs.field(
+        default=64 * KiB,
+        validator=_at_least(1),
+        metadata=_flag(
+            "largest session configuration, compact JSON bytes; it also bounds a "
+            "connection's first message (plus 4 KiB)",
+            BYTES,
+        ),
+    )
+    max_input_bytes: int = attrs.field(
+        default=16 * MiB,
+        validator=_at_least(1),
+        metadata=_flag("client events queued for the engine, in bytes", BYTES),
+    )
+    max_output_bytes: int = attrs.field(
+        default=16 * MiB,
+        validator=_at_least(1),
+        metadata=_flag(
+            "frames queued for one connection; past it the client is cut (4003), "
+            "the engine waits past half",
+            BYTES,
+        ),
+    )
+    write_timeout_s: float = attrs.field(
+        default=20.0,
+        validator=_above(0),
+        metadata=_flag("time one write may wait for the client to read, else cut", SECONDS),
+    )
     handshake_timeout_s: float = attrs.field(
         default=10.0,
         validator=_above(0),
@@ -146,4 +178,10 @@ class ServerConfig:
             "idle_ttl_s": self.idle_ttl_s,
             "journal_max_bytes": self.journal_max_bytes,
             "max_event_bytes": self.max_event_bytes,
+            "max_config_bytes": self.max_config_bytes,
         }
+
+    @property
+    def first_message_bytes(self) -> int:
+        """The largest message a connection may send before it carries a session."""
+        return min(self.max_event_bytes, self.max_config_bytes + FIRST_MESSAGE_ENVELOPE)

@@ -12,8 +12,11 @@ What a client may send and what it gets for breaking the rules:
 - every frame masked, no reserved bits (no extension is negotiated), opcodes 0, 1, 2,
   8, 9, 10; control frames unfragmented and at most 125 bytes: else 1002;
 - fragments of one message in order, a new message only after the last one ended: else
-  1002; a message (its fragments summed) over ``max_message_bytes``: 1009, decided from
-  the frame header, before the payload is read;
+  1002; a message over ``max_message_bytes``: 1009, decided from the frame header,
+  before the payload is read. A fragmented message counts every fragment's frame header
+  as well as its payload, so endless empty continuation frames meet the bound too, and
+  its fragments are joined as they arrive (one buffer, never a list of small objects):
+  a message held in 1-byte fragments costs its size, not fifty times it;
 - text that is not UTF-8: 1007; a close frame with a code not allowed on the wire, or a
   one-byte payload: 1002, with a reason that is not UTF-8: 1007.
 """
@@ -57,6 +60,8 @@ class CloseCode(enum.IntEnum):
     """Another connection resumed the session (``session.replaced``)."""
     RESUME_REFUSED = 4001
     CONFIG_TIMEOUT = 4002
+    NOT_READING = 4003
+    """The client let too much output pile up, or did not take a write in time."""
 
 
 # The parser compares opcodes per frame: module constants spare an enum attribute lookup.
@@ -115,14 +120,16 @@ class FrameReader:
     from then on it parses nothing.
     """
 
-    __slots__ = ("_buf", "_done", "_max", "_need", "_parts", "_parts_size", "_parts_text", "error")
+    __slots__ = ("_buf", "_done", "_need", "_parts", "_parts_size", "_parts_text", "error", "max")
 
     def __init__(self, max_message_bytes: int) -> None:
-        self._max = max_message_bytes
+        self.max = max_message_bytes
+        """The largest message accepted (its fragments' headers counted); may change
+        between calls (the server raises it once a session is open)."""
         self._buf = bytearray()  # an incomplete frame held back, if any
         self._need = 0  # bytes _buf must hold before a frame can be complete
-        self._parts: list[bytes] | None = None  # fragments of the message in progress
-        self._parts_size = 0
+        self._parts: bytearray | None = None  # the fragments so far of a message
+        self._parts_size = 0  # their payloads and frame headers
         self._parts_text = False
         self._done = False
         self.error: FrameError | None = None
@@ -215,10 +222,15 @@ class FrameReader:
                         raise FrameError(
                             CloseCode.PROTOCOL_ERROR, "a frame length must be below 2**63"
                         )
-                so_far = self._parts_size if opcode == _CONT else 0
-                if so_far + length > self._max:
+                if opcode == _CONT:  # the header counts: empty fragments are not free
+                    size = self._parts_size + head + 4 - pos + length
+                elif fin:
+                    size = length
+                else:
+                    size = head + 4 - pos + length
+                if size > self.max:
                     raise FrameError(
-                        CloseCode.TOO_BIG, f"a message may hold at most {self._max} bytes"
+                        CloseCode.TOO_BIG, f"a message may hold at most {self.max} bytes"
                     )
             end = head + 4 + length
             if end > n:
@@ -230,18 +242,18 @@ class FrameReader:
                 if fin:
                     out.append(_message(payload, opcode == _TEXT))
                 else:
-                    self._parts = [payload]
-                    self._parts_size = length
+                    self._parts = bytearray(payload)
+                    self._parts_size = size
                     self._parts_text = opcode == _TEXT
             elif opcode == _CONT:
                 parts = self._parts
                 assert parts is not None  # checked at the header
-                parts.append(payload)
-                self._parts_size += length
+                parts += payload
+                self._parts_size = size
                 if fin:
                     self._parts = None
                     self._parts_size = 0
-                    out.append(_message(b"".join(parts), self._parts_text))
+                    out.append(_message(parts, self._parts_text))
             elif opcode == _CLOSE:
                 out.append(parse_close(payload))
                 self._done = True
@@ -250,9 +262,9 @@ class FrameReader:
                 out.append(Control(opcode, payload))
 
 
-def _message(payload: bytes, text: bool) -> str | bytes:
+def _message(payload: bytes | bytearray, text: bool) -> str | bytes:
     if not text:
-        return payload
+        return bytes(payload)
     try:
         return payload.decode()
     except UnicodeDecodeError:

@@ -188,6 +188,46 @@ def decode(text: str | bytes) -> dict[str, Any]:
     return event
 
 
+@attrs.define
+class ConfigBudget:
+    """A session configuration's size, kept field by field so that an update is
+    measured by the fields it sets: the work is the update's, not the configuration's.
+
+    The size is that of the configuration's compact JSON: ``{}``, and each top-level
+    field's ``"key":value`` with its comma, in UTF-8 bytes.
+    """
+
+    limit: int
+    total: int = 2
+    _fields: dict[str, int] = attrs.field(factory=dict)
+
+    @classmethod
+    def of(cls, config: dict[str, Any], limit: int) -> ConfigBudget:
+        """The budget of an initial configuration (ProtocolError: too large)."""
+        budget = cls(limit)
+        budget.commit(budget.check(config))
+        return budget
+
+    def check(self, update: dict[str, Any]) -> tuple[dict[str, int], int]:
+        """Measure merging ``update`` (shallowly) into the configuration; raises
+        ProtocolError(config_too_large) if the result would exceed the limit. Commit
+        what it returns once the update is taken."""
+        sizes = {key: len(encode({key: value}).encode()) - 1 for key, value in update.items()}
+        total = self.total + sum(sizes.values())
+        total -= sum(self._fields.get(key, 0) for key in sizes)
+        if total > self.limit:
+            raise ProtocolError(
+                ErrorCode.CONFIG_TOO_LARGE,
+                f"the session configuration may hold at most {self.limit} bytes of JSON",
+                param="session",
+            )
+        return sizes, total
+
+    def commit(self, measured: tuple[dict[str, int], int]) -> None:
+        sizes, self.total = measured
+        self._fields.update(sizes)
+
+
 def is_seq(value: object) -> bool:
     """A non-negative integer (bools are not integers here)."""
     return type(value) is int and value >= 0

@@ -25,6 +25,7 @@ A complete engine::
 from __future__ import annotations
 
 import importlib
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, ClassVar
@@ -81,37 +82,59 @@ class Inbox:
 
     What ``trio.open_memory_channel`` gives, for one consumer, at half the memory; and
     the runner can see how many events are waiting (see ``SessionRunner.emit``).
+
+    Bounded twice: at most ``bound`` events, and at most ``max_bytes`` of them by the
+    ``size`` each was put with (its message's length, as the server received it).
     """
 
-    __slots__ = ("_bound", "_closed", "_events", "_waiter")
+    __slots__ = ("_bound", "_bytes", "_closed", "_events", "_max_bytes", "_sizes", "_waiter")
 
-    def __init__(self, bound: int) -> None:
+    def __init__(self, bound: int, max_bytes: float = math.inf) -> None:
         self._events: deque[Event] = deque()
+        self._sizes: deque[int] = deque()
         self._bound = bound
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._closed = False
         self._waiter = trio.lowlevel.ParkingLot()
 
     def __len__(self) -> int:
         return len(self._events)
 
-    def put_nowait(self, event: Event) -> None:
-        """Queue ``event``; raises trio.WouldBlock when full, ClosedResourceError when
-        closed."""
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes
+
+    def put_nowait(self, event: Event, size: int = 0) -> None:
+        """Queue ``event`` of ``size`` bytes; raises trio.WouldBlock when full (an event
+        alone over ``max_bytes`` is taken when nothing else waits), ClosedResourceError
+        when closed."""
         if self._closed:
             raise trio.ClosedResourceError("the session has ended")
-        if len(self._events) >= self._bound:
+        events = self._events
+        if len(events) >= self._bound or (events and self._bytes + size > self._max_bytes):
             raise trio.WouldBlock
-        self._events.append(event)
+        events.append(event)
+        self._sizes.append(size)
+        self._bytes += size
         if self._waiter:
             self._waiter.unpark()
 
     def close(self) -> None:
+        """No more events in; those still queued can be taken."""
         self._closed = True
         self._waiter.unpark_all()
+
+    def clear(self) -> None:
+        """Drop what is queued (its receiver is gone)."""
+        self._events.clear()
+        self._sizes.clear()
+        self._bytes = 0
 
     def get_nowait(self) -> Event:
         """The next event; trio.WouldBlock if none, trio.EndOfChannel once closed."""
         if self._events:
+            self._bytes -= self._sizes.popleft()
             return self._events.popleft()
         if self._closed:
             raise trio.EndOfChannel
@@ -163,8 +186,10 @@ class EngineSession:
                 event = await inbox.get()
             if event["type"] not in _UPDATE:
                 return event
-            self.config.update(event["session"])
-            await self.send(events.updated(self.session_id, self.config))
+            update = event["session"]
+            self.config.update(update)
+            # The fields it set, not the whole configuration: an update's cost is its own.
+            await self.send(events.updated(self.session_id, update))
 
     def __aiter__(self) -> EngineSession:
         return self

@@ -14,6 +14,14 @@ task switch, nothing to cancel half-way). Otherwise the frame joins the outbox, 
 pump sends the outbox in order, in batched writes. A send that fails or is cancelled
 ends the connection (half a frame may have been written): the pump's end cancels the
 connection.
+
+The outbox is bounded in bytes (``max_output_bytes``, counted as the frames' length in
+characters, which is their UTF-8 length for ASCII): an engine's ``send`` waits once it
+holds half of that (``congested``), and a connection whose outbox goes past it anyway
+(the server's own answers to a client that sends but does not read: errors, heartbeat
+acks) is cut with 4003 at once; its session detaches, and what the engine sent since is
+in the journal for a resume. With the WebSocket's write timeout, nothing waits for ever
+on a peer that does not read.
 """
 
 from __future__ import annotations
@@ -44,11 +52,15 @@ class Connection:
     ws: WebSocket
     high_water: int
     """Frames queued before an engine's ``send`` waits (see ``congested``)."""
+    max_output_bytes: float = math.inf
+    """The outbox's bound in bytes: past it the connection is cut."""
     generation: int = 0
     """The attachment generation this connection holds (0: none)."""
     close_code: int | None = None
     """Set once the connection must close after its outbox is sent."""
     outbox: deque[str] = attrs.field(factory=deque)
+    queued: int = 0
+    """The outbox's size: the sum of its frames' lengths."""
     watchers: Sequence[FinishWatcher] = ()
     """Told of every ``finish`` (the server's observers)."""
     _nursery: trio.Nursery | None = None
@@ -66,13 +78,14 @@ class Connection:
         high_water: int,
         *,
         close_timeout: float,
+        max_output_bytes: float = math.inf,
         watchers: Sequence[FinishWatcher] = (),
     ) -> AsyncIterator[Connection]:
         """The connection's lifetime. The body reads; once it has nothing more to read
         for, it ends with ``await conn.send_rest()``. On the way out the pump and any
         ping are cancelled and the WebSocket is closed within ``close_timeout``: with
         ``close_code`` if one was set, 1011 after an error of ours, else 1001."""
-        conn = cls(ws, high_water, watchers=watchers)
+        conn = cls(ws, high_water, max_output_bytes, watchers=watchers)
         close_code: int = CloseCode.GOING_AWAY
         try:
             async with trio.open_nursery() as conn._nursery:
@@ -95,7 +108,7 @@ class Connection:
                     await ws.aclose(close_code)
                 except Exception:  # the peer may already be gone; nothing left to save
                     pass
-            conn.outbox.clear()  # frames it never sent are freed now, not at a collection
+            conn._drop_outbox()  # frames it never sent are freed now, not at a collection
 
     def start_keepalive(self, timers: Timers, interval: float, patience: float) -> None:
         """Ping every ``interval``; no pong within ``patience`` ends the connection."""
@@ -116,6 +129,10 @@ class Connection:
         ws = self.ws
         if coalesce or self.outbox or not ws.can_write_now():
             self.outbox.append(frame)
+            self.queued += len(frame)
+            if self.queued > self.max_output_bytes:
+                self._not_reading()
+                return
         else:
             ws.write_now(frame)
             if not ws.unsent and not ws.broken:
@@ -133,8 +150,9 @@ class Connection:
         if self.close_code is not None:
             return
         if not flush:
-            self.outbox.clear()
+            self._drop_outbox()
         self.outbox.extend(frames)
+        self.queued += sum(map(len, frames))
         self.close_code = close_code
         for watcher in self.watchers:
             watcher.terminal_queued(self, frames)
@@ -178,7 +196,22 @@ class Connection:
 
     @property
     def congested(self) -> bool:
-        return len(self.outbox) > self.high_water
+        return len(self.outbox) > self.high_water or self.queued * 2 > self.max_output_bytes
+
+    def _not_reading(self) -> None:
+        """The outbox went past its bound: the client sends but does not read. Cut it."""
+        log.info(
+            "connection %s: over %d bytes queued, the client is not reading: cut",
+            self.ws,
+            self.max_output_bytes,
+        )
+        self.finish([], CloseCode.NOT_READING, flush=False)
+        if self._nursery is not None:  # the close frame may never get out: don't wait
+            self.abort_after(0)
+
+    def _drop_outbox(self) -> None:
+        self.outbox.clear()
+        self.queued = 0
 
     async def wait_drained(self) -> None:
         await self._drained.park()
@@ -200,14 +233,19 @@ class Connection:
         """
         outbox, ws = self.outbox, self.ws
         low_water = self.high_water // 2
+        low_bytes = self.max_output_bytes / 4
         while True:
             if outbox:
                 if len(outbox) == 1:
-                    await ws.send_message(outbox.popleft())
+                    frame = outbox.popleft()
+                    self.queued -= len(frame)
+                    await ws.send_message(frame)
                 else:
                     count = min(len(outbox), BATCH)
-                    await ws.send_many([outbox.popleft() for _ in range(count)])
-                if self._drained and len(outbox) <= low_water:
+                    frames = [outbox.popleft() for _ in range(count)]
+                    self.queued -= sum(map(len, frames))
+                    await ws.send_many(frames)
+                if self._drained and len(outbox) <= low_water and self.queued <= low_bytes:
                     self._drained.unpark_all()
             elif ws.unsent or ws.broken:
                 await ws.flush()  # finishes a direct write's tail, or raises

@@ -12,6 +12,7 @@ the server or the sessions module.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Protocol
 
 import attrs
@@ -22,7 +23,7 @@ from ..core import events
 from ..core.events import SESSION_INPUT, ErrorCode, EventType, Reason
 from ..core.frames import CloseCode
 from ..core.session import Commit, Session, Terminal
-from ..core.wire import ProtocolError, encode, is_seq
+from ..core.wire import ConfigBudget, ProtocolError, encode, is_seq
 from ..engines.api import Engine, EngineSession, Event, Inbox
 from .connection import Connection
 from .timers import Entry
@@ -94,6 +95,7 @@ def check_input(engine: Engine | None, event: Event) -> None:
 # Sets, not enum members, on the per-event path: a member lookup costs ~100 ns on 3.11.
 _PROTOCOL_INPUT = frozenset({*SESSION_INPUT, EventType.EVENT_ACK, EventType.RESUME})
 _ANSWERED_HERE = frozenset({EventType.HEARTBEAT, EventType.EVENT_ACK, EventType.CLOSE})
+_UPDATE = str(EventType.UPDATE)
 
 
 @attrs.define(eq=False)
@@ -102,6 +104,8 @@ class SessionRunner:
     session: Session
     engine: Engine
     max_pending_input: int
+    max_input_bytes: float = math.inf
+    max_config_bytes: int = 64 * 1024
     conn: Connection | None = None
     resumer: Connection | None = None
     """A resuming connection owed the terminal event of a session that ended detached."""
@@ -110,9 +114,12 @@ class SessionRunner:
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _pace: Pace = attrs.field(factory=Pace)
     _inbox: Inbox = attrs.field(init=False)
+    _budget: ConfigBudget = attrs.field(init=False)
+    """The configuration's size, as the updates the engine has queued will leave it."""
 
     def __attrs_post_init__(self) -> None:
-        self._inbox = Inbox(self.max_pending_input)
+        self._inbox = Inbox(self.max_pending_input, self.max_input_bytes)
+        self._budget = ConfigBudget.of(self.session.config, self.max_config_bytes)
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -123,6 +130,7 @@ class SessionRunner:
                 await self._run_engine()
         finally:
             self._inbox.close()
+            self._inbox.clear()  # nobody will read it: free it now
             if session.terminal is None:  # the server itself was cancelled
                 self.end(Reason.SHUTDOWN)
             self.owner.ended(self)
@@ -214,8 +222,9 @@ class SessionRunner:
         ):
             await conn.wait_drained()
 
-    def handle(self, conn: Connection, event: Event) -> None:
-        """One client event from ``conn``, already decoded. Never awaits."""
+    def handle(self, conn: Connection, event: Event, size: int = 0) -> None:
+        """One client event from ``conn``, already decoded from ``size`` characters.
+        Never awaits."""
         session = self.session
         if not session.is_current(conn.generation):
             return  # a replaced or ending attachment: fenced off
@@ -225,7 +234,7 @@ class SessionRunner:
             check_input(self.engine, event)
             kind = event["type"]
             if kind not in _ANSWERED_HERE:  # for the engine (session.update too)
-                self._to_engine(event)
+                self._to_engine(event, size)
             elif kind == EventType.HEARTBEAT:
                 conn.push(encode(events.heartbeat_ack(session.id)))
             elif kind == EventType.EVENT_ACK:
@@ -238,17 +247,22 @@ class SessionRunner:
             log.error("engine of session %s failed in check", session.id, exc_info=exc.__cause__)
             self.end(Reason.ENGINE_ERROR)
 
-    def _to_engine(self, event: Event) -> None:
+    def _to_engine(self, event: Event, size: int) -> None:
         seq = event.get("client_event_seq")
         session = self.session
         if seq is not None and not session.is_new_client_seq(seq):
             return  # a resend of something already received
+        measured = None
+        if event["type"] == _UPDATE:
+            measured = self._budget.check(event["session"])
         try:
-            self._inbox.put_nowait(event)
+            self._inbox.put_nowait(event, size)
         except trio.WouldBlock:
             raise ProtocolError(
                 ErrorCode.INPUT_BACKPRESSURE, "the session's input queue is full; retry later"
             ) from None
+        if measured is not None:
+            self._budget.commit(measured)
         if seq is not None:
             session.note_client_seq(seq)
 

@@ -33,7 +33,7 @@ from ..core.events import ErrorCode, Event, EventType
 from ..core.frames import CloseCode
 from ..core.replay import Replay
 from ..core.session import State
-from ..core.wire import ProtocolError, decode, encode, is_seq
+from ..core.wire import ConfigBudget, ProtocolError, decode, encode, is_seq
 from ..engines.api import Engine, EngineFactory
 from .connection import Connection
 from .runner import SessionRunner, check_input
@@ -155,8 +155,13 @@ class DuplexServer:
         try:
             accepted = None
             with trio.move_on_after(self.config.handshake_timeout_s):
+                # Until it carries a session, a connection's messages are small: the
+                # first one is a configuration or a resume, not audio.
                 accepted = await accept_websocket(
-                    stream, self.config.path, self.config.max_event_bytes
+                    stream,
+                    self.config.path,
+                    self.config.first_message_bytes,
+                    self.config.write_timeout_s,
                 )
             if accepted is not None:
                 await self._serve(*accepted)
@@ -174,6 +179,7 @@ class DuplexServer:
                 ws,
                 self.config.max_pending_output,
                 close_timeout=self.close_timeout_s,
+                max_output_bytes=self.config.max_output_bytes,
                 watchers=self.sessions.observers,
             ) as conn:
                 self.connections.add(conn)
@@ -197,6 +203,7 @@ class DuplexServer:
                 runner = await self._first_message(conn)
             if runner is not None:
                 timers, config = self.sessions.timers, self.config
+                conn.ws.max_message_bytes = config.max_event_bytes
                 conn.start_keepalive(timers, config.ping_interval_s, config.ping_timeout_s)
                 await self._read(conn, runner)
             # Closing, or a resumer owed the terminal event of a session that ended.
@@ -218,21 +225,23 @@ class DuplexServer:
                 event = decode(text)
                 if event["type"] == EventType.RESUME:
                     return await self._resume(conn, event)
-                return await self._open_with(conn, event)
+                return await self._open_with(conn, event, len(text))
             except ProtocolError as exc:
                 error = encode(exc.to_event(event))
                 if exc.close_code is not None:
                     conn.finish([error], exc.close_code)
                     return None
-                # No session was opened; the config timeout keeps running.
+                # No session was opened; the config timeout keeps running. (A client
+                # that does not read is cut by the write timeout.)
                 await conn.ws.send_message(error)
 
-    async def _open_with(self, conn: Connection, event: Event) -> SessionRunner | None:
+    async def _open_with(self, conn: Connection, event: Event, size: int) -> SessionRunner | None:
         """Open a session for a first message other than a resume, if it is valid."""
         kind = event["type"]
         if kind == EventType.UPDATE:
             check_input(None, event)
             config = dict(event["session"])
+            ConfigBudget.of(config, self.config.max_config_bytes)  # ProtocolError: too large
             return await self._open(conn, config, None, self.engine_factory(config))
         engine = self.engine_factory({})
         check_input(engine, event)
@@ -242,7 +251,7 @@ class DuplexServer:
                 "no server event has been sent yet",
                 param="server_event_seq",
             )
-        return await self._open(conn, {}, event, engine)
+        return await self._open(conn, {}, event, engine, size)
 
     async def _open(
         self,
@@ -250,6 +259,7 @@ class DuplexServer:
         config: dict[str, Any],
         first: Event | None,
         engine: Engine,
+        first_size: int = 0,
     ) -> SessionRunner:
         sessions = self.sessions
         session, token = sessions.admit(config)  # ProtocolError: full, or draining
@@ -261,7 +271,7 @@ class DuplexServer:
             raise
         runner = sessions.start(session, engine, conn)
         if first is not None:
-            runner.handle(conn, first)
+            runner.handle(conn, first, first_size)
         return runner
 
     async def _resume(self, conn: Connection, event: Event) -> SessionRunner | None:
@@ -330,7 +340,7 @@ class DuplexServer:
             except ProtocolError as exc:
                 conn.push(encode(exc.to_event()))
                 continue
-            handle(conn, event)
+            handle(conn, event, len(text))
         # Closing: keep reading so pings and the peer's close are seen while the pump
         # sends the last frames.
         while True:

@@ -102,7 +102,15 @@ class Sessions:
         # The core lets an OPENING session be closed, but here only a runner, a timer
         # entry or the drain ends a session, and it has none of them yet.
         assert session.terminal is None, "a session ended before it started"
-        runner = SessionRunner(self, session, engine, self.config.max_pending_input)
+        config = self.config
+        runner = SessionRunner(
+            self,
+            session,
+            engine,
+            config.max_pending_input,
+            config.max_input_bytes,
+            config.max_config_bytes,
+        )
         runner.attach(conn, Commit(session.generation, None))
         self._runners[session.id] = runner
         assert self._nursery is not None

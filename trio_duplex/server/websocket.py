@@ -14,6 +14,10 @@ wire, so it ends the connection: every later write raises ``ConnectionClosed``.
 ``write_now`` writes without awaiting at all when the socket is free (``DirectWrite``;
 see Connection.push).
 
+A write the peer does not take within ``write_timeout`` (it stopped reading, and the
+socket's buffers are full) ends the connection like any failed write: nothing queued for
+a peer that does not read waits for ever.
+
 Closing follows RFC 6455 for a server: after sending a close it reads until the client's
 close, after receiving one it echoes it; then it half-closes the stream (the server ends
 the TCP connection first), and the caller closes it.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
 import sys
 from collections.abc import Iterable
@@ -139,10 +144,14 @@ class WebSocket:
         "_writing",
         "state",
         "stream",
+        "write_timeout",
     )
 
-    def __init__(self, stream: trio.abc.Stream, max_message_bytes: int) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, max_message_bytes: int, write_timeout: float = math.inf
+    ) -> None:
         self.stream = stream
+        self.write_timeout = write_timeout
         self.state = State.OPEN
         # Derived from state in _set alone: the per-message paths test a bool, not a
         # frozenset of members (an enum member's hash is a Python call).
@@ -165,6 +174,15 @@ class WebSocket:
         if self._close is None:
             return ConnectionClosed(CloseCode.ABNORMAL, "connection lost")
         return ConnectionClosed(self._close.code, self._close.reason)
+
+    @property
+    def max_message_bytes(self) -> int:
+        return self._reader.max
+
+    @max_message_bytes.setter
+    def max_message_bytes(self, value: int) -> None:
+        """Messages read from now on may hold up to ``value`` bytes (more: 1009)."""
+        self._reader.max = value
 
     def _set(self, state: State) -> None:
         self.state = state
@@ -327,16 +345,22 @@ class WebSocket:
                 raise self._closed_error()
             tail = self._direct.take_tail()
             try:
-                if data is None:
-                    assert isinstance(self.stream, trio.abc.HalfCloseableStream)
-                    if tail:
-                        await self.stream.send_all(tail)
-                    await self.stream.send_eof()
-                elif tail or data:
-                    await self.stream.send_all(tail + data if tail else data)
+                with trio.move_on_after(self.write_timeout) as timer:
+                    if data is None:
+                        assert isinstance(self.stream, trio.abc.HalfCloseableStream)
+                        if tail:
+                            await self.stream.send_all(tail)
+                        await self.stream.send_eof()
+                    elif tail or data:
+                        await self.stream.send_all(tail + data if tail else data)
             except BaseException:
                 self._lost()  # half a frame may be out: nothing more can go after it
                 raise
+            if timer.cancelled_caught:  # the peer does not read: the same as a failure
+                self._lost()
+                if self._close is None:
+                    self._close = Close(CloseCode.ABNORMAL, "write timeout")
+                raise self._closed_error()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise self._closed_error() from None
         finally:
@@ -382,7 +406,7 @@ def _bare_line_feed(head: bytes, start: int) -> bool:
 
 
 async def accept_websocket(
-    stream: trio.abc.Stream, path: str, max_message_bytes: int
+    stream: trio.abc.Stream, path: str, max_message_bytes: int, write_timeout: float = math.inf
 ) -> tuple[WebSocket, dict[str, list[str]]] | None:
     """Read the HTTP upgrade request and answer it.
 
@@ -428,7 +452,7 @@ async def accept_websocket(
     await stream.send_all(b"".join(protocol.data_to_send()))
     if response.status_code != 101:
         return None
-    ws = WebSocket(stream, max_message_bytes)
+    ws = WebSocket(stream, max_message_bytes, write_timeout)
     if early:
         await ws._feed(early)
     return ws, parse_qs(url.query)
