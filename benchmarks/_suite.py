@@ -59,6 +59,8 @@ def duplex_flags(port: int) -> list[str]:
         "--journal-max-bytes", str(64 * 2**20),
         "--journal-ttl", "60",
         "--max-event-bytes", str(15 * 2**20),
+        "--max-connections", "20000",
+        "--max-connections-per-ip", "20000",
         "--config-timeout", "10",
         "--drain-timeout", "1",
         "--log-level", "info",

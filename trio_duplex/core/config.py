@@ -148,6 +148,16 @@ class ServerConfig:
         validator=_above(0),
         metadata=_flag("time allowed for the whole HTTP upgrade", SECONDS),
     )
+    max_connections: int = attrs.field(
+        default=10_000,
+        validator=_at_least(1),
+        metadata=_flag("open TCP connections, handshakes included; beyond: HTTP 503"),
+    )
+    max_connections_per_ip: int = attrs.field(
+        default=1_000,
+        validator=_at_least(1),
+        metadata=_flag("open TCP connections from one IP address; beyond: HTTP 503"),
+    )
     config_timeout_s: float = attrs.field(
         default=10.0,
         validator=_above(0),

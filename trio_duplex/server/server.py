@@ -7,10 +7,13 @@ Task tree::
     │   ├── Timers.run (every session's deadlines, every connection's next ping)
     │   └── SessionRunner.run (one per session: runs its engine)
     └── connections nursery
-        ├── DuplexServer._accept, one per listener
-        └── one task per TCP connection: the handshake, then ``Connection.open``,
-            whose body is the reader and whose nursery holds the pump and a ping
-            waiting for its pong (connection.py)
+        ├── DuplexServer._accept, one per listener: counts connections against
+        │   max_connections and max_connections_per_ip
+        ├── one task per TCP connection: the handshake, then ``Connection.open``,
+        │   whose body is the reader and whose nursery holds the pump and a ping
+        │   waiting for its pong (connection.py)
+        └── one task per connection over a limit, at most ``max_refusing`` at once:
+            its request read within a short bound, then 503
 
 Nothing that one connection does can raise out of its own task: every error ends that
 connection (1011) and is logged, and the session it held follows docs/protocol.md.
@@ -38,7 +41,7 @@ from ..engines.api import Engine, EngineFactory
 from .connection import Connection
 from .runner import SessionRunner, check_input
 from .sessions import Observer, Sessions
-from .websocket import ConnectionClosed, WebSocket, accept_websocket
+from .websocket import ConnectionClosed, WebSocket, accept_websocket, refuse_unavailable
 
 log = logging.getLogger("trio_duplex")
 
@@ -46,6 +49,11 @@ _AT_CAPACITY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUF
 """What accept(2) returns when the process or the system is out of room: retry later."""
 _AT_CAPACITY_RETRY_S = 0.1
 _AT_CAPACITY_QUIET_S = 60.0
+
+_REFUSAL_READ_S = 1.0
+"""At most this long (less if the handshake timeout is shorter) for the request of a
+connection over a limit; then it is closed unanswered."""
+_REFUSAL_QUIET_S = 60.0
 
 _CONFIG_TIMEOUT = ProtocolError(
     ErrorCode.CONFIG_TIMEOUT, "no first message in time", close_code=CloseCode.CONFIG_TIMEOUT
@@ -58,9 +66,18 @@ class DuplexServer:
     engine_factory: EngineFactory
     close_timeout_s: float = 2.0
     """How long a closing connection may take to send its last frames and close."""
+    max_refusing: int = 64
+    """Connections over a limit answered (503) at once; more are closed unanswered."""
     sessions: Sessions = attrs.field(init=False)
     connections: set[Connection] = attrs.field(factory=set, init=False)
+    """The connections past their handshake (see ``open_connections`` for all)."""
     _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _counted: int = attrs.field(default=0, init=False)
+    _per_ip: dict[str, int] = attrs.field(factory=dict, init=False)
+    """Open connections by peer address; an address with none has no entry."""
+    _refusing: int = attrs.field(default=0, init=False)
+    _refused: int = attrs.field(default=0, init=False)
+    _refusal_quiet_until: float = attrs.field(default=-math.inf, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.sessions = Sessions(self.config, self.close_timeout_s)
@@ -112,6 +129,17 @@ class DuplexServer:
     def slots_held(self) -> int:
         return self.sessions.slots_held
 
+    @property
+    def open_connections(self) -> int:
+        """TCP connections counted against ``max_connections`` now: every accepted one,
+        in its handshake or past it, until its task ends. Refused ones are not counted."""
+        return self._counted
+
+    @property
+    def connections_refused(self) -> int:
+        """Connections turned away over a limit since the server started."""
+        return self._refused
+
     def add_observer(self, observer: Observer) -> None:
         """Watch this server's sessions (see ``Observer``)."""
         self.sessions.observers.append(observer)
@@ -120,7 +148,8 @@ class DuplexServer:
         self.sessions.observers.remove(observer)
 
     async def wait_changed(self) -> None:
-        """Wait until a session or connection ends (for tests)."""
+        """Wait until a session or connection ends (for tests); a connection's end
+        includes one that never finished its handshake."""
         await self.sessions.wait_changed()
 
     # -- one connection ----------------------------------------------------------------
@@ -129,8 +158,13 @@ class DuplexServer:
         """Accept connections for ever; each one's task runs in ``nursery``.
 
         trio.serve_listeners logged an ERROR with a traceback every 100 ms while the
-        process was out of file descriptors: here it is one warning a minute."""
+        process was out of file descriptors: here it is one warning a minute.
+
+        Each accepted connection counts towards ``max_connections`` and, if it has an IP
+        address, ``max_connections_per_ip`` from here until its task ends (the count is
+        taken here, not in the task, so a burst of accepts cannot overshoot it)."""
         quiet_until = -math.inf
+        config = self.config
         async with listener:
             while True:
                 try:
@@ -149,9 +183,21 @@ class DuplexServer:
                         )
                     await trio.sleep(_AT_CAPACITY_RETRY_S)
                 else:
-                    nursery.start_soon(self._handle_stream, stream)
+                    ip = _peer_ip(stream)
+                    from_ip = 0 if ip is None else self._per_ip.get(ip, 0)
+                    if (
+                        self._counted < config.max_connections
+                        and from_ip < config.max_connections_per_ip
+                    ):
+                        self._counted += 1
+                        if ip is not None:
+                            self._per_ip[ip] = from_ip + 1
+                        nursery.start_soon(self._handle_stream, stream, ip)
+                    else:
+                        await self._refuse(stream, ip, from_ip, nursery)
 
-    async def _handle_stream(self, stream: trio.abc.Stream) -> None:
+    async def _handle_stream(self, stream: trio.abc.Stream, ip: str | None = None) -> None:
+        """One counted connection's task; it gives its place back when it ends."""
         try:
             accepted = None
             with trio.move_on_after(self.config.handshake_timeout_s):
@@ -170,7 +216,60 @@ class DuplexServer:
         except* Exception as group:
             log.error("connection failed: %r", group.exceptions[0], exc_info=group)
         finally:
+            try:
+                await trio.aclose_forcefully(stream)
+            finally:
+                self._counted -= 1
+                if ip is not None:
+                    left = self._per_ip[ip] - 1
+                    if left:
+                        self._per_ip[ip] = left
+                    else:
+                        del self._per_ip[ip]
+                self.sessions.changed()
+
+    async def _refuse(
+        self, stream: trio.abc.Stream, ip: str | None, from_ip: int, nursery: trio.Nursery
+    ) -> None:
+        """Turn away a connection over a limit without counting it: a task of its own
+        answers 503 while fewer than ``max_refusing`` are being answered; beyond that
+        it is closed at once, so a flood costs little more than its accepts."""
+        self._refused += 1
+        now = trio.current_time()
+        if now >= self._refusal_quiet_until:
+            self._refusal_quiet_until = now + _REFUSAL_QUIET_S
+            config = self.config
+            if self._counted >= config.max_connections:
+                why = f"{self._counted} connections open (max_connections {config.max_connections})"
+            else:
+                why = (
+                    f"{from_ip} connections open from {ip} "
+                    f"(max_connections_per_ip {config.max_connections_per_ip})"
+                )
+            log.warning(
+                "refusing new connections with 503: %s; %d refused so far (said once a minute)",
+                why,
+                self._refused,
+            )
+        if self._refusing < self.max_refusing:
+            self._refusing += 1
+            nursery.start_soon(self._answer_refused, stream)
+        else:
             await trio.aclose_forcefully(stream)
+
+    async def _answer_refused(self, stream: trio.abc.Stream) -> None:
+        try:
+            with trio.move_on_after(min(_REFUSAL_READ_S, self.config.handshake_timeout_s)):
+                await refuse_unavailable(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception as exc:
+            log.error("refusing a connection failed: %r", exc, exc_info=exc)
+        finally:
+            try:
+                await trio.aclose_forcefully(stream)
+            finally:
+                self._refusing -= 1
 
     async def _serve(self, ws: WebSocket, query: dict[str, list[str]]) -> None:
         conn: Connection | None = None
@@ -345,6 +444,20 @@ class DuplexServer:
         # sends the last frames.
         while True:
             await get()
+
+
+def _peer_ip(stream: trio.abc.Stream) -> str | None:
+    """The peer's IP address, or None: not a socket (in-memory streams), not IP (a
+    Unix socket's peer name is a string), or the peer is gone already."""
+    if isinstance(stream, trio.SocketStream):
+        try:
+            peer = stream.socket.getpeername()
+        except OSError:
+            return None
+        if isinstance(peer, tuple):
+            address: str = peer[0]
+            return address
+    return None
 
 
 __all__ = ["DuplexServer", "Observer"]

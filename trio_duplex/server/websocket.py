@@ -379,11 +379,12 @@ class WebSocket:
                 waiter.set()
 
 
-def _answer(status: str, text: str) -> bytes:
+def _answer(status: str, text: str, *headers: str) -> bytes:
     body = text.encode()
+    extra = "".join(f"{header}\r\n" for header in headers)
     head = (
         f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
     )
     return head.encode() + body
 
@@ -391,6 +392,12 @@ def _answer(status: str, text: str) -> bytes:
 _BAD_REQUEST = _answer("400 Bad Request", "HTTP lines must end with CR LF.\n")
 _TOO_LARGE = _answer(
     "431 Request Header Fields Too Large", f"The request head exceeds {_MAX_REQUEST_BYTES} bytes.\n"
+)
+RETRY_AFTER_S = 1
+_UNAVAILABLE = _answer(
+    "503 Service Unavailable",
+    "Too many connections; retry later.\n",
+    f"Retry-After: {RETRY_AFTER_S}",
 )
 
 
@@ -403,6 +410,26 @@ def _bare_line_feed(head: bytes, start: int) -> bool:
             return True
         at = head.find(b"\n", at + 1)
     return False
+
+
+async def refuse_unavailable(stream: trio.abc.Stream) -> None:
+    """Answer a request with 503 and ``Retry-After``, once its head has been read.
+
+    Reading it first matters: closing a socket with unread bytes resets the connection,
+    and the client may then lose the answer. Nothing is answered if the stream ends or
+    the head exceeds the 16 KiB bound first. Bound it with a (short) deadline."""
+    head = bytearray()
+    while True:
+        start = max(0, len(head) - 3)  # a blank line may straddle two reads
+        data = await stream.receive_some(RECEIVE_SIZE)
+        if not data:
+            return
+        head += data
+        if head.find(b"\r\n\r\n", start) >= 0 or head.find(b"\n\n", start) >= 0:
+            break
+        if len(head) > _MAX_REQUEST_BYTES:
+            return
+    await stream.send_all(_UNAVAILABLE)
 
 
 async def accept_websocket(
@@ -458,4 +485,10 @@ async def accept_websocket(
     return ws, parse_qs(url.query)
 
 
-__all__ = ["ConnectionClosed", "WebSocket", "accept_websocket"]
+__all__ = [
+    "RETRY_AFTER_S",
+    "ConnectionClosed",
+    "WebSocket",
+    "accept_websocket",
+    "refuse_unavailable",
+]
