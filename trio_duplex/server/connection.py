@@ -200,11 +200,7 @@ class Connection:
 
     def _not_reading(self) -> None:
         """The outbox went past its bound: the client sends but does not read. Cut it."""
-        log.info(
-            "connection %s: over %d bytes queued, the client is not reading: cut",
-            self.ws,
-            self.max_output_bytes,
-        )
+        self.ws.report_fault(f"over {self.max_output_bytes} bytes queued, not reading: cut")
         self.finish([], CloseCode.NOT_READING, flush=False)
         if self._nursery is not None:  # the close frame may never get out: don't wait
             self.abort_after(0)

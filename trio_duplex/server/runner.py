@@ -242,6 +242,8 @@ class SessionRunner:
             else:
                 self.end(Reason.CLIENT_CLOSE)
         except ProtocolError as exc:
+            if exc.code != ErrorCode.INPUT_BACKPRESSURE:  # pacing, not a fault
+                conn.ws.report_fault(str(exc))
             conn.push(encode(exc.to_event(event)))
         except CheckFailed as exc:
             log.error("engine of session %s failed in check", session.id, exc_info=exc.__cause__)

@@ -55,6 +55,15 @@ _REFUSAL_READ_S = 1.0
 connection over a limit; then it is closed unanswered."""
 _REFUSAL_QUIET_S = 60.0
 
+_NOT_FAULTS = frozenset(
+    {
+        ErrorCode.RESOURCE_EXHAUSTED,
+        ErrorCode.SERVER_SHUTTING_DOWN,
+        ErrorCode.SESSION_RESUME_CONFLICT,
+    }
+)
+"""Refusals that are the server's state, not the client's fault: not reported."""
+
 _CONFIG_TIMEOUT = ProtocolError(
     ErrorCode.CONFIG_TIMEOUT, "no first message in time", close_code=CloseCode.CONFIG_TIMEOUT
 )
@@ -208,6 +217,7 @@ class DuplexServer:
                     self.config.path,
                     self.config.first_message_bytes,
                     self.config.write_timeout_s,
+                    ip,
                 )
             if accepted is not None:
                 await self._serve(*accepted)
@@ -326,6 +336,8 @@ class DuplexServer:
                     return await self._resume(conn, event)
                 return await self._open_with(conn, event, len(text))
             except ProtocolError as exc:
+                if exc.code not in _NOT_FAULTS:
+                    conn.ws.report_fault(str(exc))
                 error = encode(exc.to_event(event))
                 if exc.close_code is not None:
                     conn.finish([error], exc.close_code)
@@ -437,6 +449,7 @@ class DuplexServer:
             try:
                 event = decode(text)
             except ProtocolError as exc:
+                conn.ws.report_fault(str(exc))
                 conn.push(encode(exc.to_event()))
                 continue
             handle(conn, event, len(text))

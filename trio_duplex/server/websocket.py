@@ -48,6 +48,7 @@ from ..core.frames import (
     control_frame,
     text_frame,
 )
+from .faults import FAULTS
 
 RECEIVE_SIZE = 65536
 _MAX_REQUEST_BYTES = 16384
@@ -142,16 +143,25 @@ class WebSocket:
         "_turn",
         "_writable",
         "_writing",
+        "fault_reported",
+        "peer",
         "state",
         "stream",
         "write_timeout",
     )
 
     def __init__(
-        self, stream: trio.abc.Stream, max_message_bytes: int, write_timeout: float = math.inf
+        self,
+        stream: trio.abc.Stream,
+        max_message_bytes: int,
+        write_timeout: float = math.inf,
+        peer: str | None = None,
     ) -> None:
         self.stream = stream
         self.write_timeout = write_timeout
+        self.peer = peer
+        """The client's IP address, if it has one."""
+        self.fault_reported = False
         self.state = State.OPEN
         # Derived from state in _set alone: the per-message paths test a bool, not a
         # frozenset of members (an enum member's hash is a Python call).
@@ -168,7 +178,14 @@ class WebSocket:
         self._pings_sent = 0
 
     def __repr__(self) -> str:
-        return f"<WebSocket {id(self):#x} {self.state.value}>"
+        peer = "" if self.peer is None else f" from {self.peer}"
+        return f"<WebSocket {id(self):#x}{peer} {self.state.value}>"
+
+    def report_fault(self, fault: str) -> None:
+        """Log a fault of the client's: its first one only, at the fault log's rate."""
+        if not self.fault_reported:
+            self.fault_reported = True
+            FAULTS.report(self, fault)
 
     def _closed_error(self) -> ConnectionClosed:
         if self._close is None:
@@ -253,6 +270,7 @@ class WebSocket:
                 self._set(State.CLOSED)
         error = reader.error
         if error is not None and self._readable:
+            self.report_fault(f"close {error.code}: {error.reason}")
             self._close = Close(error.code, error.reason)
             if self.state is State.OPEN:
                 replies.append(close_frame(error.code, error.reason))
@@ -357,6 +375,7 @@ class WebSocket:
                 self._lost()  # half a frame may be out: nothing more can go after it
                 raise
             if timer.cancelled_caught:  # the peer does not read: the same as a failure
+                self.report_fault(f"a write not taken within {self.write_timeout}s: cut")
                 self._lost()
                 if self._close is None:
                     self._close = Close(CloseCode.ABNORMAL, "write timeout")
@@ -433,7 +452,11 @@ async def refuse_unavailable(stream: trio.abc.Stream) -> None:
 
 
 async def accept_websocket(
-    stream: trio.abc.Stream, path: str, max_message_bytes: int, write_timeout: float = math.inf
+    stream: trio.abc.Stream,
+    path: str,
+    max_message_bytes: int,
+    write_timeout: float = math.inf,
+    peer: str | None = None,
 ) -> tuple[WebSocket, dict[str, list[str]]] | None:
     """Read the HTTP upgrade request and answer it.
 
@@ -441,12 +464,14 @@ async def accept_websocket(
     for another path gets 404, a request that is not an upgrade 400, and anything that
     is not HTTP is dropped: those return None. Bound it with a deadline.
     """
+    where = f"a connection from {peer}" if peer else "a connection"
     received = b""
     checked = 0  # LFs before this were looked at
     while (end := received.find(b"\r\n\r\n")) < 0:
         if len(received) > _MAX_REQUEST_BYTES:
             break
         if _bare_line_feed(received, checked):
+            FAULTS.report(where, "400: a request line not ended by CR LF")
             await stream.send_all(_BAD_REQUEST)
             return None
         checked = len(received)
@@ -455,6 +480,7 @@ async def accept_websocket(
             return None
         received += data
     if end < 0 or end + 4 > _MAX_REQUEST_BYTES:  # the bound counts however the bytes came
+        FAULTS.report(where, "431: request head too large")
         await stream.send_all(_TOO_LARGE)
         return None
     # A GET upgrade has no body: frames the client sent at once come right after it.
@@ -463,6 +489,7 @@ async def accept_websocket(
     protocol.receive_data(head)
     events = protocol.events_received()
     if not events:  # not HTTP, or headers too large (then websockets has an answer)
+        FAULTS.report(where, "not an HTTP request")
         answer = b"".join(protocol.data_to_send())
         if answer:
             await stream.send_all(answer)
@@ -476,10 +503,12 @@ async def accept_websocket(
     elif url.path != path:
         response = protocol.reject(404, "no such endpoint\n")
     protocol.send_response(response)
+    if response.status_code != 101:
+        FAULTS.report(where, f"{response.status_code}: {response.reason_phrase}")
     await stream.send_all(b"".join(protocol.data_to_send()))
     if response.status_code != 101:
         return None
-    ws = WebSocket(stream, max_message_bytes, write_timeout)
+    ws = WebSocket(stream, max_message_bytes, write_timeout, peer)
     if early:
         await ws._feed(early)
     return ws, parse_qs(url.query)
