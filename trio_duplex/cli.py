@@ -6,10 +6,11 @@ import argparse
 import gc
 import logging
 import math
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import trio
@@ -19,6 +20,9 @@ from .engines.api import load_engine_factory
 from .server.server import DuplexServer
 
 log = logging.getLogger("trio_duplex")
+
+EXIT_ABANDONED = 70  # EX_SOFTWARE (sysexits.h)
+"""The exit status of ``serve`` when it stopped with abandoned engines still running."""
 
 
 def serve_flags() -> list[tuple[str, attrs.Attribute[Any], Flag]]:
@@ -111,11 +115,25 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
+    """Serve until a signal has drained the server; a second signal exits at once.
+
+    Both ways out that cannot wait for trio leave through ``_exit_now``: a task that
+    ignores cancellation (an abandoned engine) can be neither awaited nor stopped, so
+    neither cancelling the nursery nor returning from trio.run would ever finish."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
             async def serve(*, task_status: trio.TaskStatus[int]) -> None:
                 await server.run_tcp(task_status=task_status)
+                left = server.abandoned_engines
+                if left:
+                    log.error(
+                        "stopped, but %d abandoned engine(s) ignored cancellation and still "
+                        "run: exiting without them (status %d)",
+                        left,
+                        EXIT_ABANDONED,
+                    )
+                    _exit_now(EXIT_ABANDONED)
                 nursery.cancel_scope.cancel()  # drained: stop waiting for signals
 
             port = await nursery.start(serve)
@@ -124,9 +142,12 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
             log.info("serving ws://%s:%d%s (engine %s)", shown, port, server.config.path, engine)
             async for signum in signals:
                 if server.shutting_down:
-                    log.warning("second signal: stopping now")
-                    nursery.cancel_scope.cancel()
-                    break
+                    log.warning(
+                        "second signal (%s): exiting now, without finishing the drain (status %d)",
+                        signal.Signals(signum).name,
+                        128 + signum,
+                    )
+                    _exit_now(128 + signum)
                 log.info(
                     "%s: draining for %ss",
                     signal.Signals(signum).name,
@@ -134,6 +155,14 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
                 )
                 server.begin_shutdown()
     log.info("stopped")
+
+
+def _exit_now(status: int) -> NoReturn:
+    """End the process now, from inside trio.run: flush the logs, then ``os._exit``."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

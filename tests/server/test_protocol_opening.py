@@ -390,7 +390,8 @@ async def test_an_opening_session_holds_a_slot(autojump_clock: MockClock) -> Non
 async def test_a_closing_session_holds_its_slot_until_teardown_finished(
     autojump_clock: MockClock,
 ) -> None:
-    async with running_server(ServerConfig(max_sessions=1), SlowTeardownEngine) as sim:
+    config = ServerConfig(max_sessions=1, engine_stop_timeout_s=60)  # slow, not stuck
+    async with running_server(config, SlowTeardownEngine) as sim:
         first, _ = await sim.open_session()
         await first.send({"type": "session.close"})
         start = trio.current_time()

@@ -782,7 +782,9 @@ async def test_11_client_close_engine_finish_expiry(
     """The three endings arrive in each order. The engine takes a while to tear down
     once cancelled, so the later two arrive while the first one's teardown is running."""
     factory = ScriptedEngine.factory(hold_teardown=True)
-    async with running_server(ServerConfig(idle_ttl_s=60), factory) as sim:
+    # A slow teardown, not a stuck one: it is held past the idle TTL, never abandoned.
+    config = ServerConfig(idle_ttl_s=60, engine_stop_timeout_s=3600)
+    async with running_server(config, factory) as sim:
         client, _ = await sim.open_session()
         session = only_session(sim)
         engine = factory.last

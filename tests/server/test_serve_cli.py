@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import connect
+from websockets.sync.client import ClientConnection, connect
 
-from trio_duplex.cli import main, serve_flags, shown_default
+from trio_duplex.cli import EXIT_ABANDONED, main, serve_flags, shown_default
 from trio_duplex.core.config import ServerConfig
 
 from ..helpers import Serve
@@ -40,6 +43,7 @@ FLAGS = {
     "--config-timeout",
     "--replay-timeout",
     "--drain-timeout",
+    "--engine-stop-timeout",
     "--log-level",
 }
 
@@ -81,6 +85,8 @@ BAD_VALUES = [
     ("--config-timeout", "0"),
     ("--config-timeout", "-0.5"),
     ("--drain-timeout", "-1"),
+    ("--engine-stop-timeout", "-1"),
+    ("--engine-stop-timeout", "soon"),
     ("--log-level", "loud"),
 ]
 
@@ -255,3 +261,55 @@ def test_port_in_use_exits_1_with_a_message() -> None:
     assert "cannot listen" in result.stderr
     assert str(port) in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# -- ending with an engine that ignores its cancellation ---------------------------------
+
+STUBBORN = "tests.server.stubborn_engine:Stubborn"
+ROOT = str(Path(__file__).parents[2])
+
+
+@contextmanager
+def open_stubborn_session(url: str) -> Iterator[ClientConnection]:
+    with connect(url, open_timeout=5, ping_interval=None) as ws:
+        ws.send(json.dumps({"type": "session.update", "session": {}}))
+        assert json.loads(ws.recv(timeout=5))["type"] == "session.created"
+        yield ws
+
+
+@pytest.mark.integration
+def test_sigterm_with_a_stuck_engine_exits_70_after_the_drain_and_the_stop_timeout(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Was: the drain ended the session, then the process waited for the engine for ever.
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    server = serve("--engine", STUBBORN, "--drain-timeout", "0.5", "--engine-stop-timeout", "1")
+    with open_stubborn_session(server.url) as ws:
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert json.loads(ws.recv(timeout=5))["type"] == "session.going_away"
+        closed = json.loads(ws.recv(timeout=10))
+        assert (closed["type"], closed["reason"]) == ("session.closed", "server_shutdown")
+        assert time.monotonic() - started >= 0.5 + 1 - 0.1
+        with pytest.raises(ConnectionClosed) as info:
+            ws.recv(timeout=5)
+        assert info.value.rcvd is not None and info.value.rcvd.code == 1001
+    assert server.wait(timeout=10) == EXIT_ABANDONED == 70
+    server.wait_for_line(r"ERROR .* did not return within 1\.0s of its cancellation", 5)
+    server.wait_for_line(r"ERROR .* 1 abandoned engine\(s\) .* \(status 70\)", 5)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_second_signal_exits_at_once_even_with_a_stuck_engine(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch, signum: signal.Signals
+) -> None:
+    # Was: the second signal cancelled the server, which then waited for the engine.
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    server = serve("--engine", STUBBORN, "--drain-timeout", "60", "--engine-stop-timeout", "60")
+    with open_stubborn_session(server.url) as ws:
+        server.proc.send_signal(signum)
+        assert json.loads(ws.recv(timeout=5))["type"] == "session.going_away"  # draining
+        server.proc.send_signal(signum)
+        assert server.wait(timeout=10) == 128 + signum
+    server.wait_for_line(rf"WARNING .* second signal \({signum.name}\): exiting now", 5)

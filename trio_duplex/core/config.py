@@ -173,6 +173,14 @@ class ServerConfig:
         validator=_at_least(0),
         metadata=_flag("on SIGINT/SIGTERM, time sessions get before they are closed", SECONDS),
     )
+    engine_stop_timeout_s: float = attrs.field(
+        default=5.0,
+        validator=_at_least(0),
+        metadata=_flag(
+            "time a cancelled engine gets to return before it is abandoned and its slot freed",
+            SECONDS,
+        ),
+    )
     # Not flags: WebSocket keepalive and queue depths are tuned by embedders, not operators.
     ping_interval_s: float = attrs.field(default=20.0, validator=_above(0))
     ping_timeout_s: float = attrs.field(default=20.0, validator=_above(0))

@@ -69,6 +69,9 @@ class ErrorCode(enum.StrEnum):
     INVALID_RESUME_TOKEN = "invalid_resume_token"
     SESSION_RESUME_EXPIRED = "session_resume_expired"
     SESSION_RESUME_CONFLICT = "session_resume_conflict"
+    ENGINE_ERROR = "engine_error"
+    """The engine broke before a session existed (its factory, or its check of the first
+    message). Not retryable: the server cannot tell a passing fault from a broken engine."""
 
 
 EXPIRY_REASONS: Final = frozenset({Reason.GRACE_EXPIRED, Reason.IDLE_EXPIRED})

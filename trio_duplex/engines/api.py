@@ -5,7 +5,9 @@ synchronous ``check`` that validates one event's fields, and ``async run(session
 ``run`` is started once the session's ``session.created`` has been delivered, lives in a
 nursery owned by the session (so it survives reconnects), and is cancelled when the
 session ends. Returning ends the session with ``engine_finished``; raising ends it with
-``engine_error``.
+``engine_error``. Once cancelled it must return within the server's
+``engine_stop_timeout_s``; one that does not (it ignores cancellation) is abandoned: its
+session ends without it.
 
 A complete engine::
 

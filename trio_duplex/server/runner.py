@@ -5,6 +5,12 @@ connection's, so the session and its engine outlive connections. It owns the eng
 cancel scope; teardown (the engine gone) happens before the slot is released, and the
 slot is released before the terminal event is queued for the attached connection.
 
+"The engine gone" means it returned, or it was abandoned: an engine that has not
+returned ``engine_stop_timeout_s`` after its cancellation (blocked under a shield, or in
+a thread that cannot be abandoned) is given up on by the timer heap. The session then
+ends without it, and its task, which trio can neither stop nor wait for, is left behind;
+should it ever return, nothing is done a second time.
+
 The runner knows its owner only through ``Owner``, a narrow interface: it never imports
 the server or the sessions module.
 """
@@ -36,6 +42,10 @@ class Owner(Protocol):
 
     close_timeout_s: float
 
+    @property
+    def engine_stop_timeout_s(self) -> float:
+        """How long a cancelled engine may take to return before it is abandoned."""
+
     def reschedule(self, runner: SessionRunner) -> None:
         """The session's next deadline may have moved."""
 
@@ -43,7 +53,11 @@ class Owner(Protocol):
         """The core decided the session's end (report it; the runner tears down)."""
 
     def ended(self, runner: SessionRunner) -> None:
-        """Teardown finished: free the slot and forget the runner."""
+        """Teardown finished (or the engine was abandoned): free the slot and forget the
+        runner."""
+
+    def returned_late(self, runner: SessionRunner) -> None:
+        """The engine of an abandoned runner returned after all."""
 
     def attached(self, runner: SessionRunner, conn: Connection) -> None:
         """``conn`` now carries the session."""
@@ -111,11 +125,17 @@ class SessionRunner:
     """A resuming connection owed the terminal event of a session that ended detached."""
     timer: Entry | None = None
     """Its entry in the timer heap (timers.py)."""
+    abandoned: bool = False
+    """Its engine did not return in time once cancelled: the session ended without it."""
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _pace: Pace = attrs.field(factory=Pace)
     _inbox: Inbox = attrs.field(init=False)
     _budget: ConfigBudget = attrs.field(init=False)
     """The configuration's size, as the updates the engine has queued will leave it."""
+    _returned: bool = False
+    """The engine's ``run`` has returned (or raised)."""
+    _give_up_at: float = math.inf
+    """Once the engine is cancelled: when it is abandoned unless it has returned."""
 
     def __attrs_post_init__(self) -> None:
         self._inbox = Inbox(self.max_pending_input, self.max_input_bytes)
@@ -124,55 +144,86 @@ class SessionRunner:
     # -- lifetime ----------------------------------------------------------------------
 
     async def run(self) -> None:
-        session = self.session
+        reason = Reason.SHUTDOWN  # unless the engine ends first: the server was cancelled
         try:
             with self._scope:
-                await self._run_engine()
+                reason = await self._run_engine()
         finally:
-            self._inbox.close()
-            self._inbox.clear()  # nobody will read it: free it now
-            if session.terminal is None:  # the server itself was cancelled
-                self.end(Reason.SHUTDOWN)
-            self.owner.ended(self)
-            terminal = session.terminal
-            assert terminal is not None
-            if terminal.generation is None:  # ended detached: only a resumer can hear it
-                target = self.resumer
-            elif self.conn is not None and self.conn.generation == terminal.generation:
-                target = self.conn
+            self._returned = True
+            if self.abandoned:  # the session ended without it long ago
+                self.owner.returned_late(self)
+                log.info("the abandoned engine of session %s has returned", self.session.id)
             else:
-                target = None
-            if target is not None:
-                target.finish([encode(terminal.event)], terminal.close_code)
-            log.info("session %s ended: %s", session.id, terminal.reason)
+                self.end(reason)  # changes nothing if the end was decided before
+                self._teardown()
 
-    async def _run_engine(self) -> None:
+    async def _run_engine(self) -> Reason:
         handle = EngineSession(self.session.id, self.session.config, self._inbox, self.emit)
         try:
             await self.engine.run(handle)
         except trio.Cancelled:
             raise
         except BaseException as exc:  # whatever an engine raises ends only its session
-            if _only_trio_cancellation(exc):
+            if only_trio_cancellation(exc):
                 raise
             log.error("engine of session %s failed", self.session.id, exc_info=exc)
-            self.end(Reason.ENGINE_ERROR)
+            return Reason.ENGINE_ERROR
+        return Reason.ENGINE_FINISHED
+
+    def _teardown(self) -> None:
+        """The engine is gone (returned, or abandoned): free the slot, then send the
+        terminal event to whoever can still hear it. Runs once."""
+        session = self.session
+        self._inbox.close()
+        self._inbox.clear()  # nobody will read it: free it now
+        self.owner.ended(self)
+        terminal = session.terminal
+        assert terminal is not None
+        if terminal.generation is None:  # ended detached: only a resumer can hear it
+            target = self.resumer
+        elif self.conn is not None and self.conn.generation == terminal.generation:
+            target = self.conn
         else:
-            self.end(Reason.ENGINE_FINISHED)
+            target = None
+        if target is not None:
+            target.finish([encode(terminal.event)], terminal.close_code)
+        log.info("session %s ended: %s", session.id, terminal.reason)
 
     def next_deadline(self) -> float:
-        return self.session.next_deadline()
+        # Until the end is decided the session's deadline; then (the session has none
+        # left) the engine's stop deadline, if it is still running.
+        return min(self.session.next_deadline(), self._give_up_at)
 
     def fire(self, now: float) -> None:
-        """The timer heap: a deadline of this session may have passed."""
+        """The timer heap: a deadline of this session, or of its engine, may have passed."""
+        if now >= self._give_up_at:
+            self._abandon()
+            return
         self.apply(self.session.poll(now))
         self.owner.reschedule(self)
 
     def apply(self, terminal: Terminal | None) -> None:
-        """The core decided the end: tear down (the ``run`` finally does the rest)."""
+        """The core decided the end: cancel the engine (the ``run`` finally tears down)
+        and give it ``engine_stop_timeout_s`` to return."""
         if terminal is not None:
             self.owner.decided(self, terminal)
-            self._scope.cancel()
+            if not self._returned:
+                self._scope.cancel()
+                self._give_up_at = trio.current_time() + self.owner.engine_stop_timeout_s
+                self.owner.reschedule(self)
+
+    def _abandon(self) -> None:
+        """The cancelled engine has not returned in time (it ignores cancellation): end
+        the session without it. Its task stays blocked where it is; ``run`` does nothing
+        more should it return."""
+        self.abandoned = True
+        log.error(
+            "engine of session %s did not return within %ss of its cancellation; "
+            "abandoned (its task is left running, the session ends without it)",
+            self.session.id,
+            self.owner.engine_stop_timeout_s,
+        )
+        self._teardown()
 
     def end(self, reason: Reason) -> None:
         self.apply(self.session.begin_close(reason, trio.current_time()))
@@ -269,6 +320,6 @@ class SessionRunner:
             session.note_client_seq(seq)
 
 
-def _only_trio_cancellation(exc: BaseException) -> bool:
+def only_trio_cancellation(exc: BaseException) -> bool:
     """A group of nothing but trio's own Cancelled (an engine's nursery cancelled)."""
     return isinstance(exc, BaseExceptionGroup) and exc.split(trio.Cancelled)[1] is None

@@ -3,10 +3,8 @@
 Task tree::
 
     DuplexServer.run
-    ├── Sessions.run (sessions.py): the runners' nursery
-    │   ├── Timers.run (every session's deadlines, every connection's next ping)
-    │   └── SessionRunner.run (one per session: runs its engine)
     └── connections nursery
+        ├── Sessions.watch (raises if the sessions task breaks)
         ├── DuplexServer._accept, one per listener: counts connections against
         │   max_connections and max_connections_per_ip
         ├── one task per TCP connection: the handshake, then ``Connection.open``,
@@ -14,6 +12,15 @@ Task tree::
         │   waiting for its pong (connection.py)
         └── one task per connection over a limit, at most ``max_refusing`` at once:
             its request read within a short bound, then 503
+
+    a trio system task, started by ``run`` (``Sessions.open``; sessions.py)
+    └── the runners' nursery
+        ├── Timers.run (every session's deadlines, every connection's next ping)
+        └── SessionRunner.run (one per session: runs its engine)
+
+The runners live outside ``run`` so that an engine that ignores cancellation cannot keep
+``run`` from returning: its session is ended without it after ``engine_stop_timeout_s``,
+and ``abandoned_engines`` counts the tasks left behind.
 
 Nothing that one connection does can raise out of its own task: every error ends that
 connection (1011) and is logged, and the session it held follows docs/protocol.md.
@@ -25,7 +32,7 @@ import errno
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -39,7 +46,7 @@ from ..core.session import State
 from ..core.wire import ConfigBudget, ProtocolError, decode, encode, is_seq
 from ..engines.api import Engine, EngineFactory
 from .connection import Connection
-from .runner import SessionRunner, check_input
+from .runner import CheckFailed, SessionRunner, check_input, only_trio_cancellation
 from .sessions import Observer, Sessions
 from .websocket import ConnectionClosed, WebSocket, accept_websocket, refuse_unavailable
 
@@ -109,20 +116,32 @@ class DuplexServer:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Serve until ``begin_shutdown`` has drained every session."""
-        async with trio.open_nursery() as sessions_nursery:
-            await sessions_nursery.start(self.sessions.run)
+        """Serve until ``begin_shutdown`` has drained every session.
+
+        Returns once every session has ended (its engine returned, or was abandoned
+        ``engine_stop_timeout_s`` after its cancellation) and every connection is closed.
+        Cancelled, it still ends every session (``server_shutdown``) and waits for each
+        engine the same way before it lets the cancellation through. An abandoned
+        engine's task is left running (``abandoned_engines``): trio.run cannot return
+        until it does, so a process that must exit should exit (``os._exit``) rather
+        than return."""
+        sessions = self.sessions
+        try:
+            await sessions.open()
             async with trio.open_nursery() as conns:
+                conns.start_soon(sessions.watch)
                 for listener in listeners:
                     conns.start_soon(self._accept, listener, conns)
                 task_status.started()
                 await self._shutdown.wait()
-                await self.sessions.drain()
+                await sessions.drain()
                 with trio.move_on_after(self.close_timeout_s):
-                    while self.sessions.slots_held or self.connections:
-                        await self.sessions.wait_changed()
+                    while sessions.slots_held or self.connections:
+                        await sessions.wait_changed()
                 conns.cancel_scope.cancel()
-            sessions_nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):  # bounded by engine_stop_timeout_s
+                await sessions.stop()
 
     def begin_shutdown(self) -> None:
         """Refuse new opens and resumes, warn attached clients, and start the drain."""
@@ -148,6 +167,11 @@ class DuplexServer:
     def connections_refused(self) -> int:
         """Connections turned away over a limit since the server started."""
         return self._refused
+
+    @property
+    def abandoned_engines(self) -> int:
+        """Engines that ignored their cancellation, were abandoned, and still run."""
+        return len(self.sessions.abandoned)
 
     def add_observer(self, observer: Observer) -> None:
         """Watch this server's sessions (see ``Observer``)."""
@@ -304,7 +328,7 @@ class DuplexServer:
         try:
             if query.get("autostart") == ["1"]:
                 try:
-                    runner = await self._open(conn, {}, None, self.engine_factory({}))
+                    runner = await self._open(conn, {}, None, self._new_engine({}))
                 except ProtocolError as exc:
                     code = exc.close_code or CloseCode.GOING_AWAY
                     conn.finish([encode(exc.to_event())], code)
@@ -353,9 +377,12 @@ class DuplexServer:
             check_input(None, event)
             config = dict(event["session"])
             ConfigBudget.of(config, self.config.max_config_bytes)  # ProtocolError: too large
-            return await self._open(conn, config, None, self.engine_factory(config))
-        engine = self.engine_factory({})
-        check_input(engine, event)
+            return await self._open(conn, config, None, self._new_engine(config))
+        engine = self._new_engine({})
+        try:
+            check_input(engine, event)
+        except CheckFailed as exc:
+            raise _engine_broke("check of the first message", exc.__cause__ or exc) from None
         if kind == EventType.EVENT_ACK and event.get("server_event_seq") != 0:
             raise ProtocolError(
                 ErrorCode.INVALID_EVENT_ACK,
@@ -363,6 +390,18 @@ class DuplexServer:
                 param="server_event_seq",
             )
         return await self._open(conn, {}, event, engine, size)
+
+    def _new_engine(self, config: Mapping[str, Any]) -> Engine:
+        """The engine of a session about to be admitted. ProtocolError: the engine refused
+        the configuration (``BadEvent``), or it broke (``engine_error``, close 1011)."""
+        try:
+            return self.engine_factory(config)
+        except (ProtocolError, trio.Cancelled):
+            raise
+        except BaseException as exc:  # KeyboardInterrupt, asyncio's CancelledError, ...
+            if only_trio_cancellation(exc):
+                raise
+            raise _engine_broke("factory", exc) from None
 
     async def _open(
         self,
@@ -471,6 +510,17 @@ def _peer_ip(stream: trio.abc.Stream) -> str | None:
             address: str = peer[0]
             return address
     return None
+
+
+def _engine_broke(where: str, exc: BaseException) -> ProtocolError:
+    """The engine failed before a session existed: no slot was taken, and the client is
+    answered ``engine_error`` and closed 1011. The engine's fault: logged at ERROR."""
+    log.error("engine failed in its %s; no session opened", where, exc_info=exc)
+    return ProtocolError(
+        ErrorCode.ENGINE_ERROR,
+        "the engine failed; no session was opened",
+        close_code=CloseCode.INTERNAL_ERROR,
+    )
 
 
 __all__ = ["DuplexServer", "Observer"]

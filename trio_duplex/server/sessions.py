@@ -6,12 +6,21 @@ A session starts here (``start``, once its ``session.created`` is delivered) and
 here (``ended``, called by its runner once the engine is gone): nothing else adds or
 removes a runner, frees a slot or forgets a timer entry.
 
+The runners' nursery and the timer task live in a trio system task of their own
+(``open``), not in the server's task: an engine that ignores cancellation keeps its
+runner's task, and so that nursery, from ever finishing, and trio cannot wait for it or
+stop it. Its session is ended without it (``SessionRunner``, ``engine_stop_timeout_s``);
+the server can still return, and ``abandoned`` says what it leaves behind. What breaks
+that task (a bug: a runner and the timers catch everything an engine does) is handed
+to the server to raise (``watch``), so it does not become a TrioInternalError.
+
 ``Observer`` is how tests (and, later, metrics) watch the sessions: an explicit hook,
 like trio's ``Instrument``, called synchronously at each decision.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 
 import attrs
@@ -51,8 +60,15 @@ class Sessions:
     registry: Registry = attrs.field(init=False)
     timers: Timers = attrs.field(factory=Timers, init=False)
     observers: list[Observer] = attrs.field(factory=list, init=False)
+    abandoned: set[SessionRunner] = attrs.field(factory=set, init=False)
+    """Runners whose engine was abandoned (it ignored cancellation) and has not returned:
+    their sessions have ended, their tasks have not."""
     _runners: dict[str, SessionRunner] = attrs.field(factory=dict, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
+    _stopped: trio.Event = attrs.field(factory=trio.Event, init=False)
+    """The system task has finished (stopped, or broken: see ``_failure``)."""
+    _failure: BaseException | None = attrs.field(default=None, init=False)
     _drain_deadline: float | None = attrs.field(default=None, init=False)
     _drained: bool = attrs.field(default=False, init=False)
     _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
@@ -60,20 +76,54 @@ class Sessions:
     def __attrs_post_init__(self) -> None:
         self.registry = Registry(self.config)
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Hold the runners' nursery and the timer task until cancelled; cancelling
-        ends every session still running (``server_shutdown``)."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self.timers.run)
-            task_status.started()
-            await trio.sleep_forever()
+    async def open(self) -> None:
+        """Start the runners' nursery and the timer task (a system task; see above).
+        Call ``stop`` once done, whatever happens."""
+        ready = trio.Event()
+        trio.lowlevel.spawn_system_task(
+            self._run, ready, name="trio_duplex.Sessions", context=contextvars.copy_context()
+        )
+        await ready.wait()
+
+    async def _run(self, ready: trio.Event) -> None:
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self.timers.run)
+                    ready.set()
+                    await trio.sleep_forever()
+        except BaseException as exc:  # a system task must not raise: ``watch`` will
+            self._failure = exc
+        finally:
+            self._stopped.set()
+            self.changed()
+
+    async def watch(self) -> None:
+        """Run beside the server until cancelled: raises what broke the system task."""
+        await self._stopped.wait()
+        if self._failure is not None:
+            raise self._failure
+        raise RuntimeError("the sessions task stopped before the server")
+
+    async def stop(self) -> None:
+        """End every session still running (``server_shutdown``), wait until each one's
+        engine has returned or been abandoned (``engine_stop_timeout_s`` at most), then
+        stop the timer task. Returns without waiting for abandoned engines' tasks."""
+        await self._end_all()
+        self._scope.cancel()
+        if not self.abandoned:
+            await self._stopped.wait()  # nothing left in it that could block
 
     # -- what the server asks ----------------------------------------------------------
 
     @property
     def slots_held(self) -> int:
         return self.registry.slots_held
+
+    @property
+    def engine_stop_timeout_s(self) -> float:
+        return self.config.engine_stop_timeout_s
 
     @property
     def shutting_down(self) -> bool:
@@ -144,6 +194,12 @@ class Sessions:
         self.registry.release(runner.session)
         del self._runners[runner.session.id]
         self.timers.forget(runner)
+        if runner.abandoned:
+            self.abandoned.add(runner)
+        self.changed()
+
+    def returned_late(self, runner: SessionRunner) -> None:
+        self.abandoned.discard(runner)
         self.changed()
 
     def attached(self, runner: SessionRunner, conn: Connection) -> None:
@@ -167,15 +223,22 @@ class Sessions:
                 conn.push(going)
 
     async def drain(self) -> None:
-        """Wait for the sessions to end until the drain deadline, then end the rest."""
+        """Wait for the sessions to end until the drain deadline, then end the rest, and
+        wait until each one's engine has returned or been abandoned."""
         assert self._drain_deadline is not None, "begin_shutdown first"
         # Slots, not runners: a session still sending its session.created counts too.
         with trio.move_on_at(self._drain_deadline):
             while self.registry.slots_held:
                 await self.wait_changed()
-        self._drained = True
+        await self._end_all()
+
+    async def _end_all(self) -> None:
+        self._drained = True  # a session delivered from now on ends at once (``start``)
         for runner in list(self._runners.values()):
             runner.end(Reason.SHUTDOWN)
+        # Each one returns, or the timer heap abandons it at its engine's stop deadline.
+        while self._runners and not self._stopped.is_set():
+            await self.wait_changed()
 
     def going_away_frame(self) -> str | None:
         """While draining: ``session.going_away`` with the time left now."""
