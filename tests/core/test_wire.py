@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trio_duplex.core import wire
 from trio_duplex.core.wire import MAX_DEPTH, ProtocolError, _loads, decode, encode
 
 json_values = st.recursive(
@@ -135,3 +136,131 @@ def test_a_lone_surrogate_is_refused_at_any_allowed_depth() -> None:
     with pytest.raises(ProtocolError) as info:
         decode(nested(MAX_DEPTH, '"x\\udfff"'))
     assert info.value.message == "strings must not hold lone UTF-16 surrogates"
+
+
+# -- large messages, decoded in slices -------------------------------------------------------
+
+
+def run_steps(text: str | bytes) -> tuple[dict[str, Any], int]:
+    """Drive ``decode_steps`` to its end: the event, and how many times it yielded."""
+    steps = wire.decode_steps(text)
+    yields = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value, yields
+        yields += 1
+
+
+def outcome(decoder: Any, text: str | bytes) -> object:
+    try:
+        return decoder(text)
+    except ProtocolError as exc:
+        return ("error", exc.code)
+
+
+def stepped(text: str | bytes) -> dict[str, Any]:
+    return run_steps(text)[0]
+
+
+json_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet=st.characters(codec="utf-8"), max_size=30)
+)
+json_values = st.recursive(
+    json_leaves,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+spaces = st.text(alphabet=" \t\n\r", max_size=2)
+
+
+@st.composite
+def event_texts(draw: st.DrawFn) -> str:
+    """Event-shaped JSON texts, with odd spacing, and sometimes damaged."""
+    members = draw(st.dictionaries(st.text(max_size=6), json_values, max_size=5))
+    if draw(st.booleans()):
+        members["type"] = draw(st.text(max_size=8))
+    parts = [
+        draw(spaces)
+        + json.dumps(k)
+        + draw(spaces)
+        + ":"
+        + draw(spaces)
+        + json.dumps(v, ensure_ascii=draw(st.booleans()))
+        for k, v in members.items()
+    ]
+    text = draw(spaces) + "{" + draw(spaces) + ",".join(parts) + draw(spaces) + "}" + draw(spaces)
+    damage = draw(st.sampled_from(["none", "none", "cut", "insert", "delete"]))
+    if damage != "none" and text:
+        at = draw(st.integers(0, len(text) - 1))
+        if damage == "cut":
+            text = text[:at]
+        elif damage == "insert":
+            text = text[:at] + draw(st.sampled_from(list('{}[]",:\\ \x01x0'))) + text[at:]
+        else:
+            text = text[:at] + text[at + 1 :]
+    return text
+
+
+@settings(max_examples=600, deadline=None)
+@given(event_texts())
+def test_sliced_decoding_gives_what_decode_gives(text: str) -> None:
+    # Every text through the sliced path (thresholds cut down to a few characters).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(wire, "LARGE", 0)
+        patch.setattr(wire, "SLICE", 3)
+        patch.setattr(wire, "_WALK_SLICE", 2)
+        expected = outcome(decode, text)
+        if text.lstrip(" \t\n\r")[:1] != "{":
+            # Not an object: refused unparsed (decode would say bad_event or invalid_json).
+            assert outcome(stepped, text) == ("error", "bad_event")
+        else:
+            assert outcome(stepped, text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"type":"x","s":"\\ud800"}',  # a lone surrogate by escape
+        '{"type":"x","s":"a\\"b","t":"\\u00e9\\n"}',  # escapes: the C parser's string
+        '{"type":"x","n":' + "[" * 40 + "]" * 40 + "}",  # too deep
+        '{"type":"x","n":NaN}',
+        '{"type":"x","n":1e999}',
+        '{"type":"x","s":"a\x01b"}',  # a raw control character
+        '{"type":"x","s":"never closed}',
+        '{"type":"x"} trailing',
+        '{"type":"x",}',
+        '{"type":"x","event_id":7}',
+        '{"type":3}',
+        '{"a":1,"a":2,"type":"x"}',  # the last of a repeated key wins, as in decode
+    ],
+)
+def test_sliced_decoding_of_edge_cases(text: str) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(wire, "LARGE", 0)
+        patch.setattr(wire, "SLICE", 4)
+        assert outcome(stepped, text) == outcome(decode, text)
+
+
+def test_a_large_audio_append_is_decoded_in_many_small_steps() -> None:
+    # Was: one 14 MiB message was parsed in one go on the event loop, stalling every
+    # other session for its length. Now it yields at least once per SLICE characters.
+    audio = "QUJD" * (1 << 20)  # 4 MiB of base64
+    text = json.dumps({"type": "input_audio_buffer.append", "audio": audio, "event_id": "e"})
+    event, yields = run_steps(text)
+    assert event == {"type": "input_audio_buffer.append", "audio": audio, "event_id": "e"}
+    assert yields >= len(text) // wire.SLICE
+    # Small messages take the plain path: no yield.
+    assert run_steps('{"type":"x"}') == ({"type": "x"}, 0)
+
+
+def test_a_large_text_that_is_not_an_object_is_refused_unparsed() -> None:
+    text = "[" + "1," * wire.LARGE + "1]"
+    assert outcome(stepped, text) == ("error", "bad_event")

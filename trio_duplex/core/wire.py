@@ -10,7 +10,7 @@ import json
 import json.scanner
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import attrs
@@ -100,8 +100,19 @@ def _check_structure(value: object, surrogates: bool) -> None:
     """Refuse nesting deeper than MAX_DEPTH and (if ``surrogates``) strings that hold a
     lone surrogate. A loop with its own stack, not recursion: no input can reach the
     interpreter's recursion limit here."""
+    for _ in _check_structure_steps(value, surrogates, math.inf):
+        pass
+
+
+def _check_structure_steps(value: object, surrogates: bool, every: float) -> Iterator[None]:
+    """``_check_structure``, yielding after each ``every`` items looked at."""
     stack: list[tuple[object, int]] = [(value, 1)]
+    count = 0
     while stack:
+        count += 1
+        if count >= every:
+            count = 0
+            yield
         item, depth = stack.pop()
         if isinstance(item, str):
             if surrogates and _SURROGATE.search(item) is not None:
@@ -155,6 +166,11 @@ class ProtocolError(Exception):
         return f"{self.code}: {self.message}"
 
 
+def _invalid_json() -> ProtocolError:
+    # A new one each time: a raised exception keeps its traceback, and so the text.
+    return ProtocolError(ErrorCode.INVALID_JSON, "frame is not valid JSON")
+
+
 def decode(text: str | bytes) -> dict[str, Any]:
     """Parse one client frame into an event dict with a string ``type``.
 
@@ -166,7 +182,7 @@ def decode(text: str | bytes) -> dict[str, Any]:
     try:
         event = _loads(text)
     except (ValueError, RecursionError):
-        raise ProtocolError(ErrorCode.INVALID_JSON, "frame is not valid JSON") from None
+        raise _invalid_json() from None
     if not isinstance(event, dict):
         raise ProtocolError(ErrorCode.BAD_EVENT, "an event must be a JSON object")
     # Valid UTF-8 on the wire can still decode to a lone surrogate through a \u escape;
@@ -175,6 +191,11 @@ def decode(text: str | bytes) -> dict[str, Any]:
     surrogates = "\\ud" in text or "\\uD" in text
     if surrogates or text.count("[") + text.count("{") > MAX_DEPTH:
         _check_structure(event, surrogates)
+    return _checked(event)
+
+
+def _checked(event: dict[str, Any]) -> dict[str, Any]:
+    """The checks of an event's own fields, once it is parsed and its structure checked."""
     event_id = event.get("event_id")
     if event_id is not None and not isinstance(event_id, str):
         raise ProtocolError(ErrorCode.BAD_EVENT, "event_id must be a string", param="event_id")
@@ -226,6 +247,104 @@ class ConfigBudget:
     def commit(self, measured: tuple[dict[str, int], int]) -> None:
         sizes, self.total = measured
         self._fields.update(sizes)
+
+
+# -- large messages, in slices ---------------------------------------------------------
+
+LARGE = 64 * 1024
+"""Messages of at least this many characters are decoded in slices (``decode_steps``)."""
+SLICE = 256 * 1024
+"""About how many characters a sliced decode scans between two yields."""
+_WALK_SLICE = 16 * 1024
+"""How many values a sliced structure check looks at between two yields."""
+
+
+_STRING_STOP = re.compile(r'["\\\x00-\x1f]')
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def decode_steps(text: str | bytes) -> Generator[None, None, dict[str, Any]]:
+    """``decode`` as a generator that yields between slices of work, so that a driver
+    can let other tasks run while a large message is decoded; its return value is the
+    event, and it raises what ``decode`` raises.
+
+    Below ``LARGE`` it yields nothing. From ``LARGE`` on it takes the top-level object
+    one member at a time, and scans a string member without escapes (base64 audio, plain
+    text) ``SLICE`` characters at a time, with the checks ``decode`` makes done in
+    slices too. A member of another kind (an array, an object, a string with escapes)
+    is parsed in one call of the C parser, and so blocks for as long as that takes. A
+    large text that does not begin with ``{`` is refused as not an object, unparsed.
+    The result is ``decode``'s for every text (tests/core/test_wire.py checks it).
+    """
+    if not isinstance(text, str) or len(text) < LARGE:
+        return decode(text)
+    event: dict[str, Any] = {}
+    at = _SPACE.match(text).end()  # type: ignore[union-attr]  # (it matches "" at least)
+    if text[at : at + 1] != "{":
+        raise ProtocolError(ErrorCode.BAD_EVENT, "an event must be a JSON object")
+    at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+    end = len(text)
+    try:
+        if text[at : at + 1] == "}":
+            at += 1
+        else:
+            while True:
+                if text[at : at + 1] != '"':
+                    raise _invalid_json()
+                key, at = _scan(text, at)
+                at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+                if text[at : at + 1] != ":":
+                    raise _invalid_json()
+                at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+                if text[at : at + 1] == '"':
+                    value, at = yield from _string_steps(text, at)
+                else:
+                    value, at = _scan(text, at)
+                    yield
+                event[key] = value
+                at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+                separator = text[at : at + 1]
+                at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+                if separator == "}":
+                    break
+                if separator != ",":
+                    raise _invalid_json()
+    except (ValueError, RecursionError, StopIteration):
+        raise _invalid_json() from None
+    if _SPACE.match(text, at).end() != end:  # type: ignore[union-attr]
+        raise _invalid_json()  # extra data after the object
+    surrogates = nested = False
+    brackets = 0
+    for start in range(0, end, SLICE):
+        stop = min(end, start + SLICE + 2)  # "\ud" across the cut is seen whole
+        surrogates = surrogates or text.find("\\ud", start, stop) >= 0
+        surrogates = surrogates or text.find("\\uD", start, stop) >= 0
+        brackets += text.count("[", start, start + SLICE) + text.count("{", start, start + SLICE)
+        yield
+    nested = brackets > MAX_DEPTH
+    if surrogates or nested:
+        yield from _check_structure_steps(event, surrogates, _WALK_SLICE)
+    return _checked(event)
+
+
+def _string_steps(text: str, at: int) -> Generator[None, None, tuple[str, int]]:
+    """The string that opens at ``text[at]``, and where it ends: without escapes or
+    control characters it is scanned in slices; otherwise the C parser takes it."""
+    start = at + 1
+    scan = start
+    end = len(text)
+    while True:
+        found = _STRING_STOP.search(text, scan, min(end, scan + SLICE))
+        if found is not None:
+            if text[found.start()] != '"':  # an escape or a control character
+                value: str
+                value, after = _scan(text, at)
+                return value, after
+            return text[start : found.start()], found.end()
+        scan += SLICE
+        if scan >= end:
+            raise _invalid_json()  # never closed
+        yield
 
 
 def is_seq(value: object) -> bool:

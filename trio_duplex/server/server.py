@@ -43,7 +43,7 @@ from ..core.events import ErrorCode, Event, EventType
 from ..core.frames import CloseCode
 from ..core.replay import Replay
 from ..core.session import State
-from ..core.wire import ConfigBudget, ProtocolError, decode, encode, is_seq
+from ..core.wire import LARGE, ConfigBudget, ProtocolError, decode, decode_steps, encode, is_seq
 from ..engines.api import Engine, EngineFactory
 from .connection import Connection
 from .runner import CheckFailed, SessionRunner, check_input, only_trio_cancellation
@@ -355,7 +355,7 @@ class DuplexServer:
             try:
                 if waiting.cancelled_caught:
                     raise _CONFIG_TIMEOUT
-                event = decode(text)
+                event = decode(text) if len(text) < LARGE else await _decode_large(text)
                 if event["type"] == EventType.RESUME:
                     return await self._resume(conn, event)
                 return await self._open_with(conn, event, len(text))
@@ -486,7 +486,8 @@ class DuplexServer:
         while conn.close_code is None:
             text = await get()
             try:
-                event = decode(text)
+                # A large message is decoded in slices, letting other sessions run.
+                event = decode(text) if len(text) < LARGE else await _decode_large(text)
             except ProtocolError as exc:
                 conn.ws.report_fault(str(exc))
                 conn.push(encode(exc.to_event()))
@@ -496,6 +497,18 @@ class DuplexServer:
         # sends the last frames.
         while True:
             await get()
+
+
+async def _decode_large(text: str | bytes) -> Event:
+    """``decode``, with a checkpoint between slices of the work (``decode_steps``)."""
+    steps = decode_steps(text)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            event: Event = done.value
+            return event
+        await trio.lowlevel.checkpoint()
 
 
 def _peer_ip(stream: trio.abc.Stream) -> str | None:
