@@ -3,6 +3,7 @@ promptly, whatever the bytes and however they arrive."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 from trio.testing import MockClock
 
@@ -46,6 +47,37 @@ async def test_a_request_with_bare_line_feeds_gets_400_at_once(
         answer = await raw_http(sim, HEAD.replace("\r\n", "\n").encode() + b"\n")
         assert status_of(answer) == 400
         assert trio.current_time() == start
+
+
+@pytest.mark.parametrize(
+    ("request_text", "why"),
+    [
+        (HEAD + "Content-Length: 5\r\n\r\nhello", b"an upgrade request has no body"),
+        (
+            HEAD + "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            b"transfer codings are not supported",
+        ),
+        # Smuggling-shaped: both, which a proxy and the server might read differently.
+        (
+            HEAD + "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"transfer codings are not supported",
+        ),
+        ("POST /v1/duplex HTTP/1.1\r\nHost: sim\r\nContent-Length: 2\r\n\r\nhi", b"no body"),
+        ("GARBAGE\r\n\r\n", b"not a valid HTTP/1.1 request"),
+    ],
+)
+async def test_requests_with_a_body_or_not_http_get_400_at_once(
+    autojump_clock: MockClock, raw_http: RawHttp, request_text: str, why: bytes
+) -> None:
+    # Was: a silent close.
+    async with running_server() as sim:
+        start = trio.current_time()
+        answer = await raw_http(sim, request_text.encode())
+        assert status_of(answer) == 400
+        assert why in answer
+        assert b"GARBAGE" not in answer  # nothing of the request is echoed
+        assert trio.current_time() == start
+        assert sim.server.slots_held == 0
 
 
 async def test_the_whole_upgrade_is_bounded_by_handshake_timeout(

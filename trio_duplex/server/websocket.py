@@ -420,6 +420,16 @@ _UNAVAILABLE = _answer(
 )
 
 
+def _refusal_reason(exc: BaseException | None) -> str:
+    """Why websockets refused a request head, in a fixed text (never the client's)."""
+    cause = exc.__cause__ if exc is not None else None
+    if isinstance(cause, NotImplementedError):
+        return "transfer codings are not supported"
+    if isinstance(cause, ValueError) and "body" in str(cause):
+        return "an upgrade request has no body"
+    return "not a valid HTTP/1.1 request"
+
+
 def _bare_line_feed(head: bytes, start: int) -> bool:
     """A line ended by LF alone at or after ``start``: never a valid upgrade, and its
     "\r\n\r\n" may never come."""
@@ -488,11 +498,10 @@ async def accept_websocket(
     protocol = ServerProtocol(logger=_quiet)
     protocol.receive_data(head)
     events = protocol.events_received()
-    if not events:  # not HTTP, or headers too large (then websockets has an answer)
-        FAULTS.report(where, "not an HTTP request")
-        answer = b"".join(protocol.data_to_send())
-        if answer:
-            await stream.send_all(answer)
+    if not events:  # not an HTTP request websockets takes: say why, in our words
+        why = _refusal_reason(protocol.handshake_exc)
+        FAULTS.report(where, f"400: {why}")
+        await stream.send_all(_answer("400 Bad Request", why + "\n"))
         return None
     request = events[0]
     assert isinstance(request, Request)
