@@ -151,3 +151,34 @@ async def test_a_ping_on_a_broken_socket_ends_the_connection(autojump_clock: Any
             await trio.sleep_forever()  # cancelled: the ping found the socket broken
         reached = True
     assert reached
+
+
+async def test_a_client_that_stops_reading_is_cut_after_the_write_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Real sockets: the kernel's buffers fill, then the write waits; with the clock
+    # jumping, exactly write_timeout_s later the connection is cut and the session
+    # detaches. Was: a write waited for as long as the client did not read (the pings
+    # behind it bounded it only at ping_interval + ping_timeout).
+    async with real_server(
+        write_timeout_s=7.0, ping_interval_s=1000.0, journal_max_bytes=64 << 20
+    ) as (server, port, factory):
+        client = await open_session(port)
+        engine = factory.last
+        await engine.started.wait()
+        (session,) = server.sessions.registry.sessions.values()
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+
+                async def produce() -> None:
+                    for i in range(400):  # 100 MB: far more than any socket buffer
+                        await engine.emit(f"{i:03d}:" + "y" * 250_000)
+                    await trio.sleep_forever()
+
+                start = trio.current_time()
+                nursery.start_soon(produce)
+                while session.state.value != "detached":
+                    await server.wait_changed()
+                assert trio.current_time() - start == 7.0  # the clock only jumps at the wait
+                nursery.cancel_scope.cancel()
+        await client.stream.aclose()

@@ -361,7 +361,17 @@ class WebSocket:
         try:
             if self.broken:
                 raise self._closed_error()
-            tail = self._direct.take_tail()
+            direct = self._direct
+            tail = direct.take_tail()
+            if data and direct.fd >= 0:
+                # What the socket takes now needs no await, and no timer: only what it
+                # leaves (its buffer is full) waits, under the write timeout.
+                if not direct.write(tail + data if tail else data):
+                    self._lost()  # reset, broken pipe
+                    raise self._closed_error()
+                tail, data = direct.take_tail(), b""
+                if not tail:
+                    return
             try:
                 with trio.move_on_after(self.write_timeout) as timer:
                     if data is None:
