@@ -77,26 +77,26 @@ async def test_once_open_a_connection_takes_messages_up_to_max_event_bytes(
 async def test_the_input_queue_is_bounded_in_bytes(autojump_clock: MockClock) -> None:
     # Was: 256 events whatever their size (256 x 15 MiB waiting for a slow engine).
     factory = ScriptedEngine.factory(gated=True)  # takes one event, then waits for us
-    config = ServerConfig(max_input_bytes=3000, max_pending_input=256)
+    config = ServerConfig(max_input_bytes=16_000, max_pending_input=256)
     async with running_server(config, factory) as sim:
         client, _ = await sim.open_session()
         engine = factory.last
-        await client.send({"type": "input.text.append", "text": "0" * 900})
+        await client.send({"type": "input.text.append", "text": "0" * 5000})
         await settle()  # the engine holds it; the queue is empty again
         for i in range(1, 5):
-            await client.send({"type": "input.text.append", "text": f"{i}" * 900})
+            await client.send({"type": "input.text.append", "text": f"{i}" * 5000})
         await client.send({"type": "session.heartbeat"})
         answers: list[dict[str, Any]] = []
         while (event := await client.receive())["type"] != "session.heartbeat_ack":
             answers.append(event)
-        # Three ~940-byte events fit in 3000 bytes; the fourth is refused, retryable.
+        # Three ~5 KB events fit in 16,000 bytes; the fourth is refused, retryable.
         assert [(a["type"], a.get("code")) for a in answers] == [("error", "input_backpressure")]
         assert answers[0]["retryable"] is True
         engine.release(4)
         await settle()
         assert [e["text"][0] for e in engine.received] == ["0", "1", "2", "3"]
         # Taken by the engine: the room is back.
-        await client.send({"type": "input.text.append", "text": "4" * 900})
+        await client.send({"type": "input.text.append", "text": "4" * 5000})
         engine.release(1)
         await settle()
         assert [e["text"][0] for e in engine.received] == ["0", "1", "2", "3", "4"]

@@ -86,14 +86,18 @@ class Inbox:
     the runner can see how many events are waiting (see ``SessionRunner.emit``).
 
     Bounded twice: at most ``bound`` events, and at most ``max_bytes`` of them by the
-    ``size`` each was put with (its message's length, as the server received it).
+    ``size`` each was put with (its message's length, as the server received it). Only
+    events of ``COUNTED`` bytes or more are counted: the smaller ones, at most ``bound``
+    of them, are bounded by their number, and cost nothing per event here.
     """
 
-    __slots__ = ("_bound", "_bytes", "_closed", "_events", "_max_bytes", "_sizes", "_waiter")
+    __slots__ = ("_big", "_bound", "_bytes", "_closed", "_events", "_max_bytes", "_waiter")
+
+    COUNTED = 4096
 
     def __init__(self, bound: int, max_bytes: float = math.inf) -> None:
         self._events: deque[Event] = deque()
-        self._sizes: deque[int] = deque()
+        self._big: dict[int, int] = {}  # id() of each counted event queued: its size
         self._bound = bound
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -105,6 +109,7 @@ class Inbox:
 
     @property
     def queued_bytes(self) -> int:
+        """The counted events' bytes."""
         return self._bytes
 
     def put_nowait(self, event: Event, size: int = 0) -> None:
@@ -114,11 +119,14 @@ class Inbox:
         if self._closed:
             raise trio.ClosedResourceError("the session has ended")
         events = self._events
-        if len(events) >= self._bound or (events and self._bytes + size > self._max_bytes):
+        if len(events) >= self._bound:
             raise trio.WouldBlock
+        if size >= self.COUNTED:
+            if events and self._bytes + size > self._max_bytes:
+                raise trio.WouldBlock
+            self._big[id(event)] = size  # (a queued event's id is not reused)
+            self._bytes += size
         events.append(event)
-        self._sizes.append(size)
-        self._bytes += size
         if self._waiter:
             self._waiter.unpark()
 
@@ -130,14 +138,16 @@ class Inbox:
     def clear(self) -> None:
         """Drop what is queued (its receiver is gone)."""
         self._events.clear()
-        self._sizes.clear()
+        self._big.clear()
         self._bytes = 0
 
     def get_nowait(self) -> Event:
         """The next event; trio.WouldBlock if none, trio.EndOfChannel once closed."""
         if self._events:
-            self._bytes -= self._sizes.popleft()
-            return self._events.popleft()
+            event = self._events.popleft()
+            if self._big:
+                self._bytes -= self._big.pop(id(event), 0)
+            return event
         if self._closed:
             raise trio.EndOfChannel
         raise trio.WouldBlock

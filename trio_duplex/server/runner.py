@@ -285,7 +285,7 @@ class SessionRunner:
             check_input(self.engine, event)
             kind = event["type"]
             if kind not in _ANSWERED_HERE:  # for the engine (session.update too)
-                self._to_engine(event, size)
+                self._to_engine(event, kind, size)
             elif kind == EventType.HEARTBEAT:
                 conn.push(encode(events.heartbeat_ack(session.id)))
             elif kind == EventType.EVENT_ACK:
@@ -300,24 +300,35 @@ class SessionRunner:
             log.error("engine of session %s failed in check", session.id, exc_info=exc.__cause__)
             self.end(Reason.ENGINE_ERROR)
 
-    def _to_engine(self, event: Event, size: int) -> None:
+    def _to_engine(self, event: Event, kind: str, size: int) -> None:
         seq = event.get("client_event_seq")
         session = self.session
         if seq is not None and not session.is_new_client_seq(seq):
             return  # a resend of something already received
-        measured = None
-        if event["type"] == _UPDATE:
-            measured = self._budget.check(event["session"])
+        if kind == _UPDATE:
+            self._update_to_engine(event, size)
+        else:
+            try:
+                self._inbox.put_nowait(event, size)
+            except trio.WouldBlock:
+                raise _backpressure() from None
+        if seq is not None:
+            session.note_client_seq(seq)
+
+    def _update_to_engine(self, event: Event, size: int) -> None:
+        """Queue a ``session.update`` if the configuration it leaves fits its bound."""
+        measured = self._budget.check(event["session"])
         try:
             self._inbox.put_nowait(event, size)
         except trio.WouldBlock:
-            raise ProtocolError(
-                ErrorCode.INPUT_BACKPRESSURE, "the session's input queue is full; retry later"
-            ) from None
-        if measured is not None:
-            self._budget.commit(measured)
-        if seq is not None:
-            session.note_client_seq(seq)
+            raise _backpressure() from None
+        self._budget.commit(measured)
+
+
+def _backpressure() -> ProtocolError:
+    return ProtocolError(
+        ErrorCode.INPUT_BACKPRESSURE, "the session's input queue is full; retry later"
+    )
 
 
 def only_trio_cancellation(exc: BaseException) -> bool:

@@ -482,12 +482,12 @@ class DuplexServer:
         return runner
 
     async def _read(self, conn: Connection, runner: SessionRunner) -> None:
-        get, handle = conn.ws.get_message, runner.handle
+        get, handle, large = conn.ws.get_message, runner.handle, LARGE
         while conn.close_code is None:
             text = await get()
             try:
                 # A large message is decoded in slices, letting other sessions run.
-                event = decode(text) if len(text) < LARGE else await _decode_large(text)
+                event = decode(text) if len(text) < large else await _decode_large(text)
             except ProtocolError as exc:
                 conn.ws.report_fault(str(exc))
                 conn.push(encode(exc.to_event()))
