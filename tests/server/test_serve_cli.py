@@ -34,6 +34,7 @@ FLAGS = {
     "--config-timeout",
     "--replay-timeout",
     "--drain-timeout",
+    "--loop-lag-warning",
     "--log-level",
 }
 
@@ -71,6 +72,8 @@ BAD_VALUES = [
     ("--config-timeout", "0"),
     ("--config-timeout", "-0.5"),
     ("--drain-timeout", "-1"),
+    ("--loop-lag-warning", "-0.1"),
+    ("--loop-lag-warning", "soon"),
     ("--log-level", "loud"),
 ]
 

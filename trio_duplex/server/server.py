@@ -2,7 +2,7 @@
 
 Task tree::
 
-    DuplexServer.run
+    DuplexServer.run (and, beside the loop, the watchdog thread: watchdog.py)
     ├── Sessions.run (sessions.py): the runners' nursery
     │   ├── Timers.run (every session's deadlines, every connection's next ping)
     │   └── SessionRunner.run (one per session: runs its engine)
@@ -38,6 +38,7 @@ from ..engines.api import Engine, EngineFactory
 from .connection import Connection
 from .runner import SessionRunner, check_input
 from .sessions import Observer, Sessions
+from .watchdog import watching_the_loop
 from .websocket import ConnectionClosed, WebSocket, accept_websocket
 
 log = logging.getLogger("trio_duplex")
@@ -84,19 +85,20 @@ class DuplexServer:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Serve until ``begin_shutdown`` has drained every session."""
-        async with trio.open_nursery() as sessions_nursery:
-            await sessions_nursery.start(self.sessions.run)
-            async with trio.open_nursery() as conns:
-                for listener in listeners:
-                    conns.start_soon(self._accept, listener, conns)
-                task_status.started()
-                await self._shutdown.wait()
-                await self.sessions.drain()
-                with trio.move_on_after(self.close_timeout_s):
-                    while self.sessions.slots_held or self.connections:
-                        await self.sessions.wait_changed()
-                conns.cancel_scope.cancel()
-            sessions_nursery.cancel_scope.cancel()
+        with watching_the_loop(self.config.loop_lag_warning_s):
+            async with trio.open_nursery() as sessions_nursery:
+                await sessions_nursery.start(self.sessions.run)
+                async with trio.open_nursery() as conns:
+                    for listener in listeners:
+                        conns.start_soon(self._accept, listener, conns)
+                    task_status.started()
+                    await self._shutdown.wait()
+                    await self.sessions.drain()
+                    with trio.move_on_after(self.close_timeout_s):
+                        while self.sessions.slots_held or self.connections:
+                            await self.sessions.wait_changed()
+                    conns.cancel_scope.cancel()
+                sessions_nursery.cancel_scope.cancel()
 
     def begin_shutdown(self) -> None:
         """Refuse new opens and resumes, warn attached clients, and start the drain."""
