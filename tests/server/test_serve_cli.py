@@ -44,6 +44,7 @@ FLAGS = {
     "--replay-timeout",
     "--drain-timeout",
     "--engine-stop-timeout",
+    "--loop-lag-warning",
     "--log-level",
 }
 
@@ -87,6 +88,8 @@ BAD_VALUES = [
     ("--drain-timeout", "-1"),
     ("--engine-stop-timeout", "-1"),
     ("--engine-stop-timeout", "soon"),
+    ("--loop-lag-warning", "-0.1"),
+    ("--loop-lag-warning", "soon"),
     ("--log-level", "loud"),
 ]
 

@@ -181,6 +181,11 @@ class ServerConfig:
             SECONDS,
         ),
     )
+    loop_lag_warning_s: float = attrs.field(
+        default=0.1,
+        validator=_at_least(0),
+        metadata=_flag("warn when the event loop is blocked longer than this; 0: off", SECONDS),
+    )
     # Not flags: WebSocket keepalive and queue depths are tuned by embedders, not operators.
     ping_interval_s: float = attrs.field(default=20.0, validator=_above(0))
     ping_timeout_s: float = attrs.field(default=20.0, validator=_above(0))

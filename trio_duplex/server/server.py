@@ -2,7 +2,7 @@
 
 Task tree::
 
-    DuplexServer.run
+    DuplexServer.run (and, beside the loop, the watchdog thread: watchdog.py)
     └── connections nursery
         ├── Sessions.watch (raises if the sessions task breaks)
         ├── DuplexServer._accept, one per listener: counts connections against
@@ -48,6 +48,7 @@ from ..engines.api import Engine, EngineFactory
 from .connection import Connection
 from .runner import CheckFailed, SessionRunner, check_input, only_trio_cancellation
 from .sessions import Observer, Sessions
+from .watchdog import watching_the_loop
 from .websocket import ConnectionClosed, WebSocket, accept_websocket, refuse_unavailable
 
 log = logging.getLogger("trio_duplex")
@@ -125,23 +126,24 @@ class DuplexServer:
         engine's task is left running (``abandoned_engines``): trio.run cannot return
         until it does, so a process that must exit should exit (``os._exit``) rather
         than return."""
-        sessions = self.sessions
-        try:
-            await sessions.open()
-            async with trio.open_nursery() as conns:
-                conns.start_soon(sessions.watch)
-                for listener in listeners:
-                    conns.start_soon(self._accept, listener, conns)
-                task_status.started()
-                await self._shutdown.wait()
-                await sessions.drain()
-                with trio.move_on_after(self.close_timeout_s):
-                    while sessions.slots_held or self.connections:
-                        await sessions.wait_changed()
-                conns.cancel_scope.cancel()
-        finally:
-            with trio.CancelScope(shield=True):  # bounded by engine_stop_timeout_s
-                await sessions.stop()
+        with watching_the_loop(self.config.loop_lag_warning_s):
+            sessions = self.sessions
+            try:
+                await sessions.open()
+                async with trio.open_nursery() as conns:
+                    conns.start_soon(sessions.watch)
+                    for listener in listeners:
+                        conns.start_soon(self._accept, listener, conns)
+                    task_status.started()
+                    await self._shutdown.wait()
+                    await sessions.drain()
+                    with trio.move_on_after(self.close_timeout_s):
+                        while sessions.slots_held or self.connections:
+                            await sessions.wait_changed()
+                    conns.cancel_scope.cancel()
+            finally:
+                with trio.CancelScope(shield=True):  # bounded by engine_stop_timeout_s
+                    await sessions.stop()
 
     def begin_shutdown(self) -> None:
         """Refuse new opens and resumes, warn attached clients, and start the drain."""
