@@ -24,6 +24,7 @@ from trio.testing import MockClock
 from websockets.sync.client import connect
 
 from trio_duplex import Engine, EngineSession, Event, ServerConfig
+from trio_duplex.server import watchdog
 from trio_duplex.server.watchdog import THREAD_NAME
 from trio_duplex.testing import SimClient, running_server
 
@@ -51,6 +52,11 @@ class Released(logging.Handler):
         """Block the calling thread (the loop's) until the watchdog has reported it."""
         assert self.reports.acquire(timeout=10), "no watchdog report within 10 s"  # HERE
         time.sleep(then_s)  # a stall that goes on after the report
+
+
+@pytest.fixture(autouse=True)
+def every_stall_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watchdog, "QUIET_S", 0.0)  # (the rate has a test of its own)
 
 
 @pytest.fixture
@@ -239,3 +245,27 @@ def test_serve_warns_of_a_blocking_engine(
     who = f"by the engine of session {session_id}, at {place}"
     server.wait_for_line(rf" WARNING trio_duplex: event loop blocked for over 0\.2s {who}", 10)
     server.wait_for_line(rf" WARNING trio_duplex: event loop unblocked after [\d.]+s {who}", 10)
+
+
+async def test_stalls_soon_after_a_report_are_counted_not_logged(
+    autojump_clock: MockClock,
+    caplog: pytest.LogCaptureFixture,
+    released: Released,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An engine that blocks at every frame would write two lines a frame: after a
+    # report, the next QUIET_S only count (at DEBUG), and the next report says so.
+    caplog.set_level(logging.DEBUG, "trio_duplex")  # the counted ones release the engine too
+    monkeypatch.setattr(watchdog, "QUIET_S", 3600.0)
+    async with running_server(WATCHED, blocking(released, "run")) as sim:
+        client, _ = await sim.open_session()
+        for _ in range(3):
+            await blocking_echo(client)
+        monkeypatch.setattr(watchdog, "QUIET_S", 0.0)  # as if the hour had passed
+        await blocking_echo(client, 2 * THRESHOLD)
+    lines = watchdog_lines(caplog, block_line())
+    warnings = [r.getMessage() for r in lines if r.levelno == logging.WARNING]
+    counted = [r for r in lines if r.levelno == logging.DEBUG]
+    assert [w.split()[2] for w in warnings] == ["blocked", "unblocked"] * 2
+    assert "; 2 more stalls since the last report, the longest " in warnings[2]
+    assert len(counted) == 4  # the two quiet stalls, blocked and unblocked each

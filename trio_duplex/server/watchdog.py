@@ -84,6 +84,14 @@ def watching_the_loop(threshold_s: float) -> Iterator[None]:
         thread.join()
 
 
+QUIET_S = 10.0
+"""After a stall is reported, further stalls within this time are counted, not logged:
+the next report says how many and the longest (an engine that blocks every frame would
+otherwise write two lines per frame)."""
+
+_SILENT = "\x00"  # starts the ``where`` of a stall counted, not logged at WARNING
+
+
 class _Watchdog:
     def __init__(
         self,
@@ -93,6 +101,9 @@ class _Watchdog:
         root: trio.lowlevel.Task | None,
     ) -> None:
         self._threshold_s = threshold_s
+        self._reported_at = -math.inf
+        self._unreported = 0
+        self._longest = 0.0
         self._token = token
         self._loop_thread = loop_thread
         self._root = root
@@ -143,15 +154,32 @@ class _Watchdog:
                 return
 
     def _blocked(self) -> str:
-        """Report a stall: whose code is running now, and where."""
+        """Report a stall: whose code is running now, and where (or, within QUIET_S of
+        the last report, only count it)."""
         try:
             where = self._where()
         except Exception as exc:  # never let the thread die over a stack it could not read
             where = f" (its stack could not be read: {exc!r})"
-        log.warning("event loop blocked for over %gs%s", self._threshold_s, where)
+        if time.monotonic() < self._reported_at + QUIET_S:
+            self._unreported += 1
+            log.debug("event loop blocked for over %gs%s (counted)", self._threshold_s, where)
+            return _SILENT + where
+        earlier = ""
+        if self._unreported:
+            earlier = (
+                f"; {self._unreported} more stalls since the last report, the longest "
+                f"{self._longest:.3f}s"
+            )
+            self._unreported, self._longest = 0, 0.0
+        log.warning("event loop blocked for over %gs%s%s", self._threshold_s, where, earlier)
         return where
 
     def _unblocked(self, seconds: float, where: str) -> None:
+        if where.startswith(_SILENT):
+            self._longest = max(self._longest, seconds)
+            log.debug("event loop unblocked after %.3fs%s (counted)", seconds, where[1:])
+            return
+        self._reported_at = time.monotonic()
         log.warning("event loop unblocked after %.3fs%s", seconds, where)
 
     # -- whose code blocks it -------------------------------------------------------------
