@@ -1,4 +1,5 @@
-"""The benchmark harness's pure helpers: fast and deterministic, no process, no socket.
+"""The benchmark harness's pure helpers: fast and deterministic, no process, no socket;
+and one tiny soak (a few seconds, every kind of session) against a real server.
 
 The benchmarks themselves run with ``python -m benchmarks``, never in the test suite.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the root off
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import _plan, _stats, _workload  # noqa: E402
+from benchmarks import _plan, _stats, _workload, soak  # noqa: E402
 
 
 def test_percentile_interpolates_like_numpy_linear() -> None:
@@ -94,3 +96,59 @@ def test_workload_frames_have_the_sizes_the_issue_names() -> None:
     assert json.loads(_workload.ack(7)) == {"type": "session.event_ack", "server_event_seq": 7}
     burst = json.loads(_workload.burst_frame(3))
     assert burst["server_event_seq"] == 3 and burst["text"] == _workload.TEXT
+
+
+def test_soak_splits_the_mix_and_fits_the_rss() -> None:
+    mix = soak.parse_mix("voice=73,hostile=15,resume=10,abuse=2")
+    assert soak.allocate(1000, mix) == {"voice": 730, "hostile": 150, "resume": 100, "abuse": 20}
+    assert soak.allocate(4, mix) == {"voice": 1, "hostile": 1, "resume": 1, "abuse": 1}
+    assert sum(soak.allocate(7, mix).values()) == 7
+    assert soak.split({"voice": 3, "hostile": 1, "resume": 0, "abuse": 0}, 2) == [
+        [2, 1, 0, 0],
+        [1, 0, 0, 0],
+    ]
+    with pytest.raises(ValueError):
+        soak.parse_mix("voice=1,readers=2")
+    assert soak.least_squares([0, 1, 2, 3], [1, 3, 5, 7]) == pytest.approx((2.0, 1.0))
+    # 100 MiB, rising 1 MiB a minute: 60 s of warm-up left out, 4 minutes fitted.
+    samples = [{"t": t, "rss": (100 + t / 60) * 2**20} for t in range(0, 301, 5)]
+    flat = soak.rss_verdict(samples, 60, tolerance_pct=5, tolerance_mib=16)
+    assert flat["slope_mib_per_min"] == pytest.approx(1.0)
+    assert flat["fitted_rise_mib"] == pytest.approx(4.0)
+    assert flat["passed"] is True and flat["tolerance_mib"] == 16
+    grows = soak.rss_verdict(samples, 60, tolerance_pct=1, tolerance_mib=2)
+    assert grows["passed"] is False
+    assert soak.rss_verdict(samples[:2], 0, 5, 16)["passed"] is None
+
+
+def test_soak_exactly_once_needs_a_resume_and_no_violation() -> None:
+    ok = {"resume.ok": 3, "resume.sessions_checked": 1}
+    assert soak.exactly_once(ok, [], resumers=1)["held"] is True
+    assert soak.exactly_once({}, [], resumers=1)["held"] is False  # nothing was shown
+    assert soak.exactly_once({}, [], resumers=0)["held"] is None
+    broken = {**ok, "eo.gap": 1, "eo.violations": 1}
+    assert soak.exactly_once(broken, ["resume s: seq 9 after 7 (gap)"], resumers=1)["held"] is False
+
+
+@pytest.mark.integration
+def test_soak_runs_a_tiny_mix_end_to_end(tmp_path: Path) -> None:
+    """A few seconds of every kind against a real server, so the script cannot rot."""
+    out = tmp_path / "soak.json"
+    argv = [
+        sys.executable, "-m", "benchmarks.soak", "--sessions", "8", "--minutes", "0.04",
+        "--warmup", "0.5", "--sample-every", "0.2", "--ramp", "0.2", "--lifetime", "1,1.5",
+        "--talk", "0.2,0.4", "--pause", "0.1,0.3", "--resume-pause", "0.1,0.3",
+        "--drop-after", "0.1,0.3", "--tolerance-mib", "1000", "--no-pin",
+        "--log-level", "warning", "--out", str(out),
+    ]  # fmt: skip
+    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(out.read_text())
+    counts = report["counts"]
+    assert report["settings"]["counts"] == {"voice": 5, "hostile": 1, "resume": 1, "abuse": 1}
+    assert report["exactly_once"]["held"] is True, report["exactly_once"]
+    assert counts["resume.ok"] >= 1 and counts["events"] > 0 and counts["hostile.opened"] >= 1
+    assert counts.get("abuse.fragmented_ok", 0) >= 1
+    assert not soak.problems(counts), counts
+    assert len(report["samples"]) >= 10 and report["rss"]["passed"] is True
+    assert "## Soak: 8 sessions" in run.stdout and "**Verdict: PASS**" in run.stdout
