@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 import tracemalloc
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -1042,7 +1041,8 @@ def test_frame_error_carries_code_and_reason() -> None:
 # -- 5. a large message in small chunks ---------------------------------------------------
 
 
-def test_one_mib_message_in_4_kib_chunks_is_fast() -> None:
+def test_one_mib_message_in_4_kib_chunks() -> None:
+    # (Its speed is the benchmarks' business, not a timed assertion's: see docs/benchmarks.md.)
     payload = random.Random(1).randbytes(1 << 20)
     text = ("ünïcødé 😀 " * 70000).encode()[: 1 << 20].decode(errors="ignore")
     fragmented = b"".join(
@@ -1057,24 +1057,18 @@ def test_one_mib_message_in_4_kib_chunks_is_fast() -> None:
     stream = frame(Opcode.BINARY, payload) + frame(Opcode.TEXT, text.encode()) + fragmented
     chunks = cut(stream, range(4096, len(stream), 4096))
     reader = FrameReader((1 << 20) + 16 * 14)  # and the fragments' 14-byte headers
-    start = time.perf_counter()
     items = feed(reader, chunks)
-    elapsed = time.perf_counter() - start
     assert reader.error is None
     pings = [Control(Opcode.PING, b"%d" % i) for i in range(0, len(payload), 65536)]
     assert len(items) == 3 + len(pings)
     assert items[0] == payload
     assert items[1] == text
     assert items[2:] == [*pings[:-1], payload, pings[-1]]
-    assert elapsed < 0.5, f"{len(chunks)} chunks took {elapsed:.3f}s"
 
 
 def test_many_small_frames_in_odd_chunks() -> None:
     stream = b"".join(frame(Opcode.TEXT, b"m%d" % i) for i in range(5000))
     reader = FrameReader(BIG)
-    start = time.perf_counter()
     items = feed(reader, cut(stream, range(0, len(stream), 4093)))
-    elapsed = time.perf_counter() - start
     assert items == [f"m{i}" for i in range(5000)]
     assert reader.error is None
-    assert elapsed < 0.5
