@@ -21,6 +21,11 @@ def fresh_fault_log() -> Iterator[None]:
     FAULTS.reset()
 
 
+def stall(record: logging.LogRecord) -> bool:
+    """The watchdog's report of a loop held up by an overloaded machine: not ours."""
+    return record.getMessage().startswith("event loop ")
+
+
 def fault_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if "client fault" in r.getMessage()]
 
@@ -67,7 +72,7 @@ async def test_a_connection_that_keeps_failing_is_one_info_line(
     assert len(lines) == 1
     assert lines[0].levelno == logging.INFO and lines[0].exc_info is None
     assert "invalid_json" in lines[0].getMessage()
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and not stall(r)]
 
 
 async def test_a_flood_of_failing_connections_is_rate_limited(
@@ -86,4 +91,4 @@ async def test_a_flood_of_failing_connections_is_rate_limited(
     # keeps a flood well under one a connection.
     assert 20 <= len(lines) < 60
     assert all("1002" in r.getMessage() and r.levelno == logging.INFO for r in lines)
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and not stall(r)]
