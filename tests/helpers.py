@@ -135,7 +135,7 @@ async def raw_handshake(client: RawClient, path: str) -> Any:
 
 # -- over real sockets: the serve command as a subprocess ---------------------------------
 
-READY = re.compile(r"serving (ws://\S+)")
+READY = re.compile(r"serving (wss?://\S+)")
 
 
 @attrs.define(eq=False)
@@ -187,7 +187,7 @@ class ServerProcess:
 
     @property
     def port(self) -> int:
-        match = re.match(r"ws://[^/]*:(\d+)/", self.url)
+        match = re.match(r"wss?://[^/]*:(\d+)/", self.url)
         assert match, self.url
         return int(match.group(1))
 

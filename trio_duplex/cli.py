@@ -38,12 +38,20 @@ def serve_flags() -> list[tuple[str, attrs.Attribute[Any], Flag]]:
 def shown_default(field: attrs.Attribute[Any]) -> str:
     """The default as ``--help`` (and the README) show it: 8 MiB, 30, 127.0.0.1."""
     value: Any = field.default
+    if field.metadata[FLAG].shown is not None:
+        return str(field.metadata[FLAG].shown)
     if field.metadata[FLAG].metavar == BYTES and value % KiB == 0:
         return f"{value // MiB} MiB" if value % MiB == 0 else f"{value // KiB} KiB"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-_KINDS: dict[object, Callable[[str], Any]] = {int: int, float: float, str: str}
+_KINDS: dict[object, Callable[[str], Any]] = {
+    int: int,
+    float: float,
+    str: str,
+    str | None: str,
+    tuple[str, ...]: str,  # a repeatable flag
+}
 
 
 def _parse(field: attrs.Attribute[Any]) -> Callable[[str], Any]:
@@ -57,8 +65,11 @@ def _parse(field: attrs.Attribute[Any]) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if field.validator is None:  # checked with the others (TLS: both or neither)
+            return value
+        given: Any = (value,) if _repeatable(field) else value
         try:  # every other field at its default: a refusal is this value's
-            ServerConfig(**{field.name: value})
+            ServerConfig(**{field.name: given})
         except ConfigError as exc:
             raise argparse.ArgumentTypeError(f"{text!r} {exc.rule}") from None
         return value
@@ -66,15 +77,21 @@ def _parse(field: attrs.Attribute[Any]) -> Callable[[str], Any]:
     return parse
 
 
+def _repeatable(field: attrs.Attribute[Any]) -> bool:
+    return bool(field.type == tuple[str, ...])
+
+
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run a trio-duplex server", description="Run a server.")
     p.add_argument("--engine", default="echo", help="echo, voice, or package.module:factory (echo)")
     for flag, field, meta in serve_flags():
+        default: Any = field.default
         p.add_argument(
             flag,
             dest=field.name,
             type=_parse(field),
-            default=field.default,
+            default=list(default) if _repeatable(field) else default,
+            action="append" if _repeatable(field) else "store",
             metavar=meta.metavar,
             help=f"{meta.help} ({shown_default(field)})",
         )
@@ -84,10 +101,17 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(func=_serve)
 
 
+def _flag_of(name: str) -> str:
+    return "--" + name.removesuffix("_s").replace("_", "-")
+
+
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         config = ServerConfig(**{f.name: getattr(args, f.name) for _, f, _ in serve_flags()})
         factory = load_engine_factory(args.engine)
+        server = DuplexServer(config, factory)  # reads the TLS files: TLSError
+    except ConfigError as exc:
+        parser.error(f"{_flag_of(exc.field)} {exc.rule.replace('tls_', '--tls-')}")
     except ValueError as exc:
         parser.error(str(exc))
     logging.basicConfig(
@@ -95,7 +119,6 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    server = DuplexServer(config, factory)
     failed: list[OSError] = []
     # Everything loaded so far lives as long as the process: keep it out of the cyclic
     # collector's full passes, which otherwise walk it all (~11 ms here, a visible share
@@ -139,7 +162,14 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
             port = await nursery.start(serve)
             host = server.config.host
             shown = f"[{host}]" if ":" in host else host
-            log.info("serving ws://%s:%d%s (engine %s)", shown, port, server.config.path, engine)
+            log.info(
+                "serving %s://%s:%d%s (engine %s)",
+                server.scheme,
+                shown,
+                port,
+                server.config.path,
+                engine,
+            )
             async for signum in signals:
                 if server.shutting_down:
                     log.warning(

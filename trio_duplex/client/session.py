@@ -27,6 +27,7 @@ import enum
 import logging
 import math
 import random
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal, cast
@@ -150,8 +151,10 @@ class ClientSession:
         on_change: Callable[[ConnectionChange], None] | None,
         open_stream: StreamFactory | None,
         rng: random.Random,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._url = url
+        self._ssl = ssl_context
         self._core = state
         self._options = options
         self._on_change = on_change
@@ -436,6 +439,14 @@ class ClientSession:
                 return loss
         except InvalidURI as exc:
             raise ServerRefused(None, f"cannot connect: {exc}") from exc
+        except trio.BrokenResourceError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ssl.SSLCertVerificationError):  # retrying will not help
+                why = cause.verify_message or cause.reason
+                raise ServerRefused(None, f"TLS: the server's certificate: {why}") from exc
+            if attached:
+                return _Loss(describe(exc))
+            raise _AttemptFailed(describe(exc)) from exc
         except InvalidStatus as exc:
             status = exc.response.status_code
             if 400 <= status < 500 and status != 429:  # e.g. 404: a wrong path stays wrong
@@ -457,6 +468,7 @@ class ClientSession:
         async with _ws_connect(
             self._url,
             stream=stream,
+            ssl=self._ssl,
             compression=None,
             proxy=None,
             open_timeout=max(deadline - trio.current_time(), 0.001),
@@ -558,6 +570,7 @@ async def connect(
     on_change: Callable[[ConnectionChange], None] | None = None,
     open_stream: StreamFactory | None = None,
     rng: random.Random | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[ClientSession]:
     """Open a session (configured with ``session``), or resume one (``resume``), and keep
     it attached until the block is left.
@@ -570,8 +583,11 @@ async def connect(
 
     ``on_change`` is called with Attached / Disconnected / Retrying as the connection
     comes and goes. ``open_stream`` replaces the TCP connection (tests), ``rng`` the
-    backoff jitter's randomness.
+    backoff jitter's randomness. ``ssl_context`` is the TLS of a ``wss://`` URL (None:
+    the system's trusted certificates), e.g. ``ssl.create_default_context(cafile=...)``.
     """
+    if ssl_context is not None and not url.startswith("wss://"):
+        raise ValueError("ssl_context needs a wss:// URL")
     opts = options or ClientOptions()
     if resume is not None:
         if session is not None:
@@ -586,6 +602,7 @@ async def connect(
         on_change=on_change,
         open_stream=open_stream,
         rng=rng or random.Random(),
+        ssl_context=ssl_context,
     )
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import signal
+import ssl
 import sys
 import urllib.parse
 import wave
@@ -52,7 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Interactive client: lines in, events out. Ctrl-C closes the session, "
         "a second Ctrl-C detaches.",
     )
-    p.add_argument("url", metavar="URL", help=f"ws://HOST:PORT{DEFAULT_PATH} (path optional)")
+    p.add_argument(
+        "url", metavar="URL", help=f"ws://HOST:PORT{DEFAULT_PATH} or wss://... (path optional)"
+    )
+    p.add_argument(
+        "--ca",
+        metavar="FILE",
+        help="trust the server certificates this PEM file signs (wss://; default: the system's)",
+    )
     p.add_argument("--json", action="store_true", help="print each event as raw JSON")
     p.add_argument("--session", metavar="JSON", default="{}", help="configuration of a new session")
     p.add_argument("--resume", metavar="SESSION_ID", help="resume this session instead")
@@ -302,6 +310,16 @@ async def run(
         if not isinstance(config, dict):
             printer.status("--session must be a JSON object")
             return 2
+    ssl_context = None
+    if args.ca:
+        if not _full_url(args.url).startswith("wss://"):
+            printer.status("--ca needs a wss:// URL")
+            return 2
+        try:
+            ssl_context = ssl.create_default_context(cafile=args.ca)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            printer.status(f"--ca {args.ca}: {getattr(exc, 'strerror', None) or exc}")
+            return 2
     options = ClientOptions(
         reconnect=ReconnectPolicy(max_attempts=args.max_attempts, deadline=args.reconnect_deadline)
     )
@@ -315,6 +333,7 @@ async def run(
             on_change=printer.change,
             open_stream=open_stream,
             rng=rng,
+            ssl_context=ssl_context,
         ) as session:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(state.show_events, session)

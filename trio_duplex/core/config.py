@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -67,13 +67,31 @@ class Flag:
 
     help: str
     metavar: str | None = None  # None: argparse's, the field's name in capitals
+    shown: str | None = None
+    """The default as ``--help`` and the README say it, when the value would not do."""
 
 
 FLAG = "trio_duplex.flag"
 
 
-def _flag(help: str, metavar: str | None = None) -> dict[str, Flag]:
-    return {FLAG: Flag(help, metavar)}
+def _flag(help: str, metavar: str | None = None, shown: str | None = None) -> dict[str, Flag]:
+    return {FLAG: Flag(help, metavar, shown)}
+
+
+def _is_origin(value: str) -> bool:
+    """``*``, or an origin as a browser sends it: ``scheme://host[:port]``, no path."""
+    scheme, sep, rest = value.partition("://")
+    return value == "*" or (bool(scheme and sep and rest) and "/" not in rest and " " not in rest)
+
+
+def _strings(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+_origins = _Rule(
+    "must be * or an origin such as https://app.example.com (no path, no trailing /)",
+    lambda value: all(_is_origin(origin) for origin in value),
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -86,6 +104,25 @@ class ServerConfig:
     )
     path: str = attrs.field(
         default=DEFAULT_PATH, validator=_path, metadata=_flag("WebSocket endpoint path")
+    )
+    # TLS: both or neither (checked in __attrs_post_init__); the files are read by
+    # DuplexServer, which the core leaves to the shell.
+    tls_cert: str | None = attrs.field(
+        default=None,
+        metadata=_flag("PEM certificate chain; with --tls-key, serve wss://", "FILE", "none"),
+    )
+    tls_key: str | None = attrs.field(
+        default=None, metadata=_flag("PEM private key of --tls-cert", "FILE", "none")
+    )
+    allow_origin: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_strings,
+        validator=_origins,
+        metadata=_flag(
+            "an upgrade whose Origin header is another gets HTTP 403; repeatable, * for any",
+            "ORIGIN",
+            "any",
+        ),
     )
     max_sessions: int = attrs.field(
         default=64, validator=_at_least(1), metadata=_flag("session slots")
@@ -193,6 +230,13 @@ class ServerConfig:
     """Client events queued for the engine before ``input_backpressure``."""
     max_pending_output: int = attrs.field(default=256, validator=_at_least(1))
     """Frames queued for a connection before the engine's ``send`` waits."""
+
+    def __attrs_post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given, missing = (
+                ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
+            )
+            raise ConfigError(given, getattr(self, given), f"needs {missing} too (TLS takes both)")
 
     def limits(self) -> dict[str, Any]:
         """The ``limits`` object of ``session.created``."""

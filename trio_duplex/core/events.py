@@ -16,6 +16,8 @@ from typing import Any, Final
 
 PROTOCOL_VERSION: Final = 1
 DEFAULT_PATH: Final = "/v1/duplex"
+SUBPROTOCOL: Final = "trio-duplex"
+"""The WebSocket subprotocol selected when a client offers it (docs/protocol.md)."""
 
 Event = dict[str, Any]
 

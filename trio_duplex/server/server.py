@@ -32,6 +32,7 @@ import errno
 import logging
 import math
 import os
+import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,6 +49,7 @@ from ..engines.api import Engine, EngineFactory
 from .connection import Connection
 from .runner import CheckFailed, SessionRunner, check_input, only_trio_cancellation
 from .sessions import Observer, Sessions
+from .tls import server_ssl_context, tls_handshake
 from .watchdog import watching_the_loop
 from .websocket import ConnectionClosed, WebSocket, accept_websocket, refuse_unavailable
 
@@ -85,6 +87,9 @@ class DuplexServer:
     """How long a closing connection may take to send its last frames and close."""
     max_refusing: int = 64
     """Connections over a limit answered (503) at once; more are closed unanswered."""
+    ssl_context: ssl.SSLContext | None = attrs.field(default=None, kw_only=True)
+    """TLS for ``run_tcp`` (wss://); None: built from ``config.tls_cert`` and
+    ``tls_key`` when they are set (TLSError if they cannot be used), else plain ws://."""
     sessions: Sessions = attrs.field(init=False)
     connections: set[Connection] = attrs.field(factory=set, init=False)
     """The connections past their handshake (see ``open_connections`` for all)."""
@@ -98,6 +103,14 @@ class DuplexServer:
 
     def __attrs_post_init__(self) -> None:
         self.sessions = Sessions(self.config, self.close_timeout_s)
+        cert, key = self.config.tls_cert, self.config.tls_key
+        if self.ssl_context is None and cert is not None and key is not None:
+            self.ssl_context = server_ssl_context(cert, key)
+
+    @property
+    def scheme(self) -> str:
+        """``wss`` when ``run_tcp`` serves TLS, else ``ws``."""
+        return "ws" if self.ssl_context is None else "wss"
 
     # -- running -----------------------------------------------------------------------
 
@@ -107,8 +120,14 @@ class DuplexServer:
         """Listen on ``config.host:config.port``; reports the bound port when ready."""
         listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
         port: int = listeners[0].socket.getsockname()[1]
+        serving: Sequence[trio.abc.Listener[Any]] = listeners
+        if self.ssl_context is not None:
+            # The TLS handshake happens in each connection's task (_handle_stream).
+            serving = [
+                trio.SSLListener(lsn, self.ssl_context, https_compatible=True) for lsn in listeners
+            ]
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.run, listeners)
+            await nursery.start(self.run, serving)
             task_status.started(port)
 
     async def run(
@@ -236,6 +255,8 @@ class DuplexServer:
         try:
             accepted = None
             with trio.move_on_after(self.config.handshake_timeout_s):
+                if isinstance(stream, trio.SSLStream) and not await tls_handshake(stream, ip):
+                    return
                 # Until it carries a session, a connection's messages are small: the
                 # first one is a configuration or a resume, not audio.
                 accepted = await accept_websocket(
@@ -244,6 +265,7 @@ class DuplexServer:
                     self.config.first_message_bytes,
                     self.config.write_timeout_s,
                     ip,
+                    origins=self.config.allow_origin,
                 )
             if accepted is not None:
                 await self._serve(*accepted)
@@ -516,6 +538,8 @@ async def _decode_large(text: str | bytes) -> Event:
 def _peer_ip(stream: trio.abc.Stream) -> str | None:
     """The peer's IP address, or None: not a socket (in-memory streams), not IP (a
     Unix socket's peer name is a string), or the peer is gone already."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
     if isinstance(stream, trio.SocketStream):
         try:
             peer = stream.socket.getpeername()

@@ -30,14 +30,16 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from urllib.parse import parse_qs, urlsplit
 
 import trio
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
+from websockets.typing import Origin, Subprotocol
 
 from .._pace import Pace
+from ..core.events import SUBPROTOCOL
 from ..core.frames import (
     Close,
     CloseCode,
@@ -440,6 +442,20 @@ def _refusal_reason(exc: BaseException | None) -> str:
     return "not a valid HTTP/1.1 request"
 
 
+def _select_subprotocol(_: ServerProtocol, offered: Sequence[Subprotocol]) -> Subprotocol | None:
+    """``trio-duplex`` if offered, else none (never another: a bearer credential offered
+    as ``trio-duplex.bearer.KEY`` must not be echoed back)."""
+    return Subprotocol(SUBPROTOCOL) if SUBPROTOCOL in offered else None
+
+
+def _allowed_origins(origins: Sequence[str]) -> list[Origin | None] | None:
+    """websockets' ``origins``: None accepts any; a request without Origin (not a
+    browser) is always accepted."""
+    if not origins or "*" in origins:
+        return None
+    return [*(Origin(origin) for origin in origins), None]
+
+
 def _bare_line_feed(head: bytes, start: int) -> bool:
     """A line ended by LF alone at or after ``start``: never a valid upgrade, and its
     "\r\n\r\n" may never come."""
@@ -477,11 +493,14 @@ async def accept_websocket(
     max_message_bytes: int,
     write_timeout: float = math.inf,
     peer: str | None = None,
+    *,
+    origins: Sequence[str] = (),
 ) -> tuple[WebSocket, dict[str, list[str]]] | None:
     """Read the HTTP upgrade request and answer it.
 
     A valid upgrade for ``path`` gets 101 and returns the WebSocket and the query; one
-    for another path gets 404, a request that is not an upgrade 400, and anything that
+    for another path gets 404, one whose Origin header is not in ``origins`` (when
+    given, and not ``*``) 403, a request that is not an upgrade 400, and anything that
     is not HTTP is dropped: those return None. Bound it with a deadline.
     """
     where = f"a connection from {peer}" if peer else "a connection"
@@ -505,7 +524,9 @@ async def accept_websocket(
         return None
     # A GET upgrade has no body: frames the client sent at once come right after it.
     head, early = received[: end + 4], received[end + 4 :]
-    protocol = ServerProtocol(logger=_quiet)
+    protocol = ServerProtocol(
+        origins=_allowed_origins(origins), select_subprotocol=_select_subprotocol, logger=_quiet
+    )
     protocol.receive_data(head)
     events = protocol.events_received()
     if not events:  # not an HTTP request websockets takes: say why, in our words
@@ -517,7 +538,9 @@ async def accept_websocket(
     assert isinstance(request, Request)
     url = urlsplit(request.path)
     response = protocol.accept(request)
-    if response.status_code != 101:
+    if response.status_code == 403:  # websockets' body quotes the origin: ours does not
+        response = protocol.reject(403, "origin not allowed\n")
+    elif response.status_code != 101:
         response = protocol.reject(400, "this endpoint takes WebSocket upgrade requests\n")
     elif url.path != path:
         response = protocol.reject(404, "no such endpoint\n")
