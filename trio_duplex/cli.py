@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import logging
 import math
 import os
@@ -17,7 +18,9 @@ import trio
 
 from .core.config import BYTES, FLAG, ConfigError, Flag, KiB, MiB, ServerConfig
 from .engines.api import load_engine_factory
+from .logs import FORMATS, LEVELS, configure
 from .server.server import DuplexServer
+from .settings import Layers
 
 log = logging.getLogger("trio_duplex")
 
@@ -62,7 +65,8 @@ def _parse(field: attrs.Attribute[Any]) -> Callable[[str], Any]:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            number = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {number}") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         if field.validator is None:  # checked with the others (TLS: both or neither)
@@ -81,7 +85,9 @@ def _repeatable(field: attrs.Attribute[Any]) -> bool:
     return bool(field.type == tuple[str, ...])
 
 
-def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _serve_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run a trio-duplex server", description="Run a server.")
     p.add_argument("--engine", default="echo", help="echo, voice, or package.module:factory (echo)")
     for flag, field, meta in serve_flags():
@@ -96,9 +102,23 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             help=f"{meta.help} ({shown_default(field)})",
         )
     p.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
+        "--log-level", default="info", type=str.lower, choices=LEVELS, help="any case (info)"
+    )
+    p.add_argument(
+        "--log-format",
+        default="text",
+        type=str.lower,
+        choices=FORMATS,
+        help="json: one object per line (text)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a TOML file of these settings, keys named like the flags (max_sessions); "
+        "a flag wins over TRIO_DUPLEX_<FLAG> in the environment, which wins over the file",
     )
     p.set_defaults(func=_serve)
+    return p
 
 
 def _flag_of(name: str) -> str:
@@ -114,11 +134,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"{_flag_of(exc.field)} {exc.rule.replace('tls_', '--tls-')}")
     except ValueError as exc:
         parser.error(str(exc))
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure(args.log_level, args.log_format)
     failed: list[OSError] = []
     # Everything loaded so far lives as long as the process: keep it out of the cyclic
     # collector's full passes, which otherwise walk it all (~11 ms here, a visible share
@@ -202,8 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return int(connect_main(argv[1:]))
     parser = argparse.ArgumentParser(prog="trio-duplex", description=__doc__)
+    version = importlib.metadata.version("trio-duplex")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version}")
     sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
+    layers = Layers.take(_serve_parser(sub))  # flags win; the rest: environment, file
     sub.add_parser("connect", help="interactive terminal client (see: trio-duplex connect -h)")
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        layers.fill(args, os.environ)
     return int(args.func(parser, args))

@@ -49,6 +49,8 @@ FLAGS = {
     "--engine-stop-timeout",
     "--loop-lag-warning",
     "--log-level",
+    "--log-format",
+    "--config",
 }
 
 

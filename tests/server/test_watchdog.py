@@ -154,6 +154,7 @@ async def test_a_blocked_loop_is_reported_once_with_the_session_and_the_line(
     assert re.search(r" \(inside .*threading\.py:\d+ in \S+\)$", first), first
     assert re.match(rf"event loop unblocked after \d+\.\d+s {re.escape(who)} ", last), last
     assert all(r.levelno == logging.WARNING and r.exc_info is None for r in lines)
+    assert [getattr(r, "session_id", None) for r in lines] == [created["session_id"]] * 2
     assert "Traceback" not in caplog.text
 
 
@@ -183,6 +184,7 @@ async def test_a_stall_outside_any_session_names_the_code_that_runs(
         released.block()  # this test's own task blocks the loop
         await echo(client)
     where = block_line()
+    assert [getattr(r, "session_id", None) for r in watchdog_lines(caplog, where)] == [None] * 2
     lines = [r.getMessage() for r in watchdog_lines(caplog, where)]
     assert len(lines) == 2
     assert lines[0].startswith(f"event loop blocked for over {THRESHOLD}s in task ")

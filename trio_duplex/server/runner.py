@@ -152,7 +152,11 @@ class SessionRunner:
             self._returned = True
             if self.abandoned:  # the session ended without it long ago
                 self.owner.returned_late(self)
-                log.info("the abandoned engine of session %s has returned", self.session.id)
+                log.info(
+                    "the abandoned engine of session %s has returned",
+                    self.session.id,
+                    extra={"session_id": self.session.id},
+                )
             else:
                 self.end(reason)  # changes nothing if the end was decided before
                 self._teardown()
@@ -166,7 +170,12 @@ class SessionRunner:
         except BaseException as exc:  # whatever an engine raises ends only its session
             if only_trio_cancellation(exc):
                 raise
-            log.error("engine of session %s failed", self.session.id, exc_info=exc)
+            log.error(
+                "engine of session %s failed",
+                self.session.id,
+                exc_info=exc,
+                extra={"session_id": self.session.id},
+            )
             return Reason.ENGINE_ERROR
         return Reason.ENGINE_FINISHED
 
@@ -187,7 +196,12 @@ class SessionRunner:
             target = None
         if target is not None:
             target.finish([encode(terminal.event)], terminal.close_code)
-        log.info("session %s ended: %s", session.id, terminal.reason)
+        log.info(
+            "session %s ended: %s",
+            session.id,
+            terminal.reason,
+            extra={"session_id": session.id, "generation": terminal.generation},
+        )
 
     def next_deadline(self) -> float:
         # Until the end is decided the session's deadline; then (the session has none
@@ -222,6 +236,7 @@ class SessionRunner:
             "abandoned (its task is left running, the session ends without it)",
             self.session.id,
             self.owner.engine_stop_timeout_s,
+            extra={"session_id": self.session.id},
         )
         self._teardown()
 
@@ -246,7 +261,12 @@ class SessionRunner:
 
     def connection_lost(self, conn: Connection) -> None:
         if self.session.detach(conn.generation, trio.current_time()):
-            log.info("session %s detached (generation %d)", self.session.id, conn.generation)
+            log.info(
+                "session %s detached (generation %d)",
+                self.session.id,
+                conn.generation,
+                extra={"session_id": self.session.id, "generation": conn.generation},
+            )
             self.owner.reschedule(self)
         if self.conn is conn:
             conn.release_waiters()
@@ -297,7 +317,12 @@ class SessionRunner:
                 conn.ws.report_fault(str(exc))
             conn.push(encode(exc.to_event(event)))
         except CheckFailed as exc:
-            log.error("engine of session %s failed in check", session.id, exc_info=exc.__cause__)
+            log.error(
+                "engine of session %s failed in check",
+                session.id,
+                exc_info=exc.__cause__,
+                extra={"session_id": session.id, "generation": conn.generation},
+            )
             self.end(Reason.ENGINE_ERROR)
 
     def _to_engine(self, event: Event, kind: str, size: int) -> None:

@@ -482,6 +482,7 @@ class DuplexServer:
                     "session %s: resume aborted, replay not written within %ss",
                     session.id,
                     self.config.replay_timeout_s,
+                    extra={"session_id": session.id, "generation": attempt.generation},
                 )
                 return None
             raise
@@ -502,7 +503,12 @@ class DuplexServer:
                 "the session ended during the resume",
             )
         runner.attach(conn, commit)
-        log.info("session %s resumed (generation %d)", session.id, commit.generation)
+        log.info(
+            "session %s resumed (generation %d)",
+            session.id,
+            commit.generation,
+            extra={"session_id": session.id, "generation": commit.generation},
+        )
         return runner
 
     async def _read(self, conn: Connection, runner: SessionRunner) -> None:

@@ -144,7 +144,11 @@ class Sessions:
             self._decided(session, terminal)
         self.registry.release(session)
         self.changed()
-        log.info("session %s: session.created undelivered", session.id)
+        log.info(
+            "session %s: session.created undelivered",
+            session.id,
+            extra={"session_id": session.id},
+        )
 
     def start(self, session: Session, engine: Engine, conn: Connection) -> SessionRunner:
         """``session.created`` was delivered on ``conn``: run the session's engine."""
@@ -168,7 +172,11 @@ class Sessions:
         self.reschedule(runner)
         if self._drained:  # delivered after the drain ended: it ends with the others
             runner.end(Reason.SHUTDOWN)
-        log.info("session %s opened", session.id)
+        log.info(
+            "session %s opened",
+            session.id,
+            extra={"session_id": session.id, "generation": session.generation},
+        )
         return runner
 
     def for_resume(self, session_id: str) -> SessionRunner:

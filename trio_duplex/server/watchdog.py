@@ -113,6 +113,8 @@ class _Watchdog:
         self._answered = 0
         """The newest probe the loop has run, and when (``time.monotonic``)."""
         self._answered_at = 0.0
+        self._session_id: str | None = None
+        """The session whose engine blocked the loop in the current stall, if any."""
 
     def _answer(self, probe: int) -> None:
         """Run by the loop (in trio's entry-queue task): ``probe`` got through."""
@@ -156,13 +158,19 @@ class _Watchdog:
     def _blocked(self) -> str:
         """Report a stall: whose code is running now, and where (or, within QUIET_S of
         the last report, only count it)."""
+        self._session_id = None
         try:
             where = self._where()
         except Exception as exc:  # never let the thread die over a stack it could not read
             where = f" (its stack could not be read: {exc!r})"
         if time.monotonic() < self._reported_at + QUIET_S:
             self._unreported += 1
-            log.debug("event loop blocked for over %gs%s (counted)", self._threshold_s, where)
+            log.debug(
+                "event loop blocked for over %gs%s (counted)",
+                self._threshold_s,
+                where,
+                extra={"session_id": self._session_id},
+            )
             return _SILENT + where
         earlier = ""
         if self._unreported:
@@ -171,16 +179,32 @@ class _Watchdog:
                 f"{self._longest:.3f}s"
             )
             self._unreported, self._longest = 0, 0.0
-        log.warning("event loop blocked for over %gs%s%s", self._threshold_s, where, earlier)
+        log.warning(
+            "event loop blocked for over %gs%s%s",
+            self._threshold_s,
+            where,
+            earlier,
+            extra={"session_id": self._session_id},
+        )
         return where
 
     def _unblocked(self, seconds: float, where: str) -> None:
         if where.startswith(_SILENT):
             self._longest = max(self._longest, seconds)
-            log.debug("event loop unblocked after %.3fs%s (counted)", seconds, where[1:])
+            log.debug(
+                "event loop unblocked after %.3fs%s (counted)",
+                seconds,
+                where[1:],
+                extra={"session_id": self._session_id},
+            )
             return
         self._reported_at = time.monotonic()
-        log.warning("event loop unblocked after %.3fs%s", seconds, where)
+        log.warning(
+            "event loop unblocked after %.3fs%s",
+            seconds,
+            where,
+            extra={"session_id": self._session_id},
+        )
 
     # -- whose code blocks it -------------------------------------------------------------
 
@@ -204,6 +228,7 @@ class _Watchdog:
             if at is None:
                 at = _outside_stdlib(chain)
             who = f" by the engine of session {runner.session.id}"
+            self._session_id = runner.session.id
         else:
             at = _outside_stdlib(chain)
             who = f" in task {task.name}" if task is not None else ""
