@@ -62,6 +62,9 @@ class Owner(Protocol):
     def attached(self, runner: SessionRunner, conn: Connection) -> None:
         """``conn`` now carries the session."""
 
+    def detached(self, runner: SessionRunner) -> None:
+        """The session lost its connection and waits for a resume."""
+
     def going_away_frame(self) -> str | None:
         """While the server drains: the warning for a newly attached connection."""
 
@@ -248,6 +251,7 @@ class SessionRunner:
         if self.session.detach(conn.generation, trio.current_time()):
             log.info("session %s detached (generation %d)", self.session.id, conn.generation)
             self.owner.reschedule(self)
+            self.owner.detached(self)
         if self.conn is conn:
             conn.release_waiters()
 
