@@ -255,6 +255,36 @@ async def test_a_session_detaching_during_the_drain_ends_at_once(
         assert sim.server.slots_held == 0
 
 
+async def test_a_resume_begun_before_the_drain_that_fails_ends_the_session_at_once(
+    autojump_clock: MockClock,
+) -> None:
+    config = ServerConfig(drain_timeout_s=30, disconnect_grace_s=60)
+    async with serving(config) as (sim, finished):
+        old, created = await sim.open_session()
+        session = sim.server.sessions.registry.sessions[created["session_id"]]
+        await old.transport.cut()
+        await trio.testing.wait_all_tasks_blocked()
+        resuming = await sim.connect()
+        resuming.transport.hold()
+        await resuming.send(
+            {
+                "type": "session.resume",
+                "session_id": created["session_id"],
+                "resume_token": created["resume_token"],
+            }
+        )
+        await resuming.transport.wait_held()
+        sim.server.begin_shutdown()
+        await trio.sleep(1)
+        assert session.terminal is None  # its resume may still complete
+        start = trio.current_time()
+        await resuming.transport.cut()  # the replay's write fails: detached again
+        with trio.fail_after(1):
+            await finished.wait()
+        assert trio.current_time() - start < 0.1
+        assert session.terminal is not None and session.terminal.reason == "server_shutdown"
+
+
 async def test_going_away_is_sent_once_and_carries_no_seq(autojump_clock: MockClock) -> None:
     async with serving(ServerConfig(drain_timeout_s=3)) as (sim, finished):
         client, _ = await sim.open_session()
