@@ -126,6 +126,7 @@ def _flag_of(name: str) -> str:
 
 
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    _import_from_cwd()
     try:
         config = ServerConfig(**{f.name: getattr(args, f.name) for _, f, _ in serve_flags()})
         factory = load_engine_factory(args.engine)
@@ -151,6 +152,14 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _import_from_cwd() -> None:
+    """Put the current directory first on ``sys.path``, as ``python -m`` does, so that
+    the ``trio-duplex`` script loads ``--engine shout:Shout`` from ./shout.py too."""
+    cwd = os.getcwd()
+    if sys.path[:1] != [cwd]:
+        sys.path.insert(0, cwd)
 
 
 async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:

@@ -160,6 +160,58 @@ async def test_reconnecting_gives_up_after_max_attempts(autojump_clock: trio.abc
         assert base / 2 <= retry.delay <= base
 
 
+async def test_retries_of_the_first_connection_are_numbered_from_1(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    changes: list[ConnectionChange] = []
+    policy = ReconnectPolicy(initial_delay=0.1, max_delay=1.0, max_attempts=3, deadline=60)
+    async with sim_server() as (_sim, net):
+        net.down = True
+        with pytest.raises(ReconnectFailed) as caught:
+            async with client_for(
+                net,
+                options=ClientOptions(reconnect=policy),
+                on_change=changes.append,
+                rng=random.Random(1),
+            ):
+                raise AssertionError("not reached")
+    assert caught.value.attempts == 3
+    retries = [c for c in changes if isinstance(c, Retrying)]
+    assert [r.attempt for r in retries] == [1, 2]  # the first attempt is no retry
+    assert [r.error for r in retries] == ["network is down"] * 2
+    assert 0.05 <= retries[0].delay <= 0.1  # the first retry's delay, not the second's
+
+
+async def test_without_retry_open_a_failed_first_connection_raises_at_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    changes: list[ConnectionChange] = []
+    policy = ReconnectPolicy(retry_open=False)
+    async with sim_server() as (_sim, net):
+        net.down = True
+        started = trio.current_time()
+        with pytest.raises(ReconnectFailed) as caught:
+            async with client_for(
+                net, options=ClientOptions(reconnect=policy), on_change=changes.append
+            ):
+                raise AssertionError("not reached")
+        assert trio.current_time() == started
+        assert (caught.value.attempts, caught.value.last_error) == (1, "network is down")
+        assert changes == []
+        # Once attached, an outage is retried as usual.
+        net.down = False
+        async with client_for(
+            net, options=ClientOptions(reconnect=policy), on_change=changes.append
+        ) as session:
+            await net.cut()
+            await session.send(text("after the cut"))
+            assert (await next_of(session, "response.output_text.delta"))["text"] == (
+                "after the cut"
+            )
+    assert any(isinstance(c, Disconnected) for c in changes)
+    assert sum(isinstance(c, Attached) for c in changes) == 2
+
+
 async def test_the_overall_deadline_bounds_reconnecting(autojump_clock: trio.abc.Clock) -> None:
     policy = ReconnectPolicy(initial_delay=1, max_delay=1, max_attempts=1000, deadline=10)
     async with sim_server() as (_sim, net):

@@ -11,6 +11,7 @@ import random
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -133,7 +134,10 @@ async def test_json_prints_raw_events(autojump_clock: trio.abc.Clock) -> None:
         await term.type('/event {"type": "input.text.append", "text": "raw", "event_id": "e"}')
         await term.type('/event {"type": "no.such", "event_id": "e2"}', "/event [1]")
         term.lines.close()
-    events = [json.loads(line) for line in out_lines(term)]
+    created, *events = [json.loads(line) for line in out_lines(term)]
+    # The raw stream starts with the server's first answer, as it arrived.
+    assert created["type"] == "session.created" and created["session_id"].startswith("sess_")
+    assert {"resume_token", "attachment_generation", "limits"} <= set(created)
     assert events[0] == {"type": "response.output_text.delta", "text": "raw", "server_event_seq": 1}
     assert (events[1]["type"], events[1]["code"], events[1]["event_id"]) == (
         "error",
@@ -158,7 +162,7 @@ async def test_reconnects_and_resumes_are_shown(autojump_clock: trio.abc.Clock) 
     err = term.err.getvalue()
     assert "connection lost (connection lost); reconnecting" in err
     assert re.search(r"retry 1 in [0-9.]+s \(connection lost\)", err)
-    assert re.search(r"retry 2 in [0-9.]+s \(OSError: network is down\)", err)
+    assert re.search(r"retry 2 in [0-9.]+s \(network is down\)", err)
     assert "resumed session sess_" in err and "(generation 2, resending" in err
     assert [line.split()[-1] for line in out_lines(term)[:2]] == ["before", "after"]
 
@@ -236,7 +240,7 @@ async def test_a_refused_resume_exits_1(autojump_clock: trio.abc.Clock) -> None:
     async with terminal(["--resume", "sess_nope", "--token", "t"]) as term:
         pass
     assert term.exit_code == 1
-    assert "cannot connect: session_resume_expired" in term.err.getvalue()
+    assert "cannot connect to ws://sim/v1/duplex: session_resume_expired" in term.err.getvalue()
 
 
 @pytest.mark.parametrize(
@@ -262,7 +266,46 @@ async def test_the_default_path_is_added(autojump_clock: trio.abc.Clock) -> None
         assert term.exit_code == 0 and "* connected: session" in term.err.getvalue()
     async with terminal([], url="ws://sim/other?x=1") as term:  # a path given is kept
         pass
-    assert term.exit_code == 1 and "HTTP 404" in term.err.getvalue()
+    assert term.exit_code == 1
+    assert term.err.getvalue() == (
+        "* cannot connect to ws://sim/other?x=1: WebSocket handshake refused: HTTP 404\n"
+    )
+
+
+async def test_a_refused_first_connection_fails_at_once(autojump_clock: trio.abc.Clock) -> None:
+    # Retrying is for resuming a session; a server that is not there is said at once.
+    async with running_server() as sim:
+        net = Net(sim, down=True)
+        err = Screen()
+        _, lines = trio.open_memory_channel[str](0)
+        _, presses = trio.open_memory_channel[int](0)
+        args = build_parser().parse_args(["ws://sim"])
+        start = trio.current_time()
+        code = await run(
+            args,
+            lines=lines,
+            interrupts=presses,
+            printer=Printer(Screen(), err),
+            open_stream=net.open_stream,
+        )
+    assert code == 1
+    assert err.getvalue() == "* cannot connect to ws://sim/v1/duplex: network is down\n"
+    assert trio.current_time() - start < 0.01
+
+
+@pytest.mark.parametrize("where", ["missing-dir/out.wav", "."], ids=["no-dir", "a-dir"])
+async def test_an_unwritable_save_audio_path_exits_2_before_connecting(
+    tmp_path: Path, where: str
+) -> None:
+    err = Screen()
+    _, lines = trio.open_memory_channel[str](0)
+    _, presses = trio.open_memory_channel[int](0)
+    path = str(tmp_path / where)
+    args = build_parser().parse_args(["ws://unused", "--save-audio", path])
+    code = await run(args, lines=lines, interrupts=presses, printer=Printer(Screen(), err))
+    assert code == 2
+    assert err.getvalue().startswith(f"* --save-audio: cannot write {path}: ")
+    assert len(err.getvalue().splitlines()) == 1
 
 
 # -- subprocesses: a real server, the client driven through a pipe ----------------------
@@ -272,6 +315,8 @@ class Server(Protocol):
     """What these tests use of the ``serve`` fixture's ServerProcess (tests/helpers.py)."""
 
     url: str
+
+    def interrupt(self) -> None: ...
 
 
 class Serve(Protocol):
@@ -333,7 +378,8 @@ def test_json_through_a_pipe(serve: Serve) -> None:
     )
     assert done.returncode == 0, done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [e.get("text") for e in events[:2]] == ["one", "two"]
+    assert events[0]["type"] == "session.created"
+    assert [e.get("text") for e in events[1:3]] == ["one", "two"]
     assert events[-1]["type"] == "session.closed"
 
 
@@ -355,6 +401,55 @@ def test_ctrl_c_closes_cleanly(serve: Serve) -> None:
     assert proc.returncode == 0, err
     assert b"session.closed" in out and b"client_close" in out
     assert b"closing the session (Ctrl-C again to detach)" in err
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("ending", ["server-ends-it", "ctrl-c"])
+def test_exits_cleanly_while_stdin_is_still_open(serve: Serve, ending: str) -> None:
+    # A thread blocked reading stdin must not abort the interpreter's shutdown
+    # ("Fatal Python error: _enter_buffered_busy", status 134).
+    server = serve("--engine", "echo", "--drain-timeout", "0")
+    with subprocess.Popen(
+        connect_command(server.url),
+        stdin=subprocess.PIPE,  # left open, never written: the reader stays blocked
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        try:
+            wait_for_output(proc, "connected: session", timeout=20)
+            if ending == "ctrl-c":
+                proc.send_signal(signal.SIGINT)
+            else:
+                server.interrupt()  # drains at once: the session ends server_shutdown
+            status = proc.wait(timeout=20)
+            assert proc.stdout is not None and proc.stderr is not None
+            out, err = proc.stdout.read(), proc.stderr.read()
+        finally:
+            proc.kill()
+    assert b"Fatal Python error" not in err, err
+    assert status == 0, err
+    reason = b"client_close" if ending == "ctrl-c" else b"server_shutdown"
+    assert b"session.closed" in out and reason in out
+
+
+@pytest.mark.integration
+def test_a_refused_port_fails_at_once_with_a_plain_message() -> None:
+    with socket.socket() as bound:  # bound, not listening: connecting is refused
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        started = time.monotonic()
+        done = subprocess.run(
+            connect_command(f"ws://127.0.0.1:{port}"),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode == 1
+    assert (
+        done.stderr == f"* cannot connect to ws://127.0.0.1:{port}/v1/duplex: connection refused\n"
+    )
+    assert time.monotonic() - started < 10  # one attempt, no backoff (was 10 tries, 20 s)
 
 
 @pytest.mark.integration

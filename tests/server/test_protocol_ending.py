@@ -188,9 +188,9 @@ async def test_shutdown_warns_refuses_then_closes_every_session(autojump_clock: 
             if first is not None and "event_id" in first:
                 assert events[0]["event_id"] == "during-drain"
 
-        # Attached sessions go on during the drain.
+        # Attached sessions go on during the drain; the detached one ended at once.
         assert (await echo(attached, "during"))["server_event_seq"] == 2
-        assert sim.server.slots_held == 2
+        assert sim.server.slots_held == 1
 
         events = await attached.receive_until_closed()
         assert events == [
@@ -208,19 +208,23 @@ async def test_shutdown_warns_refuses_then_closes_every_session(autojump_clock: 
             await finished.wait()
 
 
-async def test_detached_sessions_close_with_server_shutdown_too(autojump_clock: MockClock) -> None:
+async def test_detached_sessions_end_at_once_when_the_drain_begins(
+    autojump_clock: MockClock,
+) -> None:
+    # A detached session cannot resume during the drain: it must not hold it.
     engines: list[ScriptedEngine] = []
-    config = ServerConfig(drain_timeout_s=2, disconnect_grace_s=60)
+    config = ServerConfig(drain_timeout_s=30, disconnect_grace_s=60)
     async with serving(config, scripted_factory(engines)) as (sim, finished):
         client, created = await sim.open_session()
         session = sim.server.sessions.registry.sessions[created["session_id"]]
         await client.transport.cut()
         await trio.testing.wait_all_tasks_blocked()
-        sim.server.begin_shutdown()
-        await trio.sleep(1.9)
         assert session.state.value == "detached"
-        with trio.fail_after(3):
+        start = trio.current_time()
+        sim.server.begin_shutdown()
+        with trio.fail_after(1):
             await finished.wait()
+        assert trio.current_time() - start < 0.1
         assert session.terminal is not None
         assert session.terminal.event == {
             "type": "session.closed",
@@ -229,6 +233,56 @@ async def test_detached_sessions_close_with_server_shutdown_too(autojump_clock: 
         }
         assert engines[0].cancelled
         assert sim.server.slots_held == 0
+
+
+async def test_a_session_detaching_during_the_drain_ends_at_once(
+    autojump_clock: MockClock,
+) -> None:
+    config = ServerConfig(drain_timeout_s=30, disconnect_grace_s=60)
+    async with serving(config) as (sim, finished):
+        client, created = await sim.open_session()
+        session = sim.server.sessions.registry.sessions[created["session_id"]]
+        sim.server.begin_shutdown()
+        assert (await client.receive())["type"] == "session.going_away"
+        await trio.sleep(3)
+        assert not finished.is_set()  # attached: it may go on until the deadline
+        start = trio.current_time()
+        await client.transport.cut()
+        with trio.fail_after(1):
+            await finished.wait()
+        assert trio.current_time() - start < 0.1
+        assert session.terminal is not None and session.terminal.reason == "server_shutdown"
+        assert sim.server.slots_held == 0
+
+
+async def test_a_resume_begun_before_the_drain_that_fails_ends_the_session_at_once(
+    autojump_clock: MockClock,
+) -> None:
+    config = ServerConfig(drain_timeout_s=30, disconnect_grace_s=60)
+    async with serving(config) as (sim, finished):
+        old, created = await sim.open_session()
+        session = sim.server.sessions.registry.sessions[created["session_id"]]
+        await old.transport.cut()
+        await trio.testing.wait_all_tasks_blocked()
+        resuming = await sim.connect()
+        resuming.transport.hold()
+        await resuming.send(
+            {
+                "type": "session.resume",
+                "session_id": created["session_id"],
+                "resume_token": created["resume_token"],
+            }
+        )
+        await resuming.transport.wait_held()
+        sim.server.begin_shutdown()
+        await trio.sleep(1)
+        assert session.terminal is None  # its resume may still complete
+        start = trio.current_time()
+        await resuming.transport.cut()  # the replay's write fails: detached again
+        with trio.fail_after(1):
+            await finished.wait()
+        assert trio.current_time() - start < 0.1
+        assert session.terminal is not None and session.terminal.reason == "server_shutdown"
 
 
 async def test_going_away_is_sent_once_and_carries_no_seq(autojump_clock: MockClock) -> None:

@@ -19,6 +19,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from trio_duplex.cli import EXIT_ABANDONED, main, serve_flags, shown_default
 from trio_duplex.core.config import ServerConfig
+from trio_duplex.engines.api import load_engine_factory
 
 from ..helpers import Serve
 
@@ -321,3 +322,133 @@ def test_a_second_signal_exits_at_once_even_with_a_stuck_engine(
         server.proc.send_signal(signum)
         assert server.wait(timeout=10) == 128 + signum
     server.wait_for_line(rf"WARNING .* second signal \({signum.name}\): exiting now", 5)
+
+
+# -- --engine: checked at start ---------------------------------------------------------
+
+SHOUT = """\
+from trio_duplex import Engine
+
+
+class Shout(Engine):
+    accepts = frozenset({"input.text.append"})
+
+    def __init__(self, config):
+        self.config = config
+
+    async def run(self, session):
+        async for event in session:
+            await session.send(
+                {"type": "response.output_text.delta", "text": event["text"].upper()}
+            )
+"""
+
+BROKEN_ENGINES = {
+    "syntax": ("def factory(:\n", "invalid syntax"),
+    "raises_at_import": ("raise RuntimeError('no GPU here')\n", "RuntimeError: no GPU here"),
+    "imports_missing": ("import no_such_module_here\n", "No module named 'no_such_module_here'"),
+    "no_attribute": ("x = 1\n", "has no 'factory'"),
+    "not_callable": ("factory = 3\n", "is not callable"),
+    "returns_a_number": ("def factory(config):\n    return 42\n", "returned 42"),
+    "async_factory": ("async def factory(config):\n    pass\n", "a coroutine"),
+    "factory_fails": (
+        "def factory(config):\n    return config['model']\n",
+        "failed for a session with no configuration ({}): KeyError: 'model'",
+    ),
+    "sync_run": (
+        "class factory:\n    accepts = frozenset()\n"
+        "    def __init__(self, config):\n        pass\n"
+        "    def check(self, event):\n        pass\n"
+        "    def run(self, session):\n        pass\n",
+        "'run' is not an async function",
+    ),
+    "no_run": (
+        "from trio_duplex import Engine\nclass factory(Engine):\n"
+        "    def __init__(self, config):\n        pass\n",
+        "does not implement 'run'",
+    ),
+    "bad_accepts": (
+        "from trio_duplex import Engine\nclass factory(Engine):\n"
+        "    accepts = 'input.text.append'\n"
+        "    def __init__(self, config):\n        pass\n    async def run(self, session):\n"
+        "        pass\n",
+        "no 'accepts' collection",
+    ),
+}
+
+
+@pytest.fixture
+def engine_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A current directory for engine modules; what the test imports from it is forgotten."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_ENGINES))
+def test_every_way_an_engine_can_fail_to_load_exits_2_with_one_clear_line(
+    capsys: pytest.CaptureFixture[str], engine_dir: Path, case: str
+) -> None:
+    source, expected = BROKEN_ENGINES[case]
+    (engine_dir / f"engine_{case}.py").write_text(source, encoding="utf-8")
+    spec = f"engine_{case}:factory"
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--engine", spec, "--port", "0"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    error_lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(error_lines) == 1, err
+    assert spec in error_lines[0] and expected in error_lines[0], err
+    assert "Traceback" not in err
+
+
+def test_a_factory_may_refuse_an_empty_configuration_with_bad_event(engine_dir: Path) -> None:
+    # Such an engine is legitimate: clients opening with no configuration get bad_event.
+    (engine_dir / "picky_engine.py").write_text(
+        "from trio_duplex import BadEvent\n"
+        "def factory(config):\n"
+        "    raise BadEvent('model is required', param='model')\n",
+        encoding="utf-8",
+    )
+    sys.path.insert(0, str(engine_dir))
+    assert load_engine_factory("picky_engine:factory") is not None
+
+
+def test_the_console_script_loads_an_engine_from_the_current_directory(tmp_path: Path) -> None:
+    # As `python -m trio_duplex serve` does: the README's `--engine shout:Shout`.
+    (tmp_path / "shout.py").write_text(SHOUT, encoding="utf-8")
+    (tmp_path / "broken.py").write_text("def f(:\n", encoding="utf-8")
+    script = str(Path(sys.executable).parent / "trio-duplex")
+    broken = subprocess.run(
+        [script, "serve", "--engine", "broken:f"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert broken.returncode == 2, broken.stderr
+    assert "cannot load engine 'broken:f': invalid syntax" in broken.stderr
+    assert "Traceback" not in broken.stderr
+    with subprocess.Popen(
+        [script, "serve", "--engine", "shout:Shout", "--port", "0"],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stderr is not None
+            ready = proc.stderr.readline()  # the first line: serving, or the error
+            match = re.search(r"serving (ws://\S+) \(engine shout:Shout\)", ready)
+            assert match, ready
+            with connect(match[1], open_timeout=5, ping_interval=None) as ws:
+                ws.send(json.dumps({"type": "input.text.append", "text": "hi"}))
+                assert json.loads(ws.recv(timeout=5))["type"] == "session.created"
+                assert json.loads(ws.recv(timeout=5))["text"] == "HI"
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)

@@ -27,7 +27,11 @@ class ServerRefused(ClientError):
     """The server said the same request may succeed later (``error.retryable``)."""
 
     def __str__(self) -> str:
-        return f"{self.code or 'closed ' + str(self.close_code)}: {self.message}"
+        if self.code is not None:
+            return f"{self.code}: {self.message}"
+        if self.close_code is not None:
+            return f"closed {self.close_code}: {self.message}"
+        return self.message
 
 
 class ResumeRefused(ServerRefused):

@@ -26,8 +26,9 @@ class ReconnectPolicy:
     Attempt ``n`` (1 for the first retry) waits ``min(max_delay, initial_delay *
     multiplier**(n-1))``, of which a random fraction up to ``jitter`` is taken off.
     The client gives up after ``max_attempts`` failed attempts or ``deadline`` seconds
-    since the connection was lost, whichever comes first. The default deadline matches
-    the server's default ``disconnect_grace_s``: after it a resume cannot succeed.
+    since the connection was lost (or since ``connect`` began), whichever comes first.
+    The default deadline matches the server's default ``disconnect_grace_s``: after it a
+    resume cannot succeed.
     """
 
     initial_delay: float = attrs.field(default=0.1, validator=_positive)
@@ -38,6 +39,10 @@ class ReconnectPolicy:
     )
     max_attempts: int = attrs.field(default=10, validator=attrs.validators.ge(1))
     deadline: float = attrs.field(default=30.0, validator=_positive)
+    retry_open: bool = True
+    """Retry the first connection too. False: until the session has been attached once,
+    a failed attempt raises ReconnectFailed at once (an interactive client that should
+    say "connection refused" now, not after the whole backoff)."""
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         base = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
@@ -133,6 +138,9 @@ class Attached:
     resumed: bool
     resent: int
     """Client events queued for (re)sending on this connection."""
+    event: dict[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
+    """The server's answer as it arrived: ``session.created`` or ``session.resumed``
+    (it holds the new resume token: kept out of ``repr``)."""
 
 
 @attrs.frozen
@@ -145,7 +153,8 @@ class Disconnected:
 
 @attrs.frozen
 class Retrying:
-    """Attempt ``attempt`` starts after ``delay`` seconds."""
+    """Retry ``attempt`` (1 for the first retry of an outage, or of the first connection)
+    starts after ``delay`` seconds."""
 
     attempt: int
     delay: float

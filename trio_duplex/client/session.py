@@ -370,16 +370,22 @@ class ClientSession:
     async def _supervise(self, task_status: trio.TaskStatus[ClientError | None]) -> None:
         policy = self._options.reconnect
         failures = 0
+        retries = 0  # in this outage (or before the first attach): numbered from 1
         outage_start = trio.current_time()
         last_error = ""
         first = True
         while self._status not in _STOPPING:
             if not first:
                 elapsed = trio.current_time() - outage_start
-                if failures >= policy.max_attempts or elapsed >= policy.deadline:
+                if (
+                    failures >= policy.max_attempts
+                    or elapsed >= policy.deadline
+                    or (self._status is _Status.CONNECTING and not policy.retry_open)
+                ):
                     raise ReconnectFailed(failures, elapsed, last_error)
-                delay = min(policy.delay(failures + 1, self._rng), policy.deadline - elapsed)
-                self._change(Retrying(failures + 1, delay, last_error))
+                retries += 1
+                delay = min(policy.delay(retries, self._rng), policy.deadline - elapsed)
+                self._change(Retrying(retries, delay, last_error))
                 with trio.move_on_after(delay):
                     await self._stop.wait()
                 if self._status is _Status.DETACHING:
@@ -398,7 +404,7 @@ class ClientSession:
                 raise
             if self._status in _STOPPING:
                 return
-            failures = 0
+            failures = retries = 0
             outage_start = trio.current_time()
             last_error = loss.reason
             log.info("session %s: connection lost: %s", self.session_id, loss.reason)
@@ -438,7 +444,7 @@ class ClientSession:
                     await trio.aclose_forcefully(ws.stream)
                 return loss
         except InvalidURI as exc:
-            raise ServerRefused(None, f"cannot connect: {exc}") from exc
+            raise ServerRefused(None, f"invalid URL: {exc}") from exc
         except trio.BrokenResourceError as exc:
             cause = exc.__cause__
             if isinstance(cause, ssl.SSLCertVerificationError):  # retrying will not help

@@ -249,7 +249,7 @@ class SessionState:
         self._last_heartbeat = now
         self._close_sent = False
         assert self._session_id is not None
-        return Attached(self._session_id, generation, resumed, len(self._outbox))
+        return Attached(self._session_id, generation, resumed, len(self._outbox), event)
 
     # -- client -> server --------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import ssl
 import sys
 import urllib.parse
 import wave
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, TextIO
 
 import attrs
@@ -36,6 +36,7 @@ from . import (
     ClientSession,
     ConnectionChange,
     Disconnected,
+    ReconnectFailed,
     ReconnectPolicy,
     ResumeState,
     Retrying,
@@ -145,6 +146,8 @@ class Printer:
 
     def change(self, change: ConnectionChange) -> None:
         if isinstance(change, Attached):
+            if self.raw_json and change.event:  # the raw stream starts with created/resumed
+                self.event(change.event)
             if change.resumed:
                 self.status(
                     f"resumed session {change.session_id} (generation "
@@ -170,7 +173,10 @@ class AudioSink:
         self.path = path
         self.bytes = 0
         self.bad_frames = 0
-        self._wav = wave.open(path, "wb")
+        # Opened here, not by wave.open(path): its half-built writer, left by a path that
+        # cannot be opened, complains again when collected.
+        self._file = open(path, "wb")
+        self._wav = wave.open(self._file, "wb")
         self._wav.setnchannels(1)
         self._wav.setsampwidth(2)
         self._wav.setframerate(sample_rate)
@@ -185,7 +191,8 @@ class AudioSink:
         self.bytes += len(pcm)
 
     def close(self) -> None:
-        self._wav.close()
+        self._wav.close()  # fixes up the header; the file is ours to close
+        self._file.close()
 
 
 @attrs.define(eq=False)
@@ -320,13 +327,22 @@ async def run(
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             printer.status(f"--ca {args.ca}: {getattr(exc, 'strerror', None) or exc}")
             return 2
-    options = ClientOptions(
-        reconnect=ReconnectPolicy(max_attempts=args.max_attempts, deadline=args.reconnect_deadline)
+    # No retries before the first attach: a wrong URL or a server that is down is said
+    # at once. Once attached, an outage is retried (the session is worth resuming).
+    policy = ReconnectPolicy(
+        max_attempts=args.max_attempts, deadline=args.reconnect_deadline, retry_open=False
     )
-    state = _Run(args, printer, AudioSink(args.save_audio) if args.save_audio else None)
+    options = ClientOptions(reconnect=policy)
+    url = _full_url(args.url)
+    try:
+        audio = AudioSink(args.save_audio) if args.save_audio else None
+    except OSError as exc:
+        printer.status(f"--save-audio: cannot write {args.save_audio}: {exc.strerror or exc}")
+        return 2
+    state = _Run(args, printer, audio)
     try:
         async with connect(
-            _full_url(args.url),
+            url,
             None if resume else config,
             resume=resume,
             options=options,
@@ -343,8 +359,12 @@ async def run(
                 nursery.cancel_scope.cancel()
             if state.interrupts >= 2:
                 return 0  # detached: leaving must not close it
+    except ReconnectFailed as exc:
+        said = exc.last_error if exc.attempts <= 1 else str(exc)
+        printer.status(f"cannot connect to {url}: {said}")
+        return 1
     except ClientError as exc:
-        printer.status(f"cannot connect: {exc}")
+        printer.status(f"cannot connect to {url}: {exc}")
         return 1
     finally:
         if state.audio is not None:
@@ -359,7 +379,7 @@ async def _main(args: argparse.Namespace, printer: Printer) -> int:
 
     async def read_stdin() -> None:
         async with lines_in:
-            while line := await trio.to_thread.run_sync(_readline, abandon_on_cancel=True):
+            async for line in _stdin_lines():
                 await lines_in.send(line)
 
     async def read_signals() -> None:
@@ -375,8 +395,28 @@ async def _main(args: argparse.Namespace, printer: Printer) -> int:
     return code
 
 
-def _readline() -> str:
-    return sys.stdin.buffer.readline().decode("utf-8", "replace")
+async def _stdin_lines(fd: int = 0) -> AsyncIterator[str]:
+    """Lines of standard input, each with its newline (the last one may have none).
+
+    Read with ``os.read`` in a thread that is abandoned when cancelled: no Python-level
+    lock is held while it blocks, so the interpreter's shutdown does not race it, as it
+    did ``sys.stdin.buffer.readline`` (``Fatal Python error: _enter_buffered_busy``).
+    Not trio's FdStream: that makes the open file non-blocking, and on a terminal that
+    is stdout's too."""
+    pending = bytearray()
+    while True:
+        try:
+            chunk = await trio.to_thread.run_sync(os.read, fd, 65536, abandon_on_cancel=True)
+        except OSError:  # e.g. stdin closed (EBADF): no more input
+            chunk = b""
+        if not chunk:
+            break
+        pending += chunk
+        while (end := pending.find(b"\n")) >= 0:
+            yield pending[: end + 1].decode("utf-8", "replace")
+            del pending[: end + 1]
+    if pending:
+        yield pending.decode("utf-8", "replace")
 
 
 def main(argv: Sequence[str]) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import sys
 from typing import Any
 
@@ -59,5 +61,30 @@ def describe(exc: BaseException) -> str:
         return "connection lost"
     if isinstance(exc, TimeoutError | trio.TooSlowError):
         return "timed out"
+    if isinstance(exc, OSError):
+        return _describe_os_error(exc)
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _describe_os_error(exc: OSError) -> str:
+    """``connection refused``, not ``OSError: all attempts to connect to ... failed``:
+    trio's open_tcp_stream raises that one from a group of each address's error."""
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the host name ({exc.strerror})"
+    causes = exc.__cause__
+    if isinstance(causes, BaseExceptionGroup):
+        leaves = [e for e in _leaves(causes) if isinstance(e, OSError)]
+        if leaves:
+            exc = next((e for e in leaves if isinstance(e, ConnectionRefusedError)), leaves[0])
+    if exc.errno:  # the plain text: trio's strerror also names the address tried
+        text = os.strerror(exc.errno)
+        return text[:1].lower() + text[1:]
+    return str(exc) or type(exc).__name__
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found

@@ -27,6 +27,7 @@ A complete engine::
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -214,7 +215,16 @@ class EngineSession:
 
 
 def load_engine_factory(spec: str) -> EngineFactory:
-    """Resolve ``echo``, ``voice`` or ``package.module:factory`` to a factory."""
+    """Resolve ``echo``, ``voice`` or ``package.module:factory`` to a factory, and check it.
+
+    Raises ValueError, with a message fit for a terminal, however loading fails: the
+    module cannot be imported (ImportError, SyntaxError, anything its import raises),
+    the attribute is missing or not callable, or the factory does not build an engine.
+    The factory is called once with ``{}``, the configuration of a session opened with
+    none; it may refuse that with ``BadEvent`` (clients then get ``bad_event``), and
+    what it returns is then not checked. Anything else it raises is refused here, since
+    every client opening with no configuration would get ``engine_error``.
+    """
     if spec in BUILTIN:
         spec = BUILTIN[spec]
     module_name, sep, attr = spec.partition(":")
@@ -222,9 +232,59 @@ def load_engine_factory(spec: str) -> EngineFactory:
         raise ValueError(f"engine {spec!r} is not a built-in name nor 'package.module:factory'")
     try:
         module = importlib.import_module(module_name)
+    except Exception as exc:  # a broken module can raise anything at import
+        raise ValueError(f"cannot load engine {spec!r}: {_describe(exc)}") from exc
+    try:
         factory = getattr(module, attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load engine {spec!r}: {exc}") from exc
+    except AttributeError:
+        raise ValueError(f"cannot load engine {spec!r}: {module_name} has no {attr!r}") from None
     if not callable(factory):
         raise ValueError(f"engine {spec!r} is not callable")
+    try:
+        engine = factory({})
+    except ProtocolError:
+        return factory  # type: ignore[no-any-return]  # refused {} as the protocol allows
+    except Exception as exc:
+        raise ValueError(
+            f"engine {spec!r}: its factory failed for a session with no configuration ({{}}): "
+            f"{_describe(exc)}"
+        ) from exc
+    problem = engine_problem(engine)
+    if problem is not None:
+        raise ValueError(f"engine {spec!r}: its factory returned {_short_repr(engine)}, {problem}")
     return factory  # type: ignore[no-any-return]
+
+
+def engine_problem(engine: object) -> str | None:
+    """Why ``engine`` is not an engine (None: it is one): an ``accepts`` collection of
+    event types, a callable ``check`` and an ``async def run``."""
+    if inspect.iscoroutine(engine):
+        engine.close()  # an async factory: its coroutine will never be awaited
+        return "a coroutine (the factory must be a plain function or a class)"
+    accepts = getattr(engine, "accepts", None)
+    if (
+        not isinstance(accepts, Collection)
+        or isinstance(accepts, str | bytes)
+        or not all(isinstance(kind, str) for kind in accepts)
+    ):
+        return "which has no 'accepts' collection of event types: not an Engine"
+    if not callable(getattr(engine, "check", None)):
+        return "which has no 'check' method: not an Engine"
+    run = getattr(type(engine), "run", None)
+    if run is Engine.run:
+        return "which does not implement 'run'"
+    if not inspect.iscoroutinefunction(getattr(engine, "run", None)):
+        return "whose 'run' is not an async function: not an Engine"
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ImportError | SyntaxError):
+        return str(exc) or type(exc).__name__  # already says what it is
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _short_repr(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

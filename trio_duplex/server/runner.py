@@ -62,6 +62,9 @@ class Owner(Protocol):
     def attached(self, runner: SessionRunner, conn: Connection) -> None:
         """``conn`` now carries the session."""
 
+    def detached(self, runner: SessionRunner) -> None:
+        """The session lost its connection and waits for a resume."""
+
     def going_away_frame(self) -> str | None:
         """While the server drains: the warning for a newly attached connection."""
 
@@ -268,6 +271,7 @@ class SessionRunner:
                 extra={"session_id": self.session.id, "generation": conn.generation},
             )
             self.owner.reschedule(self)
+            self.owner.detached(self)
         if self.conn is conn:
             conn.release_waiters()
 

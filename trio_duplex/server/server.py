@@ -477,6 +477,7 @@ class DuplexServer:
         except BaseException as exc:
             runner.apply(session.abort_resume(attempt, trio.current_time()))
             self.sessions.reschedule(runner)
+            self.sessions.detached(runner)  # detached again: during a drain it ends now
             if isinstance(exc, trio.TooSlowError):  # the write was cut: no close frame
                 log.info(
                     "session %s: resume aborted, replay not written within %ss",

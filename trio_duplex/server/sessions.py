@@ -29,7 +29,7 @@ import trio
 from ..core import events
 from ..core.config import ServerConfig
 from ..core.events import ErrorCode, Reason
-from ..core.session import Commit, Registry, Session, Terminal
+from ..core.session import Commit, Registry, Session, State, Terminal
 from ..core.wire import ProtocolError, encode
 from ..engines.api import Engine
 from .connection import Connection
@@ -214,6 +214,13 @@ class Sessions:
         for observer in self.observers:
             observer.attached(runner.session, conn)
 
+    def detached(self, runner: SessionRunner) -> None:
+        """During the drain a detached session cannot resume: end it now rather than let
+        it hold the drain. One whose resume began before the drain may still finish it."""
+        session = runner.session
+        if self.shutting_down and session.state is State.DETACHED and session.resume is None:
+            runner.end(Reason.SHUTDOWN)
+
     def _decided(self, session: Session, terminal: Terminal) -> None:
         for observer in self.observers:
             observer.terminal_decided(session, terminal)
@@ -221,14 +228,19 @@ class Sessions:
     # -- shutdown ----------------------------------------------------------------------
 
     def begin_shutdown(self) -> None:
-        """Refuse new opens and resumes, and warn every attached client."""
+        """Refuse new opens and resumes, warn every attached client, and end every
+        detached session at once: it cannot resume during the drain, so waiting for it
+        would only hold the drain until its deadline (one that detaches later ends at
+        once too: ``detached``)."""
         self.registry.shutting_down = True
         self._drain_deadline = trio.current_time() + self.config.drain_timeout_s
         going = encode(events.going_away(round(self.config.drain_timeout_s * 1000)))
-        for runner in self._runners.values():
+        for runner in list(self._runners.values()):
             conn = runner.conn
             if conn is not None and runner.session.is_current(conn.generation):
                 conn.push(going)
+            else:
+                self.detached(runner)
 
     async def drain(self) -> None:
         """Wait for the sessions to end until the drain deadline, then end the rest, and
