@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.metadata
+import ipaddress
 import logging
 import math
 import os
@@ -195,6 +196,12 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
                 server.config.path,
                 engine,
             )
+            if not _loopback(host):
+                log.warning(
+                    "listening on %s with no authentication: anyone who can reach the port "
+                    "can open sessions and hold their slots",
+                    host or "every address",
+                )
             async for signum in signals:
                 if server.shutting_down:
                     log.warning(
@@ -210,6 +217,16 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
                 )
                 server.begin_shutdown()
     log.info("stopped")
+
+
+def _loopback(host: str) -> bool:
+    """Is ``host`` reachable only from this machine (a loopback address, or localhost)?"""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name (or "" for every address): assume it is reachable
+        return False
 
 
 def _exit_now(status: int) -> NoReturn:

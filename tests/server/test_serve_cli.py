@@ -452,3 +452,14 @@ def test_the_console_script_loads_an_engine_from_the_current_directory(tmp_path:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
+
+
+@pytest.mark.integration
+def test_listening_beyond_loopback_without_authentication_warns(serve: Serve) -> None:
+    exposed = serve("--host", "0.0.0.0")
+    line = exposed.wait_for_line(r"WARNING .*no authentication", timeout=10)
+    assert "listening on 0.0.0.0 with no authentication" in line.string
+    local = serve("--host", "127.0.0.1")
+    local.interrupt()
+    assert local.wait(timeout=15) == 0
+    assert "no authentication" not in local.log  # the whole log: the server has exited
