@@ -31,7 +31,7 @@ from ..core.frames import CloseCode
 from ..core.session import Commit, Session, Terminal
 from ..core.wire import ConfigBudget, ProtocolError, encode, is_seq
 from ..engines.api import Engine, EngineSession, Event, Inbox
-from .connection import Connection
+from .connection import Connection, WriteSampler
 from .timers import Entry
 
 log = logging.getLogger("trio_duplex")
@@ -64,6 +64,10 @@ class Owner(Protocol):
 
     def going_away_frame(self) -> str | None:
         """While the server drains: the warning for a newly attached connection."""
+
+    @property
+    def send_to_write(self) -> WriteSampler:
+        """Where sampled send-to-write times go (the metrics' histogram)."""
 
 
 class CheckFailed(Exception):
@@ -110,6 +114,11 @@ def check_input(engine: Engine | None, event: Event) -> None:
 _PROTOCOL_INPUT = frozenset({*SESSION_INPUT, EventType.EVENT_ACK, EventType.RESUME})
 _ANSWERED_HERE = frozenset({EventType.HEARTBEAT, EventType.EVENT_ACK, EventType.CLOSE})
 _UPDATE = str(EventType.UPDATE)
+
+SAMPLE_EVERY = 64
+"""One engine event in this many (per session) has its send-to-write time measured:
+the clock read and the bookkeeping stay off the other events' path."""
+_SAMPLE_MASK = SAMPLE_EVERY - 1
 
 
 @attrs.define(eq=False)
@@ -256,9 +265,11 @@ class SessionRunner:
     async def emit(self, event: Event) -> None:
         """An engine's ``send``: sequence, journal, and write to the attached connection."""
         await self._pace.step()
-        emitted = self.session.emit(event, trio.current_time())
+        session = self.session
+        now = trio.current_time()
+        emitted = session.emit(event, now)
         conn = self.conn
-        if emitted is None or conn is None or not self.session.is_current(conn.generation):
+        if emitted is None or conn is None or not session.is_current(conn.generation):
             return
         # While more input waits for the engine, more output will follow at once: let
         # the pump send it together. Otherwise write it now, from this task.
@@ -266,6 +277,8 @@ class SessionRunner:
         if emitted.notice is not None:
             conn.push(emitted.notice, coalesce=coalesce)
         conn.push(emitted.frame, coalesce=coalesce)
+        if not session.usage.events_out & _SAMPLE_MASK:
+            conn.sample_write(now, self.owner.send_to_write)
         # Wait only while this connection is still the session's live attachment: once
         # it is lost or replaced, output goes to the journal without waiting.
         while (
@@ -281,6 +294,9 @@ class SessionRunner:
             return  # a replaced or ending attachment: fenced off
         now = trio.current_time()
         session.touch(now)
+        usage = session.usage
+        usage.events_in += 1
+        usage.bytes_in += size
         try:
             check_input(self.engine, event)
             kind = event["type"]
