@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -13,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
 
 from trio_duplex.core.config import ServerConfig
+from trio_duplex.core.session import audio_ms
+from trio_duplex.engines.voice import VoiceEngine
 from trio_duplex.testing import ScriptedEngine, ScriptedFactory, Simulation, running_server
 
 from ..helpers import RawHttp, echo
@@ -214,3 +217,49 @@ async def test_a_handshake_that_times_out_is_a_refusal(
         found = await scrape(sim, raw_http)
         assert found["trio_duplex_handshake_refusals_total", (("reason", "timeout"),)] == 1
         await stream.aclose()
+
+
+class HearingVoice(VoiceEngine):
+    """The voice engine, told that what clients send is 16 kHz mono PCM16."""
+
+    audio_formats = {**VoiceEngine.audio_formats, "input_audio_buffer.append": 32}
+
+
+async def test_usage_counts_audio_milliseconds_where_the_format_is_known(
+    autojump_clock: MockClock,
+) -> None:
+    async with running_server(engine_factory=HearingVoice) as sim:
+        client, _ = await sim.open_session()
+        for size in [640, 320, 1]:  # 20 ms, 10 ms, and one byte (1/32 ms)
+            audio = base64.b64encode(bytes(size)).decode()
+            await client.send({"type": "input_audio_buffer.append", "audio": audio})
+        await client.send({"type": "input.text.append", "text": "hello world"})
+        frames = 0
+        while (event := await client.receive())["type"] != "response.done":
+            frames += event["type"] == "response.output_audio.delta"
+        await client.send({"type": "session.close"})
+        (closed,) = await client.receive_until_closed()
+    assert frames > 0
+    assert closed["usage"]["audio_ms_in"] == 30  # 30.03, rounded
+    assert closed["usage"]["audio_ms_out"] == 20 * frames
+
+
+async def test_usage_has_no_audio_for_an_engine_that_declares_no_format(
+    autojump_clock: MockClock,
+) -> None:
+    async with running_server(engine_factory=VoiceEngine) as sim:
+        client, _ = await sim.open_session()
+        audio = base64.b64encode(bytes(640)).decode()
+        await client.send({"type": "input_audio_buffer.append", "audio": audio})
+        await client.send({"type": "session.close"})
+        (closed,) = await client.receive_until_closed()
+    assert "audio_ms_in" not in closed["usage"]  # the voice engine does not know it
+    assert closed["usage"]["audio_ms_out"] == 0
+
+
+@pytest.mark.parametrize(
+    ("audio", "ms"), [("", 0), ("AAAA", 3 / 48), ("AAA=", 2 / 48), ("AA==", 1 / 48)]
+)
+def test_audio_ms_from_base64_length(audio: str, ms: float) -> None:
+    assert audio_ms({"audio": audio}, 48) == pytest.approx(ms)
+    assert audio_ms({}, 48) == 0

@@ -114,15 +114,34 @@ class Usage:
     """Their UTF-8 bytes, as journaled."""
     resumes: int = 0
     """Resumes committed."""
+    audio_ms_in: float | None = None
+    """Audio received, in milliseconds; None: its format is not known (the engine's
+    ``audio_formats``)."""
+    audio_ms_out: float | None = None
 
     def as_event(self) -> dict[str, int]:
-        return {
+        usage = {
             "events_in": self.events_in,
             "events_out": self.events_out,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "resumes": self.resumes,
         }
+        if self.audio_ms_in is not None:
+            usage["audio_ms_in"] = round(self.audio_ms_in)
+        if self.audio_ms_out is not None:
+            usage["audio_ms_out"] = round(self.audio_ms_out)
+        return usage
+
+
+def audio_ms(event: dict[str, Any], bytes_per_ms: int) -> float:
+    """The duration of the base64 ``audio`` of ``event`` (0 if it has none), without
+    decoding it."""
+    audio = event.get("audio")
+    if not isinstance(audio, str):
+        return 0.0
+    size = len(audio) * 3 // 4 - (2 if audio.endswith("==") else 1 if audio.endswith("=") else 0)
+    return max(0, size) / bytes_per_ms
 
 
 def resync_frame(reason: str, dropped_through: int) -> str:

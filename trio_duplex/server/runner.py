@@ -28,7 +28,7 @@ from .._pace import Pace
 from ..core import events
 from ..core.events import SESSION_INPUT, ErrorCode, EventType, Reason
 from ..core.frames import CloseCode
-from ..core.session import Commit, Session, Terminal
+from ..core.session import Commit, Session, Terminal, audio_ms
 from ..core.wire import ConfigBudget, ProtocolError, encode, is_seq
 from ..engines.api import Engine, EngineSession, Event, Inbox
 from .connection import Connection, WriteSampler
@@ -145,10 +145,23 @@ class SessionRunner:
     """The engine's ``run`` has returned (or raised)."""
     _give_up_at: float = math.inf
     """Once the engine is cancelled: when it is abandoned unless it has returned."""
+    _audio_in: dict[str, int] = attrs.field(factory=dict)
+    """The engine's ``audio_formats`` for client events, and for its own."""
+    _audio_out: dict[str, int] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self._inbox = Inbox(self.max_pending_input, self.max_input_bytes)
         self._budget = ConfigBudget.of(self.session.config, self.max_config_bytes)
+        formats = self.engine.audio_formats
+        if formats:  # (most engines: none, and the per-event paths test one empty dict)
+            accepts = self.engine.accepts
+            self._audio_in = {k: v for k, v in formats.items() if k in accepts}
+            self._audio_out = {k: v for k, v in formats.items() if k not in accepts}
+            usage = self.session.usage
+            if self._audio_in:
+                usage.audio_ms_in = 0.0
+            if self._audio_out:
+                usage.audio_ms_out = 0.0
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -268,6 +281,8 @@ class SessionRunner:
         session = self.session
         now = trio.current_time()
         emitted = session.emit(event, now)
+        if self._audio_out and emitted is not None:
+            self._count_audio_out(event)
         conn = self.conn
         if emitted is None or conn is None or not session.is_current(conn.generation):
             return
@@ -285,6 +300,12 @@ class SessionRunner:
             conn.congested and conn.close_code is None and self.session.is_current(conn.generation)
         ):
             await conn.wait_drained()
+
+    def _count_audio_out(self, event: Event) -> None:
+        rate = self._audio_out.get(event["type"])
+        usage = self.session.usage
+        if rate is not None and usage.audio_ms_out is not None:
+            usage.audio_ms_out += audio_ms(event, rate)
 
     def handle(self, conn: Connection, event: Event, size: int = 0) -> None:
         """One client event from ``conn``, already decoded from ``size`` characters.
@@ -328,6 +349,11 @@ class SessionRunner:
                 self._inbox.put_nowait(event, size)
             except trio.WouldBlock:
                 raise _backpressure() from None
+            if self._audio_in:
+                rate = self._audio_in.get(kind)
+                usage = session.usage
+                if rate is not None and usage.audio_ms_in is not None:
+                    usage.audio_ms_in += audio_ms(event, rate)
         if seq is not None:
             session.note_client_seq(seq)
 
