@@ -19,6 +19,9 @@ GRACE = 30.0
 IDLE = 300.0
 
 
+NO_USAGE = {"events_in": 0, "events_out": 0, "bytes_in": 0, "bytes_out": 0, "resumes": 0}
+
+
 def make_registry(**overrides: Any) -> Registry:
     settings: dict[str, Any] = {
         "max_sessions": 4,
@@ -137,7 +140,12 @@ def test_undelivered_handshake_closes_at_once_and_frees_the_slot() -> None:
     session, _ = registry.admit({})
     terminal = session.handshake_failed(1.0)
     assert terminal == Terminal(
-        {"type": "session.closed", "session_id": session.id, "reason": Reason.UNDELIVERED},
+        {
+            "type": "session.closed",
+            "session_id": session.id,
+            "reason": Reason.UNDELIVERED,
+            "usage": NO_USAGE,
+        },
         1000,
         1,  # the connection that was carrying session.created (if it is still there)
     )
@@ -427,7 +435,12 @@ def test_grace_expiry() -> None:
     assert session.poll(10.0 + GRACE - 0.001) is None
     terminal = session.poll(10.0 + GRACE)
     assert terminal == Terminal(
-        {"type": "session.expired", "session_id": session.id, "reason": Reason.GRACE_EXPIRED},
+        {
+            "type": "session.expired",
+            "session_id": session.id,
+            "reason": Reason.GRACE_EXPIRED,
+            "usage": NO_USAGE,
+        },
         1000,
         None,
     )
@@ -515,7 +528,12 @@ def test_exactly_one_terminal_event(reason: Reason, kind: str, code: int) -> Non
     session, _ = opened(make_registry())
     terminal = session.begin_close(reason, 1.0)
     assert terminal is not None
-    assert terminal.event == {"type": kind, "session_id": session.id, "reason": reason}
+    assert terminal.event == {
+        "type": kind,
+        "session_id": session.id,
+        "reason": reason,
+        "usage": NO_USAGE,
+    }
     assert (terminal.close_code, terminal.generation, terminal.reason) == (code, 1, reason)
     assert session.terminal is terminal
     for other in (Reason.CLIENT_CLOSE, Reason.SHUTDOWN, reason):

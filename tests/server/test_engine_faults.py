@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
+from unittest.mock import ANY
 
 import attrs
 import pytest
@@ -93,6 +94,7 @@ async def test_a_check_that_crashes_ends_the_session_as_engine_error(
                 "type": "session.closed",
                 "session_id": created["session_id"],
                 "reason": "engine_error",
+                "usage": ANY,
             }
         ]
         assert client.close_code == 1011
@@ -207,7 +209,12 @@ async def test_an_engine_that_ignores_cancellation_is_abandoned_after_the_stop_t
         events = await client.receive_until_closed()
         assert trio.current_time() - start == pytest.approx(5)
         assert events == [
-            {"type": "session.closed", "session_id": session_id, "reason": "client_close"}
+            {
+                "type": "session.closed",
+                "session_id": session_id,
+                "reason": "client_close",
+                "usage": ANY,
+            }
         ]
         assert client.close_code == 1000
         assert stuck.tearing_down.is_set() and not stuck.teardown_gate.is_set()  # type: ignore[union-attr]
@@ -253,7 +260,12 @@ async def test_the_server_returns_despite_an_engine_that_ignores_cancellation(
     if how == "begin_shutdown":
         assert got == [
             {"type": "session.going_away", "time_left_ms": 2000},
-            {"type": "session.closed", "session_id": session_id, "reason": "server_shutdown"},
+            {
+                "type": "session.closed",
+                "session_id": session_id,
+                "reason": "server_shutdown",
+                "usage": ANY,
+            },
         ]
     assert sim.server.slots_held == 0
     assert sim.server.abandoned_engines == 1

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -235,6 +236,7 @@ def test_open_echo_heartbeat_close(shared: ServerProcess) -> None:
                 "type": "session.closed",
                 "session_id": created["session_id"],
                 "reason": "client_close",
+                "usage": ANY,
             }
         ]
         assert code == 1000
@@ -476,6 +478,7 @@ def test_sigint_drains_then_closes_1001_and_exits_0(serve: Serve) -> None:
                 "type": "session.closed",
                 "session_id": created["session_id"],
                 "reason": "server_shutdown",
+                "usage": ANY,
             }
         ]
         assert code == 1001

@@ -79,6 +79,15 @@ async def test_origin_is_checked_against_allow_origin(
         assert body == b"origin not allowed\n"  # the origin itself is not quoted
 
 
+async def test_an_origin_refusal_is_counted_as_such(
+    autojump_clock: MockClock, raw_http: RawHttp
+) -> None:
+    async with running_server(ServerConfig(allow_origin=(APP,))) as sim:
+        answer = await raw_http(sim, (HEAD + "Origin: https://evil.example\r\n\r\n").encode())
+        assert head_of(answer)[0] == 403
+        assert sim.server.sessions.totals.refusals == {"origin": 1}
+
+
 @pytest.mark.parametrize("bad", ["https://app.example.com/", "app.example.com", "https://a b", ""])
 def test_an_origin_with_a_path_or_no_scheme_exits_2(
     capsys: pytest.CaptureFixture[str], bad: str

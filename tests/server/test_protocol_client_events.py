@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from trio.testing import MockClock
@@ -81,6 +82,7 @@ async def test_session_close_ends_with_client_close_and_1000(
                 "type": "session.closed",
                 "session_id": created["session_id"],
                 "reason": "client_close",
+                "usage": ANY,
             }
         ]
         assert client.close_code == 1000

@@ -4,6 +4,7 @@ idle expiry, heartbeats, and exactly one terminal event."""
 from __future__ import annotations
 
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 import trio
@@ -114,6 +115,7 @@ async def test_grace_expiry_closes_the_detached_session(autojump_clock: MockCloc
             "type": "session.expired",
             "session_id": created["session_id"],
             "reason": "disconnect_grace_expired",
+            "usage": ANY,
         }
         assert sim.server.slots_held == 0
         client2, answer = await sim.resume(created["session_id"], created["resume_token"])
@@ -186,6 +188,7 @@ async def test_idle_ttl_expires_an_attached_session(autojump_clock: MockClock) -
                 "type": "session.expired",
                 "session_id": created["session_id"],
                 "reason": "idle_ttl_expired",
+                "usage": ANY,
             }
         ]
         assert client.close_code == 1000

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 import trio
@@ -67,6 +68,7 @@ async def test_engine_returning_ends_with_engine_finished_and_1000(
                 "type": "session.closed",
                 "session_id": created["session_id"],
                 "reason": "engine_finished",
+                "usage": ANY,
             }
         ]
         assert client.close_code == 1000
@@ -85,6 +87,7 @@ async def test_engine_raising_ends_with_engine_error_and_1011(autojump_clock: Mo
                 "type": "session.closed",
                 "session_id": created["session_id"],
                 "reason": "engine_error",
+                "usage": ANY,
             }
         ]
         assert client.close_code == 1011
@@ -198,6 +201,7 @@ async def test_shutdown_warns_refuses_then_closes_every_session(autojump_clock: 
                 "type": "session.closed",
                 "session_id": a["session_id"],
                 "reason": "server_shutdown",
+                "usage": ANY,
             }
         ]
         assert attached.close_code == 1001
@@ -230,6 +234,7 @@ async def test_detached_sessions_end_at_once_when_the_drain_begins(
             "type": "session.closed",
             "session_id": created["session_id"],
             "reason": "server_shutdown",
+            "usage": ANY,
         }
         assert engines[0].cancelled
         assert sim.server.slots_held == 0
@@ -366,6 +371,7 @@ async def test_session_ending_during_a_resume(autojump_clock: MockClock, attache
             "type": "session.closed",
             "session_id": created["session_id"],
             "reason": "server_shutdown",
+            "usage": ANY,
         }
         if attached:
             assert await old.receive_until_closed() == [

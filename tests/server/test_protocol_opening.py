@@ -4,6 +4,7 @@ admission, session.created and the delivery rule."""
 from __future__ import annotations
 
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 import trio
@@ -171,6 +172,7 @@ async def test_session_close_as_first_message_opens_then_closes(autojump_clock: 
             "type": "session.closed",
             "session_id": events[0]["session_id"],
             "reason": "client_close",
+            "usage": ANY,
         }
         assert client.close_code == 1000
         assert sim.server.slots_held == 0

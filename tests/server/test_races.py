@@ -19,6 +19,7 @@ import operator
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 import trio
@@ -926,7 +927,12 @@ async def test_12_shutdown_ends_a_resuming_session_whose_engine_is_slow_to_go(
         assert sim.server.slots_held == 0
         if resumer == "waits":
             assert got[3:] == [
-                {"type": "session.closed", "session_id": session.id, "reason": "server_shutdown"}
+                {
+                    "type": "session.closed",
+                    "session_id": session.id,
+                    "reason": "server_shutdown",
+                    "usage": ANY,
+                }
             ]
             assert new.close_code == 1001
             (queued,) = probe(sim).queued_for(session.id)
@@ -954,7 +960,12 @@ async def test_13_engine_raises_during_resume_replay(autojump_clock: Any, before
         assert types(got)[0] == "session.resumed"
         replayed = seqs(got)
         assert replayed == list(range(1, len(replayed) + 1))  # in order, none twice
-        closed = {"type": "session.closed", "session_id": session.id, "reason": "engine_error"}
+        closed = {
+            "type": "session.closed",
+            "session_id": session.id,
+            "reason": "engine_error",
+            "usage": ANY,
+        }
         if before == "attached":
             # The attachment that was current gets the terminal event; the resume fails.
             assert await old.receive_until_closed() == [closed]

@@ -49,6 +49,7 @@ FLAGS = {
     "--drain-timeout",
     "--engine-stop-timeout",
     "--loop-lag-warning",
+    "--metrics-port",
     "--log-level",
     "--log-format",
     "--config",
@@ -96,6 +97,8 @@ BAD_VALUES = [
     ("--engine-stop-timeout", "soon"),
     ("--loop-lag-warning", "-0.1"),
     ("--loop-lag-warning", "soon"),
+    ("--metrics-port", "-1"),
+    ("--metrics-port", "65536"),
     ("--log-level", "loud"),
 ]
 

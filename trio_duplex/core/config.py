@@ -223,6 +223,14 @@ class ServerConfig:
         validator=_at_least(0),
         metadata=_flag("warn when the event loop is blocked longer than this; 0: off", SECONDS),
     )
+    metrics_port: int = attrs.field(
+        default=0,
+        validator=[_at_least(0), _at_most(65535)],
+        metadata=_flag(
+            "serve /metrics, /healthz, /readyz on this port (same host) instead of the "
+            "main one; 0: on the main one"
+        ),
+    )
     # Not flags: WebSocket keepalive and queue depths are tuned by embedders, not operators.
     ping_interval_s: float = attrs.field(default=20.0, validator=_above(0))
     ping_timeout_s: float = attrs.field(default=20.0, validator=_above(0))

@@ -180,10 +180,14 @@ def going_away(time_left_ms: int) -> Event:
     return {"type": EventType.GOING_AWAY, "time_left_ms": time_left_ms}
 
 
-def ended(session_id: str, reason: Reason) -> Event:
-    """The terminal event: ``session.expired`` for an expiry, else ``session.closed``."""
+def ended(session_id: str, reason: Reason, usage: dict[str, int] | None = None) -> Event:
+    """The terminal event: ``session.expired`` for an expiry, else ``session.closed``;
+    with the session's ``usage`` when given."""
     kind = EventType.EXPIRED if reason in EXPIRY_REASONS else EventType.CLOSED
-    return {"type": kind, "session_id": session_id, "reason": reason}
+    event: Event = {"type": kind, "session_id": session_id, "reason": reason}
+    if usage is not None:
+        event["usage"] = usage
+    return event
 
 
 def error(

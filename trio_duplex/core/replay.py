@@ -38,6 +38,8 @@ class Replay:
     """The highest seq the client holds, has been written, or was told is gone."""
     resumed_sent: bool = False
     """``session.resumed`` has been handed out (the client may have it)."""
+    replayed: int = 0
+    """Journaled events handed out so far (for the metrics)."""
     _checked_start: bool = False
     _pending: list[Entry] = attrs.field(factory=list)
     """Entries taken from the journal and not yet handed out, in order."""
@@ -74,5 +76,6 @@ class Replay:
         if batch:
             del self._pending[:BATCH]
             self.cursor = batch[-1].seq
+            self.replayed += len(batch)
             frames.extend([entry.frame for entry in batch])
         return frames

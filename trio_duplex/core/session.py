@@ -96,6 +96,54 @@ class Emitted(NamedTuple):  # per event: a tuple is several times cheaper to bui
     """A ``session.resync_required`` frame to send before ``frame``, on overflow."""
 
 
+@attrs.define(eq=False, slots=True)
+class Usage:
+    """What one session has carried: ``usage`` in its terminal event (docs/protocol.md).
+
+    Plain integers, bumped on the per-event paths (an attribute add each) and read by
+    the metrics collector at scrape time."""
+
+    events_in: int = 0
+    """Client events handled on the session's current attachment (resume excluded)."""
+    bytes_in: int = 0
+    """Their sizes as read: the messages' lengths in characters (UTF-8 bytes for
+    ASCII, which JSON with escapes is)."""
+    events_out: int = 0
+    """Events the engine sent that were sequenced (journaled)."""
+    bytes_out: int = 0
+    """Their UTF-8 bytes, as journaled."""
+    resumes: int = 0
+    """Resumes committed."""
+    audio_ms_in: float | None = None
+    """Audio received, in milliseconds; None: its format is not known (the engine's
+    ``audio_formats``)."""
+    audio_ms_out: float | None = None
+
+    def as_event(self) -> dict[str, int]:
+        usage = {
+            "events_in": self.events_in,
+            "events_out": self.events_out,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "resumes": self.resumes,
+        }
+        if self.audio_ms_in is not None:
+            usage["audio_ms_in"] = round(self.audio_ms_in)
+        if self.audio_ms_out is not None:
+            usage["audio_ms_out"] = round(self.audio_ms_out)
+        return usage
+
+
+def audio_ms(event: dict[str, Any], bytes_per_ms: int) -> float:
+    """The duration of the base64 ``audio`` of ``event`` (0 if it has none), without
+    decoding it."""
+    audio = event.get("audio")
+    if not isinstance(audio, str):
+        return 0.0
+    size = len(audio) * 3 // 4 - (2 if audio.endswith("==") else 1 if audio.endswith("=") else 0)
+    return max(0, size) / bytes_per_ms
+
+
 def resync_frame(reason: str, dropped_through: int) -> str:
     return encode(events.resync_required(reason, dropped_through))
 
@@ -115,6 +163,7 @@ class Session:
     idle_deadline: float = math.inf
     terminal: Terminal | None = None
     resume: ResumeAttempt | None = None
+    usage: Usage = attrs.field(factory=Usage)
     _lost_in_handshake: bool = False
     _unconfirmed: bytes | None = None
     """The digest of the token the last resume issued, until the client shows it holds
@@ -216,6 +265,7 @@ class Session:
         self.grace_deadline = math.inf
         self.idle_deadline = now + self.limits.idle_ttl_s
         self._unconfirmed = self.credentials.pending
+        self.usage.resumes += 1
         return Commit(attempt.generation, replaced)
 
     def abort_resume(self, attempt: ResumeAttempt, now: float) -> Terminal | None:
@@ -235,7 +285,11 @@ class Session:
         journal = self.journal
         event["server_event_seq"] = journal.head + 1
         frame = encode(event)
-        dropped = journal.append(frame, utf8_len(frame), now)
+        size = utf8_len(frame)
+        dropped = journal.append(frame, size, now)
+        usage = self.usage
+        usage.events_out += 1
+        usage.bytes_out += size
         notice = None if dropped is None else resync_frame("journal_overflow", dropped)
         return Emitted(frame, notice)
 
@@ -282,7 +336,8 @@ class Session:
         attached = self.generation if self.state in (State.ATTACHED, State.OPENING) else None
         self.state = State.CLOSING
         self.grace_deadline = self.idle_deadline = math.inf
-        self.terminal = Terminal(events.ended(self.id, reason), code, attached)
+        ended = events.ended(self.id, reason, self.usage.as_event())
+        self.terminal = Terminal(ended, code, attached)
         return self.terminal
 
     def poll(self, now: float) -> Terminal | None:

@@ -55,6 +55,10 @@ class Engine:
     """Base class for engines. Subclasses set ``accepts`` and implement ``run``."""
 
     accepts: ClassVar[Collection[str]] = frozenset()
+    audio_formats: ClassVar[Mapping[str, int]] = {}
+    """Event types (client or server) whose base64 ``audio`` field holds audio of a known
+    format, with its bytes per millisecond (24 kHz mono PCM16: 48): their durations are
+    counted in the session's ``usage`` (``audio_ms_in``, ``audio_ms_out``)."""
 
     def check(self, event: Event) -> None:
         """Validate one accepted event's fields; raise BadEvent to refuse it.

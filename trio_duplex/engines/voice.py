@@ -141,6 +141,8 @@ class VoiceEngine(Engine):
     """Speaks ``input.text.append`` as paced synthetic audio; see the module docstring."""
 
     accepts = frozenset({"input.text.append", "input_audio_buffer.append", "response.cancel"})
+    # What it sends is 24 kHz mono PCM16; what a client sends it, it does not know.
+    audio_formats = {"response.output_audio.delta": SAMPLE_RATE * 2 // 1000}
 
     def __init__(self, config: Mapping[str, Any] | None = None, *, max_queued: int = 16) -> None:
         if max_queued < 1:

@@ -47,6 +47,10 @@ class FinishWatcher(Protocol):
     def terminal_queued(self, conn: Connection, frames: list[str]) -> None: ...
 
 
+class WriteSampler(Protocol):
+    def observe(self, seconds: float) -> None: ...
+
+
 @attrs.define(eq=False)
 class Connection:
     ws: WebSocket
@@ -69,6 +73,10 @@ class Connection:
     _wake: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _drained: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _keepalive: Keepalive | None = None
+    _written: int = 0
+    """Frames the pump has taken from the outbox to write (direct writes not counted)."""
+    _sample: tuple[int, float, WriteSampler] | None = None
+    """A sampled frame's place (``_written`` once it is out), send time, and sampler."""
 
     @classmethod
     @asynccontextmanager
@@ -211,6 +219,21 @@ class Connection:
     def _drop_outbox(self) -> None:
         self.outbox.clear()
         self.queued = 0
+        self._sample = None
+
+    def sample_write(self, since: float, sampler: WriteSampler) -> None:
+        """Report to ``sampler`` how long after ``since`` the last frame pushed is
+        written: now if it was written directly, else once the pump has written it."""
+        if self.outbox:
+            self._sample = (self._written + len(self.outbox), since, sampler)
+        else:
+            sampler.observe(trio.current_time() - since)
+
+    def _sampled(self) -> None:
+        sample = self._sample
+        if sample is not None and self._written >= sample[0]:
+            self._sample = None
+            sample[2].observe(trio.current_time() - sample[1])
 
     async def wait_drained(self) -> None:
         await self._drained.park()
@@ -238,12 +261,16 @@ class Connection:
                 if len(outbox) == 1:
                     frame = outbox.popleft()
                     self.queued -= len(frame)
+                    self._written += 1  # counted once taken: see sample_write
                     await ws.send_message(frame)
                 else:
                     count = min(len(outbox), BATCH)
                     frames = [outbox.popleft() for _ in range(count)]
                     self.queued -= sum(map(len, frames))
+                    self._written += count
                     await ws.send_many(frames)
+                if self._sample is not None:
+                    self._sampled()
                 if self._drained and len(outbox) <= low_water and self.queued <= low_bytes:
                     self._drained.unpark_all()
             elif ws.unsent or ws.broken:

@@ -28,10 +28,10 @@ from .._pace import Pace
 from ..core import events
 from ..core.events import SESSION_INPUT, ErrorCode, EventType, Reason
 from ..core.frames import CloseCode
-from ..core.session import Commit, Session, Terminal
+from ..core.session import Commit, Session, Terminal, audio_ms
 from ..core.wire import ConfigBudget, ProtocolError, encode, is_seq
 from ..engines.api import Engine, EngineSession, Event, Inbox
-from .connection import Connection
+from .connection import Connection, WriteSampler
 from .timers import Entry
 
 log = logging.getLogger("trio_duplex")
@@ -67,6 +67,10 @@ class Owner(Protocol):
 
     def going_away_frame(self) -> str | None:
         """While the server drains: the warning for a newly attached connection."""
+
+    @property
+    def send_to_write(self) -> WriteSampler:
+        """Where sampled send-to-write times go (the metrics' histogram)."""
 
 
 class CheckFailed(Exception):
@@ -114,6 +118,11 @@ _PROTOCOL_INPUT = frozenset({*SESSION_INPUT, EventType.EVENT_ACK, EventType.RESU
 _ANSWERED_HERE = frozenset({EventType.HEARTBEAT, EventType.EVENT_ACK, EventType.CLOSE})
 _UPDATE = str(EventType.UPDATE)
 
+SAMPLE_EVERY = 64
+"""One engine event in this many (per session) has its send-to-write time measured:
+the clock read and the bookkeeping stay off the other events' path."""
+_SAMPLE_MASK = SAMPLE_EVERY - 1
+
 
 @attrs.define(eq=False)
 class SessionRunner:
@@ -139,10 +148,23 @@ class SessionRunner:
     """The engine's ``run`` has returned (or raised)."""
     _give_up_at: float = math.inf
     """Once the engine is cancelled: when it is abandoned unless it has returned."""
+    _audio_in: dict[str, int] = attrs.field(factory=dict)
+    """The engine's ``audio_formats`` for client events, and for its own."""
+    _audio_out: dict[str, int] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self._inbox = Inbox(self.max_pending_input, self.max_input_bytes)
         self._budget = ConfigBudget.of(self.session.config, self.max_config_bytes)
+        formats = self.engine.audio_formats
+        if formats:  # (most engines: none, and the per-event paths test one empty dict)
+            accepts = self.engine.accepts
+            self._audio_in = {k: v for k, v in formats.items() if k in accepts}
+            self._audio_out = {k: v for k, v in formats.items() if k not in accepts}
+            usage = self.session.usage
+            if self._audio_in:
+                usage.audio_ms_in = 0.0
+            if self._audio_out:
+                usage.audio_ms_out = 0.0
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -280,9 +302,13 @@ class SessionRunner:
     async def emit(self, event: Event) -> None:
         """An engine's ``send``: sequence, journal, and write to the attached connection."""
         await self._pace.step()
-        emitted = self.session.emit(event, trio.current_time())
+        session = self.session
+        now = trio.current_time()
+        emitted = session.emit(event, now)
+        if self._audio_out and emitted is not None:
+            self._count_audio_out(event)
         conn = self.conn
-        if emitted is None or conn is None or not self.session.is_current(conn.generation):
+        if emitted is None or conn is None or not session.is_current(conn.generation):
             return
         # While more input waits for the engine, more output will follow at once: let
         # the pump send it together. Otherwise write it now, from this task.
@@ -290,12 +316,20 @@ class SessionRunner:
         if emitted.notice is not None:
             conn.push(emitted.notice, coalesce=coalesce)
         conn.push(emitted.frame, coalesce=coalesce)
+        if not session.usage.events_out & _SAMPLE_MASK:
+            conn.sample_write(now, self.owner.send_to_write)
         # Wait only while this connection is still the session's live attachment: once
         # it is lost or replaced, output goes to the journal without waiting.
         while (
             conn.congested and conn.close_code is None and self.session.is_current(conn.generation)
         ):
             await conn.wait_drained()
+
+    def _count_audio_out(self, event: Event) -> None:
+        rate = self._audio_out.get(event["type"])
+        usage = self.session.usage
+        if rate is not None and usage.audio_ms_out is not None:
+            usage.audio_ms_out += audio_ms(event, rate)
 
     def handle(self, conn: Connection, event: Event, size: int = 0) -> None:
         """One client event from ``conn``, already decoded from ``size`` characters.
@@ -305,6 +339,9 @@ class SessionRunner:
             return  # a replaced or ending attachment: fenced off
         now = trio.current_time()
         session.touch(now)
+        usage = session.usage
+        usage.events_in += 1
+        usage.bytes_in += size
         try:
             check_input(self.engine, event)
             kind = event["type"]
@@ -341,6 +378,11 @@ class SessionRunner:
                 self._inbox.put_nowait(event, size)
             except trio.WouldBlock:
                 raise _backpressure() from None
+            if self._audio_in:
+                rate = self._audio_in.get(kind)
+                usage = session.usage
+                if rate is not None and usage.audio_ms_in is not None:
+                    usage.audio_ms_in += audio_ms(event, rate)
         if seq is not None:
             session.note_client_seq(seq)
 

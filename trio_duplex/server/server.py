@@ -29,6 +29,7 @@ connection (1011) and is logged, and the session it held follows docs/protocol.m
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import math
 import os
@@ -46,7 +47,9 @@ from ..core.replay import Replay
 from ..core.session import State
 from ..core.wire import LARGE, ConfigBudget, ProtocolError, decode, decode_steps, encode, is_seq
 from ..engines.api import Engine, EngineFactory
+from . import metrics
 from .connection import Connection
+from .http import Endpoints, serve_internal
 from .runner import CheckFailed, SessionRunner, check_input, only_trio_cancellation
 from .sessions import Observer, Sessions
 from .tls import server_ssl_context, tls_handshake
@@ -100,12 +103,27 @@ class DuplexServer:
     _refusing: int = attrs.field(default=0, init=False)
     _refused: int = attrs.field(default=0, init=False)
     _refusal_quiet_until: float = attrs.field(default=-math.inf, init=False)
+    endpoints: Endpoints = attrs.field(init=False)
+    """Health, readiness and metrics (http.py), on the main listener or the metrics one."""
+    _internal: int = attrs.field(default=0, init=False)
+    """Connections of the ``--metrics-port`` listener being answered."""
 
     def __attrs_post_init__(self) -> None:
         self.sessions = Sessions(self.config, self.close_timeout_s)
         cert, key = self.config.tls_cert, self.config.tls_key
         if self.ssl_context is None and cert is not None and key is not None:
             self.ssl_context = server_ssl_context(cert, key)
+        self.endpoints = Endpoints(
+            self._readiness,
+            lambda: (metrics.exposition(self), metrics.CONTENT_TYPE),
+            self.sessions.totals.refusals,
+            on_main=not self.config.metrics_port,
+        )
+
+    def _readiness(self) -> tuple[bool, dict[str, object]]:
+        held, most = self.sessions.slots_held, self.config.max_sessions
+        status = "draining" if self.shutting_down else "full" if held >= most else "ready"
+        return status == "ready", {"status": status, "slots_held": held, "slots_max": most}
 
     @property
     def scheme(self) -> str:
@@ -126,14 +144,20 @@ class DuplexServer:
             serving = [
                 trio.SSLListener(lsn, self.ssl_context, https_compatible=True) for lsn in listeners
             ]
+        internal: list[trio.SocketListener] = []
+        if self.config.metrics_port:
+            internal = await trio.open_tcp_listeners(
+                self.config.metrics_port, host=self.config.host
+            )
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.run, serving)
+            await nursery.start(functools.partial(self.run, serving, internal=internal))
             task_status.started(port)
 
     async def run(
         self,
         listeners: Sequence[trio.abc.Listener[Any]],
         *,
+        internal: Sequence[trio.abc.Listener[Any]] = (),
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Serve until ``begin_shutdown`` has drained every session.
@@ -153,6 +177,8 @@ class DuplexServer:
                     conns.start_soon(sessions.watch)
                     for listener in listeners:
                         conns.start_soon(self._accept, listener, conns)
+                    for listener in internal:
+                        conns.start_soon(self._accept_internal, listener, conns)
                     task_status.started()
                     await self._shutdown.wait()
                     await sessions.drain()
@@ -250,11 +276,41 @@ class DuplexServer:
                     else:
                         await self._refuse(stream, ip, from_ip, nursery)
 
+    async def _accept_internal(
+        self, listener: trio.abc.Listener[Any], nursery: trio.Nursery
+    ) -> None:
+        """The ``--metrics-port`` listener: each connection answered once, then closed;
+        at most ``max_refusing`` at once (more are closed unanswered)."""
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _AT_CAPACITY:
+                        raise
+                    await trio.sleep(_AT_CAPACITY_RETRY_S)  # (the main listener logs it)
+                    continue
+                if self._internal < self.max_refusing:
+                    self._internal += 1
+                    nursery.start_soon(self._answer_internal, stream)
+                else:
+                    await trio.aclose_forcefully(stream)
+
+    async def _answer_internal(self, stream: trio.abc.Stream) -> None:
+        try:
+            with trio.move_on_after(self.config.handshake_timeout_s):
+                await serve_internal(stream, self.endpoints)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self._internal -= 1
+            await trio.aclose_forcefully(stream)
+
     async def _handle_stream(self, stream: trio.abc.Stream, ip: str | None = None) -> None:
         """One counted connection's task; it gives its place back when it ends."""
         try:
             accepted = None
-            with trio.move_on_after(self.config.handshake_timeout_s):
+            with trio.move_on_after(self.config.handshake_timeout_s) as handshake:
                 if isinstance(stream, trio.SSLStream) and not await tls_handshake(stream, ip):
                     return
                 # Until it carries a session, a connection's messages are small: the
@@ -265,8 +321,11 @@ class DuplexServer:
                     self.config.first_message_bytes,
                     self.config.write_timeout_s,
                     ip,
+                    self.endpoints,
                     origins=self.config.allow_origin,
                 )
+            if handshake.cancelled_caught:
+                self.endpoints.refused("timeout")
             if accepted is not None:
                 await self._serve(*accepted)
         except* (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -384,6 +443,11 @@ class DuplexServer:
                     return await self._resume(conn, event)
                 return await self._open_with(conn, event, len(text))
             except ProtocolError as exc:
+                totals = self.sessions.totals
+                if event.get("type") == EventType.RESUME:
+                    totals.count(totals.resumes, exc.code)
+                elif exc.code == ErrorCode.ENGINE_ERROR:
+                    totals.engine_errors += 1
                 if exc.code not in _NOT_FAULTS:
                     conn.ws.report_fault(str(exc))
                 error = encode(exc.to_event(event))
@@ -465,6 +529,7 @@ class DuplexServer:
         attempt = session.begin_resume(token, last, now)
         self.sessions.reschedule(runner)
         replay = Replay(attempt)
+        totals = self.sessions.totals
         try:
             # The core decides what to write; this only writes it, within a bound: a
             # resumer that does not read would otherwise hold the session (its timers
@@ -478,6 +543,7 @@ class DuplexServer:
             runner.apply(session.abort_resume(attempt, trio.current_time()))
             self.sessions.reschedule(runner)
             self.sessions.detached(runner)  # detached again: during a drain it ends now
+            totals.count(totals.resumes, "aborted")
             if isinstance(exc, trio.TooSlowError):  # the write was cut: no close frame
                 log.info(
                     "session %s: resume aborted, replay not written within %ss",
@@ -487,6 +553,8 @@ class DuplexServer:
                 )
                 return None
             raise
+        finally:
+            totals.replayed_events += replay.replayed
         self.sessions.reschedule(runner)
         if commit is None:
             terminal = session.terminal
@@ -498,12 +566,14 @@ class DuplexServer:
                     conn.finish([encode(terminal.event)], terminal.close_code)
                 else:
                     runner.resumer = conn
+                totals.count(totals.resumes, "ended")
                 return None
             raise ProtocolError.resume_refused(
                 ErrorCode.SESSION_RESUME_EXPIRED,
                 "the session ended during the resume",
             )
         runner.attach(conn, commit)
+        totals.count(totals.resumes, "ok")
         log.info(
             "session %s resumed (generation %d)",
             session.id,

@@ -20,6 +20,7 @@ like trio's ``Instrument``, called synchronously at each decision.
 
 from __future__ import annotations
 
+import bisect
 import contextvars
 import logging
 
@@ -29,12 +30,52 @@ import trio
 from ..core import events
 from ..core.config import ServerConfig
 from ..core.events import ErrorCode, Reason
-from ..core.session import Commit, Registry, Session, State, Terminal
+from ..core.session import Commit, Registry, Session, State, Terminal, Usage
 from ..core.wire import ProtocolError, encode
 from ..engines.api import Engine
 from .connection import Connection
 from .runner import SessionRunner
 from .timers import Timers
+
+SEND_TO_WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+"""Upper bounds (seconds) of the send-to-write histogram's buckets, +Inf implied."""
+
+
+@attrs.define(eq=False)
+class Histogram:
+    """Counts of sampled times per bucket (``SEND_TO_WRITE_BUCKETS``), not cumulative."""
+
+    bounds: tuple[float, ...] = SEND_TO_WRITE_BUCKETS
+    counts: list[int] = attrs.field(init=False)
+    total: float = 0.0
+
+    def __attrs_post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.total += seconds
+
+
+@attrs.define(eq=False)
+class Totals:
+    """Counts since the server started, for the metrics (read at scrape time)."""
+
+    opened: int = 0
+    """Sessions whose ``session.created`` was delivered."""
+    resumes: dict[str, int] = attrs.field(factory=dict)
+    """By result: ``ok``, an error code, ``aborted`` (replay not written in time)."""
+    refusals: dict[str, int] = attrs.field(factory=dict)
+    """HTTP handshakes refused, by reason."""
+    engine_errors: int = 0
+    """Sessions ended ``engine_error``, and engines that failed before a session."""
+    replayed_events: int = 0
+    ended: Usage = attrs.field(factory=Usage)
+    """The sum of the usage of every session that has ended."""
+
+    def count(self, table: dict[str, int], key: str) -> None:
+        table[key] = table.get(key, 0) + 1
+
 
 log = logging.getLogger("trio_duplex")
 
@@ -60,6 +101,9 @@ class Sessions:
     registry: Registry = attrs.field(init=False)
     timers: Timers = attrs.field(factory=Timers, init=False)
     observers: list[Observer] = attrs.field(factory=list, init=False)
+    totals: Totals = attrs.field(factory=Totals, init=False)
+    send_to_write: Histogram = attrs.field(factory=Histogram, init=False)
+    """Sampled times from an engine's send to its frame's write (runner.SAMPLE_EVERY)."""
     abandoned: set[SessionRunner] = attrs.field(factory=set, init=False)
     """Runners whose engine was abandoned (it ignored cancellation) and has not returned:
     their sessions have ended, their tasks have not."""
@@ -169,6 +213,7 @@ class Sessions:
         self._runners[session.id] = runner
         assert self._nursery is not None
         self._nursery.start_soon(runner.run)  # synchronous: no cancel point in between
+        self.totals.opened += 1
         self.reschedule(runner)
         if self._drained:  # delivered after the drain ended: it ends with the others
             runner.end(Reason.SHUTDOWN)
@@ -199,7 +244,13 @@ class Sessions:
         self._decided(runner.session, terminal)
 
     def ended(self, runner: SessionRunner) -> None:
-        self.registry.release(runner.session)
+        if self.registry.release(runner.session):
+            usage, ended = runner.session.usage, self.totals.ended
+            ended.events_in += usage.events_in
+            ended.bytes_in += usage.bytes_in
+            ended.events_out += usage.events_out
+            ended.bytes_out += usage.bytes_out
+            ended.resumes += usage.resumes
         del self._runners[runner.session.id]
         self.timers.forget(runner)
         if runner.abandoned:
@@ -222,6 +273,8 @@ class Sessions:
             runner.end(Reason.SHUTDOWN)
 
     def _decided(self, session: Session, terminal: Terminal) -> None:
+        if terminal.reason == Reason.ENGINE_ERROR:
+            self.totals.engine_errors += 1
         for observer in self.observers:
             observer.terminal_decided(session, terminal)
 

@@ -51,6 +51,7 @@ from ..core.frames import (
     text_frame,
 )
 from .faults import FAULTS
+from .http import Endpoints
 
 RECEIVE_SIZE = 65536
 _MAX_REQUEST_BYTES = 16384
@@ -432,6 +433,14 @@ _UNAVAILABLE = _answer(
 )
 
 
+def _uncounted(reason: str) -> None:
+    pass
+
+
+_REFUSAL_REASONS = {404: "not_found", 403: "origin"}
+"""The ``trio_duplex_handshake_refusals_total`` reason of an upgrade answered so."""
+
+
 def _refusal_reason(exc: BaseException | None) -> str:
     """Why websockets refused a request head, in a fixed text (never the client's)."""
     cause = exc.__cause__ if exc is not None else None
@@ -493,6 +502,7 @@ async def accept_websocket(
     max_message_bytes: int,
     write_timeout: float = math.inf,
     peer: str | None = None,
+    endpoints: Endpoints | None = None,
     *,
     origins: Sequence[str] = (),
 ) -> tuple[WebSocket, dict[str, list[str]]] | None:
@@ -501,9 +511,11 @@ async def accept_websocket(
     A valid upgrade for ``path`` gets 101 and returns the WebSocket and the query; one
     for another path gets 404, one whose Origin header is not in ``origins`` (when
     given, and not ``*``) 403, a request that is not an upgrade 400, and anything that
-    is not HTTP is dropped: those return None. Bound it with a deadline.
+    is not HTTP is dropped: those return None. Bound it with a deadline. A path that
+    ``endpoints`` answers (health, metrics: http.py) gets that answer instead.
     """
     where = f"a connection from {peer}" if peer else "a connection"
+    refused = _uncounted if endpoints is None else endpoints.refused
     received = b""
     checked = 0  # LFs before this were looked at
     while (end := received.find(b"\r\n\r\n")) < 0:
@@ -511,6 +523,7 @@ async def accept_websocket(
             break
         if _bare_line_feed(received, checked):
             FAULTS.report(where, "400: a request line not ended by CR LF")
+            refused("bad_request")
             await stream.send_all(_BAD_REQUEST)
             return None
         checked = len(received)
@@ -520,6 +533,7 @@ async def accept_websocket(
         received += data
     if end < 0 or end + 4 > _MAX_REQUEST_BYTES:  # the bound counts however the bytes came
         FAULTS.report(where, "431: request head too large")
+        refused("head_too_large")
         await stream.send_all(_TOO_LARGE)
         return None
     # A GET upgrade has no body: frames the client sent at once come right after it.
@@ -532,11 +546,15 @@ async def accept_websocket(
     if not events:  # not an HTTP request websockets takes: say why, in our words
         why = _refusal_reason(protocol.handshake_exc)
         FAULTS.report(where, f"400: {why}")
+        refused("bad_request")
         await stream.send_all(_answer("400 Bad Request", why + "\n"))
         return None
     request = events[0]
     assert isinstance(request, Request)
     url = urlsplit(request.path)
+    if endpoints is not None and (answer := endpoints.answer(url.path)) is not None:
+        await stream.send_all(answer)
+        return None
     response = protocol.accept(request)
     if response.status_code == 403:  # websockets' body quotes the origin: ours does not
         response = protocol.reject(403, "origin not allowed\n")
@@ -547,6 +565,7 @@ async def accept_websocket(
     protocol.send_response(response)
     if response.status_code != 101:
         FAULTS.report(where, f"{response.status_code}: {response.reason_phrase}")
+        refused(_REFUSAL_REASONS.get(response.status_code, "not_upgrade"))
     await stream.send_all(b"".join(protocol.data_to_send()))
     if response.status_code != 101:
         return None

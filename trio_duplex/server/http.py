@@ -1,0 +1,91 @@
+"""Plain HTTP answers beside the WebSocket endpoint: health, readiness and metrics.
+
+``GET /healthz`` (200 while the process serves), ``GET /readyz`` (200 while new sessions
+are accepted, 503 while draining or with every slot held), both JSON, and
+``GET /metrics`` (Prometheus text, metrics.py). No authentication: with
+``--metrics-port`` they move to a listener of their own, meant to stay internal.
+
+``accept_websocket`` asks ``Endpoints.answer`` about each request's path before the
+upgrade, and tells ``refused`` why it turned one away; ``serve_internal`` serves the
+separate listener, which answers nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import attrs
+import trio
+
+HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+_MAX_REQUEST_BYTES = 16384
+
+
+def response(status: str, body: bytes, content_type: str) -> bytes:
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def _json(status: str, value: dict[str, object]) -> bytes:
+    return response(status, json.dumps(value).encode() + b"\n", "application/json")
+
+
+@attrs.define(eq=False)
+class Endpoints:
+    """A server's plain HTTP answers, and its count of refused handshakes."""
+
+    readiness: Callable[[], tuple[bool, dict[str, object]]]
+    """Ready for new sessions, and the JSON body that says why (or why not)."""
+    metrics: Callable[[], tuple[bytes, str]]
+    """The metrics' exposition and its content type."""
+    refusals: dict[str, int]
+    """Where ``refused`` counts (``Totals.refusals``)."""
+    on_main: bool = True
+    """Answer the paths on the WebSocket listener (False: ``--metrics-port`` does)."""
+
+    def answer(self, path: str) -> bytes | None:
+        """The whole response for a request of ``path``, or None: not ours here."""
+        if not self.on_main:
+            return None
+        return self.respond(path)
+
+    def respond(self, path: str) -> bytes | None:
+        if path == "/healthz":
+            return _json("200 OK", {"status": "ok"})
+        if path == "/readyz":
+            ready, state = self.readiness()
+            return _json("200 OK" if ready else "503 Service Unavailable", state)
+        if path == "/metrics":
+            text, content_type = self.metrics()
+            return response("200 OK", text, content_type)
+        return None
+
+    def refused(self, reason: str) -> None:
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+
+
+_NOT_FOUND = response("404 Not Found", b"not found\n", "text/plain")
+_BAD_REQUEST = response("400 Bad Request", b"a GET request is expected\n", "text/plain")
+
+
+async def serve_internal(stream: trio.abc.Stream, endpoints: Endpoints) -> None:
+    """Answer one request on the internal listener: GET of a health path, else 404
+    (400 for anything but a GET). Bound it with a deadline."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        if len(head) > _MAX_REQUEST_BYTES:
+            return
+        data = await stream.receive_some(_MAX_REQUEST_BYTES)
+        if not data:
+            return
+        head += data
+    parts = head.split(b"\r\n", 1)[0].split(b" ")
+    if len(parts) != 3 or parts[0] != b"GET" or not parts[2].startswith(b"HTTP/1."):
+        await stream.send_all(_BAD_REQUEST)
+        return
+    path = parts[1].decode("latin-1").split("?", 1)[0]
+    await stream.send_all(endpoints.respond(path) or _NOT_FOUND)

@@ -1,0 +1,156 @@
+"""The server's Prometheus metrics, read at scrape time.
+
+Nothing here runs per event. The per-event paths only bump plain integers on objects
+they already hold (a session's ``Usage``, ``Sessions.totals``; one engine event in
+``runner.SAMPLE_EVERY`` per session is timed from send to write); a scrape walks the
+live sessions and turns those counts into metric families (a prometheus-client custom
+collector), so an unscraped server pays nothing more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from ..core.config import ServerConfig
+from ..core.session import State
+from .runner import SAMPLE_EVERY
+from .sessions import Sessions
+
+
+class Served(Protocol):
+    """What the metrics read of a server (``DuplexServer``)."""
+
+    config: ServerConfig
+    sessions: Sessions
+
+    @property
+    def open_connections(self) -> int: ...
+
+    @property
+    def connections_refused(self) -> int: ...
+
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ServerCollector(Collector):
+    """One server's metrics, all named ``trio_duplex_*`` (README, Health and metrics)."""
+
+    def __init__(self, server: Served) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        server = self.server
+        sessions = server.sessions
+        totals = sessions.totals
+        live = list(sessions.registry.sessions.values())
+
+        by_state = dict.fromkeys([state.value for state in State if state is not State.CLOSED], 0)
+        events_in, events_out = totals.ended.events_in, totals.ended.events_out
+        journal_bytes = 0
+        for session in live:
+            by_state[session.state.value] += 1
+            usage = session.usage
+            events_in += usage.events_in
+            events_out += usage.events_out
+            journal_bytes += session.journal.bytes
+        gauge = GaugeMetricFamily(
+            "trio_duplex_sessions", "Sessions holding a slot, by state.", labels=["state"]
+        )
+        for state, count in by_state.items():
+            gauge.add_metric([state], count)
+        yield gauge
+        yield GaugeMetricFamily(
+            "trio_duplex_slots_max", "Session slots (--max-sessions).", server.config.max_sessions
+        )
+        yield GaugeMetricFamily(
+            "trio_duplex_connections",
+            "Open TCP connections counted against --max-connections.",
+            server.open_connections,
+        )
+        yield GaugeMetricFamily(
+            "trio_duplex_journal_bytes",
+            "Bytes held in the replay journals of live sessions.",
+            journal_bytes,
+        )
+        yield CounterMetricFamily(
+            "trio_duplex_sessions_opened",
+            "Sessions opened (session.created delivered).",
+            totals.opened,
+        )
+        resumes = CounterMetricFamily(
+            "trio_duplex_resumes",
+            "Resume attempts by result: ok, aborted, or the error code of a refusal.",
+            labels=["result"],
+        )
+        for result, count in sorted(totals.resumes.items()):
+            resumes.add_metric([result], count)
+        yield resumes
+        events = CounterMetricFamily(
+            "trio_duplex_events",
+            "Session events: in, client events handled; out, engine events sequenced.",
+            labels=["direction"],
+        )
+        events.add_metric(["in"], events_in)
+        events.add_metric(["out"], events_out)
+        yield events
+        yield CounterMetricFamily(
+            "trio_duplex_replayed_events",
+            "Journaled events written again by resumes.",
+            totals.replayed_events,
+        )
+        refusals = CounterMetricFamily(
+            "trio_duplex_handshake_refusals",
+            "HTTP upgrade requests refused, by reason.",
+            labels=["reason"],
+        )
+        refused = dict(totals.refusals)
+        if server.connections_refused:
+            refused["over_limit"] = server.connections_refused
+        for reason, count in sorted(refused.items()):
+            refusals.add_metric([reason], count)
+        yield refusals
+        yield CounterMetricFamily(
+            "trio_duplex_engine_errors",
+            "Engines that failed: sessions ended engine_error, and failures before a session.",
+            totals.engine_errors,
+        )
+        yield _histogram(
+            "trio_duplex_send_to_write_seconds",
+            "Time from an engine's send to its frame's write, sampled: "
+            f"one event in {SAMPLE_EVERY} per session.",
+            sessions.send_to_write.bounds,
+            sessions.send_to_write.counts,
+            sessions.send_to_write.total,
+        )
+
+
+def _histogram(
+    name: str, doc: str, bounds: tuple[float, ...], counts: list[int], total: float
+) -> HistogramMetricFamily:
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    for bound, count in zip([*bounds, float("inf")], counts, strict=True):
+        running += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
+    family = HistogramMetricFamily(name, doc)
+    family.add_metric([], buckets, total)
+    return family
+
+
+def exposition(server: Served) -> bytes:
+    """The Prometheus text exposition of ``server``'s metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServerCollector(server))
+    return generate_latest(registry)
