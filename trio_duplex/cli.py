@@ -169,7 +169,7 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
     Both ways out that cannot wait for trio leave through ``_exit_now``: a task that
     ignores cancellation (an abandoned engine) can be neither awaited nor stopped, so
     neither cancelling the nursery nor returning from trio.run would ever finish."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
 
             async def serve(*, task_status: trio.TaskStatus[int]) -> None:
@@ -196,13 +196,19 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
                 server.config.path,
                 engine,
             )
-            if not _loopback(host):
+            if server.keys is None and not _loopback(host):
                 log.warning(
                     "listening on %s with no authentication: anyone who can reach the port "
                     "can open sessions and hold their slots",
                     host or "every address",
                 )
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    if server.config.api_key_file is None:
+                        log.info("SIGHUP: no --api-key-file to re-read")
+                    else:
+                        server.reload_keys()
+                    continue
                 if server.shutting_down:
                     log.warning(
                         "second signal (%s): exiting now, without finishing the drain (status %d)",

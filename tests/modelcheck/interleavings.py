@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 
 from trio_duplex.core.config import ServerConfig
-from trio_duplex.core.credentials import Credentials, _digest
+from trio_duplex.core.credentials import Credentials, digest
 from trio_duplex.core.events import Reason
 from trio_duplex.core.journal import Journal
 from trio_duplex.core.replay import Replay
@@ -201,7 +201,7 @@ class Slot:
 
     def issue(self, token: str) -> None:
         self.issued.append(token)
-        self.digests.append(_digest(token))
+        self.digests.append(digest(token))
 
     def label(self, token: str | None) -> int | None:
         """A token as its age: 0 the newest issued, 1 the one before, ..."""

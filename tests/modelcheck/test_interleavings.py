@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 import pytest
 
-from trio_duplex.core.credentials import Credentials, _digest, new_token
+from trio_duplex.core.credentials import Credentials, digest, new_token
 from trio_duplex.core.events import Reason
 from trio_duplex.core.journal import Journal
 from trio_duplex.core.replay import Replay
@@ -189,7 +189,7 @@ def test_catches_a_rotation_that_forgets_the_presented_token(
 ) -> None:
     def rotate(self: Credentials, presented: str) -> str:
         token = new_token()
-        self._current, self._pending = _digest(token), None
+        self._current, self._pending = digest(token), None
         return token
 
     monkeypatch.setattr(Credentials, "rotate", rotate)

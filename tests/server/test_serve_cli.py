@@ -30,6 +30,7 @@ FLAGS = {
     "--tls-cert",
     "--tls-key",
     "--allow-origin",
+    "--api-key-file",
     "--engine",
     "--max-sessions",
     "--disconnect-grace",

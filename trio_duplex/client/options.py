@@ -93,6 +93,9 @@ class ClientOptions:
     """``send`` waits while the resend buffer holds this much (flow control)."""
     max_message_bytes: int | None = None
     """Largest server message accepted (None: no limit; audio can be large)."""
+    api_key: str | None = attrs.field(default=None, repr=False)
+    """Presented (``Authorization: Bearer``) to open a session on a server with
+    ``--api-key-file``; a resume presents the session's resume token instead."""
 
 
 @attrs.frozen

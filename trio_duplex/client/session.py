@@ -471,8 +471,13 @@ class ClientSession:
         if self._open_stream is not None:
             with trio.fail_at(deadline):
                 stream = await self._open_stream()
+        # The credential (servers with --api-key-file): the resume token to resume, else
+        # the API key, if any.
+        credential = self._core.resume_token or self._options.api_key
+        headers = None if credential is None else {"Authorization": f"Bearer {credential}"}
         async with _ws_connect(
             self._url,
+            additional_headers=headers,
             stream=stream,
             ssl=self._ssl,
             compression=None,

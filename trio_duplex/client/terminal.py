@@ -45,6 +45,8 @@ from . import (
 )
 
 TOKEN_ENV = "TRIO_DUPLEX_RESUME_TOKEN"
+API_KEY_VARIABLE = "TRIO_DUPLEX_API_KEY"
+"""Where `trio-duplex connect` takes an API key from (servers with --api-key-file)."""
 _SAMPLE_RATE = 24_000  # the protocol's audio: base64 PCM16 mono, 24 kHz
 
 
@@ -332,7 +334,8 @@ async def run(
     policy = ReconnectPolicy(
         max_attempts=args.max_attempts, deadline=args.reconnect_deadline, retry_open=False
     )
-    options = ClientOptions(reconnect=policy)
+    # An API key from the environment, not a flag: a flag would show in `ps`.
+    options = ClientOptions(reconnect=policy, api_key=os.environ.get(API_KEY_VARIABLE) or None)
     url = _full_url(args.url)
     try:
         audio = AudioSink(args.save_audio) if args.save_audio else None

@@ -21,11 +21,16 @@ class WebsocketsLog(logging.LoggerAdapter[logging.Logger]):
     """websockets 17.4's trio connection logs "unexpected internal error" (EOFError) when a
     failed send closes the stream while its reader is mid-batch: a benign race on a
     connection that is ending anyway (what it carried is replayed by the resume).
-    Demoted to DEBUG so a terminal does not show a traceback for an ordinary cut."""
+    Demoted to DEBUG so a terminal does not show a traceback for an ordinary cut.
+
+    At DEBUG websockets logs every request header: the ``Authorization`` one (an API
+    key, a resume token) is redacted."""
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
         if msg == "unexpected internal error" and isinstance(sys.exc_info()[1], EOFError):
             level, msg, args, kwargs = logging.DEBUG, "connection ended mid-batch", (), {}
+        elif msg == "> %s: %s" and args and str(args[0]).lower() == "authorization":
+            args = (args[0], "<redacted>")
         super().log(level, msg, *args, **kwargs)
 
 

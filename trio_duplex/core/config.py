@@ -124,6 +124,14 @@ class ServerConfig:
             "any",
         ),
     )
+    api_key_file: str | None = attrs.field(
+        default=None,
+        metadata=_flag(
+            "NAME:KEY lines; with it every new session must present a key (re-read on SIGHUP)",
+            "FILE",
+            "none",
+        ),
+    )
     max_sessions: int = attrs.field(
         default=64, validator=_at_least(1), metadata=_flag("session slots")
     )

@@ -23,7 +23,7 @@ def new_token() -> str:
     return secrets.token_urlsafe(TOKEN_BYTES)
 
 
-def _digest(token: str) -> bytes:
+def digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
@@ -35,14 +35,20 @@ class Credentials:
     @classmethod
     def issue(cls) -> tuple[Credentials, str]:
         token = new_token()
-        return cls(_digest(token)), token
+        return cls(digest(token)), token
 
     def _matches(self, token: str) -> tuple[bool, bool]:
-        presented = _digest(token)
+        presented = digest(token)
         # Both comparisons always run, so timing says nothing about which one matched.
         current = hmac.compare_digest(presented, self._current)
         pending = hmac.compare_digest(presented, self._pending or b"")
         return current, pending
+
+    def has(self, digest: bytes) -> bool:
+        """Is ``digest`` (of a token) one of the valid ones? Both always compared."""
+        current = hmac.compare_digest(digest, self._current)
+        pending = hmac.compare_digest(digest, self._pending or b"")
+        return current or pending
 
     def check(self, token: object) -> bool:
         if not isinstance(token, str):
@@ -56,7 +62,7 @@ class Credentials:
         if pending:
             self._current = self._pending  # type: ignore[assignment]
         token = new_token()
-        self._pending = _digest(token)
+        self._pending = digest(token)
         return token
 
     @property

@@ -30,7 +30,7 @@ import attrs
 
 from . import events
 from .config import ServerConfig
-from .credentials import Credentials
+from .credentials import Credentials, digest
 from .events import ErrorCode, Event, Reason
 from .frames import CloseCode
 from .journal import Journal
@@ -164,6 +164,8 @@ class Session:
     terminal: Terminal | None = None
     resume: ResumeAttempt | None = None
     usage: Usage = attrs.field(factory=Usage)
+    principal: str | None = None
+    """Who opened it: the name of the API key it was opened with (None: no auth)."""
     _lost_in_handshake: bool = False
     _unconfirmed: bytes | None = None
     """The digest of the token the last resume issued, until the client shows it holds
@@ -380,7 +382,9 @@ class Registry:
     slots_held: int = 0
     shutting_down: bool = False
 
-    def admit(self, session_config: dict[str, Any]) -> tuple[Session, str]:
+    def admit(
+        self, session_config: dict[str, Any], principal: str | None = None
+    ) -> tuple[Session, str]:
         """Take a slot and create an OPENING session. Returns it and its first token."""
         if self.shutting_down:
             raise _shutting_down()
@@ -398,6 +402,7 @@ class Registry:
             limits=self.config,
             credentials=credentials,
             journal=Journal(self.config.journal_max_bytes, self.config.journal_ttl_s),
+            principal=principal,
         )
         self.sessions[session.id] = session
         return session, token
@@ -415,6 +420,16 @@ class Registry:
         self.slots_held -= 1
         del self.sessions[session.id]
         return True
+
+    def holder_of(self, token: str) -> Session | None:
+        """The live session whose valid resume token ``token`` is, if any (every session
+        compared, in constant time each)."""
+        presented = digest(token)
+        found = None
+        for session in self.sessions.values():
+            if session.credentials.has(presented):
+                found = session
+        return found
 
     def lookup_for_resume(self, session_id: object) -> Session:
         if self.shutting_down:

@@ -184,6 +184,9 @@ class EngineSession:
     _inbox: Inbox
     _emit: Callable[[Event], Awaitable[None]]
     _pace: Pace = attrs.field(factory=Pace)
+    principal: str | None = attrs.field(default=None, kw_only=True)
+    """Who opened the session: the name of its API key (``--api-key-file``), or None
+    without authentication. Per-customer quotas and logging read it."""
 
     async def send(self, event: Event) -> None:
         kind = event.get("type")

@@ -187,7 +187,10 @@ class SessionRunner:
                 self._teardown()
 
     async def _run_engine(self) -> Reason:
-        handle = EngineSession(self.session.id, self.session.config, self._inbox, self.emit)
+        session = self.session
+        handle = EngineSession(
+            session.id, session.config, self._inbox, self.emit, principal=session.principal
+        )
         try:
             await self.engine.run(handle)
         except trio.Cancelled:

@@ -39,6 +39,7 @@ from typing import Any
 
 import attrs
 import trio
+from websockets.http11 import Request
 
 from ..core.config import ServerConfig
 from ..core.events import ErrorCode, Event, EventType
@@ -48,6 +49,7 @@ from ..core.session import State
 from ..core.wire import LARGE, ConfigBudget, ProtocolError, decode, decode_steps, encode, is_seq
 from ..engines.api import Engine, EngineFactory
 from . import metrics
+from .auth import OPEN, Grant, KeyFileError, KeyRing, presented
 from .connection import Connection
 from .http import Endpoints, serve_internal
 from .runner import CheckFailed, SessionRunner, check_input, only_trio_cancellation
@@ -91,6 +93,9 @@ class DuplexServer:
     max_refusing: int = 64
     """Connections over a limit answered (503) at once; more are closed unanswered."""
     ssl_context: ssl.SSLContext | None = attrs.field(default=None, kw_only=True)
+    keys: KeyRing | None = attrs.field(default=None, kw_only=True)
+    """The API keys (``--api-key-file``, or given): with them every upgrade must present
+    a credential (auth.py)."""
     """TLS for ``run_tcp`` (wss://); None: built from ``config.tls_cert`` and
     ``tls_key`` when they are set (TLSError if they cannot be used), else plain ws://."""
     sessions: Sessions = attrs.field(init=False)
@@ -110,6 +115,8 @@ class DuplexServer:
 
     def __attrs_post_init__(self) -> None:
         self.sessions = Sessions(self.config, self.close_timeout_s)
+        if self.keys is None and self.config.api_key_file is not None:
+            self.keys = KeyRing.load(self.config.api_key_file)  # KeyFileError
         cert, key = self.config.tls_cert, self.config.tls_key
         if self.ssl_context is None and cert is not None and key is not None:
             self.ssl_context = server_ssl_context(cert, key)
@@ -323,6 +330,7 @@ class DuplexServer:
                     ip,
                     self.endpoints,
                     origins=self.config.allow_origin,
+                    authorize=None if self.keys is None else self._authorize,
                 )
             if handshake.cancelled_caught:
                 self.endpoints.refused("timeout")
@@ -388,7 +396,37 @@ class DuplexServer:
             finally:
                 self._refusing -= 1
 
-    async def _serve(self, ws: WebSocket, query: dict[str, list[str]]) -> None:
+    def _authorize(self, request: Request) -> Grant | None:
+        """What the upgrade's credential allows (auth.py), or None: 401."""
+        assert self.keys is not None
+        offered = [
+            value.strip()
+            for header in request.headers.get_all("Sec-WebSocket-Protocol")
+            for value in header.split(",")
+        ]
+        credential = presented(request.headers, offered)
+        if credential is None:
+            return None
+        principal = self.keys.principal(credential)
+        if principal is not None:
+            return Grant(principal)
+        session = self.sessions.registry.holder_of(credential)
+        return None if session is None else Grant(None, resume_of=session.id)
+
+    def reload_keys(self) -> bool:
+        """Read ``--api-key-file`` again (SIGHUP); on a bad file keep the keys in use."""
+        path = self.config.api_key_file
+        if path is None:
+            return False
+        try:
+            self.keys = KeyRing.load(path)
+        except KeyFileError as exc:
+            log.error("API keys not reloaded, the old ones stay in use: %s", exc)
+            return False
+        log.info("API keys reloaded from %s: %d keys", path, len(self.keys))
+        return True
+
+    async def _serve(self, ws: WebSocket, query: dict[str, list[str]], grant: Grant = OPEN) -> None:
         conn: Connection | None = None
         try:
             async with Connection.open(
@@ -399,24 +437,29 @@ class DuplexServer:
                 watchers=self.sessions.observers,
             ) as conn:
                 self.connections.add(conn)
-                await self._converse(conn, query)
+                await self._converse(conn, query, grant)
         finally:
             if conn is not None:
                 self.connections.discard(conn)
             self.sessions.changed()
 
-    async def _converse(self, conn: Connection, query: dict[str, list[str]]) -> None:
+    async def _converse(
+        self, conn: Connection, query: dict[str, list[str]], grant: Grant = OPEN
+    ) -> None:
         """The whole conversation on one connection, whatever it turns out to be for."""
         runner: SessionRunner | None = None
         try:
             if query.get("autostart") == ["1"]:
                 try:
-                    runner = await self._open(conn, {}, None, self._new_engine({}))
+                    if grant.resume_of is not None:
+                        raise _resume_only()
+                    engine = self._new_engine({})
+                    runner = await self._open(conn, {}, None, engine, principal=grant.principal)
                 except ProtocolError as exc:
                     code = exc.close_code or CloseCode.GOING_AWAY
                     conn.finish([encode(exc.to_event())], code)
             else:
-                runner = await self._first_message(conn)
+                runner = await self._first_message(conn, grant)
             if runner is not None:
                 timers, config = self.sessions.timers, self.config
                 conn.ws.max_message_bytes = config.max_event_bytes
@@ -428,7 +471,7 @@ class DuplexServer:
             if runner is not None:
                 runner.connection_lost(conn)  # before the close handshake: detach now
 
-    async def _first_message(self, conn: Connection) -> SessionRunner | None:
+    async def _first_message(self, conn: Connection, grant: Grant = OPEN) -> SessionRunner | None:
         """Wait for the message that decides what this connection is for."""
         deadline = trio.current_time() + self.config.config_timeout_s
         while True:
@@ -439,9 +482,13 @@ class DuplexServer:
                 if waiting.cancelled_caught:
                     raise _CONFIG_TIMEOUT
                 event = decode(text) if len(text) < LARGE else await _decode_large(text)
+                if grant.resume_of is not None and not (
+                    event["type"] == EventType.RESUME and event.get("session_id") == grant.resume_of
+                ):
+                    raise _resume_only()
                 if event["type"] == EventType.RESUME:
                     return await self._resume(conn, event)
-                return await self._open_with(conn, event, len(text))
+                return await self._open_with(conn, event, len(text), grant.principal)
             except ProtocolError as exc:
                 totals = self.sessions.totals
                 if event.get("type") == EventType.RESUME:
@@ -458,14 +505,17 @@ class DuplexServer:
                 # that does not read is cut by the write timeout.)
                 await conn.ws.send_message(error)
 
-    async def _open_with(self, conn: Connection, event: Event, size: int) -> SessionRunner | None:
+    async def _open_with(
+        self, conn: Connection, event: Event, size: int, principal: str | None = None
+    ) -> SessionRunner | None:
         """Open a session for a first message other than a resume, if it is valid."""
         kind = event["type"]
         if kind == EventType.UPDATE:
             check_input(None, event)
             config = dict(event["session"])
             ConfigBudget.of(config, self.config.max_config_bytes)  # ProtocolError: too large
-            return await self._open(conn, config, None, self._new_engine(config))
+            engine = self._new_engine(config)
+            return await self._open(conn, config, None, engine, principal=principal)
         engine = self._new_engine({})
         try:
             check_input(engine, event)
@@ -477,7 +527,7 @@ class DuplexServer:
                 "no server event has been sent yet",
                 param="server_event_seq",
             )
-        return await self._open(conn, {}, event, engine, size)
+        return await self._open(conn, {}, event, engine, size, principal=principal)
 
     def _new_engine(self, config: Mapping[str, Any]) -> Engine:
         """The engine of a session about to be admitted. ProtocolError: the engine refused
@@ -498,9 +548,11 @@ class DuplexServer:
         first: Event | None,
         engine: Engine,
         first_size: int = 0,
+        *,
+        principal: str | None = None,
     ) -> SessionRunner:
         sessions = self.sessions
-        session, token = sessions.admit(config)  # ProtocolError: full, or draining
+        session, token = sessions.admit(config, principal)  # ProtocolError: full, draining
         try:
             # The handshake rule: resumable only once this send has completed.
             await conn.ws.send_message(encode(sessions.registry.created_event(session, token)))
@@ -626,6 +678,15 @@ def _peer_ip(stream: trio.abc.Stream) -> str | None:
             address: str = peer[0]
             return address
     return None
+
+
+def _resume_only() -> ProtocolError:
+    """An upgrade whose credential is a resume token did something but resume its session."""
+    return ProtocolError(
+        ErrorCode.UNAUTHORIZED,
+        "this credential only resumes its own session",
+        close_code=CloseCode.POLICY_VIOLATION,
+    )
 
 
 def _engine_broke(where: str, exc: BaseException) -> ProtocolError:

@@ -30,7 +30,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from urllib.parse import parse_qs, urlsplit
 
 import trio
@@ -50,6 +50,7 @@ from ..core.frames import (
     control_frame,
     text_frame,
 )
+from .auth import OPEN, Grant
 from .faults import FAULTS
 from .http import Endpoints
 
@@ -437,6 +438,10 @@ def _uncounted(reason: str) -> None:
     pass
 
 
+_UNAUTHORIZED = _answer(
+    "401 Unauthorized", "a credential is required\n", "WWW-Authenticate: Bearer"
+)
+
 _REFUSAL_REASONS = {404: "not_found", 403: "origin"}
 """The ``trio_duplex_handshake_refusals_total`` reason of an upgrade answered so."""
 
@@ -505,14 +510,17 @@ async def accept_websocket(
     endpoints: Endpoints | None = None,
     *,
     origins: Sequence[str] = (),
-) -> tuple[WebSocket, dict[str, list[str]]] | None:
+    authorize: Callable[[Request], Grant | None] | None = None,
+) -> tuple[WebSocket, dict[str, list[str]], Grant] | None:
     """Read the HTTP upgrade request and answer it.
 
     A valid upgrade for ``path`` gets 101 and returns the WebSocket and the query; one
     for another path gets 404, one whose Origin header is not in ``origins`` (when
     given, and not ``*``) 403, a request that is not an upgrade 400, and anything that
     is not HTTP is dropped: those return None. Bound it with a deadline. A path that
-    ``endpoints`` answers (health, metrics: http.py) gets that answer instead.
+    ``endpoints`` answers (health, metrics: http.py) gets that answer instead. With
+    ``authorize``, an upgrade it grants nothing gets 401 (auth.py); the grant is
+    returned with the WebSocket.
     """
     where = f"a connection from {peer}" if peer else "a connection"
     refused = _uncounted if endpoints is None else endpoints.refused
@@ -555,6 +563,15 @@ async def accept_websocket(
     if endpoints is not None and (answer := endpoints.answer(url.path)) is not None:
         await stream.send_all(answer)
         return None
+    grant = OPEN
+    if authorize is not None and url.path == path:
+        found = authorize(request)
+        if found is None:
+            FAULTS.report(where, "401: no valid credential")
+            refused("unauthorized")
+            await stream.send_all(_UNAUTHORIZED)
+            return None
+        grant = found
     response = protocol.accept(request)
     if response.status_code == 403:  # websockets' body quotes the origin: ours does not
         response = protocol.reject(403, "origin not allowed\n")
@@ -572,7 +589,7 @@ async def accept_websocket(
     ws = WebSocket(stream, max_message_bytes, write_timeout, peer)
     if early:
         await ws._feed(early)
-    return ws, parse_qs(url.query)
+    return ws, parse_qs(url.query), grant
 
 
 __all__ = [
