@@ -196,7 +196,7 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
                 server.config.path,
                 engine,
             )
-            if server.keys is None and not _loopback(host):
+            if server.authless and not _loopback(host):
                 log.warning(
                     "listening on %s with no authentication: anyone who can reach the port "
                     "can open sessions and hold their slots",

@@ -252,3 +252,163 @@ async def test_our_client_presents_its_key_to_open_and_its_token_to_resume(
                 await again.send({"type": "input.text.append", "text": "two"})
                 assert (await again.receive())["text"] == "two"
             nursery.cancel_scope.cancel()
+
+
+# -- client tokens ---------------------------------------------------------------------------
+
+
+def post(
+    body: bytes = b"", key: str | None = "k-acme-123", path: str = "/v1/client_tokens"
+) -> bytes:
+    auth = "" if key is None else f"Authorization: Bearer {key}\r\n"
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: sim\r\n{auth}"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def answer_of(answer: bytes) -> tuple[int, dict[str, Any]]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"\r\nCache-Control: no-store\r\n" in head
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+async def test_a_client_token_opens_exactly_one_session_within_its_ttl(
+    autojump_clock: MockClock, raw_http: RawHttp, key_file: str
+) -> None:
+    factory = ScriptedEngine.factory()
+    async with running_server(ServerConfig(api_key_file=key_file), factory) as sim:
+        status, issued = answer_of(await raw_http(sim, post(b'{"ttl_s": 30}')))
+        assert status == 200
+        token = issued["token"]
+        assert set(token) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+        assert isinstance(issued["expires_at"], int)
+        client, answer = await upgrade(
+            sim, protocols=["trio-duplex", f"trio-duplex.bearer.{token}"]
+        )
+        assert isinstance(answer, AcceptConnection)
+        await client.send({"type": "session.update", "session": {"voice": "alto"}})
+        assert (await client.receive())["type"] == "session.created"
+        await trio.testing.wait_all_tasks_blocked()
+        assert factory.last.session is not None and factory.last.session.principal == "acme"
+        # Spent: it opens nothing more.
+        _, again = await upgrade(sim, headers=bearer(token))
+        assert isinstance(again, RejectConnection) and again.status_code == 401
+        # Expired: nothing either.
+        _, late = answer_of(await raw_http(sim, post(b'{"ttl_s": 30}')))
+        await trio.sleep(31)
+        _, answer = await upgrade(sim, headers=bearer(late["token"]))
+        assert isinstance(answer, RejectConnection) and answer.status_code == 401
+
+
+async def test_a_locked_configuration_is_the_sessions_and_cannot_change(
+    autojump_clock: MockClock, raw_http: RawHttp, key_file: str
+) -> None:
+    async with running_server(ServerConfig(api_key_file=key_file)) as sim:
+        body = json.dumps({"session": {"voice": "alto", "lang": "en"}}).encode()
+        tokens = [answer_of(await raw_http(sim, post(body)))[1]["token"] for _ in range(2)]
+        # Asking for another value at the open: refused, 1008, nothing opened.
+        client, _ = await upgrade(sim, headers=bearer(tokens[0]))
+        await client.send({"type": "session.update", "session": {"voice": "bass"}})
+        assert [e.get("code") for e in await client.receive_until_closed()] == ["config_locked"]
+        assert client.close_code == 1008 and sim.server.slots_held == 0
+        # Asking for what is locked, or less: the session gets the whole locked one.
+        client, _ = await upgrade(sim, headers=bearer(tokens[1]))
+        await client.send({"type": "session.update", "session": {"voice": "alto"}})
+        created = await client.receive()
+        assert created["session"] == {"voice": "alto", "lang": "en"}
+        # Any update later: config_locked, 1008; the session detaches, unchanged.
+        await client.send({"type": "session.update", "session": {"lang": "fr"}})
+        assert [e.get("code") for e in await client.receive_until_closed()] == ["config_locked"]
+        assert client.close_code == 1008
+        session = sim.session(created["session_id"])
+        assert session is not None and session.config == {"voice": "alto", "lang": "en"}
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (post(key=None), 401),
+        (post(key="k-wrong"), 401),
+        (post(b"[1]"), 400),
+        (post(b"{not json"), 400),
+        (post(b'{"ttl_s": 601}'), 400),
+        (post(b'{"ttl_s": 0}'), 400),
+        (post(b'{"ttl_s": true}'), 400),
+        (post(b'{"session": [1]}'), 400),
+        (post(b'{"session": {"x": "' + b"y" * 70_000 + b'"}}'), 400),
+        (post(path="/v1/other"), 400),
+    ],
+)
+async def test_bad_token_requests_are_refused(
+    autojump_clock: MockClock, raw_http: RawHttp, key_file: str, request_bytes: bytes, status: int
+) -> None:
+    async with running_server(ServerConfig(api_key_file=key_file)) as sim:
+        answer = await raw_http(sim, request_bytes)
+        assert int(answer.split(b" ", 2)[1]) == status
+        if status == 401:
+            assert b"\r\nWWW-Authenticate: Bearer\r\n" in answer
+        assert len(sim.server.client_tokens) == 0
+
+
+async def test_without_keys_there_are_no_client_tokens(
+    autojump_clock: MockClock, raw_http: RawHttp
+) -> None:
+    async with running_server() as sim:
+        assert int((await raw_http(sim, post())).split(b" ", 2)[1]) == 404
+
+
+# -- --auth module:callable ------------------------------------------------------------------
+
+
+async def test_another_verifier_decides_from_the_headers(
+    autojump_clock: MockClock, raw_http: RawHttp, key_file: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    factory = ScriptedEngine.factory()
+    config = ServerConfig(auth="tests.server.auth_verifier:verify", api_key_file=key_file)
+    async with running_server(config, factory) as sim:
+        client, answer = await upgrade(sim, headers=[(b"X-Token", b"good")])
+        assert isinstance(answer, AcceptConnection)
+        await client.send({"type": "session.update", "session": {}})
+        assert (await client.receive())["type"] == "session.created"
+        _, answer = await upgrade(sim, headers=[(b"X-Token", b"bad")])
+        assert isinstance(answer, RejectConnection) and answer.status_code == 401
+        _, answer = await upgrade(sim, headers=bearer("k-globex-456"))  # keys still work
+        assert isinstance(answer, AcceptConnection)
+        await trio.testing.wait_all_tasks_blocked()
+        assert factory.last.session is not None and factory.last.session.principal == "jwt-user"
+        # The verifier's principal may ask for client tokens too.
+        token_request = post(key=None).replace(b"Host: sim\r\n", b"Host: sim\r\nX-Token: good\r\n")
+        assert answer_of(await raw_http(sim, token_request))[0] == 200
+
+
+async def test_a_broken_verifier_refuses_and_says_so_at_error(
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running_server(ServerConfig(auth="tests.server.auth_verifier:broken")) as sim:
+        _, answer = await upgrade(sim, headers=[(b"X-Token", b"good")])
+        assert isinstance(answer, RejectConnection) and answer.status_code == 401
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [r.getMessage() for r in errors] == [
+        "the --auth verifier failed; the request is refused"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("no_colon", "is not 'package.module:callable'"),
+        ("tests.server.no_such_module:verify", "cannot be loaded: ModuleNotFoundError"),
+        ("tests.server.auth_verifier:missing", "cannot be loaded: AttributeError"),
+        ("tests.server.auth_verifier:not_callable", "is not callable"),
+    ],
+)
+def test_a_verifier_that_cannot_be_loaded_exits_2(
+    capsys: pytest.CaptureFixture[str], spec: str, says: str
+) -> None:
+    from trio_duplex.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--auth", spec])
+    assert info.value.code == 2
+    assert says in capsys.readouterr().err

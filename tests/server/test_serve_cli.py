@@ -31,6 +31,8 @@ FLAGS = {
     "--tls-key",
     "--allow-origin",
     "--api-key-file",
+    "--client-token-max-ttl",
+    "--auth",
     "--engine",
     "--max-sessions",
     "--disconnect-grace",

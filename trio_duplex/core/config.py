@@ -132,6 +132,20 @@ class ServerConfig:
             "none",
         ),
     )
+    auth: str | None = attrs.field(
+        default=None,
+        metadata=_flag(
+            "package.module:callable taking an upgrade's headers, returning a principal or "
+            "None (refused: 401); every new session must pass it or present an API key",
+            "SPEC",
+            "none",
+        ),
+    )
+    client_token_max_ttl_s: float = attrs.field(
+        default=600.0,
+        validator=_above(0),
+        metadata=_flag("longest life of a client token (POST /v1/client_tokens)", SECONDS),
+    )
     max_sessions: int = attrs.field(
         default=64, validator=_at_least(1), metadata=_flag("session slots")
     )

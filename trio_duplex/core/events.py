@@ -66,6 +66,7 @@ class ErrorCode(enum.StrEnum):
     INPUT_BACKPRESSURE = "input_backpressure"
     CONFIG_TOO_LARGE = "config_too_large"
     UNAUTHORIZED = "unauthorized"
+    CONFIG_LOCKED = "config_locked"
     SERVER_SHUTTING_DOWN = "server_shutting_down"
     UNSUPPORTED_SESSION_RESUME = "unsupported_session_resume"
     INVALID_SESSION_RESUME = "invalid_session_resume"

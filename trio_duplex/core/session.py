@@ -166,6 +166,8 @@ class Session:
     usage: Usage = attrs.field(factory=Usage)
     principal: str | None = None
     """Who opened it: the name of the API key it was opened with (None: no auth)."""
+    config_locked: bool = False
+    """Its configuration was locked by the client token that opened it."""
     _lost_in_handshake: bool = False
     _unconfirmed: bytes | None = None
     """The digest of the token the last resume issued, until the client shows it holds
@@ -383,7 +385,7 @@ class Registry:
     shutting_down: bool = False
 
     def admit(
-        self, session_config: dict[str, Any], principal: str | None = None
+        self, session_config: dict[str, Any], principal: str | None = None, locked: bool = False
     ) -> tuple[Session, str]:
         """Take a slot and create an OPENING session. Returns it and its first token."""
         if self.shutting_down:
@@ -403,6 +405,7 @@ class Registry:
             credentials=credentials,
             journal=Journal(self.config.journal_max_bytes, self.config.journal_ttl_s),
             principal=principal,
+            config_locked=locked,
         )
         self.sessions[session.id] = session
         return session, token

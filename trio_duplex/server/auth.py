@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+import importlib
+import secrets
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -89,6 +92,8 @@ class Grant:
     """The API key's name (None without authentication, or for a resume-only grant)."""
     resume_of: str | None = None
     """A resume token's session: the first message must be its ``session.resume``."""
+    locked: dict[str, Any] | None = None
+    """A client token's locked configuration: the session gets it and cannot change it."""
 
     def __repr__(self) -> str:
         return f"Grant(principal={self.principal!r}, resume_of={self.resume_of!r})"
@@ -111,4 +116,83 @@ def presented(headers: Mapping[str, str], offered: Iterable[str]) -> str | None:
     return None
 
 
-__all__ = ["BEARER_SUBPROTOCOL", "OPEN", "Grant", "KeyFileError", "KeyRing", "presented"]
+TOKENS_PATH = "/v1/client_tokens"
+"""``POST`` here with an API key: a short-lived client token for a browser."""
+MAX_OUTSTANDING = 10_000
+"""Client tokens issued and not yet spent or expired, at most (then 429)."""
+
+
+@attrs.define(eq=False, repr=False)
+class ClientToken:
+    principal: str
+    deadline: float
+    """``trio.current_time()`` past which it is expired."""
+    config: dict[str, Any] | None
+    """A locked session configuration, or None."""
+
+
+@attrs.define(eq=False, repr=False)
+class ClientTokens:
+    """Short-lived, one-use client tokens, kept as SHA-256 digests (auth.py)."""
+
+    _tokens: dict[bytes, ClientToken] = attrs.field(factory=dict)
+
+    def issue(self, token: ClientToken, now: float) -> str | None:
+        """A new token for ``token``'s grant; None when MAX_OUTSTANDING are out."""
+        self._forget_expired(now)
+        if len(self._tokens) >= MAX_OUTSTANDING:
+            return None
+        plain = secrets.token_urlsafe(32)  # URL-safe: it may travel as a subprotocol
+        self._tokens[digest(plain)] = token
+        return plain
+
+    def take(self, credential: str, now: float) -> ClientToken | None:
+        """Spend ``credential`` if it is a live client token (one use)."""
+        token = self._tokens.pop(digest(credential), None)  # a dict of digests: no timing
+        if token is None or token.deadline < now:
+            return None
+        return token
+
+    def _forget_expired(self, now: float) -> None:
+        if len(self._tokens) >= MAX_OUTSTANDING // 2:
+            self._tokens = {k: t for k, t in self._tokens.items() if t.deadline >= now}
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __repr__(self) -> str:
+        return f"<ClientTokens, {len(self._tokens)} outstanding>"
+
+
+Verifier = Callable[[Mapping[str, str]], "str | None"]
+"""``--auth module:callable``: given an upgrade's request headers (names as sent; look
+them up case-insensitively), return the principal, or None to refuse (401). It runs on
+the event loop, before the upgrade: it must be quick (a JWT's signature check is)."""
+
+
+def load_verifier(spec: str) -> Verifier:
+    """Resolve ``package.module:callable`` (ValueError: a message fit for a terminal)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--auth {spec!r} is not 'package.module:callable'")
+    try:
+        verifier = getattr(importlib.import_module(module_name), attr)
+    except Exception as exc:  # ImportError, SyntaxError, AttributeError, its own errors
+        raise ValueError(f"--auth {spec!r} cannot be loaded: {type(exc).__name__}: {exc}") from None
+    if not callable(verifier):
+        raise ValueError(f"--auth {spec!r} is not callable")
+    return verifier  # type: ignore[no-any-return]
+
+
+__all__ = [
+    "BEARER_SUBPROTOCOL",
+    "OPEN",
+    "TOKENS_PATH",
+    "ClientToken",
+    "ClientTokens",
+    "Grant",
+    "KeyFileError",
+    "KeyRing",
+    "load_verifier",
+    "presented",
+]

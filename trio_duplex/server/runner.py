@@ -359,7 +359,10 @@ class SessionRunner:
         except ProtocolError as exc:
             if exc.code != ErrorCode.INPUT_BACKPRESSURE:  # pacing, not a fault
                 conn.ws.report_fault(str(exc))
-            conn.push(encode(exc.to_event(event)))
+            if exc.close_code is None:
+                conn.push(encode(exc.to_event(event)))
+            else:  # (config_locked) the connection ends; the session detaches
+                conn.finish([encode(exc.to_event(event))], exc.close_code)
         except CheckFailed as exc:
             log.error(
                 "engine of session %s failed in check",
@@ -391,6 +394,13 @@ class SessionRunner:
 
     def _update_to_engine(self, event: Event, size: int) -> None:
         """Queue a ``session.update`` if the configuration it leaves fits its bound."""
+        if self.session.config_locked:
+            raise ProtocolError(
+                ErrorCode.CONFIG_LOCKED,
+                "the client token that opened this session locked its configuration",
+                param="session",
+                close_code=CloseCode.POLICY_VIOLATION,
+            )
         measured = self._budget.check(event["session"])
         try:
             self._inbox.put_nowait(event, size)

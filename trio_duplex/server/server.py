@@ -30,15 +30,18 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
 import logging
 import math
 import os
 import ssl
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 import trio
+from websockets.datastructures import Headers
 from websockets.http11 import Request
 
 from ..core.config import ServerConfig
@@ -49,7 +52,17 @@ from ..core.session import State
 from ..core.wire import LARGE, ConfigBudget, ProtocolError, decode, decode_steps, encode, is_seq
 from ..engines.api import Engine, EngineFactory
 from . import metrics
-from .auth import OPEN, Grant, KeyFileError, KeyRing, presented
+from .auth import (
+    OPEN,
+    ClientToken,
+    ClientTokens,
+    Grant,
+    KeyFileError,
+    KeyRing,
+    Verifier,
+    load_verifier,
+    presented,
+)
 from .connection import Connection
 from .http import Endpoints, serve_internal
 from .runner import CheckFailed, SessionRunner, check_input, only_trio_cancellation
@@ -94,6 +107,9 @@ class DuplexServer:
     """Connections over a limit answered (503) at once; more are closed unanswered."""
     ssl_context: ssl.SSLContext | None = attrs.field(default=None, kw_only=True)
     keys: KeyRing | None = attrs.field(default=None, kw_only=True)
+    verifier: Verifier | None = attrs.field(default=None, kw_only=True)
+    """Another verifier (``--auth``): a principal from an upgrade's headers, or None."""
+    client_tokens: ClientTokens = attrs.field(factory=ClientTokens, init=False)
     """The API keys (``--api-key-file``, or given): with them every upgrade must present
     a credential (auth.py)."""
     """TLS for ``run_tcp`` (wss://); None: built from ``config.tls_cert`` and
@@ -117,6 +133,8 @@ class DuplexServer:
         self.sessions = Sessions(self.config, self.close_timeout_s)
         if self.keys is None and self.config.api_key_file is not None:
             self.keys = KeyRing.load(self.config.api_key_file)  # KeyFileError
+        if self.verifier is None and self.config.auth is not None:
+            self.verifier = load_verifier(self.config.auth)  # ValueError
         cert, key = self.config.tls_cert, self.config.tls_key
         if self.ssl_context is None and cert is not None and key is not None:
             self.ssl_context = server_ssl_context(cert, key)
@@ -330,7 +348,8 @@ class DuplexServer:
                     ip,
                     self.endpoints,
                     origins=self.config.allow_origin,
-                    authorize=None if self.keys is None else self._authorize,
+                    authorize=None if self.authless else self._authorize,
+                    issue_token=self._issue_token,
                 )
             if handshake.cancelled_caught:
                 self.endpoints.refused("timeout")
@@ -396,9 +415,17 @@ class DuplexServer:
             finally:
                 self._refusing -= 1
 
+    @property
+    def authless(self) -> bool:
+        """No authentication: neither API keys nor a verifier."""
+        return self.keys is None and self.verifier is None
+
     def _authorize(self, request: Request) -> Grant | None:
         """What the upgrade's credential allows (auth.py), or None: 401."""
-        assert self.keys is not None
+        if self.verifier is not None:
+            who = self._verified(request.headers)
+            if who is not None:
+                return Grant(who)
         offered = [
             value.strip()
             for header in request.headers.get_all("Sec-WebSocket-Protocol")
@@ -407,11 +434,64 @@ class DuplexServer:
         credential = presented(request.headers, offered)
         if credential is None:
             return None
-        principal = self.keys.principal(credential)
+        principal = None if self.keys is None else self.keys.principal(credential)
         if principal is not None:
             return Grant(principal)
+        client = self.client_tokens.take(credential, trio.current_time())
+        if client is not None:  # spent now: it opens this one session
+            return Grant(client.principal, locked=client.config)
         session = self.sessions.registry.holder_of(credential)
         return None if session is None else Grant(None, resume_of=session.id)
+
+    def _issue_token(self, headers: Headers, body: bytes) -> tuple[int, bytes]:
+        """``POST /v1/client_tokens`` with an API key: a one-use token for one session,
+        within ``ttl_s`` (60 s, at most ``--client-token-max-ttl``), and with ``session``
+        a configuration that session gets and cannot change."""
+        if self.authless:
+            return 404, b'{"error": "authentication is off: no client tokens"}'
+        credential = presented({"Authorization": headers.get("Authorization", "")}, ())
+        principal = None
+        if credential is not None and self.keys is not None:
+            principal = self.keys.principal(credential)
+        if principal is None and self.verifier is not None:
+            principal = self._verified(headers)
+        if principal is None:
+            return 401, b'{"error": "an API key is required"}'
+        try:
+            request = json.loads(body) if body.strip() else {}
+        except (ValueError, RecursionError):
+            return 400, b'{"error": "the body is not JSON"}'
+        if not isinstance(request, dict):
+            return 400, b'{"error": "the body must be a JSON object"}'
+        ttl = request.get("ttl_s", 60)
+        most = self.config.client_token_max_ttl_s
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= most:
+            return 400, json.dumps({"error": f"ttl_s must be a number in (0, {most:g}]"}).encode()
+        locked = request.get("session")
+        if locked is not None:
+            if not isinstance(locked, dict):
+                return 400, b'{"error": "session must be an object"}'
+            try:
+                ConfigBudget.of(locked, self.config.max_config_bytes)
+            except ProtocolError as exc:
+                return 400, json.dumps({"error": exc.message}).encode()
+        now = trio.current_time()
+        token = self.client_tokens.issue(ClientToken(principal, now + ttl, locked), now)
+        if token is None:
+            return 429, b'{"error": "too many client tokens outstanding; retry later"}'
+        log.info("client token issued to %s for %gs", principal, ttl)
+        expires_at = int(time.time() + ttl)
+        return 200, json.dumps({"token": token, "expires_at": expires_at}).encode()
+
+    def _verified(self, headers: Headers) -> str | None:
+        """The ``--auth`` verifier's principal for ``headers``, or None (refused)."""
+        assert self.verifier is not None
+        try:
+            who = self.verifier(headers)
+        except Exception as exc:  # a broken verifier refuses; the client is not told why
+            log.error("the --auth verifier failed; the request is refused", exc_info=exc)
+            return None
+        return who if isinstance(who, str) and who else None
 
     def reload_keys(self) -> bool:
         """Read ``--api-key-file`` again (SIGHUP); on a bad file keep the keys in use."""
@@ -453,8 +533,9 @@ class DuplexServer:
                 try:
                     if grant.resume_of is not None:
                         raise _resume_only()
-                    engine = self._new_engine({})
-                    runner = await self._open(conn, {}, None, engine, principal=grant.principal)
+                    opening = {} if grant.locked is None else dict(grant.locked)
+                    engine = self._new_engine(opening)
+                    runner = await self._open(conn, opening, None, engine, grant=grant)
                 except ProtocolError as exc:
                     code = exc.close_code or CloseCode.GOING_AWAY
                     conn.finish([encode(exc.to_event())], code)
@@ -488,7 +569,7 @@ class DuplexServer:
                     raise _resume_only()
                 if event["type"] == EventType.RESUME:
                     return await self._resume(conn, event)
-                return await self._open_with(conn, event, len(text), grant.principal)
+                return await self._open_with(conn, event, len(text), grant)
             except ProtocolError as exc:
                 totals = self.sessions.totals
                 if event.get("type") == EventType.RESUME:
@@ -506,17 +587,23 @@ class DuplexServer:
                 await conn.ws.send_message(error)
 
     async def _open_with(
-        self, conn: Connection, event: Event, size: int, principal: str | None = None
+        self, conn: Connection, event: Event, size: int, grant: Grant = OPEN
     ) -> SessionRunner | None:
         """Open a session for a first message other than a resume, if it is valid."""
         kind = event["type"]
+        locked = grant.locked
         if kind == EventType.UPDATE:
             check_input(None, event)
             config = dict(event["session"])
+            if locked is not None:  # the client token's configuration, whatever is asked
+                if any(key not in locked or locked[key] != config[key] for key in config):
+                    raise _config_locked()
+                config = dict(locked)
             ConfigBudget.of(config, self.config.max_config_bytes)  # ProtocolError: too large
             engine = self._new_engine(config)
-            return await self._open(conn, config, None, engine, principal=principal)
-        engine = self._new_engine({})
+            return await self._open(conn, config, None, engine, grant=grant)
+        config = {} if locked is None else dict(locked)
+        engine = self._new_engine(config)
         try:
             check_input(engine, event)
         except CheckFailed as exc:
@@ -527,7 +614,7 @@ class DuplexServer:
                 "no server event has been sent yet",
                 param="server_event_seq",
             )
-        return await self._open(conn, {}, event, engine, size, principal=principal)
+        return await self._open(conn, config, event, engine, size, grant=grant)
 
     def _new_engine(self, config: Mapping[str, Any]) -> Engine:
         """The engine of a session about to be admitted. ProtocolError: the engine refused
@@ -549,10 +636,11 @@ class DuplexServer:
         engine: Engine,
         first_size: int = 0,
         *,
-        principal: str | None = None,
+        grant: Grant = OPEN,
     ) -> SessionRunner:
         sessions = self.sessions
-        session, token = sessions.admit(config, principal)  # ProtocolError: full, draining
+        # ProtocolError: full, or draining
+        session, token = sessions.admit(config, grant.principal, grant.locked is not None)
         try:
             # The handshake rule: resumable only once this send has completed.
             await conn.ws.send_message(encode(sessions.registry.created_event(session, token)))
@@ -678,6 +766,15 @@ def _peer_ip(stream: trio.abc.Stream) -> str | None:
             address: str = peer[0]
             return address
     return None
+
+
+def _config_locked() -> ProtocolError:
+    return ProtocolError(
+        ErrorCode.CONFIG_LOCKED,
+        "the client token that opened this session locked its configuration",
+        param="session",
+        close_code=CloseCode.POLICY_VIOLATION,
+    )
 
 
 def _resume_only() -> ProtocolError:

@@ -177,9 +177,11 @@ class Sessions:
         """The runner of a started session that has not ended yet."""
         return self._runners.get(session_id)
 
-    def admit(self, config: dict[str, object], principal: str | None = None) -> tuple[Session, str]:
+    def admit(
+        self, config: dict[str, object], principal: str | None = None, locked: bool = False
+    ) -> tuple[Session, str]:
         """Take a slot for a new OPENING session (ProtocolError: full, or draining)."""
-        return self.registry.admit(config, principal)
+        return self.registry.admit(config, principal, locked)
 
     def undelivered(self, session: Session) -> None:
         """Its ``session.created`` was not delivered: nothing ran, the slot is free now."""

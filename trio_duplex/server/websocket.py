@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from urllib.parse import parse_qs, urlsplit
 
 import trio
+from websockets.datastructures import Headers
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 from websockets.typing import Origin, Subprotocol
@@ -50,7 +51,7 @@ from ..core.frames import (
     control_frame,
     text_frame,
 )
-from .auth import OPEN, Grant
+from .auth import OPEN, TOKENS_PATH, Grant
 from .faults import FAULTS
 from .http import Endpoints
 
@@ -446,6 +447,56 @@ _REFUSAL_REASONS = {404: "not_found", 403: "origin"}
 """The ``trio_duplex_handshake_refusals_total`` reason of an upgrade answered so."""
 
 
+_POST_TOKENS = (f"POST {TOKENS_PATH} ".encode(), f"POST {TOKENS_PATH}?".encode())
+_MAX_POST_BYTES = 80 * 1024
+"""The largest body of a POST (a client token's request: a configuration and a TTL)."""
+
+
+async def _post(
+    stream: trio.abc.Stream,
+    head: bytes,
+    body: bytes,
+    issue_token: Callable[[Headers, bytes], tuple[int, bytes]],
+    where: str,
+) -> None:
+    """Answer a POST: only ``auth.TOKENS_PATH`` takes one (``issue_token`` answers it)."""
+    line, *lines = head.decode("latin-1").split("\r\n")
+    parts = line.split(" ")
+    headers = Headers()  # case-insensitive, as a verifier (--auth) expects
+    for header in lines:
+        name, sep, value = header.partition(":")
+        if sep:
+            headers[name.strip()] = value.strip()
+    length = headers.get("Content-Length", "0")
+    if len(parts) != 3 or parts[1].partition("?")[0] != TOKENS_PATH:
+        status, answer = 404, b'{"error": "no such endpoint"}'
+    elif "Transfer-Encoding" in headers or not length.isdigit():
+        status, answer = 400, b'{"error": "a body needs a Content-Length"}'
+    elif int(length) > _MAX_POST_BYTES:
+        status, answer = 413, b'{"error": "the body is too large"}'
+    else:
+        while len(body) < int(length):
+            data = await stream.receive_some(RECEIVE_SIZE)
+            if not data:
+                return
+            body += data
+        status, answer = issue_token(headers, body[: int(length)])
+    if status != 200:
+        FAULTS.report(where, f"{status} to a POST")
+    phrase = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"}
+    phrase |= {413: "Content Too Large", 429: "Too Many Requests"}
+    extra = ["Cache-Control: no-store"]
+    if status == 401:
+        extra.append("WWW-Authenticate: Bearer")
+    reply = (
+        f"HTTP/1.1 {status} {phrase.get(status, 'Error')}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(answer)}\r\n"
+        + "".join(f"{line}\r\n" for line in extra)
+        + "Connection: close\r\n\r\n"
+    )
+    await stream.send_all(reply.encode() + answer)
+
+
 def _refusal_reason(exc: BaseException | None) -> str:
     """Why websockets refused a request head, in a fixed text (never the client's)."""
     cause = exc.__cause__ if exc is not None else None
@@ -511,6 +562,7 @@ async def accept_websocket(
     *,
     origins: Sequence[str] = (),
     authorize: Callable[[Request], Grant | None] | None = None,
+    issue_token: Callable[[Headers, bytes], tuple[int, bytes]] | None = None,
 ) -> tuple[WebSocket, dict[str, list[str]], Grant] | None:
     """Read the HTTP upgrade request and answer it.
 
@@ -546,6 +598,9 @@ async def accept_websocket(
         return None
     # A GET upgrade has no body: frames the client sent at once come right after it.
     head, early = received[: end + 4], received[end + 4 :]
+    if issue_token is not None and head.startswith(_POST_TOKENS):
+        await _post(stream, head, early, issue_token, where)
+        return None
     protocol = ServerProtocol(
         origins=_allowed_origins(origins), select_subprotocol=_select_subprotocol, logger=_quiet
     )
