@@ -123,3 +123,42 @@ def test_json_logs_name_the_session_and_never_hold_its_token(serve: Serve) -> No
     assert about["resumed"]["generation"] == 2
     assert about["ended"]["generation"] == 2
     assert any(line["message"].startswith("serving ws://") for line in lines)
+
+
+async def test_the_opened_line_names_the_principal(tmp_path: Any) -> None:
+    # With --api-key-file, the session's "opened" line carries the key's name (and
+    # never the key).
+    import trio
+
+    from trio_duplex import DuplexServer, ServerConfig
+    from trio_duplex.client import ClientOptions, connect
+    from trio_duplex.engines.echo import EchoEngine
+
+    keys = tmp_path / "keys"
+    keys.write_text("acme: k-acme-123\n")
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(JsonFormatter().format(record))
+
+    handler = Collect()
+    logger = logging.getLogger("trio_duplex")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        config = ServerConfig(host="127.0.0.1", port=0, api_key_file=str(keys))
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(DuplexServer(config, EchoEngine).run_tcp)
+                url = f"ws://127.0.0.1:{port}/v1/duplex"
+                async with connect(url, options=ClientOptions(api_key="k-acme-123")):
+                    pass
+                nursery.cancel_scope.cancel()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    opened = [json.loads(line) for line in lines if " opened" in line]
+    assert [entry.get("principal") for entry in opened] == ["acme"]
+    assert not any("k-acme-123" in line for line in lines)

@@ -1,7 +1,8 @@
 """The ``serve`` command's log output: text for people, or one JSON object per line.
 
 A JSON line holds ``timestamp`` (UTC, ISO 8601), ``level``, ``logger`` and ``message``,
-and, on a line about one session, ``session_id`` and ``generation`` where they apply. The
+and, on a line about one session, ``session_id``, ``generation`` and ``principal`` (the
+API key's name, with authentication) where they apply. The
 server passes those as ``extra`` on the log call itself rather than through a context
 variable: a session's lines are written from many tasks (its connection's, the timer
 heap's, the drain's, another connection's resume) and from no task at all (the watchdog's
@@ -22,7 +23,7 @@ FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error", "critical")
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-SESSION_FIELDS = ("session_id", "generation")
+SESSION_FIELDS = ("session_id", "generation", "principal")
 """The ``extra`` keys a log call may set, copied into a JSON line when present."""
 
 

@@ -222,7 +222,11 @@ class Sessions:
         log.info(
             "session %s opened",
             session.id,
-            extra={"session_id": session.id, "generation": session.generation},
+            extra={
+                "session_id": session.id,
+                "generation": session.generation,
+                "principal": session.principal,
+            },
         )
         return runner
 
