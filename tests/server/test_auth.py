@@ -412,3 +412,36 @@ def test_a_verifier_that_cannot_be_loaded_exits_2(
         main(["serve", "--auth", spec])
     assert info.value.code == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_curl_asks_for_a_client_token_that_a_browser_like_client_presents(
+    serve: Any, tmp_path: Path
+) -> None:
+    import subprocess
+
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    path = tmp_path / "keys"
+    path.write_text("acme: k-acme-123\n")
+    server = serve("--api-key-file", str(path))
+    base = server.url.replace("ws://", "http://").removesuffix("/v1/duplex")
+    request = ["-X", "POST", "-H", "Authorization: Bearer k-acme-123", "-d", '{"ttl_s": 30}']
+    result = subprocess.run(
+        ["curl", "-s", "--max-time", "10", *request, f"{base}/v1/client_tokens"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    issued = json.loads(result.stdout)
+    offered = ["trio-duplex", f"trio-duplex.bearer.{issued['token']}"]
+    with connect(server.url, subprotocols=offered) as ws:  # type: ignore[arg-type]
+        assert ws.subprotocol == "trio-duplex"
+        ws.send(json.dumps({"type": "session.update", "session": {}}))
+        assert json.loads(ws.recv(timeout=5))["type"] == "session.created"
+    with pytest.raises(InvalidStatus) as refused:  # spent
+        with connect(server.url, subprotocols=offered):  # type: ignore[arg-type]
+            pass
+    assert refused.value.response.status_code == 401
+    assert issued["token"] not in server.log
