@@ -36,6 +36,17 @@ from wsproto.events import (
 
 from trio_duplex.testing import SimClient, Simulation
 
+UPGRADE_HEAD = (
+    "GET /v1/duplex HTTP/1.1\r\n"
+    "Host: sim\r\n"
+    "Upgrade: websocket\r\n"
+    "Connection: Upgrade\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    "Sec-WebSocket-Version: 13\r\n"
+)
+"""A valid upgrade request's head without its final empty line (tests add headers)."""
+
+
 # -- in memory: a bare WebSocket client --------------------------------------------------
 
 

@@ -17,17 +17,10 @@ from trio_duplex import ServerConfig
 from trio_duplex.server.auth import KeyFileError, KeyRing, presented
 from trio_duplex.testing import ScriptedEngine, Simulation, running_server
 
+from ..helpers import UPGRADE_HEAD as HEAD
 from ..helpers import RawClient, RawHttp
 
 KEYS = "# customers\nacme: k-acme-123\n\n  globex : k-globex-456  \n"
-HEAD = (
-    "GET /v1/duplex HTTP/1.1\r\n"
-    "Host: sim\r\n"
-    "Upgrade: websocket\r\n"
-    "Connection: Upgrade\r\n"
-    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-    "Sec-WebSocket-Version: 13\r\n"
-)
 
 
 @pytest.fixture

@@ -16,16 +16,9 @@ from trio_duplex import ServerConfig
 from trio_duplex.cli import main
 from trio_duplex.testing import running_server
 
+from ..helpers import UPGRADE_HEAD as HEAD
 from ..helpers import RawHttp, Serve
 
-HEAD = (
-    "GET /v1/duplex HTTP/1.1\r\n"
-    "Host: sim\r\n"
-    "Upgrade: websocket\r\n"
-    "Connection: Upgrade\r\n"
-    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-    "Sec-WebSocket-Version: 13\r\n"
-)
 APP = "https://app.example.com"
 
 
