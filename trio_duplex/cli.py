@@ -196,7 +196,7 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
                 server.config.path,
                 engine,
             )
-            if server.authless and not _loopback(host):
+            if server.gate.open and not _loopback(host):
                 log.warning(
                     "listening on %s with no authentication: anyone who can reach the port "
                     "can open sessions and hold their slots",
@@ -207,7 +207,7 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
                     if server.config.api_key_file is None:
                         log.info("SIGHUP: no --api-key-file to re-read")
                     else:
-                        server.reload_keys()
+                        server.gate.reload_keys()
                     continue
                 if server.shutting_down:
                     log.warning(

@@ -341,7 +341,7 @@ async def test_bad_token_requests_are_refused(
         assert int(answer.split(b" ", 2)[1]) == status
         if status == 401:
             assert b"\r\nWWW-Authenticate: Bearer\r\n" in answer
-        assert len(sim.server.client_tokens) == 0
+        assert len(sim.server.gate.tokens) == 0
 
 
 async def test_without_keys_there_are_no_client_tokens(

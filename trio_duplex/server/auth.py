@@ -1,12 +1,15 @@
-"""Who may open a session: API keys, and a session's resume token for its resume.
+"""Who may open a session (``Gate``): API keys, another verifier, client tokens, and a
+session's resume token for its resume.
 
-With ``--api-key-file FILE`` every upgrade must present a credential, in one of two
-places: ``Authorization: Bearer CREDENTIAL``, or (browsers cannot set headers on a
-WebSocket) an offered subprotocol ``trio-duplex.bearer.CREDENTIAL``. The credential is
-either an API key, whose ``NAME`` becomes the session's principal, or the current resume
-token of a live session, which allows exactly one thing: the first message is that
-session's ``session.resume``. Anything else is refused with 401 before the upgrade, with
-nothing said about which part was wrong.
+With ``--api-key-file FILE`` (or ``--auth module:callable``) every upgrade must present a
+credential, in one of two places: ``Authorization: Bearer CREDENTIAL``, or (browsers
+cannot set headers on a WebSocket) an offered subprotocol
+``trio-duplex.bearer.CREDENTIAL``. The credential is an API key, whose ``NAME`` becomes
+the session's principal; a client token (``POST /v1/client_tokens``: one use, a TTL,
+maybe a locked configuration); or the current resume token of a live session, which
+allows exactly one thing: the first message is that session's ``session.resume``. The
+verifier, if any, looks at the headers first. Anything else is refused with 401 before
+the upgrade, with nothing said about which part was wrong.
 
 Keys are kept as SHA-256 digests and every comparison runs against every key, in
 constant time (``hmac.compare_digest``); no key is ever logged or in a ``repr``.
@@ -17,12 +20,23 @@ from __future__ import annotations
 import hashlib
 import hmac
 import importlib
+import json
+import logging
 import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
+import trio
+from websockets.datastructures import Headers
+from websockets.http11 import Request
+
+from ..core.config import ServerConfig
+from ..core.wire import ConfigBudget, ProtocolError
+
+log = logging.getLogger("trio_duplex")
 
 BEARER_SUBPROTOCOL = "trio-duplex.bearer."
 """An offered subprotocol that carries a credential (never selected)."""
@@ -184,12 +198,136 @@ def load_verifier(spec: str) -> Verifier:
     return verifier  # type: ignore[no-any-return]
 
 
+@attrs.define(eq=False, repr=False)
+class Gate:
+    """Who may open a session: the API keys, another verifier (``--auth``), the client
+    tokens issued from them, and the live sessions' resume tokens (``holder_of``)."""
+
+    config: ServerConfig
+    holder_of: Callable[[str], str | None]
+    """The id of the live session whose valid resume token a credential is, if any."""
+    keys: KeyRing | None = None
+    verifier: Verifier | None = None
+    tokens: ClientTokens = attrs.field(factory=ClientTokens)
+
+    @classmethod
+    def of(
+        cls,
+        config: ServerConfig,
+        holder_of: Callable[[str], str | None],
+        keys: KeyRing | None = None,
+        verifier: Verifier | None = None,
+    ) -> Gate:
+        """The gate ``config`` asks for (``--api-key-file``, ``--auth``), unless given.
+        ValueError (KeyFileError): a file or verifier that cannot be used."""
+        if keys is None and config.api_key_file is not None:
+            keys = KeyRing.load(config.api_key_file)
+        if verifier is None and config.auth is not None:
+            verifier = load_verifier(config.auth)
+        return cls(config, holder_of, keys, verifier)
+
+    def __repr__(self) -> str:
+        return f"<Gate keys={self.keys!r} verifier={self.verifier is not None}>"
+
+    @property
+    def open(self) -> bool:
+        """No authentication: neither API keys nor a verifier."""
+        return self.keys is None and self.verifier is None
+
+    def authorize(self, request: Request) -> Grant | None:
+        """What the upgrade's credential allows (auth.py), or None: 401."""
+        if self.verifier is not None:
+            who = self._verified(request.headers)
+            if who is not None:
+                return Grant(who)
+        offered = [
+            value.strip()
+            for header in request.headers.get_all("Sec-WebSocket-Protocol")
+            for value in header.split(",")
+        ]
+        credential = presented(request.headers, offered)
+        if credential is None:
+            return None
+        principal = None if self.keys is None else self.keys.principal(credential)
+        if principal is not None:
+            return Grant(principal)
+        client = self.tokens.take(credential, trio.current_time())
+        if client is not None:  # spent now: it opens this one session
+            return Grant(client.principal, locked=client.config)
+        session_id = self.holder_of(credential)
+        return None if session_id is None else Grant(None, resume_of=session_id)
+
+    def issue_token(self, headers: Headers, body: bytes) -> tuple[int, bytes]:
+        """``POST /v1/client_tokens`` with an API key: a one-use token for one session,
+        within ``ttl_s`` (60 s, at most ``--client-token-max-ttl``), and with ``session``
+        a configuration that session gets and cannot change."""
+        if self.open:
+            return 404, b'{"error": "authentication is off: no client tokens"}'
+        credential = presented({"Authorization": headers.get("Authorization", "")}, ())
+        principal = None
+        if credential is not None and self.keys is not None:
+            principal = self.keys.principal(credential)
+        if principal is None and self.verifier is not None:
+            principal = self._verified(headers)
+        if principal is None:
+            return 401, b'{"error": "an API key is required"}'
+        try:
+            request = json.loads(body) if body.strip() else {}
+        except (ValueError, RecursionError):
+            return 400, b'{"error": "the body is not JSON"}'
+        if not isinstance(request, dict):
+            return 400, b'{"error": "the body must be a JSON object"}'
+        ttl = request.get("ttl_s", 60)
+        most = self.config.client_token_max_ttl_s
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= most:
+            return 400, json.dumps({"error": f"ttl_s must be a number in (0, {most:g}]"}).encode()
+        locked = request.get("session")
+        if locked is not None:
+            if not isinstance(locked, dict):
+                return 400, b'{"error": "session must be an object"}'
+            try:
+                ConfigBudget.of(locked, self.config.max_config_bytes)
+            except ProtocolError as exc:
+                return 400, json.dumps({"error": exc.message}).encode()
+        now = trio.current_time()
+        token = self.tokens.issue(ClientToken(principal, now + ttl, locked), now)
+        if token is None:
+            return 429, b'{"error": "too many client tokens outstanding; retry later"}'
+        log.info("client token issued to %s for %gs", principal, ttl)
+        expires_at = int(time.time() + ttl)
+        return 200, json.dumps({"token": token, "expires_at": expires_at}).encode()
+
+    def _verified(self, headers: Headers) -> str | None:
+        """The ``--auth`` verifier's principal for ``headers``, or None (refused)."""
+        assert self.verifier is not None
+        try:
+            who = self.verifier(headers)
+        except Exception as exc:  # a broken verifier refuses; the client is not told why
+            log.error("the --auth verifier failed; the request is refused", exc_info=exc)
+            return None
+        return who if isinstance(who, str) and who else None
+
+    def reload_keys(self) -> bool:
+        """Read ``--api-key-file`` again (SIGHUP); on a bad file keep the keys in use."""
+        path = self.config.api_key_file
+        if path is None:
+            return False
+        try:
+            self.keys = KeyRing.load(path)
+        except KeyFileError as exc:
+            log.error("API keys not reloaded, the old ones stay in use: %s", exc)
+            return False
+        log.info("API keys reloaded from %s: %d keys", path, len(self.keys))
+        return True
+
+
 __all__ = [
     "BEARER_SUBPROTOCOL",
     "OPEN",
     "TOKENS_PATH",
     "ClientToken",
     "ClientTokens",
+    "Gate",
     "Grant",
     "KeyFileError",
     "KeyRing",

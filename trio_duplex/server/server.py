@@ -30,19 +30,15 @@ from __future__ import annotations
 
 import errno
 import functools
-import json
 import logging
 import math
 import os
 import ssl
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 import trio
-from websockets.datastructures import Headers
-from websockets.http11 import Request
 
 from ..core.config import ServerConfig
 from ..core.events import ErrorCode, Event, EventType
@@ -52,17 +48,7 @@ from ..core.session import State
 from ..core.wire import LARGE, ConfigBudget, ProtocolError, decode, decode_steps, encode, is_seq
 from ..engines.api import Engine, EngineFactory
 from . import metrics
-from .auth import (
-    OPEN,
-    ClientToken,
-    ClientTokens,
-    Grant,
-    KeyFileError,
-    KeyRing,
-    Verifier,
-    load_verifier,
-    presented,
-)
+from .auth import OPEN, Gate, Grant, KeyRing, Verifier
 from .connection import Connection
 from .http import Endpoints, serve_internal
 from .runner import CheckFailed, SessionRunner, check_input, only_trio_cancellation
@@ -106,14 +92,14 @@ class DuplexServer:
     max_refusing: int = 64
     """Connections over a limit answered (503) at once; more are closed unanswered."""
     ssl_context: ssl.SSLContext | None = attrs.field(default=None, kw_only=True)
-    keys: KeyRing | None = attrs.field(default=None, kw_only=True)
-    verifier: Verifier | None = attrs.field(default=None, kw_only=True)
-    """Another verifier (``--auth``): a principal from an upgrade's headers, or None."""
-    client_tokens: ClientTokens = attrs.field(factory=ClientTokens, init=False)
-    """The API keys (``--api-key-file``, or given): with them every upgrade must present
-    a credential (auth.py)."""
     """TLS for ``run_tcp`` (wss://); None: built from ``config.tls_cert`` and
     ``tls_key`` when they are set (TLSError if they cannot be used), else plain ws://."""
+    keys: KeyRing | None = attrs.field(default=None, kw_only=True)
+    """API keys for ``gate``, if not read from ``--api-key-file``."""
+    verifier: Verifier | None = attrs.field(default=None, kw_only=True)
+    """A verifier for ``gate``, if not loaded from ``--auth``."""
+    gate: Gate = attrs.field(init=False)
+    """Who may open sessions (auth.py): keys, a verifier, client tokens, resume tokens."""
     sessions: Sessions = attrs.field(init=False)
     connections: set[Connection] = attrs.field(factory=set, init=False)
     """The connections past their handshake (see ``open_connections`` for all)."""
@@ -131,10 +117,13 @@ class DuplexServer:
 
     def __attrs_post_init__(self) -> None:
         self.sessions = Sessions(self.config, self.close_timeout_s)
-        if self.keys is None and self.config.api_key_file is not None:
-            self.keys = KeyRing.load(self.config.api_key_file)  # KeyFileError
-        if self.verifier is None and self.config.auth is not None:
-            self.verifier = load_verifier(self.config.auth)  # ValueError
+        registry = self.sessions.registry
+
+        def holder_of(token: str) -> str | None:
+            session = registry.holder_of(token)
+            return None if session is None else session.id
+
+        self.gate = Gate.of(self.config, holder_of, self.keys, self.verifier)  # ValueError
         cert, key = self.config.tls_cert, self.config.tls_key
         if self.ssl_context is None and cert is not None and key is not None:
             self.ssl_context = server_ssl_context(cert, key)
@@ -348,8 +337,8 @@ class DuplexServer:
                     ip,
                     self.endpoints,
                     origins=self.config.allow_origin,
-                    authorize=None if self.authless else self._authorize,
-                    issue_token=self._issue_token,
+                    authorize=None if self.gate.open else self.gate.authorize,
+                    issue_token=self.gate.issue_token,
                 )
             if handshake.cancelled_caught:
                 self.endpoints.refused("timeout")
@@ -414,97 +403,6 @@ class DuplexServer:
                 await trio.aclose_forcefully(stream)
             finally:
                 self._refusing -= 1
-
-    @property
-    def authless(self) -> bool:
-        """No authentication: neither API keys nor a verifier."""
-        return self.keys is None and self.verifier is None
-
-    def _authorize(self, request: Request) -> Grant | None:
-        """What the upgrade's credential allows (auth.py), or None: 401."""
-        if self.verifier is not None:
-            who = self._verified(request.headers)
-            if who is not None:
-                return Grant(who)
-        offered = [
-            value.strip()
-            for header in request.headers.get_all("Sec-WebSocket-Protocol")
-            for value in header.split(",")
-        ]
-        credential = presented(request.headers, offered)
-        if credential is None:
-            return None
-        principal = None if self.keys is None else self.keys.principal(credential)
-        if principal is not None:
-            return Grant(principal)
-        client = self.client_tokens.take(credential, trio.current_time())
-        if client is not None:  # spent now: it opens this one session
-            return Grant(client.principal, locked=client.config)
-        session = self.sessions.registry.holder_of(credential)
-        return None if session is None else Grant(None, resume_of=session.id)
-
-    def _issue_token(self, headers: Headers, body: bytes) -> tuple[int, bytes]:
-        """``POST /v1/client_tokens`` with an API key: a one-use token for one session,
-        within ``ttl_s`` (60 s, at most ``--client-token-max-ttl``), and with ``session``
-        a configuration that session gets and cannot change."""
-        if self.authless:
-            return 404, b'{"error": "authentication is off: no client tokens"}'
-        credential = presented({"Authorization": headers.get("Authorization", "")}, ())
-        principal = None
-        if credential is not None and self.keys is not None:
-            principal = self.keys.principal(credential)
-        if principal is None and self.verifier is not None:
-            principal = self._verified(headers)
-        if principal is None:
-            return 401, b'{"error": "an API key is required"}'
-        try:
-            request = json.loads(body) if body.strip() else {}
-        except (ValueError, RecursionError):
-            return 400, b'{"error": "the body is not JSON"}'
-        if not isinstance(request, dict):
-            return 400, b'{"error": "the body must be a JSON object"}'
-        ttl = request.get("ttl_s", 60)
-        most = self.config.client_token_max_ttl_s
-        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= most:
-            return 400, json.dumps({"error": f"ttl_s must be a number in (0, {most:g}]"}).encode()
-        locked = request.get("session")
-        if locked is not None:
-            if not isinstance(locked, dict):
-                return 400, b'{"error": "session must be an object"}'
-            try:
-                ConfigBudget.of(locked, self.config.max_config_bytes)
-            except ProtocolError as exc:
-                return 400, json.dumps({"error": exc.message}).encode()
-        now = trio.current_time()
-        token = self.client_tokens.issue(ClientToken(principal, now + ttl, locked), now)
-        if token is None:
-            return 429, b'{"error": "too many client tokens outstanding; retry later"}'
-        log.info("client token issued to %s for %gs", principal, ttl)
-        expires_at = int(time.time() + ttl)
-        return 200, json.dumps({"token": token, "expires_at": expires_at}).encode()
-
-    def _verified(self, headers: Headers) -> str | None:
-        """The ``--auth`` verifier's principal for ``headers``, or None (refused)."""
-        assert self.verifier is not None
-        try:
-            who = self.verifier(headers)
-        except Exception as exc:  # a broken verifier refuses; the client is not told why
-            log.error("the --auth verifier failed; the request is refused", exc_info=exc)
-            return None
-        return who if isinstance(who, str) and who else None
-
-    def reload_keys(self) -> bool:
-        """Read ``--api-key-file`` again (SIGHUP); on a bad file keep the keys in use."""
-        path = self.config.api_key_file
-        if path is None:
-            return False
-        try:
-            self.keys = KeyRing.load(path)
-        except KeyFileError as exc:
-            log.error("API keys not reloaded, the old ones stay in use: %s", exc)
-            return False
-        log.info("API keys reloaded from %s: %d keys", path, len(self.keys))
-        return True
 
     async def _serve(self, ws: WebSocket, query: dict[str, list[str]], grant: Grant = OPEN) -> None:
         conn: Connection | None = None
