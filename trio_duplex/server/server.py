@@ -34,7 +34,7 @@ import logging
 import math
 import os
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -107,15 +107,18 @@ class DuplexServer:
     _counted: int = attrs.field(default=0, init=False)
     _per_ip: dict[str, int] = attrs.field(factory=dict, init=False)
     """Open connections by peer address; an address with none has no entry."""
-    _refusing: int = attrs.field(default=0, init=False)
+    _refusing: Aside = attrs.field(init=False)
+    """Connections over a limit being answered 503."""
     _refused: int = attrs.field(default=0, init=False)
     _refusal_quiet_until: float = attrs.field(default=-math.inf, init=False)
     endpoints: Endpoints = attrs.field(init=False)
     """Health, readiness and metrics (http.py), on the main listener or the metrics one."""
-    _internal: int = attrs.field(default=0, init=False)
+    _internal: Aside = attrs.field(init=False)
     """Connections of the ``--metrics-port`` listener being answered."""
 
     def __attrs_post_init__(self) -> None:
+        self._refusing = Aside(self.max_refusing, "refusing a connection")
+        self._internal = Aside(self.max_refusing, "answering on the metrics port")
         self.sessions = Sessions(self.config, self.close_timeout_s)
         registry = self.sessions.registry
 
@@ -304,21 +307,12 @@ class DuplexServer:
                         raise
                     await trio.sleep(_AT_CAPACITY_RETRY_S)  # (the main listener logs it)
                     continue
-                if self._internal < self.max_refusing:
-                    self._internal += 1
-                    nursery.start_soon(self._answer_internal, stream)
-                else:
-                    await trio.aclose_forcefully(stream)
-
-    async def _answer_internal(self, stream: trio.abc.Stream) -> None:
-        try:
-            with trio.move_on_after(self.config.handshake_timeout_s):
-                await serve_internal(stream, self.endpoints)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            self._internal -= 1
-            await trio.aclose_forcefully(stream)
+                await self._internal.answer(
+                    stream,
+                    nursery,
+                    self.config.handshake_timeout_s,
+                    functools.partial(serve_internal, endpoints=self.endpoints),
+                )
 
     async def _handle_stream(self, stream: trio.abc.Stream, ip: str | None = None) -> None:
         """One counted connection's task; it gives its place back when it ends."""
@@ -384,25 +378,8 @@ class DuplexServer:
                 why,
                 self._refused,
             )
-        if self._refusing < self.max_refusing:
-            self._refusing += 1
-            nursery.start_soon(self._answer_refused, stream)
-        else:
-            await trio.aclose_forcefully(stream)
-
-    async def _answer_refused(self, stream: trio.abc.Stream) -> None:
-        try:
-            with trio.move_on_after(min(_REFUSAL_READ_S, self.config.handshake_timeout_s)):
-                await refuse_unavailable(stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        except Exception as exc:
-            log.error("refusing a connection failed: %r", exc, exc_info=exc)
-        finally:
-            try:
-                await trio.aclose_forcefully(stream)
-            finally:
-                self._refusing -= 1
+        seconds = min(_REFUSAL_READ_S, self.config.handshake_timeout_s)
+        await self._refusing.answer(stream, nursery, seconds, refuse_unavailable)
 
     async def _serve(self, ws: WebSocket, query: dict[str, list[str]], grant: Grant = OPEN) -> None:
         conn: Connection | None = None
@@ -648,6 +625,49 @@ async def _decode_large(text: str | bytes) -> Event:
             event: Event = done.value
             return event
         await trio.lowlevel.checkpoint()
+
+
+@attrs.define(eq=False)
+class Aside:
+    """Short tasks that answer a connection and close it, at most ``limit`` at once;
+    past that a connection is closed unanswered (a flood costs little more than its
+    accepts). Each answer is bounded in time, and its failure is logged, not raised."""
+
+    limit: int
+    what: str
+    running: int = 0
+
+    async def answer(
+        self,
+        stream: trio.abc.Stream,
+        nursery: trio.Nursery,
+        seconds: float,
+        answer: Callable[[trio.abc.Stream], Awaitable[None]],
+    ) -> None:
+        if self.running >= self.limit:
+            await trio.aclose_forcefully(stream)
+            return
+        self.running += 1
+        nursery.start_soon(self._answer, stream, seconds, answer)
+
+    async def _answer(
+        self,
+        stream: trio.abc.Stream,
+        seconds: float,
+        answer: Callable[[trio.abc.Stream], Awaitable[None]],
+    ) -> None:
+        try:
+            with trio.move_on_after(seconds):
+                await answer(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception as exc:
+            log.error("%s failed: %r", self.what, exc, exc_info=exc)
+        finally:
+            try:
+                await trio.aclose_forcefully(stream)
+            finally:
+                self.running -= 1
 
 
 def _peer_ip(stream: trio.abc.Stream) -> str | None:
