@@ -4,6 +4,7 @@ of that session's resume."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,14 @@ from typing import Any
 import pytest
 import trio
 from trio.testing import MockClock
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as ws_connect
 from wsproto.events import AcceptConnection, RejectConnection, Request
 
-from trio_duplex import ServerConfig
+from trio_duplex import DuplexServer, ServerConfig
+from trio_duplex.cli import main
+from trio_duplex.client import ClientOptions, ServerRefused, connect
+from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.server.auth import KeyFileError, KeyRing, presented
 from trio_duplex.testing import ScriptedEngine, Simulation, running_server
 
@@ -178,8 +184,6 @@ async def test_a_resume_token_is_the_credential_of_its_own_resume_only(
 def test_sighup_reloads_the_keys_and_a_bad_file_keeps_the_old_ones(
     serve: Any, tmp_path: Path
 ) -> None:
-    from websockets.exceptions import InvalidStatus
-    from websockets.sync.client import connect
 
     path = tmp_path / "keys"
     path.write_text("acme: old-key\n")
@@ -187,7 +191,9 @@ def test_sighup_reloads_the_keys_and_a_bad_file_keeps_the_old_ones(
 
     def opens(key: str) -> bool:
         try:
-            with connect(server.url, additional_headers={"Authorization": f"Bearer {key}"}) as ws:
+            with ws_connect(
+                server.url, additional_headers={"Authorization": f"Bearer {key}"}
+            ) as ws:
                 ws.send(json.dumps({"type": "session.update", "session": {}}))
                 return bool(json.loads(ws.recv(timeout=5))["type"] == "session.created")
         except InvalidStatus as exc:
@@ -207,7 +213,6 @@ def test_sighup_reloads_the_keys_and_a_bad_file_keeps_the_old_ones(
 
 
 def test_a_bad_key_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from trio_duplex.cli import main
 
     path = tmp_path / "keys"
     path.write_text("acme secret\n")
@@ -221,9 +226,6 @@ def test_a_bad_key_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
 async def test_our_client_presents_its_key_to_open_and_its_token_to_resume(
     tmp_path: Path,
 ) -> None:
-    from trio_duplex import DuplexServer
-    from trio_duplex.client import ClientOptions, ServerRefused, connect
-    from trio_duplex.engines.echo import EchoEngine
 
     path = tmp_path / "keys"
     path.write_text("acme: k-acme-123\n")
@@ -399,7 +401,6 @@ async def test_a_broken_verifier_refuses_and_says_so_at_error(
 def test_a_verifier_that_cannot_be_loaded_exits_2(
     capsys: pytest.CaptureFixture[str], spec: str, says: str
 ) -> None:
-    from trio_duplex.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(["serve", "--auth", spec])
@@ -411,10 +412,6 @@ def test_a_verifier_that_cannot_be_loaded_exits_2(
 def test_curl_asks_for_a_client_token_that_a_browser_like_client_presents(
     serve: Any, tmp_path: Path
 ) -> None:
-    import subprocess
-
-    from websockets.exceptions import InvalidStatus
-    from websockets.sync.client import connect
 
     path = tmp_path / "keys"
     path.write_text("acme: k-acme-123\n")
@@ -429,12 +426,12 @@ def test_curl_asks_for_a_client_token_that_a_browser_like_client_presents(
     )
     issued = json.loads(result.stdout)
     offered = ["trio-duplex", f"trio-duplex.bearer.{issued['token']}"]
-    with connect(server.url, subprotocols=offered) as ws:  # type: ignore[arg-type]
+    with ws_connect(server.url, subprotocols=offered) as ws:  # type: ignore[arg-type]
         assert ws.subprotocol == "trio-duplex"
         ws.send(json.dumps({"type": "session.update", "session": {}}))
         assert json.loads(ws.recv(timeout=5))["type"] == "session.created"
     with pytest.raises(InvalidStatus) as refused:  # spent
-        with connect(server.url, subprotocols=offered):  # type: ignore[arg-type]
+        with ws_connect(server.url, subprotocols=offered):  # type: ignore[arg-type]
             pass
     assert refused.value.response.status_code == 401
     assert issued["token"] not in server.log
