@@ -40,6 +40,11 @@ class EventType(enum.StrEnum):
     CLOSED = "session.closed"
     EXPIRED = "session.expired"
     ERROR = "error"
+    INPUT_CONSUMED = "input.consumed"
+    """How far the engine has taken the client's input (flow control, protocol v2)."""
+    # audio (protocol v2: carried in binary messages on a session with audio.wire binary)
+    INPUT_AUDIO_APPEND = "input_audio_buffer.append"
+    OUTPUT_AUDIO_DELTA = "response.output_audio.delta"
 
 
 class Reason(enum.StrEnum):
@@ -73,6 +78,12 @@ class ErrorCode(enum.StrEnum):
     INVALID_RESUME_TOKEN = "invalid_resume_token"
     SESSION_RESUME_EXPIRED = "session_resume_expired"
     SESSION_RESUME_CONFLICT = "session_resume_conflict"
+    UNSUPPORTED_AUDIO_FORMAT = "unsupported_audio_format"
+    """``session.audio`` asks for a wire, format or rate the server (or the engine) does
+    not support; ``param`` names the field. No session is opened."""
+    UNEXPECTED_CLIENT_EVENT_SEQ = "unexpected_client_event_seq"
+    """A ``client_event_seq`` past the next one expected: refused (retryable) so that no
+    event overtakes one that was refused; ``expected_client_event_seq`` says which to send."""
     ENGINE_ERROR = "engine_error"
     """The engine broke before a session existed (its factory, or its check of the first
     message). Not retryable: the server cannot tell a passing fault from a broken engine."""
@@ -87,6 +98,7 @@ RETRYABLE_CODES: Final = frozenset(
         ErrorCode.INPUT_BACKPRESSURE,
         ErrorCode.SESSION_RESUME_CONFLICT,
         ErrorCode.SERVER_SHUTTING_DOWN,
+        ErrorCode.UNEXPECTED_CLIENT_EVENT_SEQ,
     }
 )
 """Error codes whose request may succeed if sent again later."""
@@ -112,6 +124,7 @@ CONTROL_EVENTS: Final = frozenset(
         EventType.HEARTBEAT_ACK,
         EventType.GOING_AWAY,
         EventType.ERROR,
+        EventType.INPUT_CONSUMED,
         *TERMINAL_EVENTS,
     }
 )
