@@ -19,6 +19,7 @@ from trio_duplex.client import (
     Attached,
     EventTooLarge,
     HeartbeatPolicy,
+    ProtocolViolation,
     ReconnectPolicy,
     ResumeState,
     SessionState,
@@ -334,3 +335,105 @@ def test_model_every_event_once_in_order_through_any_cuts(plan: list[tuple[str, 
     assert not up and not down and not state.outbox
     assert server.inputs == sent
     assert delivered == list(range(1, server.head + 1))
+
+
+# -- input flow control (protocol v2) ------------------------------------------------------
+
+
+def refusal(code: str, seq: int, expected: int | None = None) -> Event:
+    event: Event = {"type": "error", "code": code, "message": "", "retryable": True}
+    event["client_event_seq"] = seq
+    if expected is not None:
+        event["expected_client_event_seq"] = expected
+    return event
+
+
+def seqs(frames: list[Event]) -> list[int]:
+    return [f["client_event_seq"] for f in frames if "client_event_seq" in f]
+
+
+def test_room_is_paced_by_the_advertised_bounds_and_the_consumption_reports() -> None:
+    state = SessionState({})
+    state.on_handshake(created(max_pending_input=2, max_pending_input_bytes=10_000), now=0.0)
+    assert state.limits.max_pending_input == 2
+    state.enqueue(text("a"))
+    assert state.has_room(1024, 1 << 30)
+    state.enqueue(text("b"))
+    assert not state.has_room(1024, 1 << 30)  # two events sent, none consumed
+    report = {"type": "input.consumed", "consumed_client_event_seq": 1}
+    assert state.on_event(report, 60, 0.0) is Verdict.INTERNAL
+    assert state.consumed_seq == 1 and state.has_room(1024, 1 << 30)
+    assert state.confirmed_seq == 1  # consumed: read too
+    state.enqueue(text("x" * 10_000))
+    events, size = state.unconsumed
+    assert events == 2 and size == sum(
+        len(f) for f in (state.outbox[0].frame, state.outbox[1].frame)
+    )
+    assert not state.has_room(1024, 1 << 30)  # 10,000 bytes reached
+
+
+def test_without_advertised_bounds_only_the_resend_buffer_paces() -> None:
+    state = opened()  # a v1 server: no max_pending_input
+    for _ in range(3000):
+        state.enqueue(text("a"))
+    assert state.limits.max_pending_input is None
+    assert state.has_room(4000, 1 << 30) and not state.has_room(3000, 1 << 30)
+
+
+def test_a_backpressure_refusal_rewinds_to_the_refused_seq_after_a_backoff() -> None:
+    state = opened()
+    for value in "abcde":
+        state.enqueue(text(value))
+    assert seqs(drain(state)) == [1, 2, 3, 4, 5]
+    heartbeat = state.request_confirm()
+    assert heartbeat == 5 and [f["type"] for f in drain(state)] == ["session.heartbeat"]
+    assert state.on_event(refusal("input_backpressure", 3), 90, 1.0) is Verdict.INTERNAL
+    assert state.rewinds == 1
+    # The answers to 4 and 5 (sent before the rewind) are dropped, whatever they are.
+    assert state.on_event(refusal("unexpected_client_event_seq", 4, 3), 90, 1.0) is (
+        Verdict.INTERNAL
+    )
+    bad = {**refusal("bad_event", 5), "retryable": False}
+    assert state.on_event(bad, 90, 1.0) is Verdict.INTERNAL
+    # The heartbeat sent after 5 confirms only what was before the refused one.
+    assert state.on_event({"type": "session.heartbeat_ack"}, 40, 1.0) is Verdict.INTERNAL
+    assert state.confirmed_seq == 2 and [o.seq for o in state.outbox] == [3, 4, 5]
+    assert drain(state, 1.01) == [] and state.next_deadline() == 1.05
+    assert seqs(drain(state, 1.05)) == [3, 4, 5]
+    # Answers to the resent events are new: a refusal for good is delivered, and the
+    # next retryable one rewinds again, with a longer backoff.
+    assert state.on_event(bad, 90, 2.0) is Verdict.DELIVER
+    assert state.on_event(refusal("input_backpressure", 5), 90, 2.0) is Verdict.INTERNAL
+    assert state.rewinds == 2 and drain(state, 2.05) == []
+    # A consumption report means room was made: resend at once.
+    state.on_event({"type": "input.consumed", "consumed_client_event_seq": 4}, 60, 2.0)
+    assert seqs(drain(state, 2.0)) == [5]
+
+
+def test_an_unexpected_seq_refusal_rewinds_to_the_seq_expected() -> None:
+    state = opened()
+    for value in "abc":
+        state.enqueue(text(value))
+    drain(state)
+    assert state.on_event(refusal("unexpected_client_event_seq", 3, 2), 90, 0.0) is (
+        Verdict.INTERNAL
+    )
+    assert seqs(drain(state, 1.0)) == [2, 3]
+
+
+def test_a_refusal_asking_for_what_the_client_no_longer_holds_is_a_violation() -> None:
+    state = opened()
+    state.enqueue(text("a"))
+    drain(state)
+    with pytest.raises(ProtocolViolation):
+        state.on_event(refusal("unexpected_client_event_seq", 1, 7), 90, 0.0)
+
+
+def test_a_resume_tells_the_client_how_far_its_input_was_consumed() -> None:
+    state = SessionState({})
+    state.on_handshake(created(max_pending_input=2), now=0.0)
+    for value in "abc":
+        state.enqueue(text(value))
+    state.opening_frame()
+    state.on_handshake({**resumed(2), "consumed_client_event_seq": 2}, now=1.0)
+    assert state.consumed_seq == 2 and state.unconsumed[0] == 1

@@ -103,6 +103,8 @@ def test_admit_creates_an_opening_session_holding_a_slot() -> None:
             "journal_max_bytes": 10_000,
             "max_event_bytes": 15 * 1024 * 1024,
             "max_config_bytes": 64 * 1024,
+            "max_pending_input": 256,
+            "max_pending_input_bytes": 16 * 1024 * 1024,
         },
     }
 
@@ -298,7 +300,9 @@ def test_a_released_session_cannot_be_looked_up() -> None:
 
 def test_resume_rotates_the_token_and_takes_over_the_next_generation() -> None:
     session, token = opened(make_registry())
-    session.note_client_seq(7)
+    for seq in range(1, 8):
+        session.note_client_seq(seq)
+    assert session.consumed(5) is not None
     emit(session)
     attempt = session.begin_resume(token, 1, 10.0)
     assert attempt.generation == 2
@@ -310,6 +314,7 @@ def test_resume_rotates_the_token_and_takes_over_the_next_generation() -> None:
         "resume_token": attempt.new_token,
         "attachment_generation": 2,
         "last_received_client_event_seq": 7,
+        "consumed_client_event_seq": 5,
     }
     # Nothing about the attachment changes before the commit.
     assert session.state is State.ATTACHED and session.is_current(1)
@@ -635,18 +640,39 @@ def test_an_invalid_ack_is_refused_and_the_session_goes_on(seq: object) -> None:
     assert emit(session) == 2
 
 
-def test_client_event_seqs_keep_the_highest_received() -> None:
+def test_only_the_next_client_event_seq_is_taken_and_one_further_ahead_is_refused() -> None:
     session, token = opened(make_registry())
     assert session.is_new_client_seq(1)
     session.note_client_seq(1)
-    session.note_client_seq(3)  # a gap is the client's business
-    assert not session.is_new_client_seq(3)
-    assert not session.is_new_client_seq(2)
-    assert session.is_new_client_seq(4)
-    session.note_client_seq(2)  # an older one never lowers it
-    assert session.client_seq == 3
+    assert not session.is_new_client_seq(1)  # a resend: dropped silently
+    with pytest.raises(ProtocolError) as raised:
+        session.is_new_client_seq(3)  # 2 is missing: nothing may overtake it
+    assert raised.value.retryable
+    assert raised.value.to_event({"client_event_seq": 3, "event_id": "e"}) == {
+        "type": "error",
+        "code": "unexpected_client_event_seq",
+        "message": "client_event_seq 3 is not the next one, 2; resend from 2",
+        "retryable": True,
+        "event_id": "e",
+        "param": "client_event_seq",
+        "client_event_seq": 3,
+        "expected_client_event_seq": 2,
+    }
+    session.note_client_seq(3)  # only the next one counts
+    assert session.client_seq == 1
+    assert session.is_new_client_seq(2)
+    session.note_client_seq(2)
+    assert not session.is_new_client_seq(2) and session.is_new_client_seq(3)
     attempt = session.begin_resume(token, 0, 1.0)
-    assert session.resumed_event(attempt)["last_received_client_event_seq"] == 3
+    assert session.resumed_event(attempt)["last_received_client_event_seq"] == 2
+
+
+def test_consumption_is_reported_once_per_advance() -> None:
+    session, _ = opened(make_registry())
+    assert session.consumed(0) is None
+    assert session.consumed(2) == '{"type":"input.consumed","consumed_client_event_seq":2}'
+    assert session.consumed(2) is None and session.consumed(1) is None
+    assert session.consumed_seq == 2
 
 
 # -- overflow and gaps across a resume -------------------------------------------------

@@ -577,6 +577,11 @@ class World:
             "bad_client_seq",
             f"{event['last_received_client_event_seq']} != {slot.client_seq}",
         )
+        require(  # v2: nothing is consumed before it was received
+            0 <= event["consumed_client_event_seq"] <= slot.client_seq,
+            "bad_client_seq",
+            f"consumed {event['consumed_client_event_seq']} > {slot.client_seq}",
+        )
         require(event["resume_token"] == slot.token, "bad_resumed", "not the token issued")
 
     def _commit(self, i: int) -> None:
@@ -699,13 +704,34 @@ class World:
             return
         require(valid, "bad_ack_accepted", repr(seq))
 
-    def do_client_event(self, i: int, seq: int) -> None:
-        """A client event bound for the engine with ``client_event_seq``."""
+    def do_client_event(self, i: int, seq: int, taken: bool = True) -> None:
+        """A client event bound for the engine with ``client_event_seq``; ``taken``
+        False: refused for backpressure (retryable), so its seq is not taken.
+
+        Protocol v2: only the next seq is new; one further ahead is refused, retryable,
+        naming the seq expected, and nothing about the session changes."""
         slot, s = self.slots[i], self._session(i)
         self._touch(i)
-        require(s.is_new_client_seq(seq) == (seq > slot.client_seq), "bad_client_seq", str(seq))
-        s.note_client_seq(seq)
-        slot.client_seq = max(slot.client_seq, seq)
+        expected = slot.client_seq + 1
+        try:
+            new = s.is_new_client_seq(seq)
+        except ProtocolError as exc:
+            error = exc.to_event({"client_event_seq": seq})
+            require(
+                seq > expected
+                and exc.retryable
+                and error["expected_client_event_seq"] == expected
+                and error["client_event_seq"] == seq,
+                "bad_client_seq",
+                f"{seq} refused: {error}",
+            )
+            require(s.client_seq == slot.client_seq, "bad_client_seq", "moved by a refusal")
+            return
+        require(new == (seq == expected), "bad_client_seq", f"{seq}: new={new}")
+        if new and taken:
+            s.note_client_seq(seq)
+            slot.client_seq = seq
+        require(s.client_seq == slot.client_seq, "bad_client_seq", f"{s.client_seq}")
 
     def do_close(self, i: int) -> None:
         s = self._session(i)

@@ -102,7 +102,11 @@ class CoreMachine(RuleBasedStateMachine):
             world.do_ack(i, seq)
         elif kind == "client_event":
             i = data.draw(st.sampled_from(sessions), label="session")
-            world.do_client_event(i, data.draw(st.integers(1, 8), label="client_event_seq"))
+            # Mostly the next seq (the one a client sends), else a resend or one ahead.
+            nxt = world.slots[i].client_seq + 1
+            seq = data.draw(st.sampled_from([nxt, nxt]) | st.integers(1, 8), label="seq")
+            taken = data.draw(st.booleans(), label="taken")
+            world.do_client_event(i, seq, taken)
         elif kind == "resume_variant":  # an older token (a lost session.resumed), or seq 0
             i = data.draw(st.sampled_from(sessions), label="session")
             issued = world.slots[i].issued

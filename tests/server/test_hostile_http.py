@@ -86,12 +86,18 @@ async def test_a_client_event_seq_far_ahead_is_refused_and_numbering_goes_on(
     autojump_clock: MockClock,
 ) -> None:
     # Was: a jump to 10**12 was accepted, and every later event (seq 2, 3, ...) was then
-    # dropped as a resend: the session fell silent.
+    # dropped as a resend: the session fell silent. Protocol v2: only the next seq is
+    # taken; one further ahead is refused (retryable), naming the seq expected.
     async with running_server() as sim:
         client, _ = await sim.open_session()
         await echo(client, "one", seq=1)
         refused = await client.send_and_receive(
             {"type": "input.text.append", "text": "jump", "client_event_seq": 10**12}
         )
-        assert (refused["code"], refused["param"]) == ("bad_event", "client_event_seq")
+        assert (refused["code"], refused["param"]) == (
+            "unexpected_client_event_seq",
+            "client_event_seq",
+        )
+        assert refused["retryable"] is True
+        assert (refused["expected_client_event_seq"], refused["client_event_seq"]) == (2, 10**12)
         assert (await echo(client, "two", seq=2))["server_event_seq"] == 2

@@ -83,23 +83,25 @@ async def test_the_input_queue_is_bounded_in_bytes(autojump_clock: MockClock) ->
         engine = factory.last
         await client.send({"type": "input.text.append", "text": "0" * 5000})
         await settle()  # the engine holds it; the queue is empty again
-        for i in range(1, 5):
+        for i in range(1, 6):
             await client.send({"type": "input.text.append", "text": f"{i}" * 5000})
         await client.send({"type": "session.heartbeat"})
         answers: list[dict[str, Any]] = []
         while (event := await client.receive())["type"] != "session.heartbeat_ack":
             answers.append(event)
-        # Three ~5 KB events fit in 16,000 bytes; the fourth is refused, retryable.
+        # The queue takes an event while it holds fewer than 16,000 bytes (protocol v2:
+        # was "while the event fits", which a client pacing by the bound cannot know):
+        # three ~5 KB events hold 15,090, so a fourth is taken; the fifth is refused.
         assert [(a["type"], a.get("code")) for a in answers] == [("error", "input_backpressure")]
         assert answers[0]["retryable"] is True
         engine.release(4)
         await settle()
-        assert [e["text"][0] for e in engine.received] == ["0", "1", "2", "3"]
+        assert [e["text"][0] for e in engine.received] == ["0", "1", "2", "3", "4"]
         # Taken by the engine: the room is back.
-        await client.send({"type": "input.text.append", "text": "4" * 5000})
+        await client.send({"type": "input.text.append", "text": "5" * 5000})
         engine.release(1)
         await settle()
-        assert [e["text"][0] for e in engine.received] == ["0", "1", "2", "3", "4"]
+        assert [e["text"][0] for e in engine.received] == ["0", "1", "2", "3", "4", "5"]
 
 
 # -- the configuration ---------------------------------------------------------------------

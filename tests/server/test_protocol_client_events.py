@@ -21,7 +21,16 @@ RETRYABLE = {
     "session_resume_conflict",
     "server_shutting_down",
 }
-ERROR_KEYS = {"type", "code", "message", "retryable", "event_id", "param"}
+ERROR_KEYS = {
+    "type",
+    "code",
+    "message",
+    "retryable",
+    "event_id",
+    "param",
+    "client_event_seq",  # protocol v2: the seq of the event refused
+    "expected_client_event_seq",  # v2: for unexpected_client_event_seq
+}
 
 
 def assert_error_shape(error: dict[str, Any]) -> None:
@@ -187,11 +196,14 @@ async def test_malformed_fields_are_bad_event_from_the_engine_check(
         assert error["code"] == "bad_event"
         assert error["param"] == param
         assert error["event_id"] == "b"
-        # Non-fatal, and the refused event did not count as received.
-        assert (await echo(client))["server_event_seq"] == 1
+        assert error["client_event_seq"] == 1  # v2: which event was refused
+        # Non-fatal. Was (v1): the refused event did not count as received. Protocol v2:
+        # a refusal for good takes its seq (a resend could only be refused again), so the
+        # client's numbering goes on past it under the next-seq rule.
+        assert (await echo(client, seq=2))["server_event_seq"] == 1
         await client.transport.cut()
         _, resumed = await sim.resume(created["session_id"], created["resume_token"], 1)
-        assert resumed["last_received_client_event_seq"] == 0
+        assert resumed["last_received_client_event_seq"] == 2
 
 
 @pytest.mark.parametrize("message", ["{", "not json", '{"type": "x",}', "", "NaN x"])

@@ -46,6 +46,11 @@ def text(seq: int, text: str = "x") -> dict[str, Any]:
     return {"type": "input.text.append", "text": text, "client_event_seq": seq}
 
 
+def append(text: str = "x") -> dict[str, Any]:
+    """An event without ``client_event_seq``."""
+    return {"type": "input.text.append", "text": text}
+
+
 async def next_is_heartbeat_ack(client: SimClient) -> None:
     """Prove nothing else was queued: the very next frame answers a heartbeat."""
     ack = await client.send_and_receive({"type": "session.heartbeat"})
@@ -271,7 +276,7 @@ async def test_overflow_notice_comes_before_the_event_and_numbering_goes_on(
         client, created = await sim.open_session()
         assert (await echo(client))["server_event_seq"] == 1
         assert (await echo(client))["server_event_seq"] == 2
-        await client.send(text(3))
+        await client.send(append())
         notice = await client.receive()
         assert notice == {
             "type": "session.resync_required",
@@ -280,7 +285,7 @@ async def test_overflow_notice_comes_before_the_event_and_numbering_goes_on(
         }
         assert (await client.receive())["server_event_seq"] == 3  # held: 3
         assert (await echo(client))["server_event_seq"] == 4  # held: 3, 4
-        await client.send(text(5))
+        await client.send(append())
         assert (await client.receive())["dropped_through_seq"] == 4
         assert (await client.receive())["server_event_seq"] == 5
         assert len(journal_of(sim, created)) == 1
@@ -295,7 +300,7 @@ async def test_after_overflow_the_held_events_are_replayed_and_the_dropped_are_a
         client, created = await sim.open_session()
         for _ in range(2):
             await echo(client)
-        await client.send(text(3))
+        await client.send(append())
         assert (await client.receive())["type"] == "session.resync_required"
         await client.receive()
         await echo(client)  # seq 4; journal holds 3, 4
@@ -315,7 +320,7 @@ async def test_after_overflow_the_held_events_are_replayed_and_the_dropped_are_a
             "dropped_through_seq": 4,
         }
         await next_is_heartbeat_ack(client3)  # no replay at all
-        await client3.send(text(5))
+        await client3.send(append())
         assert (await receive_skipping_overflow(client3, 4))["server_event_seq"] == 5
 
 
@@ -326,7 +331,7 @@ async def test_event_bigger_than_the_journal_is_delivered_with_its_own_seq_dropp
         client, created = await sim.open_session()
         await echo(client)
         big = "y" * 150
-        await client.send(text(2, big))
+        await client.send(append(big))
         notice = await client.receive()
         assert notice == {
             "type": "session.resync_required",
@@ -475,18 +480,23 @@ async def test_repeated_or_older_client_event_seq_is_dropped_silently(
         assert resumed["last_received_client_event_seq"] == 3
 
 
-async def test_client_event_seq_may_skip_numbers_and_events_without_it_pass(
+async def test_client_event_seq_may_not_skip_numbers_and_events_without_it_pass(
     autojump_clock: MockClock,
 ) -> None:
+    # Was (v1): seqs could skip numbers (5, then 9). Protocol v2: only the next one is
+    # taken, so nothing can overtake an event that was refused.
     async with running_server() as sim:
         client, created = await sim.open_session()
-        await echo(client, "a", seq=5)
+        await echo(client, "a", seq=1)
         await echo(client, "no seq")
-        error_free = await echo(client, "b", seq=9)
+        refused = await client.send_and_receive(text(9, "b"))
+        assert (refused["code"], refused["retryable"]) == ("unexpected_client_event_seq", True)
+        assert (refused["client_event_seq"], refused["expected_client_event_seq"]) == (9, 2)
+        error_free = await echo(client, "b", seq=2)
         assert error_free["server_event_seq"] == 3
         await client.transport.cut()
         _, resumed = await sim.resume(created["session_id"], created["resume_token"], 3)
-        assert resumed["last_received_client_event_seq"] == 9
+        assert resumed["last_received_client_event_seq"] == 2
 
 
 async def test_last_received_client_event_seq_is_zero_without_any(
@@ -560,22 +570,29 @@ async def test_input_backpressure_is_retryable_and_the_refused_event_is_not_rece
         await client.send(text(2, "b"))  # queued
         await client.send(text(3, "c"))  # queued: the bound is reached
         await client.send({**text(4, "d"), "event_id": "d"})
+        # (v2: with a bound of 2, each event the engine takes is reported)
+        assert await client.receive() == {"type": "input.consumed", "consumed_client_event_seq": 1}
         error = await client.receive()
         assert error["type"] == "error"
         assert error["code"] == "input_backpressure"
         assert error["retryable"] is True
         assert error["event_id"] == "d"
+        assert error["client_event_seq"] == 4  # v2: the refused seq, to resend from
         assert [e["text"] for e in engine.received] == ["a"]
         # The refused event does not count as received.
         await client.transport.cut()
         client2, resumed = await sim.resume(created["session_id"], created["resume_token"], 0)
         assert resumed["last_received_client_event_seq"] == 3
+        assert resumed["consumed_client_event_seq"] == 1
         engine.release(3)
-        got = [await client2.receive() for _ in range(3)]
+        got = [await client2.receive() for _ in range(5)]
+        assert [e.get("consumed_client_event_seq") for e in got] == [None, 2, None, 3, None]
+        got = [e for e in got if e["type"] != "input.consumed"]
         assert [(e["text"], e["server_event_seq"]) for e in got] == [("a", 1), ("b", 2), ("c", 3)]
         # The retry with the same seq is accepted, since 4 was never received.
         await client2.send(text(4, "d"))
         engine.release()
+        assert (await client2.receive())["consumed_client_event_seq"] == 4
         retried = await client2.receive()
         assert (retried["text"], retried["server_event_seq"]) == ("d", 4)
         assert [e["text"] for e in engine.received] == ["a", "b", "c", "d"]
@@ -588,6 +605,7 @@ async def test_input_backpressure_does_not_end_the_session(autojump_clock: MockC
         client, _ = await sim.open_session()
         (engine,) = engines
         await client.send(text(1, "a"))
+        assert (await client.receive())["consumed_client_event_seq"] == 1
         await client.send(text(2, "b"))
         for _ in range(3):
             error = await client.send_and_receive(text(3, "c"))
@@ -595,6 +613,8 @@ async def test_input_backpressure_does_not_end_the_session(autojump_clock: MockC
         await next_is_heartbeat_ack(client)  # control events still work
         engine.release(2)
         assert (await client.receive())["text"] == "a"
+        assert (await client.receive())["consumed_client_event_seq"] == 2
         assert (await client.receive())["text"] == "b"
         engine.release()
-        assert (await client.send_and_receive(text(3, "c")))["text"] == "c"
+        assert (await client.send_and_receive(text(3, "c")))["consumed_client_event_seq"] == 3
+        assert (await client.receive())["text"] == "c"

@@ -59,7 +59,12 @@ async def test_session_update_opens_a_session_with_that_configuration(
 
 async def test_session_created_fields(autojump_clock: MockClock) -> None:
     config = ServerConfig(
-        disconnect_grace_s=12.5, idle_ttl_s=99.0, journal_max_bytes=4321, max_event_bytes=7777
+        disconnect_grace_s=12.5,
+        idle_ttl_s=99.0,
+        journal_max_bytes=4321,
+        max_event_bytes=7777,
+        max_pending_input=33,
+        max_input_bytes=44_444,
     )
     async with running_server(config) as sim:
         _, created = await sim.open_session({"k": "v"})
@@ -82,6 +87,8 @@ async def test_session_created_fields(autojump_clock: MockClock) -> None:
             "journal_max_bytes": 4321,
             "max_event_bytes": 7777,
             "max_config_bytes": 64 * 1024,
+            "max_pending_input": 33,  # protocol v2
+            "max_pending_input_bytes": 44_444,
         }
         assert "server_event_seq" not in created
 
@@ -95,6 +102,8 @@ async def test_default_limits_in_session_created(autojump_clock: MockClock) -> N
             "journal_max_bytes": 8 * 1024 * 1024,
             "max_event_bytes": 15 * 1024 * 1024,
             "max_config_bytes": 64 * 1024,
+            "max_pending_input": 256,  # protocol v2
+            "max_pending_input_bytes": 16 * 1024 * 1024,
         }
 
 

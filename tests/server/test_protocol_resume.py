@@ -212,12 +212,14 @@ async def test_resumed_fields_then_replay_then_live(autojump_clock: MockClock) -
             "resume_token",
             "attachment_generation",
             "last_received_client_event_seq",
+            "consumed_client_event_seq",  # protocol v2
         }
         assert resumed["type"] == "session.resumed"
         assert resumed["session_id"] == created["session_id"]
         assert resumed["session"] == {"voice": "v"}
         assert resumed["attachment_generation"] == 2
         assert resumed["last_received_client_event_seq"] == 4
+        assert resumed["consumed_client_event_seq"] == 0  # no report due yet (128 events)
         assert isinstance(resumed["resume_token"], str)
         assert resumed["resume_token"] != created["resume_token"]
         assert "server_event_seq" not in resumed

@@ -106,6 +106,10 @@ class Limits:
     idle_ttl_s: float = 300.0
     journal_max_bytes: int = 8 * MiB
     max_event_bytes: int = 15 * MiB
+    max_pending_input: int | None = None
+    """Protocol v2: the input bounds ``send`` paces by (None: the server did not say, so
+    it sends no ``input.consumed`` reports either)."""
+    max_pending_input_bytes: int | None = None
 
     @classmethod
     def from_event(cls, value: object) -> Limits:
@@ -116,6 +120,10 @@ class Limits:
             for name in ("disconnect_grace_s", "idle_ttl_s", "journal_max_bytes", "max_event_bytes")
             if isinstance(value.get(name), int | float) and not isinstance(value[name], bool)
         }
+        for name in ("max_pending_input", "max_pending_input_bytes"):
+            bound = value.get(name)
+            if type(bound) is int and bound >= 1:
+                fields[name] = bound
         return cls(**fields)
 
 

@@ -18,7 +18,10 @@ Guarantees: every server event with a ``server_event_seq`` is yielded once, in o
 across reconnects; control events (no seq) are yielded once per arrival. Every event
 given to ``send`` is stamped with ``client_event_seq`` and kept until the server is known
 to have read it; after a resume exactly the events past the server's
-``last_received_client_event_seq`` are sent again.
+``last_received_client_event_seq`` are sent again. ``send`` paces itself by the server's
+input bounds and ``input.consumed`` reports (protocol v2), and resends from a refused seq
+should the server refuse one for backpressure; those reports and refusals are handled
+here, not delivered.
 """
 
 from __future__ import annotations
@@ -217,8 +220,14 @@ class ClientSession:
     async def send(self, event: Mapping[str, Any]) -> int:
         """Queue ``event`` for the server and return its ``client_event_seq``.
 
-        Waits only while the resend buffer is full. Cancelled, nothing was queued;
-        returned, the event will reach the server exactly once unless the session fails.
+        Waits while the resend buffer is full, and (protocol v2) while the events sent
+        above the server's last ``input.consumed`` report reach its advertised
+        ``max_pending_input`` or ``max_pending_input_bytes``: paced so, the server never
+        refuses them for backpressure (core/flow.py). Should it refuse one all the same
+        (a server whose bound is smaller than it says), the client resends from the
+        refused seq after a short backoff, and the refusal is not delivered. Cancelled,
+        nothing was queued; returned, the event will reach the server exactly once, in
+        order, unless the session fails.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         core, options = self._core, self._options

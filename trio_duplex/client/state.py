@@ -9,6 +9,7 @@ client's errors (``errors.py``). ``session.py`` is the trio shell around it, and
 from __future__ import annotations
 
 import enum
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -16,7 +17,13 @@ from typing import Any, Final
 import attrs
 
 from ..core import events
-from ..core.events import MANAGED_EVENTS, RESUME_REFUSALS, TERMINAL_EVENTS, EventType
+from ..core.events import (
+    MANAGED_EVENTS,
+    RESUME_REFUSALS,
+    TERMINAL_EVENTS,
+    ErrorCode,
+    EventType,
+)
 from ..core.frames import CloseCode
 from ..core.wire import encode, utf8_len
 from .errors import EventTooLarge, ProtocolViolation, ResumeRefused, ServerRefused
@@ -32,7 +39,8 @@ class Verdict(enum.Enum):
     DELIVER = "deliver"
     DUPLICATE = "duplicate"
     INTERNAL = "internal"
-    """Consumed by the client (``session.heartbeat_ack``)."""
+    """Consumed by the client (``session.heartbeat_ack``, ``input.consumed``, a refusal
+    of one of its events that it resends)."""
     END = "end"
     """A terminal event: deliver it; the session is over."""
     REPLACED = "replaced"
@@ -47,6 +55,14 @@ class _Outgoing:
 
 
 _HEARTBEAT: Final = encode(events.heartbeat())
+
+RESEND_BACKOFF: Final = (0.05, 1.0)
+"""After a retryable refusal of one of its events, the client resends from the refused
+seq after this delay, doubled on each refusal up to the second figure, or as soon as an
+``input.consumed`` report shows room was made."""
+_RESEND_CODES: Final = frozenset(
+    {ErrorCode.INPUT_BACKPRESSURE, ErrorCode.UNEXPECTED_CLIENT_EVENT_SEQ}
+)
 
 
 class Phase(enum.Enum):
@@ -98,6 +114,15 @@ class SessionState:
     _confirm_target: int = attrs.field(init=False, default=0)
     _close_sent: bool = attrs.field(init=False, default=False)
     _resume_from: int = attrs.field(init=False, default=0)
+    # input flow control (protocol v2): sizes of the events above the consumption reported
+    _unconsumed: deque[int] = attrs.field(init=False, factory=deque)
+    _unconsumed_bytes: int = attrs.field(init=False, default=0)
+    _resend_at: float = attrs.field(init=False, default=-math.inf)
+    _backoff: float = attrs.field(init=False, default=RESEND_BACKOFF[0])
+    _stale_through: int = attrs.field(init=False, default=0)
+    """After a rewind: the highest seq sent before it, whose answers (refusals all) are
+    still on their way and are dropped; 0: none."""
+    _rewinds: int = attrs.field(init=False, default=0)
 
     # -- read-only views ---------------------------------------------------------------
 
@@ -157,6 +182,23 @@ class SessionState:
     @property
     def outbox_bytes(self) -> int:
         return self._outbox_bytes
+
+    @property
+    def consumed_seq(self) -> int:
+        """Every client event up to this seq was consumed by the server (``input.consumed``):
+        taken by its engine, or refused for good."""
+        return self._next_client_seq - 1 - len(self._unconsumed)
+
+    @property
+    def unconsumed(self) -> tuple[int, int]:
+        """Events queued or sent above ``consumed_seq``, and their bytes as the server
+        counts them: what ``has_room`` paces by."""
+        return len(self._unconsumed), self._unconsumed_bytes
+
+    @property
+    def rewinds(self) -> int:
+        """How many times a refusal made the client resend from a refused seq."""
+        return self._rewinds
 
     @property
     def phase(self) -> Phase:
@@ -240,14 +282,22 @@ class SessionState:
             self._acked_seq = max(self._acked_seq, self._resume_from)
             self._unacked, self._unacked_bytes, self._unacked_since = 0, 0, None
             # Resuming from another process: our numbering continues after the server's.
-            self._next_client_seq = max(self._next_client_seq, received + 1)
+            if received + 1 > self._next_client_seq:
+                self._next_client_seq = received + 1
+                self._unconsumed.clear()  # (another process's events: not ours to count)
+                self._unconsumed_bytes = 0
             self._confirm(received)
+            consumed = event.get("consumed_client_event_seq")
+            if type(consumed) is int:
+                self._consumed(consumed)
         self._resume_token = token
         self._generation = generation
         self._sent_through = self._confirmed_seq
         self._heartbeats.clear()
         self._last_heartbeat = now
         self._close_sent = False
+        self._stale_through = 0  # a new connection: nothing of the old one is answered
+        self._resend_at, self._backoff = -math.inf, RESEND_BACKOFF[0]
         assert self._session_id is not None
         return Attached(self._session_id, generation, resumed, len(self._outbox), event)
 
@@ -271,6 +321,8 @@ class SessionState:
         self._next_client_seq = seq + 1
         self._outbox.append(_Outgoing(seq, frame, size))
         self._outbox_bytes += size
+        self._unconsumed.append(len(frame))  # the server's measure: the message's length
+        self._unconsumed_bytes += len(frame)
         return seq
 
     def request_close(self, reason: str | None = None) -> None:
@@ -299,7 +351,9 @@ class SessionState:
             self._heartbeats.append((now, self._sent_through))
             self._last_heartbeat = now
             return _HEARTBEAT
-        if self._outbox:
+        if now >= self._resend_at:  # (a resend's backoff is over, or there is none)
+            self._resend_at = -math.inf
+        if self._outbox and self._resend_at == -math.inf:
             index = self._sent_through + 1 - self._outbox[0].seq
             if index < len(self._outbox):
                 item = self._outbox[max(index, 0)]
@@ -316,13 +370,23 @@ class SessionState:
             deadline = min(deadline, self._heartbeats[0][0] + self._heartbeat.timeout)
         if self._unacked_since is not None:
             deadline = min(deadline, self._unacked_since + self._acks.max_delay)
-        return deadline
+        return min(deadline, self._resend_at) if self._resend_at > -math.inf else deadline
 
     def heartbeat_overdue(self, now: float) -> bool:
         return bool(self._heartbeats) and now >= self._heartbeats[0][0] + self._heartbeat.timeout
 
     def has_room(self, max_events: int, max_bytes: int) -> bool:
-        return len(self._outbox) < max_events and self._outbox_bytes < max_bytes
+        """Room for one more event: the resend buffer holds fewer than ``max_events``
+        and ``max_bytes``, and (protocol v2) the events above the consumption the server
+        reported are fewer than its ``max_pending_input`` and hold fewer than its
+        ``max_pending_input_bytes`` (core/flow.py: then the server never refuses them)."""
+        if len(self._outbox) >= max_events or self._outbox_bytes >= max_bytes:
+            return False
+        limits = self._limits
+        bound, bytes_bound = limits.max_pending_input, limits.max_pending_input_bytes
+        return (bound is None or len(self._unconsumed) < bound) and (
+            bytes_bound is None or self._unconsumed_bytes < bytes_bound
+        )
 
     # -- server -> client --------------------------------------------------------------
 
@@ -338,6 +402,14 @@ class SessionState:
                 self._unacked_since = now
             return Verdict.DELIVER
         kind = event.get("type")
+        if kind == EventType.INPUT_CONSUMED:
+            consumed = event.get("consumed_client_event_seq")
+            if type(consumed) is int:
+                self._consumed(consumed)
+                self._resend_at, self._backoff = -math.inf, RESEND_BACKOFF[0]  # room was made
+            return Verdict.INTERNAL
+        if kind == EventType.ERROR and type(event.get("client_event_seq")) is int:
+            return self._on_refusal(event, now)
         if kind == EventType.HEARTBEAT_ACK:
             if self._heartbeats:  # else unasked for: nothing to confirm
                 _, barrier = self._heartbeats.popleft()
@@ -357,6 +429,50 @@ class SessionState:
         return self._unacked > 0
 
     # -- internals ---------------------------------------------------------------------
+
+    def _consumed(self, seq: int) -> None:
+        """The server consumed every event up to ``seq``, so it has read them too."""
+        drop = min(seq - self.consumed_seq, len(self._unconsumed))
+        for _ in range(drop):
+            self._unconsumed_bytes -= self._unconsumed.popleft()
+        self._confirm(seq)
+
+    def _on_refusal(self, event: Event, now: float) -> Verdict:
+        """An ``error`` naming one of our events (its ``client_event_seq``).
+
+        A retryable refusal (``input_backpressure``, ``unexpected_client_event_seq``)
+        rewinds: every event from the seq the server expects is sent again, after a
+        short backoff, and the answers still due to what was sent before the rewind
+        (the server refuses each: nothing may overtake the refused one) are dropped.
+        Since the server reads and answers a connection's messages in order, those
+        answers all come before any answer to the resent events, the last of them
+        naming the highest seq sent before the rewind. Other refusals are delivered."""
+        refused: int = event["client_event_seq"]
+        if self._stale_through:
+            if refused >= self._stale_through:
+                self._stale_through = 0
+            return Verdict.INTERNAL
+        code = event.get("code")
+        if code not in _RESEND_CODES:
+            return Verdict.DELIVER
+        expected = event.get("expected_client_event_seq", refused)
+        first = self._outbox[0].seq if self._outbox else self._next_client_seq
+        if type(expected) is not int or not first <= expected <= min(refused, self._sent_through):
+            raise ProtocolViolation(
+                f"{code} asks for client_event_seq {expected!r}, which the client cannot "
+                f"resend (it holds {first} to {self._next_client_seq - 1})"
+            )
+        if self._sent_through > refused:
+            self._stale_through = self._sent_through
+        self._sent_through = expected - 1
+        # A heartbeat sent after the refused events must not confirm them.
+        self._heartbeats = deque(
+            (at, min(barrier, expected - 1)) for at, barrier in self._heartbeats
+        )
+        self._resend_at = now + self._backoff
+        self._backoff = min(self._backoff * 2, RESEND_BACKOFF[1])
+        self._rewinds += 1
+        return Verdict.INTERNAL
 
     def _confirm(self, seq: int) -> None:
         self._confirmed_seq = max(self._confirmed_seq, min(seq, self._next_client_seq - 1))

@@ -276,6 +276,9 @@ class ServerConfig:
             "journal_max_bytes": self.journal_max_bytes,
             "max_event_bytes": self.max_event_bytes,
             "max_config_bytes": self.max_config_bytes,
+            # protocol v2: the input bounds a client paces by (core/flow.py)
+            "max_pending_input": self.max_pending_input,
+            "max_pending_input_bytes": self.max_input_bytes,
         }
 
     @property

@@ -154,7 +154,12 @@ def created(session_id: str, config: Event, token: str, generation: int, limits:
 
 
 def resumed(
-    session_id: str, config: Event, token: str, generation: int, last_client_seq: int
+    session_id: str,
+    config: Event,
+    token: str,
+    generation: int,
+    last_client_seq: int,
+    consumed_client_seq: int = 0,
 ) -> Event:
     return {
         "type": EventType.RESUMED,
@@ -163,7 +168,13 @@ def resumed(
         "resume_token": token,
         "attachment_generation": generation,
         "last_received_client_event_seq": last_client_seq,
+        "consumed_client_event_seq": consumed_client_seq,
     }
+
+
+def input_consumed(consumed_client_seq: int) -> Event:
+    """How far the session is done with the client's input (protocol v2, ``core.flow``)."""
+    return {"type": EventType.INPUT_CONSUMED, "consumed_client_event_seq": consumed_client_seq}
 
 
 def updated(session_id: str, config: Event) -> Event:

@@ -47,10 +47,6 @@ class State(enum.Enum):
 
 LIVE_STATES = frozenset({State.OPENING, State.ATTACHED, State.DETACHED})
 
-MAX_CLIENT_SEQ_JUMP = 65536
-"""How far past the highest ``client_event_seq`` received a new one may be. Clients
-number their events one by one; a gap comes only from events that were refused."""
-
 # For the per-event methods (is_current, emit): a module global is read in a few ns, an
 # enum member through its class in ~100 ns on Python 3.11, and hashing one for a set
 # test is a Python call.
@@ -158,7 +154,10 @@ class Session:
     state: State = State.OPENING
     generation: int = 1
     client_seq: int = 0
-    """Highest ``client_event_seq`` received (queued for the engine)."""
+    """Highest ``client_event_seq`` received: queued for the engine, or refused for good.
+    Protocol v2: the next one accepted is exactly ``client_seq + 1``."""
+    consumed_seq: int = 0
+    """The last ``consumed_client_event_seq`` reported (``input.consumed``, core/flow.py)."""
     grace_deadline: float = math.inf
     idle_deadline: float = math.inf
     terminal: Terminal | None = None
@@ -253,7 +252,12 @@ class Session:
 
     def resumed_event(self, attempt: ResumeAttempt) -> Event:
         return events.resumed(
-            self.id, self.config, attempt.new_token, attempt.generation, self.client_seq
+            self.id,
+            self.config,
+            attempt.new_token,
+            attempt.generation,
+            self.client_seq,
+            self.consumed_seq,
         )
 
     def commit_resume(self, attempt: ResumeAttempt, now: float) -> Commit | None:
@@ -307,20 +311,31 @@ class Session:
         self.journal.ack(seq)  # type: ignore[arg-type]
 
     def is_new_client_seq(self, seq: int) -> bool:
-        """False for a resend of what was received; ProtocolError for a seq so far ahead
-        that every normal event after it would be taken for a resend."""
-        if seq > self.client_seq + MAX_CLIENT_SEQ_JUMP:
-            raise ProtocolError(
-                ErrorCode.BAD_EVENT,
-                f"client_event_seq {seq} is more than {MAX_CLIENT_SEQ_JUMP} past the highest "
-                f"received ({self.client_seq})",
-                param="client_event_seq",
-            )
-        return seq > self.client_seq
+        """True for the next ``client_event_seq`` (``client_seq + 1``), False for a resend
+        of what was received (dropped silently). Anything further ahead raises
+        ProtocolError(unexpected_client_event_seq), retryable: an event refused (for
+        ``input_backpressure``) leaves ``client_seq`` where it was, so no later event can
+        overtake it, and a resend from the refused seq restores exactly-once order."""
+        last = self.client_seq
+        if seq == last + 1:
+            return True
+        if seq <= last:
+            return False
+        raise ProtocolError.unexpected_client_seq(last + 1, seq)
 
     def note_client_seq(self, seq: int) -> None:
-        if seq > self.client_seq:
+        """The event of the next seq was taken: queued for the engine, or refused for good
+        (a non-retryable error: resending it could not help, so numbering goes on)."""
+        if seq == self.client_seq + 1:
             self.client_seq = seq
+
+    def consumed(self, seq: int) -> str | None:
+        """The frame of ``input.consumed`` for ``seq`` (how far the session is done with
+        the client's input), or None if that is no news."""
+        if seq <= self.consumed_seq:
+            return None
+        self.consumed_seq = seq
+        return encode(events.input_consumed(seq))
 
     # -- ending ------------------------------------------------------------------------
 

@@ -145,6 +145,20 @@ class ProtocolError(Exception):
     event_id: str | None = None
     param: str | None = None
     close_code: int | None = None
+    extra: tuple[tuple[str, int], ...] = ()
+    """More fields of the ``error`` event, by name (``expected_client_event_seq``)."""
+
+    @classmethod
+    def unexpected_client_seq(cls, expected: int, seq: int) -> ProtocolError:
+        """A ``client_event_seq`` past the next one (protocol v2): refused, retryable, so
+        that no event overtakes one that was refused; the client resends from
+        ``expected``."""
+        return cls(
+            ErrorCode.UNEXPECTED_CLIENT_EVENT_SEQ,
+            f"client_event_seq {seq} is not the next one, {expected}; resend from {expected}",
+            param="client_event_seq",
+            extra=(("expected_client_event_seq", expected),),
+        )
 
     @classmethod
     def resume_refused(cls, code: str, message: str, param: str | None = None) -> ProtocolError:
@@ -156,11 +170,18 @@ class ProtocolError(Exception):
         return self.code in RETRYABLE_CODES
 
     def to_event(self, cause: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The ``error`` event; it echoes the ``event_id`` of the event that caused it."""
-        event_id = self.event_id or (cause or {}).get("event_id")
+        """The ``error`` event; it echoes the ``event_id`` and (protocol v2) the valid
+        ``client_event_seq`` of the event that caused it."""
+        cause = cause or {}
+        event_id = self.event_id or cause.get("event_id")
         if not isinstance(event_id, str):
             event_id = None
-        return events.error(self.code, self.message, event_id=event_id, param=self.param)
+        event = events.error(self.code, self.message, event_id=event_id, param=self.param)
+        seq = cause.get("client_event_seq")
+        if type(seq) is int and seq > 0:
+            event["client_event_seq"] = seq
+        event.update(self.extra)
+        return event
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"

@@ -37,7 +37,7 @@ import attrs
 import trio
 
 from .._pace import Pace
-from ..core import events
+from ..core import events, flow
 from ..core.events import CONTROL_EVENTS, ErrorCode, EventType
 from ..core.wire import ProtocolError
 
@@ -90,24 +90,60 @@ class Inbox:
     What ``trio.open_memory_channel`` gives, for one consumer, at half the memory; and
     the runner can see how many events are waiting (see ``SessionRunner.emit``).
 
-    Bounded twice: at most ``bound`` events, and at most ``max_bytes`` of them by the
-    ``size`` each was put with (its message's length, as the server received it). Only
-    events of ``COUNTED`` bytes or more are counted: the smaller ones, at most ``bound``
-    of them, are bounded by their number, and cost nothing per event here.
+    Bounded twice: it takes an event while it holds fewer than ``bound`` events and fewer
+    than ``max_bytes`` by the ``size`` each was put with (its message's length, as the
+    server received it), so the bytes may go past ``max_bytes`` by one event. Only events
+    of ``flow.counted_from`` bytes or more (4096 with the defaults) are counted: the
+    smaller ones, at most ``bound`` of them, are bounded by their number, and cost
+    nothing per event here.
+
+    Consumption (protocol v2, ``core/flow.py``): it counts the events taken, and their
+    counted bytes, and once either reaches its report step calls ``on_report(event,
+    drained)`` with the event just taken and whether nothing waits after it; a true
+    answer (reported) restarts the counts. Events refused for good count as taken too
+    (``refused``).
     """
 
-    __slots__ = ("_big", "_bound", "_bytes", "_closed", "_events", "_max_bytes", "_waiter")
+    __slots__ = (
+        "_behind",
+        "_big",
+        "_bound",
+        "_bytes",
+        "_closed",
+        "_counted",
+        "_events",
+        "_max_bytes",
+        "_on_report",
+        "_report_bytes",
+        "_report_events",
+        "_taken",
+        "_taken_bytes",
+        "_waiter",
+    )
 
-    COUNTED = 4096
-
-    def __init__(self, bound: int, max_bytes: float = math.inf) -> None:
+    def __init__(
+        self,
+        bound: int,
+        max_bytes: float = math.inf,
+        on_report: Callable[[Event | None, bool], bool] | None = None,
+    ) -> None:
         self._events: deque[Event] = deque()
         self._big: dict[int, int] = {}  # id() of each counted event queued: its size
         self._bound = bound
         self._max_bytes = max_bytes
+        self._counted = flow.counted_from(bound, max_bytes)
         self._bytes = 0
         self._closed = False
         self._waiter = trio.lowlevel.ParkingLot()
+        self._on_report = on_report
+        steps = flow.report_steps(bound, max_bytes) if on_report else (math.inf, math.inf)
+        self._report_events: float = steps[0]
+        self._report_bytes: float = steps[1]
+        self._taken = 0
+        self._taken_bytes = 0
+        self._behind = (0, 0)
+        """Events refused for good while others waited: (count, bytes), counted as taken
+        once those are (they are behind them in seq order)."""
 
     def __len__(self) -> int:
         return len(self._events)
@@ -118,22 +154,36 @@ class Inbox:
         return self._bytes
 
     def put_nowait(self, event: Event, size: int = 0) -> None:
-        """Queue ``event`` of ``size`` bytes; raises trio.WouldBlock when full (an event
-        alone over ``max_bytes`` is taken when nothing else waits), ClosedResourceError
-        when closed."""
+        """Queue ``event`` of ``size`` bytes; raises trio.WouldBlock when full,
+        ClosedResourceError when closed."""
         if self._closed:
             raise trio.ClosedResourceError("the session has ended")
         events = self._events
-        if len(events) >= self._bound:
+        if len(events) >= self._bound or self._bytes >= self._max_bytes:
             raise trio.WouldBlock
-        if size >= self.COUNTED:
-            if events and self._bytes + size > self._max_bytes:
-                raise trio.WouldBlock
+        if size >= self._counted:
             self._big[id(event)] = size  # (a queued event's id is not reused)
             self._bytes += size
         events.append(event)
         if self._waiter:
             self._waiter.unpark()
+
+    def refused(self, size: int) -> None:
+        """An event was refused for good: it counts as consumed (after those queued)."""
+        counted = size if size >= self._counted else 0
+        if self._events:
+            events, counted_bytes = self._behind
+            self._behind = (events + 1, counted_bytes + counted)
+            return
+        self._taken += 1
+        self._taken_bytes += counted
+        self._check(None)
+
+    def _check(self, event: Event | None) -> None:
+        if self._taken >= self._report_events or self._taken_bytes >= self._report_bytes:
+            assert self._on_report is not None  # (else the steps are infinite)
+            if self._on_report(event, not self._events):
+                self._taken = self._taken_bytes = 0
 
     def close(self) -> None:
         """No more events in; those still queued can be taken."""
@@ -151,8 +201,18 @@ class Inbox:
         if self._events:
             event = self._events.popleft()
             if self._big:
-                self._bytes -= self._big.pop(id(event), 0)
+                size = self._big.pop(id(event), 0)
+                self._bytes -= size
+                self._taken_bytes += size
+            self._taken += 1
+            if self._taken >= self._report_events or self._taken_bytes >= self._report_bytes:
+                self._check(event)
             return event
+        if self._behind[0]:  # drained: what was refused behind it is consumed now
+            (events, counted), self._behind = self._behind, (0, 0)
+            self._taken += events
+            self._taken_bytes += counted
+            self._check(None)
         if self._closed:
             raise trio.EndOfChannel
         raise trio.WouldBlock

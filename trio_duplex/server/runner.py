@@ -117,6 +117,7 @@ def check_input(engine: Engine | None, event: Event) -> None:
 _PROTOCOL_INPUT = frozenset({*SESSION_INPUT, EventType.EVENT_ACK, EventType.RESUME})
 _ANSWERED_HERE = frozenset({EventType.HEARTBEAT, EventType.EVENT_ACK, EventType.CLOSE})
 _UPDATE = str(EventType.UPDATE)
+_PACING = frozenset({ErrorCode.INPUT_BACKPRESSURE, ErrorCode.UNEXPECTED_CLIENT_EVENT_SEQ})
 
 SAMPLE_EVERY = 64
 """One engine event in this many (per session) has its send-to-write time measured:
@@ -153,7 +154,7 @@ class SessionRunner:
     _audio_out: dict[str, int] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
-        self._inbox = Inbox(self.max_pending_input, self.max_input_bytes)
+        self._inbox = Inbox(self.max_pending_input, self.max_input_bytes, self._report_consumed)
         self._budget = ConfigBudget.of(self.session.config, self.max_config_bytes)
         formats = self.engine.audio_formats
         if formats:  # (most engines: none, and the per-event paths test one empty dict)
@@ -357,12 +358,14 @@ class SessionRunner:
             else:
                 self.end(Reason.CLIENT_CLOSE)
         except ProtocolError as exc:
-            if exc.code != ErrorCode.INPUT_BACKPRESSURE:  # pacing, not a fault
+            if exc.code not in _PACING:  # pacing, not a fault
                 conn.ws.report_fault(str(exc))
             if exc.close_code is None:
                 conn.push(encode(exc.to_event(event)))
             else:  # (config_locked) the connection ends; the session detaches
                 conn.finish([encode(exc.to_event(event))], exc.close_code)
+            if not exc.retryable:
+                self._refused_for_good(event, size)
         except CheckFailed as exc:
             log.error(
                 "engine of session %s failed in check",
@@ -371,6 +374,28 @@ class SessionRunner:
                 extra={"session_id": session.id, "generation": conn.generation},
             )
             self.end(Reason.ENGINE_ERROR)
+
+    def _refused_for_good(self, event: Event, size: int) -> None:
+        """A non-retryable refusal of the next ``client_event_seq``: numbering goes on past
+        it, and it counts as consumed (core/flow.py)."""
+        seq = event.get("client_event_seq")
+        if type(seq) is int and seq == self.session.client_seq + 1:
+            self.session.note_client_seq(seq)
+            self._inbox.refused(size)
+
+    def _report_consumed(self, event: Event | None, drained: bool) -> bool:
+        """The inbox's report step was reached (core/flow.py): tell the attached client how
+        far its input is consumed. Drained, that is every seq received; else the seq of
+        the event just taken (False, not reported, if it has none)."""
+        session = self.session
+        seq = session.client_seq if drained or event is None else event.get("client_event_seq")
+        if type(seq) is not int:
+            return False
+        frame = session.consumed(seq)
+        conn = self.conn
+        if frame is not None and conn is not None and session.is_current(conn.generation):
+            conn.push(frame)
+        return True
 
     def _to_engine(self, event: Event, kind: str, size: int) -> None:
         seq = event.get("client_event_seq")
