@@ -44,12 +44,13 @@ from __future__ import annotations
 import math
 
 COUNTED = 4096
-"""The inbox counts bytes for events of at most this many bytes or more (``counted_from``)."""
+"""The usual ``T``: the inbox counts the bytes of events this large or larger."""
 
 
 def report_steps(max_events: int, max_bytes: float) -> tuple[int, float]:
     """``E`` and ``Y``: consumption since the last report that makes one due."""
-    return max(1, max_events // 2), max(1, max_bytes // 2) if max_bytes < math.inf else math.inf
+    byte_step = math.inf if max_bytes == math.inf else max(1, int(max_bytes) // 2)
+    return max(1, max_events // 2), byte_step
 
 
 def counted_from(max_events: int, max_bytes: float) -> int:

@@ -386,11 +386,12 @@ class SessionRunner:
     def _report_consumed(self, event: Event | None, drained: bool) -> bool:
         """The inbox's report step was reached (core/flow.py): tell the attached client how
         far its input is consumed. Drained, that is every seq received; else the seq of
-        the event just taken (False, not reported, if it has none)."""
+        the event just taken. If it has none: nothing to report, and False (count on)
+        unless the client numbers none of its events."""
         session = self.session
         seq = session.client_seq if drained or event is None else event.get("client_event_seq")
         if type(seq) is not int:
-            return False
+            return session.client_seq == 0
         frame = session.consumed(seq)
         conn = self.conn
         if frame is not None and conn is not None and session.is_current(conn.generation):
