@@ -85,6 +85,7 @@ def assert_exactly_once_in_order(engine: Slow, count: int) -> None:
     [
         (ServerConfig(max_pending_input=8), 10),  # paced by the event bound
         (ServerConfig(max_pending_input=256, max_input_bytes=20_000), 5000),  # by bytes
+        (ServerConfig(max_pending_input=256, max_input_bytes=8000), 5000),  # over half of it
         (ServerConfig(max_pending_input=1, max_input_bytes=1), 10),  # the smallest bounds
     ],
 )

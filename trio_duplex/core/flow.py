@@ -37,6 +37,13 @@ on its way or in the inbox, and as the engine takes input, consumption grows unt
 report is due, which lowers pending. Once the engine has taken everything, what is left
 unreported is below both bounds: the client can send. (An engine that stops reading its
 input stops its client, as it should.)
+
+Two details keep the reports' seq exact. An event refused for good while others wait is
+behind them in seq order, so it counts as consumed once they are taken (when the engine
+next finds its inbox empty). And a report names the seq of the event just taken, or,
+with nothing left waiting, the highest received; an event without ``client_event_seq``
+cannot be named, so while others wait the report is put off to the next numbered one (a
+client that numbers none of its events gets no reports at all).
 """
 
 from __future__ import annotations

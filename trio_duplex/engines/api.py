@@ -200,12 +200,15 @@ class Inbox:
         """The next event; trio.WouldBlock if none, trio.EndOfChannel once closed."""
         if self._events:
             event = self._events.popleft()
-            if self._big:
+            self._taken += 1
+            if self._big:  # (bytes are counted for these only: checked here only)
                 size = self._big.pop(id(event), 0)
                 self._bytes -= size
                 self._taken_bytes += size
-            self._taken += 1
-            if self._taken >= self._report_events or self._taken_bytes >= self._report_bytes:
+                if self._taken_bytes >= self._report_bytes:
+                    self._check(event)
+                    return event
+            if self._taken >= self._report_events:
                 self._check(event)
             return event
         if self._behind[0]:  # drained: what was refused behind it is consumed now
