@@ -37,6 +37,7 @@ def _binding() -> Any:
     return opuslib_next
 
 
+@functools.cache  # a failed import is not cached, and it looks for libopus with `ldconfig -p`
 def available() -> bool:
     """Whether the binding is installed and the system's libopus loads."""
     try:
