@@ -131,19 +131,31 @@ def test_opus_round_trip_one_packet_per_20ms_with_a_decent_snr(rate: int) -> Non
     )
     pcm = sine(1000, 24000)
     packets = [encoder.encode(c) for c in chunks(pcm, 24000)]
-    # One packet per 20 ms once the resampler's delay (<= 35 ms) is filled; flush releases
-    # that delay, so 1 s in gives 50 packets out.
-    assert all(len(p) <= 1 for p in packets)
-    wire = [p for ps in packets for p in ps]
-    assert len(wire) >= 50 - 2
-    wire += encoder.flush()
-    assert len(wire) == 50
-    back = samples(b"".join(decoder.decode(p) for p in wire))
-    assert 24000 * (1 - MAX_DELAY_S) <= len(back) <= 24000  # each packet 20 ms again
-    # Opus is perceptual, not waveform-exact: a pure tone at 24 kbit/s comes back 15-35 dB
+    # No resampler on the Opus path: one packet per 20 ms chunk from the first, and each
+    # decodes to 20 ms at the engine's rate again.
+    assert [len(p) for p in packets] == [1] * 50
+    assert encoder.flush() == []
+    back = samples(b"".join(decoder.decode(p) for ps in packets for p in ps))
+    assert len(back) == 24000
+    # Opus is perceptual, not waveform-exact: a 1 kHz tone at 24 kbit/s comes back 15-22 dB
     # above its error (measured); a wrong rate, byte order or frame split gives <= 0 dB.
     assert snr_db(samples(pcm), back, max_lag=2400) >= 10
     assert peak_hz(back[4800:], 24000) == pytest.approx(1000, abs=5)
+
+
+@requires_opus
+def test_the_opus_rate_caps_the_band_encoded() -> None:
+    """A 6 kHz tone fits a 48 kHz Opus stream's band, not an 8 kHz one's (4 kHz)."""
+    levels = {}
+    for rate in (8000, 48000):
+        encoder, decoder = (
+            Encoder(AudioFormat("opus", rate), 24000),
+            Decoder(AudioFormat("opus", rate), 24000),
+        )
+        wire = [p for c in chunks(sine(6000, 24000), 24000) for p in encoder.encode(c)]
+        levels[rate] = rms(samples(b"".join(decoder.decode(p) for p in wire))[4800:])
+    assert levels[48000] > 10_000 / np.sqrt(2) / 2
+    assert levels[8000] < levels[48000] / 10
 
 
 @requires_opus

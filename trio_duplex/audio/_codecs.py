@@ -7,8 +7,10 @@ A ``Decoder`` faces the network: whatever bytes arrive, it returns PCM16 or rais
 * g711: ``2 * len(payload) * engine_rate / 8000`` bytes, at most 12 times the payload;
 * opus: one packet yields at most 120 ms (the longest Opus defines), whatever its size.
 
-A resampler holds back 10-30 ms of audio (see _resample.py), released with the next
-chunk; an ``Encoder``'s ``flush`` releases it at the end of a stretch of audio.
+A resampler (pcm16 and g711 at another rate than the engine's) holds back 10-30 ms of
+audio (see _resample.py), released with the next chunk; an ``Encoder``'s ``flush``
+releases it at the end of a stretch of audio. Opus needs none: libopus encodes from and
+decodes to the engine's rate itself, and the wire's rate only caps the band encoded.
 """
 
 from __future__ import annotations
@@ -49,8 +51,12 @@ class Decoder:
         self.wire = wire
         self.engine_rate = engine_rate
         self._passthrough = wire.format == "pcm16" and wire.rate == engine_rate
-        self._resampler = None if wire.rate == engine_rate else Resampler(wire.rate, engine_rate)
-        self._opus = _opus.OpusDecoder(wire.rate) if wire.format == "opus" else None
+        self._opus = _opus.OpusDecoder(engine_rate) if wire.format == "opus" else None
+        self._resampler = (
+            None
+            if wire.rate == engine_rate or self._opus is not None
+            else Resampler(wire.rate, engine_rate)
+        )
         self._table = {"g711_ulaw": _g711.ULAW_DECODE, "g711_alaw": _g711.ALAW_DECODE}.get(
             wire.format
         )
@@ -89,9 +95,13 @@ class Encoder:
         self.wire = wire
         self.engine_rate = engine_rate
         self._passthrough = wire.format == "pcm16" and wire.rate == engine_rate
-        self._resampler = None if wire.rate == engine_rate else Resampler(engine_rate, wire.rate)
-        self._opus = _opus.OpusEncoder(wire.rate) if wire.format == "opus" else None
-        self._pending = bytearray()  # opus: PCM16 at the wire's rate, short of a frame
+        self._opus = _opus.OpusEncoder(engine_rate, wire.rate) if wire.format == "opus" else None
+        self._resampler = (
+            None
+            if wire.rate == engine_rate or self._opus is not None
+            else Resampler(engine_rate, wire.rate)
+        )
+        self._pending = bytearray()  # opus: the engine's PCM16 short of a 20 ms frame
         table = {"g711_ulaw": _g711.ULAW_ENCODE, "g711_alaw": _g711.ALAW_ENCODE}.get(wire.format)
         self._pack: Callable[[Samples], bytes] = (
             (lambda samples: _g711.encode(table, samples))

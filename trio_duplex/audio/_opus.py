@@ -25,6 +25,11 @@ filter, more robust at low rates); AUDIO aims at music fidelity, which a voice s
 does not carry."""
 
 
+_BANDWIDTHS: Final = {8000: 1101, 16000: 1103, 24000: 1104, 48000: 1105}
+"""OPUS_BANDWIDTH_NARROWBAND, _WIDEBAND, _SUPERWIDEBAND, _FULLBAND: the audio band a
+sample rate carries (up to half of it)."""
+
+
 class OpusDecodeError(Exception):
     """libopus refused a packet."""
 
@@ -48,13 +53,21 @@ def available() -> bool:
 
 
 class OpusEncoder:
-    """Mono PCM16 at ``rate`` -> one packet per 20 ms frame."""
+    """Mono PCM16 at ``rate`` -> one packet per 20 ms frame, of audio no wider than
+    ``band_rate`` carries.
 
-    def __init__(self, rate: int) -> None:
+    An Opus packet has no sample rate of its own (libopus encodes from and decodes to any
+    of 8/12/16/24/48 kHz, and RTP clocks it at 48 kHz whatever it holds): so the engine's
+    PCM goes in as it is, with no resampler (neither its CPU nor its 10-30 ms delay), and
+    the wire's rate only caps the band encoded.
+    """
+
+    def __init__(self, rate: int, band_rate: int) -> None:
         lib = _binding()
         self.frame_samples = int(rate * FRAME_S)
         self._encoder = lib.Encoder(rate, 1, APPLICATION)
         self._encoder.bitrate = BITRATE
+        self._encoder.max_bandwidth = _BANDWIDTHS[min(rate, band_rate)]
 
     def encode(self, frame: bytes) -> bytes:
         """``frame``: exactly one 20 ms frame of PCM16."""
