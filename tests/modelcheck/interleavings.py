@@ -33,12 +33,11 @@ import attrs
 from trio_duplex.core.config import ServerConfig
 from trio_duplex.core.credentials import Credentials, digest
 from trio_duplex.core.events import Reason
-from trio_duplex.core.journal import Journal
+from trio_duplex.core.journal import Journal, frame_size
 from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Commit, Registry, ResumeAttempt, Session, State
 from trio_duplex.core.wire import (
     ProtocolError,
-    utf8_len,
 )
 
 GRACE_S = 30.0
@@ -659,7 +658,7 @@ class World:
         require(
             seq == head + 1 and json.loads(emitted.frame)["server_event_seq"] == seq,
             "bad_seq",
-            emitted.frame,
+            str(emitted.frame),
         )
         holder = slot.holder()
         if holder is None:
@@ -840,7 +839,7 @@ class World:
             j = s.journal
             entries = list(j._entries)
             require(
-                j.bytes == sum(utf8_len(e.frame) for e in entries) <= j.max_bytes,
+                j.bytes == sum(frame_size(e.frame) for e in entries) <= j.max_bytes,
                 "journal_bytes",
                 f"{j.bytes} of {j.max_bytes}",
             )

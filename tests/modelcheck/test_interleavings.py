@@ -259,7 +259,7 @@ def test_catches_a_replay_that_drops_frames(
     """The checker drives the shipped ``Replay``: break it and the checker notices."""
     original = Replay.next_frames
 
-    def hasty(self: Replay, now: float) -> list[str]:
+    def hasty(self: Replay, now: float) -> list[str | bytes]:
         frames = original(self, now)
         return frames if not self.resumed_sent or len(frames) <= 1 else frames[:1]
 

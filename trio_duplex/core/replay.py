@@ -26,7 +26,7 @@ from __future__ import annotations
 import attrs
 
 from .frames import BATCH
-from .journal import Entry
+from .journal import Entry, Frame
 from .session import ResumeAttempt, resync_frame
 from .wire import encode
 
@@ -50,14 +50,14 @@ class Replay:
     def __repr__(self) -> str:
         return f"Replay({self.attempt.session.id}, cursor={self.cursor})"
 
-    def next_frames(self, now: float) -> list[str]:
+    def next_frames(self, now: float) -> list[Frame]:
         """The frames to write next, in order; [] once the client is caught up."""
         session = self.attempt.session
         if not self.resumed_sent:
             self.resumed_sent = True
             return [encode(session.resumed_event(self.attempt))]
         journal = session.journal
-        frames: list[str] = []
+        frames: list[Frame] = []
         if not self._pending:
             entries = journal.replay(self.cursor, now)
             if entries is None:

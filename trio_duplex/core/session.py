@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import attrs
 
 from . import events
+from .binary import output_message
 from .config import ServerConfig
 from .credentials import Credentials, digest
 from .events import ErrorCode, Event, Reason
@@ -91,7 +92,7 @@ class Commit:
 
 
 class Emitted(NamedTuple):  # per event: a tuple is several times cheaper to build
-    frame: str
+    frame: str | bytes
     notice: str | None
     """A ``session.resync_required`` frame to send before ``frame``, on overflow."""
 
@@ -290,6 +291,22 @@ class Session:
         event["server_event_seq"] = journal.head + 1
         frame = encode(event)
         size = utf8_len(frame)
+        dropped = journal.append(frame, size, now)
+        usage = self.usage
+        usage.events_out += 1
+        usage.bytes_out += size
+        notice = None if dropped is None else resync_frame("journal_overflow", dropped)
+        return Emitted(frame, notice)
+
+    def emit_audio(self, payload: bytes, now: float) -> Emitted | None:
+        """Sequence and journal one output audio delta on the binary lane: a kind-2
+        binary message (core.binary) of ``payload``. None once the session ends."""
+        state = self.state
+        if state is _CLOSING or state is _CLOSED:
+            return None
+        journal = self.journal
+        frame = output_message(journal.head + 1, payload)
+        size = len(frame)
         dropped = journal.append(frame, size, now)
         usage = self.usage
         usage.events_out += 1

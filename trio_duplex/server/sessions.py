@@ -87,7 +87,7 @@ class Observer:
     def terminal_decided(self, session: Session, terminal: Terminal) -> None:
         """The core returned ``terminal``: the session is ending (once per session)."""
 
-    def terminal_queued(self, conn: Connection, frames: list[str]) -> None:
+    def terminal_queued(self, conn: Connection, frames: list[str | bytes]) -> None:
         """Frames that end a connection were queued (``Connection.finish``)."""
 
     def attached(self, session: Session, conn: Connection) -> None:
