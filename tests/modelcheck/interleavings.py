@@ -550,6 +550,9 @@ class World:
         conn = slot.conns[r.conn]
         replay = r.replay
         started, before = replay.resumed_sent, replay.cursor
+        # What the journal holds at this moment (the TTL counted): no notice may name it.
+        cutoff = self.now - s.journal.ttl_s
+        held = [e.seq for e in s.journal._entries if e.time > cutoff]
         frames = replay.next_frames(self.now)
         if not frames:
             self._commit(i)
@@ -560,7 +563,13 @@ class World:
             if kind == "session.resumed":
                 self._check_resumed(i, s, event)
             elif kind == "session.resync_required":
-                conn.receive_notice(event["dropped_through_seq"])
+                dropped = event["dropped_through_seq"]
+                require(
+                    not held or dropped < held[0],
+                    "gap_names_held",
+                    f"a journal_gap through {dropped} while the journal holds {held}",
+                )
+                conn.receive_notice(dropped)
             else:
                 conn.receive_event(event["server_event_seq"], "replay")
         require(
