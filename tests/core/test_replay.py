@@ -15,6 +15,7 @@ def detached_session(**limits: Any) -> tuple[Session, str]:
     registry = Registry(ServerConfig(**limits))
     session, token = registry.admit({})
     session.handshake_delivered(0.0)
+    session.touch(0.0)  # the client spoke: the whole grace applies
     session.detach(session.generation, 0.0)
     return session, token
 

@@ -211,6 +211,28 @@ def test_catches_a_commit_that_keeps_the_grace(monkeypatch: pytest.MonkeyPatch) 
     assert name in ("grace_not_cleared", "grace_while_attached")
 
 
+@pytest.mark.parametrize("grace", ["always_whole", "always_unconfirmed"])
+def test_catches_a_grace_that_ignores_whether_the_client_spoke(
+    monkeypatch: pytest.MonkeyPatch, grace: str
+) -> None:
+    original = Session.detach
+
+    def blind(self: Session, generation: int, now: float) -> bool:
+        detached = original(self, generation, now)
+        if detached:
+            limits = self.limits
+            seconds = limits.disconnect_grace_s
+            if grace == "always_unconfirmed":
+                seconds = min(seconds, limits.unconfirmed_grace_s)
+            self.grace_deadline = now + seconds
+        return detached
+
+    monkeypatch.setattr(Session, "detach", blind)
+    name, actions = first_violation(5)
+    assert name == "bad_detach"
+    assert actions[-1][0] == "lose"
+
+
 def test_catches_a_resume_before_the_handshake(monkeypatch: pytest.MonkeyPatch) -> None:
     original = Session.begin_resume
 

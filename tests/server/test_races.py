@@ -231,7 +231,10 @@ async def test_03_peer_goes_while_created_is_in_flight_then_the_send_completes(
         # mypy keeps the narrowing of session.state from before the awaits that change it.
         assert session.state is State.DETACHED  # type: ignore[comparison-overlap]
         assert sim.server.slots_held == 1
-        assert session.grace_deadline == trio.current_time() + sim.server.config.disconnect_grace_s
+        # Its client never spoke after session.created: the unconfirmed grace (5 s).
+        config = sim.server.config
+        assert config.unconfirmed_grace_s < config.disconnect_grace_s
+        assert session.grace_deadline == trio.current_time() + config.unconfirmed_grace_s
         resumed = await assert_resumable(sim, events[0])
         await close_session(resumed)
         assert probe(sim).reasons(session.id) == ["client_close"]
@@ -275,6 +278,7 @@ async def test_04_send_failure_after_handshake_detaches_once(
 ) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=GRACE)) as sim:
         client, created = await sim.open_session()
+        await client.send_and_receive({"type": "session.heartbeat"})  # the whole grace
         session_id = created["session_id"]
         session = sim.session(session_id)
         assert session is not None
