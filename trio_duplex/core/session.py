@@ -12,6 +12,9 @@ This file owns every rule of docs/protocol.md about a session's life::
 * Every call that comes from a connection names that connection's attachment
   generation; a stale generation changes nothing (fencing).
 * ``begin_close`` returns the terminal event once, to exactly one caller.
+* A lost connection starts the grace: ``disconnect_grace_s``, or the shorter
+  ``unconfirmed_grace_s`` while the client has not shown it holds a token (``heard``:
+  it has sent nothing since ``session.created``, and never resumed).
 * A resume is two-phase: ``begin_resume`` (validate, rotate the token, freeze the grace
   timer), then ``commit_resume`` or ``abort_resume``. Nothing about the attachment changes
   before the commit, so an aborted resume leaves the session as it was.
@@ -169,6 +172,13 @@ class Session:
     """Who opened it: the name of the API key it was opened with (None: no auth)."""
     config_locked: bool = False
     """Its configuration was locked by the client token that opened it."""
+    heard: bool = False
+    """The client has shown it holds a resume token: it sent something (any event,
+    see ``touch``) after ``session.created``, or it resumed. Until then a lost connection
+    gets ``unconfirmed_grace_s``, not the whole grace."""
+    _opening_event: bool = False
+    """The event that opened the session is still to be handled: it was sent before
+    ``session.created``, so its ``touch`` shows nothing."""
     _lost_in_handshake: bool = False
     _unconfirmed: bytes | None = None
     """The digest of the token the last resume issued, until the client shows it holds
@@ -179,11 +189,14 @@ class Session:
 
     # -- handshake ---------------------------------------------------------------------
 
-    def handshake_delivered(self, now: float) -> None:
-        """``session.created`` was handed to the transport: the session is resumable."""
+    def handshake_delivered(self, now: float, *, opening_event: bool = False) -> None:
+        """``session.created`` was handed to the transport: the session is resumable.
+        ``opening_event``: the message that opened it (not a ``session.update``) is handled
+        next, as its first input."""
         if self.state is not State.OPENING:
             return
         self.state = State.ATTACHED
+        self._opening_event = opening_event
         self.idle_deadline = now + self.limits.idle_ttl_s
         if self._lost_in_handshake:
             self.detach(self.generation, now)
@@ -210,14 +223,23 @@ class Session:
         if self.state is not State.ATTACHED:
             return False
         self.state = State.DETACHED
-        self.grace_deadline = now + self.limits.disconnect_grace_s
+        grace = self.limits.disconnect_grace_s
+        if not self.heard:  # its client may never have received session.created's token
+            grace = min(grace, self.limits.unconfirmed_grace_s)
+        self.grace_deadline = now + grace
         return True
 
     def touch(self, now: float) -> None:
-        """A client event arrived on the current attachment: the idle clock restarts, and
-        after a resume, the first one shows the client holds the token it was issued
+        """A client event arrived on the current attachment: the idle clock restarts; the
+        first one after ``session.created`` shows the client holds a token (``heard``);
+        and after a resume, the first one shows the client holds the token it was issued
         there (it waited for ``session.resumed``): the token it presented dies."""
         self.idle_deadline = now + self.limits.idle_ttl_s
+        if not self.heard:
+            if self._opening_event:  # sent before session.created: it shows nothing
+                self._opening_event = False
+            else:
+                self.heard = True
         if self._unconfirmed is not None:
             self.credentials.confirm(self._unconfirmed)
             self._unconfirmed = None
@@ -270,6 +292,7 @@ class Session:
         self.grace_deadline = math.inf
         self.idle_deadline = now + self.limits.idle_ttl_s
         self._unconfirmed = self.credentials.pending
+        self.heard = True  # it presented a token: it has one
         self.usage.resumes += 1
         return Commit(attempt.generation, replaced)
 

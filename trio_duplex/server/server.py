@@ -529,7 +529,7 @@ class DuplexServer:
         except BaseException:
             sessions.undelivered(session)
             raise
-        runner = sessions.start(session, engine, conn)
+        runner = sessions.start(session, engine, conn, opening_event=first is not None)
         if first is not None:
             runner.handle(conn, first, first_size)
         return runner
