@@ -301,7 +301,7 @@ def test_catches_a_replay_that_gives_up_on_held_entries(monkeypatch: pytest.Monk
     journal still held entries after the gap."""
     original = Replay.next_frames
 
-    def giving_up(self: Replay, now: float) -> list[str]:
+    def giving_up(self: Replay, now: float) -> list[str | bytes]:
         journal = self.attempt.session.journal
         if self.resumed_sent and not self._pending and journal.replay(self.cursor, now) is None:
             self.cursor = journal.head
