@@ -156,7 +156,10 @@ class Printer:
             return f"{head} {self._paint('1;31', kind)} {self._paint('31', body)}"
         if kind.endswith("output_audio.delta") and isinstance(rest.get("audio"), str | bytes):
             audio = rest.pop("audio")
-            size = len(audio) if isinstance(audio, bytes) else len(audio) * 3 // 4
+            if isinstance(audio, bytes):
+                size = len(audio)
+            else:  # base64: 3 bytes per 4 characters, less its padding
+                size = len(audio) * 3 // 4 - audio[-2:].count("=")
             rest["audio"] = f"<{size} bytes>"
             rest.pop("binary", None)
         text = rest.pop("text", None) if kind.endswith("text.delta") else None
