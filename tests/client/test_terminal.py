@@ -12,10 +12,10 @@ import re
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
-import struct
 import wave
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
