@@ -271,6 +271,14 @@ async def echo(client: SimClient, value: str = "x", seq: int | None = None) -> d
     return reply
 
 
+async def speak(client: SimClient) -> None:
+    """The client speaks after ``session.created`` (a heartbeat): it shows it holds its
+    token, so its session, once detached, waits the whole ``disconnect_grace_s``, not
+    ``unconfirmed_grace_s``."""
+    ack = await client.send_and_receive({"type": "session.heartbeat"})
+    assert ack["type"] == "session.heartbeat_ack", ack
+
+
 def state_of(sim: Simulation, session_id: str) -> str | None:
     """The session's state (``"attached"``, ...), or None once its slot is free."""
     session = sim.session(session_id)

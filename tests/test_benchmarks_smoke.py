@@ -18,7 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the root off
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import _plan, _stats, _workload, soak  # noqa: E402
+from benchmarks import _plan, _stats, _workload, codecs, soak  # noqa: E402
+
+
+def test_the_codecs_benchmark_runs_every_path(capsys: pytest.CaptureFixture[str]) -> None:
+    codecs.main(["--seconds", "0.1"])
+    out = capsys.readouterr().out
+    for name, _ in codecs.PATHS:
+        assert name in out
 
 
 def test_percentile_interpolates_like_numpy_linear() -> None:

@@ -51,6 +51,31 @@ def test_readme_custom_engine_runs_under_serve(
         assert (error["code"], error["param"], error["event_id"]) == ("bad_event", "text", "e")
 
 
+@pytest.mark.integration
+def test_readme_binary_lane_example_runs_against_serve(serve: Any) -> None:
+    """The README's phone call: μ-law on the binary lane, built from the header table with
+    the websockets package, against ``trio-duplex serve --engine voice`` (24 kHz PCM16)."""
+    server = serve("--engine", "voice")
+    code = _readme_block("## Audio on the binary lane")
+    assert 'URL = "ws://127.0.0.1:8765/v1/duplex"' in code
+    code = code.replace("ws://127.0.0.1:8765/v1/duplex", server.url)
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    ulaw = {"format": "g711_ulaw", "rate": 8000}
+    assert namespace["created"]["session"]["audio"] == {
+        "wire": "binary",
+        "input": ulaw,
+        "output": ulaw,
+    }
+    frames = namespace["frames"]
+    seqs = [seq for seq, _ in frames]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    # "hi": a 6-frame tone (120 ms) at 8 kHz μ-law, one byte a sample, the resampler's
+    # tail flushed before response.done.
+    assert abs(sum(len(audio) for _, audio in frames) - 6 * 160) <= 160
+    assert any(audio.strip(b"\xff\x7f") for _, audio in frames)  # a tone, not silence
+
+
 async def test_barge_in_through_the_server(autojump_clock: Any) -> None:
     """No audio frame is sequenced after response.cancel was processed."""
     async with running_server(ServerConfig(), VoiceEngine) as sim:

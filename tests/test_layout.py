@@ -263,6 +263,12 @@ LAYERS = [
         tuple(f"{PACKAGE}.{p}" for p in ("server", "client", "engines", "testing")),
         external=("trio",),
     ),
+    # Codecs are a sans-IO layer beside the core: the server imports them, never the reverse.
+    Layer(
+        f"{PACKAGE}.audio",
+        tuple(f"{PACKAGE}.{p}" for p in ("server", "client", "engines", "testing")),
+        external=("trio",),
+    ),
     Layer(f"{PACKAGE}.engines", tuple(f"{PACKAGE}.{p}" for p in ("server", "client", "testing"))),
     Layer(f"{PACKAGE}.server", tuple(f"{PACKAGE}.{p}" for p in ("client", "testing"))),
 ]

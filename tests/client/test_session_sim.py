@@ -350,7 +350,12 @@ async def test_a_journal_gap_is_surfaced_as_resync_required(
                 await engines.made[0].emit(f"lost {i:02}" + "." * 40)
             net.down = False
             resync = await next_of(session, "session.resync_required")
-            assert resync["reason"] == "journal_gap" and resync["dropped_through_seq"] == 10
+            assert resync["reason"] == "journal_gap" and resync["dropped_through_seq"] == 8
+            held = await texts(session, 2)  # what the journal still held follows the notice
+            assert [(e["text"][:7], e["server_event_seq"]) for e in held] == [
+                ("lost 08", 9),
+                ("lost 09", 10),
+            ]
             await session.send(text("after"))
             after = (await texts(session, 1))[0]
             assert (after["text"], after["server_event_seq"]) == ("after", 11)

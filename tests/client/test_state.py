@@ -298,6 +298,7 @@ def test_model_every_event_once_in_order_through_any_cuts(plan: list[tuple[str, 
     def write(count: int) -> None:
         for _ in range(count):
             if (frame := state.next_frame(now)) is not None:
+                assert isinstance(frame, str)  # no audio here: JSON only
                 up.append(frame)
 
     def serve(count: int) -> None:

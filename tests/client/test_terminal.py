@@ -12,6 +12,7 @@ import re
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -234,6 +235,39 @@ async def test_received_audio_is_saved_as_wav(
         assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, 24000)
         assert wav.getnframes() == len(frames) * 480  # 20 ms of 24 kHz mono per frame
     assert f"saved {len(frames) * 960} bytes of audio" in term.err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv", "rate", "sample_bytes"),
+    [
+        (["--audio-wire", "binary", "--audio-format", "g711_ulaw"], 8000, 1),
+        (["--audio-format", "g711_alaw"], 8000, 1),
+        (["--audio-wire", "binary", "--audio-format", "pcm16", "--audio-rate", "16000"], 16000, 2),
+        (["--audio-wire", "binary", "--audio-format", "opus"], 48000, None),
+    ],
+)
+async def test_received_audio_in_any_format_is_saved_as_pcm16_wav(
+    autojump_clock: trio.abc.Clock,
+    tmp_path: Path,
+    argv: list[str],
+    rate: int,
+    sample_bytes: int | None,
+) -> None:
+    path = tmp_path / "out.wav"
+    async with terminal(["--save-audio", str(path), *argv], engine=VoiceEngine) as term:
+        await term.type("hello audio")
+        term.lines.close()
+    assert term.exit_code == 0
+    frames = [line for line in out_lines(term) if "response.output_audio.delta" in line]
+    with wave.open(str(path)) as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, rate)
+        seconds = wav.getnframes() / rate
+        audio = wav.readframes(wav.getnframes())
+    # "hello audio": 15 + 4 + 15 frames of 20 ms, whatever the wire format
+    assert abs(seconds - 34 * 0.02) <= 0.03
+    assert max(abs(s) for s in struct.unpack(f"<{len(audio) // 2}h", audio)) > 3000
+    if sample_bytes is not None:  # what the printer says is the wire payload's size
+        assert frames and f"audio=<{20 * rate // 1000 * sample_bytes} bytes>" in frames[-2]
 
 
 async def test_a_refused_resume_exits_1(autojump_clock: trio.abc.Clock) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_duplex.core.journal import Journal
+from trio_duplex.core.journal import Journal, frame_size
 from trio_duplex.core.wire import encode, utf8_len
 
 
@@ -183,7 +183,7 @@ def test_journal_invariants_hold_under_any_sequence(
             now += arg
         entries = journal._entries
         held = [e.seq for e in entries]
-        assert journal.bytes == sum(utf8_len(e.frame) for e in entries) <= max_bytes
+        assert journal.bytes == sum(frame_size(e.frame) for e in entries) <= max_bytes
         if held:
             assert held == list(range(held[0], journal.head + 1))
             assert held[0] > max(journal.dropped_through, journal.acked_through)

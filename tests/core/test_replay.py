@@ -15,6 +15,7 @@ def detached_session(**limits: Any) -> tuple[Session, str]:
     registry = Registry(ServerConfig(**limits))
     session, token = registry.admit({})
     session.handshake_delivered(0.0)
+    session.touch(0.0)  # the client spoke: the whole grace applies
     session.detach(session.generation, 0.0)
     return session, token
 
@@ -53,21 +54,60 @@ def test_nothing_to_replay_is_resumed_then_caught_up() -> None:
     assert replay.cursor == 2
 
 
-def test_a_gap_at_the_start_gives_up_on_every_seq_handed_out_and_acks_them() -> None:
+def seqs_of(events: list[dict[str, Any]]) -> list[int]:
+    return [e["server_event_seq"] for e in events if "server_event_seq" in e]
+
+
+def test_a_gap_at_the_start_names_the_last_lost_seq_then_replays_what_is_held() -> None:
     session, token = detached_session(journal_max_bytes=200)
     emit(session, 4, pad=60)  # overflows: the oldest entries are dropped
     journal = session.journal
-    head = journal.head
+    lost, head = journal.floor, journal.head
+    assert 0 < lost < head  # some lost, some still held
     replay = Replay(session.begin_resume(token, 0, 0.0))
     writes = run(replay)
-    notice = writes[1][0]
-    assert notice == {
+    assert writes[1][0] == {
         "type": "session.resync_required",
         "reason": "journal_gap",
-        "dropped_through_seq": head,
+        "dropped_through_seq": lost,
     }
-    assert len(writes) == 2 and len(writes[1]) == 1  # nothing after it: all given up
-    assert journal.acked_through == head and len(journal) == 0
+    assert seqs_of([e for w in writes[1:] for e in w]) == list(range(lost + 1, head + 1))
+    assert journal.acked_through == 0  # nothing held was given up
+
+
+def test_ttl_expired_oldest_entries_are_named_and_the_newer_ones_replayed_in_order() -> None:
+    session, token = detached_session(journal_ttl_s=10.0)
+    emit(session, 3, now=0.0)  # 1..3 will have expired at the resume
+    emit(session, BATCH + 2, now=8.0)  # 4..BATCH+5 still held
+    attempt = session.begin_resume(token, 1, 12.0)  # the client holds 1
+    writes = run(Replay(attempt), now=12.0)
+    assert [e["type"] for e in writes[0]] == ["session.resumed"]
+    assert writes[1][0] == {
+        "type": "session.resync_required",
+        "reason": "journal_gap",
+        "dropped_through_seq": 3,
+    }
+    replayed = [e for w in writes[1:] for e in w][1:]
+    assert seqs_of(replayed) == list(range(4, BATCH + 6))
+    assert [len(w) for w in writes[1:]] == [1 + BATCH, 2]  # the notice, then batches
+    assert session.commit_resume(attempt, 12.0) is not None
+
+
+def test_an_overflow_while_detached_is_named_and_the_survivors_replayed_in_order() -> None:
+    session, token = detached_session(journal_max_bytes=300)
+    for _ in range(5):  # each overflow drops every entry before the new one
+        assert session.emit({"type": "e", "pad": "x" * 100}, 0.0) is not None
+    journal = session.journal
+    assert journal.dropped_through == 4 and journal.floor == 4
+    emit(session, 2)  # small: 6 and 7 join 5
+    writes = run(Replay(session.begin_resume(token, 2, 0.0)))
+    (events,) = writes[1:]
+    assert events[0] == {
+        "type": "session.resync_required",
+        "reason": "journal_gap",
+        "dropped_through_seq": 4,
+    }
+    assert seqs_of(events[1:]) == [5, 6, 7]
 
 
 def test_events_journaled_after_a_start_gap_are_replayed() -> None:
@@ -75,12 +115,21 @@ def test_events_journaled_after_a_start_gap_are_replayed() -> None:
     emit(session, 4, pad=60)
     replay = Replay(session.begin_resume(token, 0, 0.0))
     replay.next_frames(0.0)  # session.resumed
-    (notice,) = [json.loads(f) for f in replay.next_frames(0.0)]
-    assert notice["dropped_through_seq"] == 4
-    emit(session, 1)  # while the notice was being written
+    notice, *held = [json.loads(f) for f in replay.next_frames(0.0)]
+    assert notice["dropped_through_seq"] == 3 and seqs_of(held) == [4]
+    emit(session, 1)  # while those were being written
     (event,) = [json.loads(f) for f in replay.next_frames(0.0)]
     assert event["server_event_seq"] == 5
     assert replay.next_frames(0.0) == []
+
+
+def test_a_start_gap_with_nothing_held_names_the_head() -> None:
+    session, token = detached_session(journal_ttl_s=10.0)
+    emit(session, 3, now=0.0)
+    writes = run(Replay(session.begin_resume(token, 0, 20.0)), now=20.0)
+    assert writes[1:] == [
+        [{"type": "session.resync_required", "reason": "journal_gap", "dropped_through_seq": 3}]
+    ]
 
 
 def test_a_gap_found_part_way_is_announced_through_the_floor() -> None:

@@ -16,6 +16,7 @@ from trio_duplex.core.wire import (
 )
 
 GRACE = 30.0
+UNCONFIRMED = 5.0  # unconfirmed_grace_s, by default
 IDLE = 300.0
 
 
@@ -34,10 +35,13 @@ def make_registry(**overrides: Any) -> Registry:
     return Registry(ServerConfig(**settings))
 
 
-def opened(registry: Registry, now: float = 0.0) -> tuple[Session, str]:
-    """Admit a session and deliver its session.created: ATTACHED at generation 1."""
+def opened(registry: Registry, now: float = 0.0, *, spoke: bool = True) -> tuple[Session, str]:
+    """Admit a session and deliver its session.created: ATTACHED at generation 1. With
+    ``spoke``, its client then sends an event (it holds its token: the whole grace)."""
     session, token = registry.admit({"voice": "x"})
     session.handshake_delivered(now)
+    if spoke:
+        session.touch(now)
     return session, token
 
 
@@ -57,6 +61,7 @@ def snapshot(s: Session) -> tuple[Any, ...]:
         s.resume,
         s.terminal,
         s.client_seq,
+        s.heard,
         j.head,
         j.acked_through,
         j.dropped_through,
@@ -172,7 +177,7 @@ def test_connection_lost_during_the_handshake_then_delivered_detaches() -> None:
     assert state_of(session) is State.OPENING
     session.handshake_delivered(3.0)
     assert state_of(session) is State.DETACHED
-    assert session.grace_deadline == 3.0 + GRACE
+    assert session.grace_deadline == 3.0 + UNCONFIRMED  # its client never spoke after it
     assert session.begin_resume(token, 0, 4.0).generation == 2  # it is resumable
 
 
@@ -196,6 +201,69 @@ def test_detach_starts_the_grace_once() -> None:
     # The pump reports the same loss later: the grace is not restarted.
     assert session.detach(1, 20.0) is False
     assert session.grace_deadline == 10.0 + GRACE
+
+
+def test_a_client_that_never_spoke_gets_the_unconfirmed_grace() -> None:
+    session, token = opened(make_registry(), spoke=False)
+    assert session.heard is False
+    assert session.detach(1, 10.0) is True
+    assert session.grace_deadline == session.next_deadline() == 10.0 + UNCONFIRMED
+    assert session.poll(10.0 + UNCONFIRMED - 0.001) is None
+    terminal = session.poll(10.0 + UNCONFIRMED)
+    assert terminal is not None and terminal.reason == Reason.GRACE_EXPIRED
+    assert refusal(session.begin_resume, token, 0, 11.0 + UNCONFIRMED).code == (
+        "session_resume_expired"
+    )
+
+
+def test_a_client_event_after_created_earns_the_whole_grace() -> None:
+    session, _ = opened(make_registry(), spoke=False)
+    session.touch(1.0)  # the shell touches for every event that decodes, of any kind
+    assert session.heard is True
+    session.detach(1, 10.0)
+    assert session.grace_deadline == 10.0 + GRACE
+
+
+def test_the_unconfirmed_grace_is_never_longer_than_the_grace() -> None:
+    session, _ = opened(make_registry(disconnect_grace_s=2.0, unconfirmed_grace_s=5.0), spoke=False)
+    session.detach(1, 10.0)
+    assert session.grace_deadline == 12.0
+    session, _ = opened(make_registry(unconfirmed_grace_s=0.0), spoke=False)
+    session.detach(1, 10.0)
+    assert session.grace_deadline == 10.0
+
+
+def test_the_event_that_opened_the_session_shows_nothing() -> None:
+    """It was sent before session.created: it does not show the client has the token."""
+    session, _ = make_registry().admit({})
+    session.handshake_delivered(0.0, opening_event=True)
+    session.touch(0.0)  # the opening event, handled as the first input
+    assert session.heard is False
+    session.touch(1.0)  # the next one was sent after session.created arrived
+    assert session.heard is True
+    session, _ = make_registry().admit({})
+    session.handshake_delivered(0.0, opening_event=True)
+    session.touch(0.0)
+    session.detach(1, 2.0)
+    assert session.grace_deadline == 2.0 + UNCONFIRMED
+
+
+def test_a_resume_inside_the_unconfirmed_grace_works_and_earns_the_whole_grace() -> None:
+    session, token = opened(make_registry(), spoke=False)
+    session.detach(1, 0.0)
+    attempt = session.begin_resume(token, 0, UNCONFIRMED - 0.5)
+    assert session.commit_resume(attempt, UNCONFIRMED - 0.5) == Commit(2, None)
+    assert session.heard is True  # it presented a token: it has one
+    session.detach(2, 10.0)  # lost again before it said anything: the whole grace
+    assert session.grace_deadline == 10.0 + GRACE
+
+
+def test_an_aborted_resume_does_not_earn_the_whole_grace() -> None:
+    session, token = opened(make_registry(), spoke=False)
+    session.detach(1, 0.0)
+    attempt = session.begin_resume(token, 0, 1.0)
+    assert session.abort_resume(attempt, 1.0) is None
+    assert session.heard is False and session.grace_deadline == UNCONFIRMED
 
 
 def test_a_stale_generation_changes_nothing_after_a_takeover() -> None:

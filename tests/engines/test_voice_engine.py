@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import io
 import itertools
 import wave
@@ -70,7 +69,7 @@ class Harness:
 
     def audio(self, response_id: str = "resp_1") -> bytes:
         return b"".join(
-            base64.b64decode(e["audio"])
+            e["audio"]
             for _, e in self.of("response.output_audio.delta")
             if e["response_id"] == response_id
         )
@@ -95,7 +94,8 @@ async def test_known_text_gives_whole_20ms_frames(autojump_clock: trio.testing.M
     async with running() as h:
         await h.put("input.text.append", text="hello world")
         await trio.sleep(5)
-    frames = [base64.b64decode(e["audio"]) for _, e in h.of("response.output_audio.delta")]
+    frames = [e["audio"] for _, e in h.of("response.output_audio.delta")]
+    assert all(type(f) is bytes for f in frames)  # PCM16 bytes: the server encodes them
     assert len(frames) == HELLO_WORLD_FRAMES == frame_count("hello world")
     assert all(len(f) == FRAME_BYTES == 960 for f in frames)
     # The silent gap between the words is digital silence; the words are not.
@@ -195,14 +195,14 @@ async def test_audio_input_is_read_while_speaking(autojump_clock: trio.testing.M
     async with running() as h:
         t0 = trio.current_time()
         await h.put("input.text.append", text="hello world")
-        chunk = base64.b64encode(bytes(range(256)) * 3 + b"xyz").decode()  # 771 bytes
+        chunk = bytes(range(256)) * 3 + b"xy"  # 770 bytes of PCM16, as the server decoded
         for _ in range(30):
             await trio.sleep(0.01)
             await h.put("input_audio_buffer.append", audio=chunk)
             await trio.testing.wait_all_tasks_blocked()
             # Counted on arrival, mid-response, not after it.
             assert h.of("response.done") == []
-        assert h.engine.audio_bytes_received == 30 * 771
+        assert h.engine.audio_bytes_received == 30 * 770
         await h.put("session.update", session={"voice": "x"})
         await trio.sleep(5)
     # Audio input is never answered, and did not disturb the pacing.
@@ -406,12 +406,6 @@ def test_frames_for_any_text(text: str) -> None:
         ({"type": "input.text.append"}, "text"),
         ({"type": "input.text.append", "text": 5}, "text"),
         ({"type": "input.text.append", "text": None}, "text"),
-        ({"type": "input_audio_buffer.append"}, "audio"),
-        ({"type": "input_audio_buffer.append", "audio": b"AAAA"}, "audio"),
-        ({"type": "input_audio_buffer.append", "audio": "AAA"}, "audio"),
-        ({"type": "input_audio_buffer.append", "audio": "AA AA"}, "audio"),
-        ({"type": "input_audio_buffer.append", "audio": "AA==AA=="}, "audio"),
-        ({"type": "input_audio_buffer.append", "audio": "é"}, "audio"),
         ({"type": "response.cancel", "response_id": 1}, "response_id"),
         ({"type": "response.cancel", "response_id": None}, "response_id"),
     ],
@@ -427,8 +421,8 @@ def test_check_refuses_malformed_fields(event: Event, param: str) -> None:
     "event",
     [
         {"type": "input.text.append", "text": ""},
-        {"type": "input_audio_buffer.append", "audio": ""},
-        {"type": "input_audio_buffer.append", "audio": "AAAA"},
+        {"type": "input_audio_buffer.append", "audio": b""},
+        {"type": "input_audio_buffer.append", "audio": b"\0\0"},
         {"type": "response.cancel"},
         {"type": "response.cancel", "response_id": "resp_1"},
     ],

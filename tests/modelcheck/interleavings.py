@@ -33,15 +33,15 @@ import attrs
 from trio_duplex.core.config import ServerConfig
 from trio_duplex.core.credentials import Credentials, digest
 from trio_duplex.core.events import Reason
-from trio_duplex.core.journal import Journal
+from trio_duplex.core.journal import Journal, frame_size
 from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Commit, Registry, ResumeAttempt, Session, State
 from trio_duplex.core.wire import (
     ProtocolError,
-    utf8_len,
 )
 
 GRACE_S = 30.0
+UNCONFIRMED_GRACE_S = 5.0  # for a session whose client has not spoken since session.created
 IDLE_S = 300.0
 JOURNAL_MAX_BYTES = 70  # two small events fit, the third overflows
 Action = tuple[Any, ...]
@@ -67,6 +67,7 @@ def make_config(
     return ServerConfig(
         max_sessions=max_sessions,
         disconnect_grace_s=GRACE_S,
+        unconfirmed_grace_s=UNCONFIRMED_GRACE_S,
         idle_ttl_s=IDLE_S,
         journal_max_bytes=journal_max_bytes,
         journal_ttl_s=journal_ttl_s,
@@ -148,6 +149,7 @@ class Slot:
         "presented",
         "resume",
         "session",
+        "spoke",
         "status",
         "terminals",
         "token",
@@ -164,6 +166,7 @@ class Slot:
         self.presented: str | None = None  # the token the latest successful resume presented
         self.token: str | None = None  # the token the client holds
         self.unconfirmed = False  # resumed, and no client event on it since
+        self.spoke = False  # the client sent an event after session.created, or resumed
         self.listening = 0  # the connection the client reads
         self.conns: list[Conn] = []
         self.resume: Resume | None = None
@@ -262,6 +265,7 @@ def session_key(s: Session, now: float) -> tuple[Any, ...]:
         s.state.value,
         s.generation,
         s._lost_in_handshake,
+        s.heard,
         rel(s.grace_deadline, now),
         rel(s.idle_deadline, now),
         attempt,
@@ -301,7 +305,7 @@ class World:
             )
             n.issued, n.presented, n.token = list(slot.issued), slot.presented, slot.token
             n.listening, n.client_seq = slot.listening, slot.client_seq
-            n.unconfirmed = slot.unconfirmed
+            n.unconfirmed, n.spoke = slot.unconfirmed, slot.spoke
             n.digests = list(slot.digests)
             n.conns = [c.clone() for c in slot.conns]
             n.session, n.resume = None, None
@@ -345,6 +349,7 @@ class World:
                     slot.label(slot.token),
                     slot.label(slot.presented),
                     slot.unconfirmed,
+                    slot.spoke,
                     None if s is None else slot.credentials_key(s),
                     slot.listening,
                     slot.client_seq,
@@ -491,10 +496,11 @@ class World:
         elif state is State.OPENING:
             require(not detached and s.state is State.OPENING, "bad_detach", repr(s))
         else:
+            grace = GRACE_S if slot.spoke else min(GRACE_S, UNCONFIRMED_GRACE_S)
             require(
-                detached and s.state is State.DETACHED and s.grace_deadline == self.now + GRACE_S,
+                detached and s.state is State.DETACHED and s.grace_deadline == self.now + grace,
                 "bad_detach",
-                repr(s),
+                f"{s!r}: grace {s.grace_deadline - self.now}, client spoke: {slot.spoke}",
             )
 
     def do_resume(self, i: int, from_zero: bool = False, token: str | None = None) -> None:
@@ -550,6 +556,9 @@ class World:
         conn = slot.conns[r.conn]
         replay = r.replay
         started, before = replay.resumed_sent, replay.cursor
+        # What the journal holds at this moment (the TTL counted): no notice may name it.
+        cutoff = self.now - s.journal.ttl_s
+        held = [e.seq for e in s.journal._entries if e.time > cutoff]
         frames = replay.next_frames(self.now)
         if not frames:
             self._commit(i)
@@ -560,7 +569,13 @@ class World:
             if kind == "session.resumed":
                 self._check_resumed(i, s, event)
             elif kind == "session.resync_required":
-                conn.receive_notice(event["dropped_through_seq"])
+                dropped = event["dropped_through_seq"]
+                require(
+                    not held or dropped < held[0],
+                    "gap_names_held",
+                    f"a journal_gap through {dropped} while the journal holds {held}",
+                )
+                conn.receive_notice(dropped)
             else:
                 conn.receive_event(event["server_event_seq"], "replay")
         require(
@@ -611,7 +626,7 @@ class World:
             f"switched at seq {conn.last} (gap to {conn.gap_to}), head {s.journal.head}",
         )
         conn.gen = commit.generation
-        slot.unconfirmed = True
+        slot.unconfirmed = slot.spoke = True
         if old is not None:
             old.replaced = True  # session.replaced, close 4000
             old.alive = False
@@ -664,7 +679,7 @@ class World:
         require(
             seq == head + 1 and json.loads(emitted.frame)["server_event_seq"] == seq,
             "bad_seq",
-            emitted.frame,
+            str(emitted.frame),
         )
         holder = slot.holder()
         if holder is None:
@@ -681,6 +696,7 @@ class World:
         newer resume has issued a newer token since: then that one's rule holds)."""
         slot, s = self.slots[i], self._session(i)
         s.touch(self.now)
+        slot.spoke = True
         if slot.unconfirmed:
             slot.unconfirmed = False
             slot.presented = None
@@ -866,7 +882,7 @@ class World:
             j = s.journal
             entries = list(j._entries)
             require(
-                j.bytes == sum(utf8_len(e.frame) for e in entries) <= j.max_bytes,
+                j.bytes == sum(frame_size(e.frame) for e in entries) <= j.max_bytes,
                 "journal_bytes",
                 f"{j.bytes} of {j.max_bytes}",
             )

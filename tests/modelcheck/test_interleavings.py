@@ -12,7 +12,7 @@ from trio_duplex.core.credentials import Credentials, digest, new_token
 from trio_duplex.core.events import Reason
 from trio_duplex.core.journal import Journal
 from trio_duplex.core.replay import Replay
-from trio_duplex.core.session import Registry, Session, State, Terminal
+from trio_duplex.core.session import Registry, Session, State, Terminal, resync_frame
 
 from .interleavings import Violation, World, explore, replay
 
@@ -96,14 +96,14 @@ def test_overflow_then_resume_is_a_gap_and_then_live_events() -> None:
             ("emit", 0),
             ("resume", 0),
             ("resume_step", 0),  # session.resumed
-            ("resume_step", 0),  # the gap notice
+            ("resume_step", 0),  # the gap notice through 2, then 3 (still held)
             ("resume_step", 0),  # caught up: commit
             ("emit", 0),
         ],
         max_sessions=1,
     )
     new = world.slots[0].conns[1]
-    assert (new.gap_to, new.last) == (3, 4)  # gap through 3, then 4 live
+    assert (new.gap_to, new.last) == (2, 4)  # gap through 2, 3 replayed, then 4 live
 
 
 def test_expiry_racing_a_resume() -> None:
@@ -211,6 +211,28 @@ def test_catches_a_commit_that_keeps_the_grace(monkeypatch: pytest.MonkeyPatch) 
     assert name in ("grace_not_cleared", "grace_while_attached")
 
 
+@pytest.mark.parametrize("grace", ["always_whole", "always_unconfirmed"])
+def test_catches_a_grace_that_ignores_whether_the_client_spoke(
+    monkeypatch: pytest.MonkeyPatch, grace: str
+) -> None:
+    original = Session.detach
+
+    def blind(self: Session, generation: int, now: float) -> bool:
+        detached = original(self, generation, now)
+        if detached:
+            limits = self.limits
+            seconds = limits.disconnect_grace_s
+            if grace == "always_unconfirmed":
+                seconds = min(seconds, limits.unconfirmed_grace_s)
+            self.grace_deadline = now + seconds
+        return detached
+
+    monkeypatch.setattr(Session, "detach", blind)
+    name, actions = first_violation(5)
+    assert name == "bad_detach"
+    assert actions[-1][0] == "lose"
+
+
 def test_catches_a_resume_before_the_handshake(monkeypatch: pytest.MonkeyPatch) -> None:
     original = Session.begin_resume
 
@@ -259,7 +281,7 @@ def test_catches_a_replay_that_drops_frames(
     """The checker drives the shipped ``Replay``: break it and the checker notices."""
     original = Replay.next_frames
 
-    def hasty(self: Replay, now: float) -> list[str]:
+    def hasty(self: Replay, now: float) -> list[str | bytes]:
         frames = original(self, now)
         return frames if not self.resumed_sent or len(frames) <= 1 else frames[:1]
 
@@ -272,6 +294,24 @@ def test_catches_a_replay_that_never_gets_past_a_gap(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(Journal, "floor", property(lambda self: self.acked_through))
     name, _ = first_violation(9)
     assert name in ("replay_stalls", "journal_floor", "silent_gap", "incomplete_replay")
+
+
+def test_catches_a_replay_that_gives_up_on_held_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """v1's rule: at a gap, a notice through the head and nothing replayed, though the
+    journal still held entries after the gap."""
+    original = Replay.next_frames
+
+    def giving_up(self: Replay, now: float) -> list[str | bytes]:
+        journal = self.attempt.session.journal
+        if self.resumed_sent and not self._pending and journal.replay(self.cursor, now) is None:
+            self.cursor = journal.head
+            journal.ack(journal.head)
+            return [resync_frame("journal_gap", journal.head)]
+        return original(self, now)
+
+    monkeypatch.setattr(Replay, "next_frames", giving_up)
+    name, _ = first_violation(9)
+    assert name == "gap_names_held"
 
 
 def test_a_violation_is_an_exception_with_its_invariant_name() -> None:

@@ -493,3 +493,47 @@ def test_sigint_without_sessions_exits_at_once(serve: Serve) -> None:
     server.interrupt()
     assert server.wait(timeout=10) == 0
     assert time.monotonic() - started < 5
+
+
+# -- protocol v2: the binary lane, with the websockets package as the outside client -----
+
+HEADER = struct.Struct(">BBHQ")  # docs/protocol.md, "The binary lane"
+
+
+def test_binary_audio_is_replayed_as_binary_after_a_drop(shared: ServerProcess) -> None:
+    ulaw = {"format": "g711_ulaw", "rate": 8000}
+    audio = {"wire": "binary", "input": ulaw, "output": ulaw}
+    with ws_connect(shared.url) as ws:
+        created = open_session(ws, {"audio": audio})
+        assert created["session"]["audio"] == {"wire": "binary", "input": ulaw, "output": ulaw}
+        for seq in (1, 2, 3):  # 20 ms of μ-law each, kind 1 with its client_event_seq
+            ws.send(HEADER.pack(1, 0, 0, seq) + bytes([0x80 + seq]) * 160)
+        send(ws, {"type": "input.text.append", "text": "end", "client_event_seq": 4})
+        received: list[tuple[int, bytes]] = []
+        while True:
+            message = ws.recv(timeout=TIMEOUT)
+            if isinstance(message, str):
+                assert json.loads(message)["text"] == "end"
+                break
+            kind, flags, reserved, seq = HEADER.unpack_from(message)
+            assert (kind, flags, reserved) == (2, 0, 0)
+            received.append((seq, message[HEADER.size :]))
+        assert [seq for seq, _ in received] == list(range(1, len(received) + 1))
+    # Dropped having acked nothing: a resume from 1 gets every later event again, the
+    # audio as binary messages byte for byte, then the text.
+    with ws_connect(shared.url) as ws:
+        resumed = resume(ws, created, 1)
+        assert resumed["type"] == "session.resumed"
+        assert resumed["last_received_client_event_seq"] == 4
+        replayed: list[tuple[int, bytes]] = []
+        while True:
+            message = ws.recv(timeout=TIMEOUT)
+            if isinstance(message, str):
+                event = json.loads(message)
+                assert (event["type"], event["text"]) == ("response.output_text.delta", "end")
+                break
+            replayed.append((HEADER.unpack_from(message)[3], message[HEADER.size :]))
+        assert replayed == received[1:]
+        ws.send(HEADER.pack(1, 0, 1, 5) + bytes(160))  # reserved bytes set: refused
+        error = recv(ws)
+        assert (error["type"], error["code"]) == ("error", "bad_event")

@@ -15,6 +15,7 @@ from trio.testing import MockClock
 
 from trio_duplex.core.config import ServerConfig
 from trio_duplex.core.session import audio_ms
+from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.engines.voice import VoiceEngine
 from trio_duplex.testing import ScriptedEngine, ScriptedFactory, Simulation, running_server
 
@@ -111,6 +112,8 @@ async def test_usage_in_session_closed_counts_exactly(autojump_clock: MockClock)
         "bytes_in": sum(map(len, sent)),
         "bytes_out": sum(len(frame.encode()) for frame in received),
         "resumes": 1,
+        "audio_ms_in": 0,  # the echo engine's audio is 24 kHz PCM16: known, and none
+        "audio_ms_out": 0,
     }
 
 
@@ -219,18 +222,12 @@ async def test_a_handshake_that_times_out_is_a_refusal(
         await stream.aclose()
 
 
-class HearingVoice(VoiceEngine):
-    """The voice engine, told that what clients send is 16 kHz mono PCM16."""
-
-    audio_formats = {**VoiceEngine.audio_formats, "input_audio_buffer.append": 32}
-
-
-async def test_usage_counts_audio_milliseconds_where_the_format_is_known(
+async def test_usage_counts_audio_milliseconds_of_an_engine_with_an_audio_rate(
     autojump_clock: MockClock,
 ) -> None:
-    async with running_server(engine_factory=HearingVoice) as sim:
+    async with running_server(engine_factory=VoiceEngine) as sim:  # 24 kHz PCM16
         client, _ = await sim.open_session()
-        for size in [640, 320, 1]:  # 20 ms, 10 ms, and one byte (1/32 ms)
+        for size in [960, 480, 2]:  # 20 ms, 10 ms, and one sample (1/24 ms)
             audio = base64.b64encode(bytes(size)).decode()
             await client.send({"type": "input_audio_buffer.append", "audio": audio})
         await client.send({"type": "input.text.append", "text": "hello world"})
@@ -240,21 +237,49 @@ async def test_usage_counts_audio_milliseconds_where_the_format_is_known(
         await client.send({"type": "session.close"})
         (closed,) = await client.receive_until_closed()
     assert frames > 0
-    assert closed["usage"]["audio_ms_in"] == 30  # 30.03, rounded
+    assert closed["usage"]["audio_ms_in"] == 30  # 30.04, rounded
     assert closed["usage"]["audio_ms_out"] == 20 * frames
+
+
+class LegacyEcho(EchoEngine):
+    """An engine without ``audio_rate``: audio passes through as v1's base64."""
+
+    audio_rate = None
+
+
+class HearingLegacyEcho(LegacyEcho):
+    """...told by ``audio_formats`` that its audio is 16 kHz mono PCM16."""
+
+    audio_formats = {"input_audio_buffer.append": 32, "response.output_audio.delta": 32}
+
+
+async def test_usage_counts_audio_of_a_legacy_engine_by_its_audio_formats(
+    autojump_clock: MockClock,
+) -> None:
+    async with running_server(engine_factory=HearingLegacyEcho) as sim:
+        client, _ = await sim.open_session()
+        audio = base64.b64encode(bytes(640)).decode()  # 20 ms at 16 kHz
+        echoed = await client.send_and_receive(
+            {"type": "input_audio_buffer.append", "audio": audio}
+        )
+        assert echoed["audio"] == audio  # passed through as it came
+        await client.send({"type": "session.close"})
+        (closed,) = await client.receive_until_closed()
+    assert closed["usage"]["audio_ms_in"] == 20
+    assert closed["usage"]["audio_ms_out"] == 20
 
 
 async def test_usage_has_no_audio_for_an_engine_that_declares_no_format(
     autojump_clock: MockClock,
 ) -> None:
-    async with running_server(engine_factory=VoiceEngine) as sim:
+    async with running_server(engine_factory=LegacyEcho) as sim:
         client, _ = await sim.open_session()
         audio = base64.b64encode(bytes(640)).decode()
-        await client.send({"type": "input_audio_buffer.append", "audio": audio})
+        await client.send_and_receive({"type": "input_audio_buffer.append", "audio": audio})
         await client.send({"type": "session.close"})
         (closed,) = await client.receive_until_closed()
-    assert "audio_ms_in" not in closed["usage"]  # the voice engine does not know it
-    assert closed["usage"]["audio_ms_out"] == 0
+    assert "audio_ms_in" not in closed["usage"]
+    assert "audio_ms_out" not in closed["usage"]
 
 
 @pytest.mark.parametrize(

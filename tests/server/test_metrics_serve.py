@@ -71,6 +71,8 @@ def test_curl_health_and_metrics_on_the_main_port(serve: Serve) -> None:
             for n in range(64)
         ),
         "resumes": 0,
+        "audio_ms_in": 0,  # the echo engine declares its audio format
+        "audio_ms_out": 0,
     }
 
     status, text = curl(base + "/metrics")

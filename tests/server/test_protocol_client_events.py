@@ -152,11 +152,11 @@ async def test_echo_engine_answers_text_and_audio(autojump_clock: MockClock) -> 
             "server_event_seq": 1,
         }
         audio = await client.send_and_receive(
-            {"type": "input_audio_buffer.append", "audio": "AAEC"}
+            {"type": "input_audio_buffer.append", "audio": "AAECAw=="}
         )
         assert audio == {
             "type": "response.output_audio.delta",
-            "audio": "AAEC",
+            "audio": "AAECAw==",
             "server_event_seq": 2,
         }
 

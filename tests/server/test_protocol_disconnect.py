@@ -12,9 +12,9 @@ import trio.testing
 from trio.testing import MockClock
 
 from trio_duplex.core.config import ServerConfig
-from trio_duplex.testing import ScriptedEngine, ScriptedFactory, running_server
+from trio_duplex.testing import ScriptedEngine, ScriptedFactory, Simulation, running_server
 
-from ..helpers import RawWs, echo, state_of
+from ..helpers import RawWs, echo, speak, state_of
 
 
 def scripted_factory(engines: list[ScriptedEngine], **kwargs: Any) -> ScriptedFactory:
@@ -71,6 +71,8 @@ async def test_an_unanswered_ping_detaches_the_session(
         client = await raw_ws(sim, answer_pings=False)
         await client.send({"type": "session.update", "session": {}})
         created = await client.receive()
+        await client.send({"type": "session.heartbeat"})  # it spoke: the whole grace
+        assert (await client.receive())["type"] == "session.heartbeat_ack"
         start = trio.current_time()
         await trio.sleep(7.9)
         assert state_of(sim, created["session_id"]) == "attached"
@@ -104,6 +106,7 @@ async def test_answered_pings_keep_the_session_attached(
 async def test_grace_expiry_closes_the_detached_session(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=30)) as sim:
         client, created = await sim.open_session()
+        await speak(client)
         session = sim.server.sessions.registry.sessions[created["session_id"]]
         await client.transport.cut()
         await trio.sleep(29.9)
@@ -128,6 +131,7 @@ async def test_grace_expiry_closes_the_detached_session(autojump_clock: MockCloc
 async def test_resume_just_inside_the_grace_succeeds(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=30)) as sim:
         client, created = await sim.open_session()
+        await speak(client)
         await client.transport.cut()
         await trio.sleep(29.9)
         _, resumed = await sim.resume(created["session_id"], created["resume_token"])
@@ -139,6 +143,7 @@ async def test_resume_just_inside_the_grace_succeeds(autojump_clock: MockClock) 
 async def test_grace_restarts_after_each_new_loss(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=10)) as sim:
         client, created = await sim.open_session()
+        await speak(client)  # (after a resume the whole grace applies at once)
         token = created["resume_token"]
         for _ in range(3):
             await client.transport.cut()
@@ -173,6 +178,114 @@ async def test_engine_is_cancelled_when_the_grace_expires(autojump_clock: MockCl
         assert not engine.cancelled
         await trio.sleep(2)
         assert engine.cancelled
+
+
+# -- the unconfirmed grace: a client that never spoke after session.created ------------------
+
+
+async def expires_at(sim: Simulation, created: dict[str, Any], seconds: float) -> None:
+    """The detached session ends exactly ``seconds`` from now, as a grace expiry."""
+    session_id = created["session_id"]
+    session = sim.session(session_id)
+    assert session is not None and state_of(sim, session_id) == "detached"
+    await trio.sleep(seconds - 0.1)
+    assert state_of(sim, session_id) == "detached"
+    await trio.sleep(0.2)
+    assert state_of(sim, session_id) is None  # ended, its slot free
+    assert session.terminal is not None
+    assert session.terminal.event == {
+        "type": "session.expired",
+        "session_id": created["session_id"],
+        "reason": "disconnect_grace_expired",
+        "usage": ANY,
+    }
+    assert sim.server.slots_held == 0
+    _, answer = await sim.resume(created["session_id"], created["resume_token"])
+    assert answer["code"] == "session_resume_expired"
+
+
+async def test_a_client_that_never_spoke_gets_the_unconfirmed_grace(
+    autojump_clock: MockClock,
+) -> None:
+    async with running_server(ServerConfig(disconnect_grace_s=30)) as sim:
+        assert sim.server.config.unconfirmed_grace_s == 5  # the default
+        client, created = await sim.open_session()
+        await client.transport.cut()
+        await trio.testing.wait_all_tasks_blocked()
+        await expires_at(sim, created, 5)
+
+
+SPEAKING: dict[str, tuple[dict[str, Any], str | None]] = {  # the event, its answer's type
+    "heartbeat": ({"type": "session.heartbeat"}, "session.heartbeat_ack"),
+    "ack": ({"type": "session.event_ack", "server_event_seq": 0}, None),
+    "input": ({"type": "input.text.append", "text": "x"}, "response.output_text.delta"),
+    "refused": ({"type": "nope"}, "error"),  # unknown_event, but it decoded
+}
+
+
+@pytest.mark.parametrize("kind", SPEAKING)
+async def test_a_client_that_spoke_after_created_gets_the_whole_grace(
+    autojump_clock: MockClock, kind: str
+) -> None:
+    async with running_server(ServerConfig(disconnect_grace_s=30)) as sim:
+        client, created = await sim.open_session()
+        event, answer = SPEAKING[kind]
+        await client.send(event)
+        if answer is not None:
+            assert (await client.receive())["type"] == answer
+        await trio.testing.wait_all_tasks_blocked()
+        await client.transport.cut()
+        await trio.testing.wait_all_tasks_blocked()
+        await expires_at(sim, created, 30)
+
+
+@pytest.mark.parametrize(
+    "opening", [{"type": "session.heartbeat"}, {"type": "input.text.append", "text": "x"}]
+)
+async def test_the_message_that_opened_the_session_does_not_count(
+    autojump_clock: MockClock, opening: dict[str, Any]
+) -> None:
+    """It was sent before session.created: it does not show the client received it."""
+    async with running_server(ServerConfig(disconnect_grace_s=30)) as sim:
+        client = await sim.connect()
+        created = await client.send_and_receive(opening)
+        assert created["type"] == "session.created"
+        await client.receive()  # its answer (heartbeat_ack, or the echo)
+        await client.send_raw("{")  # invalid JSON: no event decoded, nothing shown either
+        assert (await client.receive())["code"] == "invalid_json"
+        await client.transport.cut()
+        await trio.testing.wait_all_tasks_blocked()
+        await expires_at(sim, created, 5)
+
+
+async def test_a_resume_inside_the_unconfirmed_grace_works_then_the_whole_grace_applies(
+    autojump_clock: MockClock,
+) -> None:
+    engines: list[ScriptedEngine] = []
+    config = ServerConfig(disconnect_grace_s=30)
+    async with running_server(config, scripted_factory(engines)) as sim:
+        client, created = await sim.open_session()
+        await client.transport.cut()
+        await trio.sleep(4.9)
+        await engines[0].emit("while away")
+        client2, resumed = await sim.resume(created["session_id"], created["resume_token"])
+        assert resumed["type"] == "session.resumed"
+        replayed = await client2.receive()
+        assert (replayed["text"], replayed["server_event_seq"]) == ("while away", 1)
+        await trio.sleep(60)  # attached: no grace runs
+        await client2.transport.cut()  # lost again, having said nothing on it
+        await trio.testing.wait_all_tasks_blocked()
+        await expires_at(sim, {**created, "resume_token": resumed["resume_token"]}, 30)
+
+
+async def test_the_unconfirmed_grace_is_never_longer_than_the_grace(
+    autojump_clock: MockClock,
+) -> None:
+    async with running_server(ServerConfig(disconnect_grace_s=2, unconfirmed_grace_s=5)) as sim:
+        client, created = await sim.open_session()
+        await client.transport.cut()
+        await trio.testing.wait_all_tasks_blocked()
+        await expires_at(sim, created, 2)
 
 
 # -- idle expiry -----------------------------------------------------------------------------
@@ -251,6 +364,7 @@ async def test_idle_ttl_does_not_run_while_detached(autojump_clock: MockClock) -
     config = ServerConfig(idle_ttl_s=10, disconnect_grace_s=30)
     async with running_server(config) as sim:
         client, created = await sim.open_session()
+        await speak(client)
         await client.transport.cut()
         await trio.sleep(25)  # idle_ttl long past, grace not
         client2, resumed = await sim.resume(created["session_id"], created["resume_token"])
@@ -309,6 +423,7 @@ async def test_close_at_the_idle_deadline_gives_one_terminal_event(
 async def test_grace_expiry_racing_a_resume_ends_in_one_outcome(autojump_clock: MockClock) -> None:
     async with running_server(ServerConfig(disconnect_grace_s=10)) as sim:
         client, created = await sim.open_session()
+        await speak(client)
         session = sim.server.sessions.registry.sessions[created["session_id"]]
         await client.transport.cut()
         await trio.sleep(10)  # exactly at the deadline
@@ -378,6 +493,7 @@ async def test_a_later_second_report_of_the_loss_does_not_restart_the_grace(
     config = ServerConfig(disconnect_grace_s=10)
     async with running_server(config, scripted_factory(engines)) as sim:
         client, created = await sim.open_session()
+        await speak(client)
         client.transport.fail_sends = True  # the write half dies first ...
         await engines[0].emit("lost")
         await trio.testing.wait_all_tasks_blocked()

@@ -317,9 +317,10 @@ async def test_after_overflow_the_held_events_are_replayed_and_the_dropped_are_a
         assert gap == {
             "type": "session.resync_required",
             "reason": "journal_gap",
-            "dropped_through_seq": 4,
+            "dropped_through_seq": 2,  # 2 is lost; 3 and 4 are still held
         }
-        await next_is_heartbeat_ack(client3)  # no replay at all
+        assert [(await client3.receive())["server_event_seq"] for _ in range(2)] == [3, 4]
+        await next_is_heartbeat_ack(client3)
         await client3.send(append())
         assert (await receive_skipping_overflow(client3, 4))["server_event_seq"] == 5
 
@@ -357,7 +358,7 @@ async def test_first_event_bigger_than_the_journal(autojump_clock: MockClock) ->
         assert (await client.receive())["server_event_seq"] == 1
 
 
-async def test_overflow_while_detached_is_reported_to_the_resume_as_a_gap(
+async def test_overflow_while_detached_is_a_gap_to_the_resume_then_the_survivors_follow(
     autojump_clock: MockClock,
 ) -> None:
     engines: list[ScriptedEngine] = []
@@ -367,17 +368,20 @@ async def test_overflow_while_detached_is_reported_to_the_resume_as_a_gap(
         (engine,) = engines
         await client.transport.cut()
         await trio.testing.wait_all_tasks_blocked()
-        for n in range(5):
-            await engine.emit(f"while away {n}")  # journaled; the older ones overflow
+        for n in range(1, 6):
+            await engine.emit(f"while away {n}")  # journaled; 1-4 overflow, 5 is held
+        assert journal_of(sim, created).floor == 4
         client2, resumed = await sim.resume(created["session_id"], created["resume_token"], 0)
         assert resumed["type"] == "session.resumed"
         gap = await client2.receive()
         assert gap == {
             "type": "session.resync_required",
             "reason": "journal_gap",
-            "dropped_through_seq": 5,
+            "dropped_through_seq": 4,
         }
-        await next_is_heartbeat_ack(client2)  # no replay at all
+        survivor = await client2.receive()
+        assert (survivor["text"], survivor["server_event_seq"]) == ("while away 5", 5)
+        await next_is_heartbeat_ack(client2)
         await engine.emit("live")
         live = await receive_skipping_overflow(client2, 5)
         assert (live["text"], live["server_event_seq"]) == ("live", 6)
@@ -417,7 +421,9 @@ async def test_entries_older_than_the_ttl_are_dropped_quietly(autojump_clock: Mo
         assert len(journal_of(sim, created)) == 1
 
 
-async def test_a_resume_that_needs_an_expired_entry_gets_a_gap(autojump_clock: MockClock) -> None:
+async def test_a_resume_that_needs_an_expired_entry_gets_a_gap_then_the_fresh_ones(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server(ServerConfig(journal_ttl_s=10)) as sim:
         client, created = await sim.open_session()
         await echo(client, "old")  # t=0
@@ -431,8 +437,10 @@ async def test_a_resume_that_needs_an_expired_entry_gets_a_gap(autojump_clock: M
         assert gap == {
             "type": "session.resync_required",
             "reason": "journal_gap",
-            "dropped_through_seq": 2,
+            "dropped_through_seq": 1,  # expired; entry 2 is not
         }
+        newer = await client2.receive()
+        assert (newer["text"], newer["server_event_seq"]) == ("newer", 2)
         await next_is_heartbeat_ack(client2)
 
 

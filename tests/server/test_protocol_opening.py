@@ -16,6 +16,8 @@ from trio_duplex.engines.api import EngineSession
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.testing import SimClient, running_server
 
+from ..helpers import speak
+
 UPDATE = {"type": "session.update", "session": {}}
 
 
@@ -374,6 +376,7 @@ async def test_a_detached_session_holds_its_slot_until_it_expires(
 ) -> None:
     async with running_server(ServerConfig(max_sessions=1, disconnect_grace_s=30)) as sim:
         first, _ = await sim.open_session()
+        await speak(first)
         await first.transport.cut()
         await trio.sleep(29)
         client = await sim.connect()

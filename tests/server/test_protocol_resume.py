@@ -282,7 +282,9 @@ async def test_resume_reports_the_updated_configuration(autojump_clock: MockCloc
         assert resumed["session"] == {"a": 1, "b": 2}
 
 
-async def test_journal_gap_resumed_then_resync_then_live(autojump_clock: MockClock) -> None:
+async def test_journal_gap_resumed_then_resync_then_what_is_held_then_live(
+    autojump_clock: MockClock,
+) -> None:
     async with running_server() as sim:
         client, created = await sim.open_session()
         for n in range(3):
@@ -295,9 +297,11 @@ async def test_journal_gap_resumed_then_resync_then_live(autojump_clock: MockClo
         assert await client2.receive() == {
             "type": "session.resync_required",
             "reason": "journal_gap",
-            "dropped_through_seq": 3,
+            "dropped_through_seq": 2,  # the last seq the journal no longer holds
         }
-        await next_is_heartbeat_ack(client2)  # no replay, not even seq 3
+        held = await client2.receive()
+        assert (held["text"], held["server_event_seq"]) == ("2", 3)  # still held: replayed
+        await next_is_heartbeat_ack(client2)
         assert (await echo(client2))["server_event_seq"] == 4
 
 

@@ -585,3 +585,61 @@ async def test_every_server_frame_is_a_json_text_object(
         )
         assert all(isinstance(event, dict) for event in events)
         assert json.loads(json.dumps(events)) == events
+
+
+# -- ordering -------------------------------------------------------------------------------
+
+
+async def test_answers_arrive_in_the_order_their_messages_were_read(
+    autojump_clock: MockClock, raw_ws: RawWs
+) -> None:
+    """docs/protocol.md, Transport, Ordering: errors and heartbeat acks, in read order,
+    for messages that arrive together (one write) as for messages one by one."""
+    async with running_server() as sim:
+        client = await raw_ws(sim)
+        await client.send({"type": "session.update", "session": {}})
+        created = await client.receive()
+        ack = {"type": "session.heartbeat_ack", "session_id": created["session_id"]}
+        for burst in (True, False):
+            expected: list[tuple[str, str | None]] = []
+            frames: list[bytes] = []
+            for n in range(3):  # the mix, sent without waiting for any answer
+                frames += [
+                    client.frame('{"type": "input.text.append", "text": '),  # bad JSON
+                    client.frame(json.dumps({"type": "nope", "event_id": f"u{n}"})),
+                    client.frame(json.dumps({"type": "session.heartbeat"})),
+                    client.frame(
+                        json.dumps(
+                            {
+                                "type": "session.event_ack",
+                                "server_event_seq": 9,
+                                "event_id": f"a{n}",
+                            }
+                        )
+                    ),
+                    client.frame(json.dumps({"type": "session.heartbeat"})),
+                ]
+                expected += [
+                    ("invalid_json", None),
+                    ("unknown_event", f"u{n}"),
+                    ("ack", None),
+                    ("invalid_event_ack", f"a{n}"),
+                    ("ack", None),
+                ]
+            if burst:
+                await client.send_bytes(b"".join(frames))
+            else:
+                for frame in frames:
+                    await client.send_bytes(frame)
+                    await trio.testing.wait_all_tasks_blocked()
+            got: list[tuple[str, str | None]] = []
+            for _ in expected:
+                answer = await client.receive()
+                if answer["type"] == "error":
+                    got.append((answer["code"], answer.get("event_id")))
+                else:
+                    assert answer == ack
+                    got.append(("ack", None))
+            assert got == expected, burst
+        await client.send({"type": "input.text.append", "text": "on"})
+        assert (await client.receive())["server_event_seq"] == 1  # the session went on

@@ -45,6 +45,7 @@ from .state import (
     SessionState,
     Verdict,
 )
+from .transport import audio_bytes
 
 __all__ = [
     "AckPolicy",
@@ -69,5 +70,6 @@ __all__ = [
     "SessionState",
     "StreamFactory",
     "Verdict",
+    "audio_bytes",
     "connect",
 ]

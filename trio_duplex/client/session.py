@@ -41,7 +41,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 from websockets.trio.client import ClientConnection
 from websockets.trio.client import connect as _ws_connect
 
-from ..core.events import ErrorCode
+from ..core.events import ErrorCode, EventType
 from ..core.frames import CloseCode
 from ..core.wire import utf8_len
 from .errors import (
@@ -65,7 +65,7 @@ from .state import (
     SessionState,
     Verdict,
 )
-from .transport import TRANSIENT, WEBSOCKETS_LOG, describe, parse_event
+from .transport import TRANSIENT, WEBSOCKETS_LOG, audio_event, describe, parse_event
 
 log = logging.getLogger("trio_duplex.client")
 
@@ -243,6 +243,12 @@ class ClientSession:
         self._wake.set()
         await trio.lowlevel.cancel_shielded_checkpoint()
         return seq
+
+    async def send_audio(self, audio: bytes) -> int:
+        """Send ``audio`` (in the session's negotiated input format: PCM16, G.711 or one
+        Opus packet) as ``input_audio_buffer.append``: a binary message on the binary
+        lane, base64 JSON otherwise. Returns its ``client_event_seq``; as ``send``."""
+        return await self.send({"type": EventType.INPUT_AUDIO_APPEND, "audio": bytes(audio)})
 
     async def confirm(self) -> None:
         """Wait until the server has read every event sent so far (each was received, or
@@ -530,11 +536,17 @@ class ClientSession:
                 loss.reason = describe(exc)
                 loss.close_code = exc.rcvd.code if exc.rcvd is not None else None
                 return
-            if not isinstance(message, str) or (event := parse_event(message)) is None:
-                log.warning("session %s: ignored a frame that is not a JSON event", core.session_id)
+            if isinstance(message, bytes):
+                event = audio_event(message)  # protocol v2's binary lane
+                size = len(message)
+            else:
+                event = parse_event(message)
+                size = utf8_len(message)
+            if event is None:
+                log.warning("session %s: ignored a frame that is not an event", core.session_id)
                 continue
             had_unacked = core.ack_pending
-            verdict = core.on_event(event, utf8_len(message), trio.current_time())
+            verdict = core.on_event(event, size, trio.current_time())
             if verdict is Verdict.DUPLICATE:
                 self.duplicates_dropped += 1
                 continue

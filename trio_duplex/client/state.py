@@ -8,6 +8,7 @@ client's errors (``errors.py``). ``session.py`` is the trio shell around it, and
 
 from __future__ import annotations
 
+import base64
 import enum
 import math
 from collections import deque
@@ -16,7 +17,7 @@ from typing import Any, Final
 
 import attrs
 
-from ..core import events
+from ..core import binary, events
 from ..core.events import (
     MANAGED_EVENTS,
     RESUME_REFUSALS,
@@ -50,7 +51,8 @@ class Verdict(enum.Enum):
 @attrs.define(slots=True)
 class _Outgoing:
     seq: int
-    frame: str
+    frame: str | bytes
+    """JSON text, or a binary message (input audio on protocol v2's binary lane)."""
     size: int
 
 
@@ -314,8 +316,19 @@ class SessionState:
         if "client_event_seq" in event:
             raise ValueError("client_event_seq is assigned by the client")
         seq = self._next_client_seq
-        frame = encode({**event, "client_event_seq": seq})
-        size = utf8_len(frame)
+        frame: str | bytes
+        audio = event.get("audio")
+        if kind == EventType.INPUT_AUDIO_APPEND and isinstance(audio, bytes | bytearray):
+            # Raw audio in the session's input format: a binary message on the binary
+            # lane, base64 in JSON on the other.
+            if self.audio_wire == "binary":
+                frame = binary.input_message(seq, bytes(audio))
+            else:
+                b64 = base64.b64encode(audio).decode("ascii")
+                frame = encode({**event, "audio": b64, "client_event_seq": seq})
+        else:
+            frame = encode({**event, "client_event_seq": seq})
+        size = len(frame) if isinstance(frame, bytes) else utf8_len(frame)
         if size > self._limits.max_event_bytes:
             raise EventTooLarge(size, self._limits.max_event_bytes)
         self._next_client_seq = seq + 1
@@ -339,7 +352,15 @@ class SessionState:
         self._confirm_target = max(self._confirm_target, target)
         return target
 
-    def next_frame(self, now: float) -> str | None:
+    @property
+    def audio_wire(self) -> str:
+        """``json`` or ``binary``: the lane audio travels on (``session.audio.wire`` as
+        the server confirmed it, or as asked for before that)."""
+        audio = self._config.get("audio")
+        wire = audio.get("wire") if isinstance(audio, dict) else None
+        return wire if isinstance(wire, str) else "json"
+
+    def next_frame(self, now: float) -> str | bytes | None:
         """The next frame the writer should send, or None (then wait for ``next_deadline``).
         Taking a frame counts it as sent: a failed send ends the connection, and the next
         handshake resets what counts as sent."""

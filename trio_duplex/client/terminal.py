@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import binascii
 import json
 import os
 import random
@@ -22,12 +21,13 @@ import ssl
 import sys
 import urllib.parse
 import wave
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TextIO
 
 import attrs
 import trio
 
+from ..audio import FORMATS, AudioError, AudioFormat, Decoder
 from ..core.events import DEFAULT_PATH, TERMINAL_EVENTS, EventType, Reason
 from . import (
     Attached,
@@ -43,11 +43,13 @@ from . import (
     StreamFactory,
     connect,
 )
+from .transport import audio_bytes
 
 TOKEN_ENV = "TRIO_DUPLEX_RESUME_TOKEN"
 API_KEY_VARIABLE = "TRIO_DUPLEX_API_KEY"
 """Where `trio-duplex connect` takes an API key from (servers with --api-key-file)."""
-_SAMPLE_RATE = 24_000  # the protocol's audio: base64 PCM16 mono, 24 kHz
+_V1_AUDIO = AudioFormat("pcm16", 24_000)
+"""Received audio's format when the session negotiated none (v1: the voice engine's)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,7 +80,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--save-audio",
         metavar="PATH",
-        help="write received audio (response.output_audio.delta) to a WAV file",
+        help="write received audio (response.output_audio.delta) to a WAV file "
+        "(PCM16 at the negotiated output rate; G.711 and Opus are decoded)",
+    )
+    p.add_argument(
+        "--audio-wire",
+        choices=["json", "binary"],
+        help="the lane audio travels on: base64 in JSON (v1) or binary messages",
+    )
+    p.add_argument(
+        "--audio-format",
+        choices=FORMATS,
+        help="the audio format both ways (the server converts for its engine)",
+    )
+    p.add_argument(
+        "--audio-rate",
+        type=int,
+        metavar="HZ",
+        help="the audio's sample rate both ways (default: the format's own)",
     )
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     p.add_argument(
@@ -119,6 +138,8 @@ class Printer:
 
     def event(self, event: dict[str, Any]) -> None:
         if self.raw_json:
+            if isinstance(event.get("audio"), bytes):  # the binary lane: shown as in JSON
+                event = {**event, "audio": base64.b64encode(event["audio"]).decode("ascii")}
             self.out.write(json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n")
         else:
             self.out.write(self._compact(event) + "\n")
@@ -133,9 +154,14 @@ class Printer:
             where = f" (event_id={rest['event_id']})" if "event_id" in rest else ""
             body = f"{rest.get('code')}: {rest.get('message')}{where}"
             return f"{head} {self._paint('1;31', kind)} {self._paint('31', body)}"
-        if kind.endswith("output_audio.delta") and isinstance(rest.get("audio"), str):
-            size = len(rest.pop("audio")) * 3 // 4
+        if kind.endswith("output_audio.delta") and isinstance(rest.get("audio"), str | bytes):
+            audio = rest.pop("audio")
+            if isinstance(audio, bytes):
+                size = len(audio)
+            else:  # base64: 3 bytes per 4 characters, less its padding
+                size = len(audio) * 3 // 4 - audio[-2:].count("=")
             rest["audio"] = f"<{size} bytes>"
+            rest.pop("binary", None)
         text = rest.pop("text", None) if kind.endswith("text.delta") else None
         fields = " ".join(f"{k}={_short(v)}" for k, v in rest.items())
         painted = self._paint("33" if kind.startswith("session.") else "36", kind)
@@ -169,32 +195,69 @@ def _short(value: Any, limit: int = 60) -> str:
 
 
 class AudioSink:
-    """Received PCM16 audio, appended to a WAV file (the header is fixed up on close)."""
+    """Received audio, decoded to PCM16 and appended to a WAV file (the header is fixed
+    up on close). Its format is the session's negotiated output format, known once the
+    first audio arrives."""
 
-    def __init__(self, path: str, sample_rate: int = _SAMPLE_RATE) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
         self.bytes = 0
         self.bad_frames = 0
+        self._decoder: Decoder | None = None
         # Opened here, not by wave.open(path): its half-built writer, left by a path that
         # cannot be opened, complains again when collected.
         self._file = open(path, "wb")
         self._wav = wave.open(self._file, "wb")
         self._wav.setnchannels(1)
         self._wav.setsampwidth(2)
-        self._wav.setframerate(sample_rate)
+        self._wav.setframerate(_V1_AUDIO.rate)
 
-    def add(self, event: dict[str, Any]) -> None:
+    def add(self, event: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+        """Add one ``response.output_audio.delta`` of a session configured ``config``."""
+        if self._decoder is None:
+            wire = _output_format(config)
+            self._wav.setframerate(wire.rate)
+            self._decoder = Decoder(wire, wire.rate)  # to PCM16, at its own rate
+        payload = audio_bytes(event)
         try:
-            pcm = base64.b64decode(event.get("audio", ""), validate=True)
-        except (binascii.Error, TypeError, ValueError):
+            if payload is None:
+                raise AudioError("not base64")
+            pcm = self._decoder.decode(payload)
+        except AudioError:
             self.bad_frames += 1
             return
-        self._wav.writeframes(pcm[: len(pcm) // 2 * 2])
+        self._wav.writeframes(pcm)
         self.bytes += len(pcm)
 
     def close(self) -> None:
         self._wav.close()  # fixes up the header; the file is ours to close
         self._file.close()
+
+
+def _output_format(config: Mapping[str, Any]) -> AudioFormat:
+    audio = config.get("audio")
+    output = audio.get("output") if isinstance(audio, dict) else None
+    if isinstance(output, dict):
+        kind, rate = output.get("format"), output.get("rate")
+        if isinstance(kind, str) and kind in FORMATS and isinstance(rate, int):
+            return AudioFormat(kind, rate)
+    return _V1_AUDIO
+
+
+def _audio_request(args: argparse.Namespace) -> dict[str, Any]:
+    """``session.audio`` from ``--audio-wire/-format/-rate`` (empty: none given)."""
+    request: dict[str, Any] = {}
+    if args.audio_wire is not None:
+        request["wire"] = args.audio_wire
+    side: dict[str, Any] = {}
+    if args.audio_format is not None:
+        side["format"] = args.audio_format
+    if args.audio_rate is not None:
+        side["rate"] = args.audio_rate
+    if side:
+        request["input"] = dict(side)
+        request["output"] = dict(side)
+    return request
 
 
 @attrs.define(eq=False)
@@ -217,7 +280,7 @@ class _Run:
                     self.quiet.deadline = trio.current_time() + self.args.linger
                 kind = event.get("type")
                 if self.audio is not None and kind == "response.output_audio.delta":
-                    self.audio.add(event)
+                    self.audio.add(event, session.config)
                 if kind == EventType.EXPIRED or event.get("reason") == Reason.ENGINE_ERROR:
                     self.exit_code = 1
                 if kind in TERMINAL_EVENTS:
@@ -319,6 +382,9 @@ async def run(
         if not isinstance(config, dict):
             printer.status("--session must be a JSON object")
             return 2
+        if request := _audio_request(args):
+            audio = config.get("audio")
+            config["audio"] = {**(audio if isinstance(audio, dict) else {}), **request}
     ssl_context = None
     if args.ca:
         if not _full_url(args.url).startswith("wss://"):

@@ -4,15 +4,21 @@ a logger adapter that keeps a benign websockets race out of the user's terminal.
 
 from __future__ import annotations
 
+import binascii
 import json
 import logging
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import trio
 from websockets.exceptions import ConnectionClosed, WebSocketException
+
+from ..core import binary
+from ..core.events import EventType
+from ..core.wire import ProtocolError
 
 Event = dict[str, Any]
 
@@ -56,6 +62,34 @@ def parse_event(message: str) -> Event | None:
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):
         return None
     return event
+
+
+def audio_event(message: bytes) -> Event | None:
+    """A binary message from the server (protocol v2's audio lane) as the event it
+    stands for: ``response.output_audio.delta`` with its ``server_event_seq`` and the raw
+    payload as ``audio`` (``bytes``). None if it is not a well-formed kind-2 message."""
+    try:
+        kind, seq, payload = binary.parse(message)
+    except ProtocolError:
+        return None
+    if kind != binary.OUTPUT_AUDIO:
+        return None
+    return {"type": EventType.OUTPUT_AUDIO_DELTA, "server_event_seq": seq, "audio": payload}
+
+
+def audio_bytes(event: Mapping[str, Any]) -> bytes | None:
+    """The audio of an ``input_audio_buffer.append`` or ``response.output_audio.delta``
+    event as bytes, whichever lane it came on (raw on the binary lane, base64 in JSON);
+    None if it has none or it is not valid base64."""
+    audio = event.get("audio")
+    if isinstance(audio, bytes):
+        return audio
+    if not isinstance(audio, str):
+        return None
+    try:
+        return binascii.a2b_base64(audio, strict_mode=True)
+    except (binascii.Error, ValueError):
+        return None
 
 
 def describe(exc: BaseException) -> str:

@@ -154,6 +154,15 @@ class ServerConfig:
         validator=_at_least(0),
         metadata=_flag("how long a detached session waits for a resume", SECONDS),
     )
+    unconfirmed_grace_s: float = attrs.field(
+        default=5.0,
+        validator=_at_least(0),
+        metadata=_flag(
+            "how long instead (at most --disconnect-grace) when the client sent nothing "
+            "after session.created, which may never have reached it",
+            SECONDS,
+        ),
+    )
     idle_ttl_s: float = attrs.field(
         default=300.0,
         validator=_above(0),

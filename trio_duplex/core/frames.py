@@ -306,6 +306,16 @@ def text_frame(text: str) -> bytes:
     return b"\x81\x7f" + n.to_bytes(8, "big") + data
 
 
+def binary_frame(data: bytes) -> bytes:
+    """One unfragmented binary frame."""
+    n = len(data)
+    if n < 126:
+        return bytes((0x80 | _BINARY, n)) + data
+    if n < 65536:
+        return b"\x82\x7e" + n.to_bytes(2, "big") + data
+    return b"\x82\x7f" + n.to_bytes(8, "big") + data
+
+
 def control_frame(opcode: int, payload: bytes) -> bytes:
     if len(payload) > 125:
         raise ValueError("a control frame carries at most 125 bytes")

@@ -17,11 +17,22 @@ from itertools import islice
 
 import attrs
 
+from .wire import utf8_len
+
+Frame = str | bytes
+"""A JSON text message, or a binary one (protocol v2's audio lane)."""
+
+
+def frame_size(frame: Frame) -> int:
+    """What a frame counts against the journal's bound: its bytes on the wire (UTF-8)."""
+    return len(frame) if isinstance(frame, bytes) else utf8_len(frame)
+
 
 @attrs.define(slots=True)
 class Entry:
     seq: int
-    frame: str
+    frame: Frame
+    """A JSON text frame, or a binary message (protocol v2's audio lane)."""
     size: int
     time: float
 
@@ -51,7 +62,7 @@ class Journal:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def append(self, frame: str, size: int, now: float) -> int | None:
+    def append(self, frame: Frame, size: int, now: float) -> int | None:
         """Journal event ``head + 1`` (the caller has already stamped it with that seq).
 
         Returns ``dropped_through`` when this append dropped entries (the attached client

@@ -10,12 +10,11 @@ missed. The interleaving checker (tests/modelcheck) drives this same object.
 
 The rules:
 
-* A gap at the start (an entry after the presented seq is gone): the client cannot get
-  it back, so the replay gives up on everything the journal has handed out: a notice
-  with ``dropped_through_seq = head``, and those seqs count as acked (no later overflow
-  notice names them again). Events journaled after that are replayed.
-* A gap found part-way (overflow, TTL or an ack while the replay was being written): a
-  notice through the journal's floor, then on from there.
+* A gap (an entry after the cursor is gone: overflow, TTL, or an ack from the old
+  connection), whether at the start or found part-way (while the replay was being
+  written): a notice with ``dropped_through_seq`` = the journal's floor, the last seq
+  it no longer holds, then on with the entries it still holds after it. The client is
+  told exactly which seqs it will never get, and loses nothing else.
 * Entries are written in batches of at most ``BATCH``, each taken from one look at the
   journal: a batch that was taken is written whole even if the journal drops some of it
   meanwhile (the client receives them in order all the same).
@@ -26,7 +25,7 @@ from __future__ import annotations
 import attrs
 
 from .frames import BATCH
-from .journal import Entry
+from .journal import Entry, Frame
 from .session import ResumeAttempt, resync_frame
 from .wire import encode
 
@@ -40,7 +39,6 @@ class Replay:
     """``session.resumed`` has been handed out (the client may have it)."""
     replayed: int = 0
     """Journaled events handed out so far (for the metrics)."""
-    _checked_start: bool = False
     _pending: list[Entry] = attrs.field(factory=list)
     """Entries taken from the journal and not yet handed out, in order."""
 
@@ -50,28 +48,23 @@ class Replay:
     def __repr__(self) -> str:
         return f"Replay({self.attempt.session.id}, cursor={self.cursor})"
 
-    def next_frames(self, now: float) -> list[str]:
+    def next_frames(self, now: float) -> list[Frame]:
         """The frames to write next, in order; [] once the client is caught up."""
         session = self.attempt.session
         if not self.resumed_sent:
             self.resumed_sent = True
             return [encode(session.resumed_event(self.attempt))]
         journal = session.journal
-        frames: list[str] = []
+        frames: list[Frame] = []
         if not self._pending:
             entries = journal.replay(self.cursor, now)
             if entries is None:
-                if self._checked_start:
-                    self.cursor = journal.floor
-                else:
-                    self.cursor = journal.head
-                    journal.ack(self.cursor)  # given up: no overflow notice names them later
+                self.cursor = journal.floor  # the last seq lost: what is held comes after
                 frames.append(resync_frame("journal_gap", self.cursor))
                 # The journal holds every entry above its floor, so this finds no gap;
                 # were it to, the next call would look again.
                 entries = journal.replay(self.cursor, now) or []
             self._pending = entries
-        self._checked_start = True
         batch = self._pending[:BATCH]
         if batch:
             del self._pending[:BATCH]

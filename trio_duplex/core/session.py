@@ -12,6 +12,9 @@ This file owns every rule of docs/protocol.md about a session's life::
 * Every call that comes from a connection names that connection's attachment
   generation; a stale generation changes nothing (fencing).
 * ``begin_close`` returns the terminal event once, to exactly one caller.
+* A lost connection starts the grace: ``disconnect_grace_s``, or the shorter
+  ``unconfirmed_grace_s`` while the client has not shown it holds a token (``heard``:
+  it has sent nothing since ``session.created``, and never resumed).
 * A resume is two-phase: ``begin_resume`` (validate, rotate the token, freeze the grace
   timer), then ``commit_resume`` or ``abort_resume``. Nothing about the attachment changes
   before the commit, so an aborted resume leaves the session as it was.
@@ -29,6 +32,7 @@ from typing import Any, NamedTuple
 import attrs
 
 from . import events
+from .binary import output_message
 from .config import ServerConfig
 from .credentials import Credentials, digest
 from .events import ErrorCode, Event, Reason
@@ -87,7 +91,7 @@ class Commit:
 
 
 class Emitted(NamedTuple):  # per event: a tuple is several times cheaper to build
-    frame: str
+    frame: str | bytes
     notice: str | None
     """A ``session.resync_required`` frame to send before ``frame``, on overflow."""
 
@@ -167,6 +171,13 @@ class Session:
     """Who opened it: the name of the API key it was opened with (None: no auth)."""
     config_locked: bool = False
     """Its configuration was locked by the client token that opened it."""
+    heard: bool = False
+    """The client has shown it holds a resume token: it sent something (any event,
+    see ``touch``) after ``session.created``, or it resumed. Until then a lost connection
+    gets ``unconfirmed_grace_s``, not the whole grace."""
+    _opening_event: bool = False
+    """The event that opened the session is still to be handled: it was sent before
+    ``session.created``, so its ``touch`` shows nothing."""
     _lost_in_handshake: bool = False
     _unconfirmed: bytes | None = None
     """The digest of the token the last resume issued, until the client shows it holds
@@ -177,11 +188,14 @@ class Session:
 
     # -- handshake ---------------------------------------------------------------------
 
-    def handshake_delivered(self, now: float) -> None:
-        """``session.created`` was handed to the transport: the session is resumable."""
+    def handshake_delivered(self, now: float, *, opening_event: bool = False) -> None:
+        """``session.created`` was handed to the transport: the session is resumable.
+        ``opening_event``: the message that opened it (not a ``session.update``) is handled
+        next, as its first input."""
         if self.state is not State.OPENING:
             return
         self.state = State.ATTACHED
+        self._opening_event = opening_event
         self.idle_deadline = now + self.limits.idle_ttl_s
         if self._lost_in_handshake:
             self.detach(self.generation, now)
@@ -208,14 +222,23 @@ class Session:
         if self.state is not State.ATTACHED:
             return False
         self.state = State.DETACHED
-        self.grace_deadline = now + self.limits.disconnect_grace_s
+        grace = self.limits.disconnect_grace_s
+        if not self.heard:  # its client may never have received session.created's token
+            grace = min(grace, self.limits.unconfirmed_grace_s)
+        self.grace_deadline = now + grace
         return True
 
     def touch(self, now: float) -> None:
-        """A client event arrived on the current attachment: the idle clock restarts, and
-        after a resume, the first one shows the client holds the token it was issued
+        """A client event arrived on the current attachment: the idle clock restarts; the
+        first one after ``session.created`` shows the client holds a token (``heard``);
+        and after a resume, the first one shows the client holds the token it was issued
         there (it waited for ``session.resumed``): the token it presented dies."""
         self.idle_deadline = now + self.limits.idle_ttl_s
+        if not self.heard:
+            if self._opening_event:  # sent before session.created: it shows nothing
+                self._opening_event = False
+            else:
+                self.heard = True
         if self._unconfirmed is not None:
             self.credentials.confirm(self._unconfirmed)
             self._unconfirmed = None
@@ -273,6 +296,7 @@ class Session:
         self.grace_deadline = math.inf
         self.idle_deadline = now + self.limits.idle_ttl_s
         self._unconfirmed = self.credentials.pending
+        self.heard = True  # it presented a token: it has one
         self.usage.resumes += 1
         return Commit(attempt.generation, replaced)
 
@@ -294,6 +318,22 @@ class Session:
         event["server_event_seq"] = journal.head + 1
         frame = encode(event)
         size = utf8_len(frame)
+        dropped = journal.append(frame, size, now)
+        usage = self.usage
+        usage.events_out += 1
+        usage.bytes_out += size
+        notice = None if dropped is None else resync_frame("journal_overflow", dropped)
+        return Emitted(frame, notice)
+
+    def emit_audio(self, payload: bytes, now: float) -> Emitted | None:
+        """Sequence and journal one output audio delta on the binary lane: a kind-2
+        binary message (core.binary) of ``payload``. None once the session ends."""
+        state = self.state
+        if state is _CLOSING or state is _CLOSED:
+            return None
+        journal = self.journal
+        frame = output_message(journal.head + 1, payload)
+        size = len(frame)
         dropped = journal.append(frame, size, now)
         usage = self.usage
         usage.events_out += 1

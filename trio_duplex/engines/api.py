@@ -37,6 +37,7 @@ import attrs
 import trio
 
 from .._pace import Pace
+from ..audio import ENGINE_RATES, AudioConfig
 from ..core import events, flow
 from ..core.events import CONTROL_EVENTS, ErrorCode, EventType
 from ..core.wire import ProtocolError
@@ -55,10 +56,20 @@ class Engine:
     """Base class for engines. Subclasses set ``accepts`` and implement ``run``."""
 
     accepts: ClassVar[Collection[str]] = frozenset()
+    audio_rate: int | None = None
+    """The sample rate of the engine's audio (8000, 16000, 24000 or 48000): it then
+    exchanges audio as ``bytes`` of mono PCM16 little-endian at that rate, never base64.
+    ``input_audio_buffer.append`` events it receives carry ``audio`` as such bytes, and
+    the ``response.output_audio.delta`` events it sends must too: the server converts
+    between them and the session's negotiated wire format, rate and lane (protocol v2,
+    ``session.audio``). None (the default): the engine knows no audio format; audio
+    fields pass through as they are (v1's base64 strings) and a session may not ask for
+    ``session.audio``. A class attribute, or set per instance by the factory."""
     audio_formats: ClassVar[Mapping[str, int]] = {}
-    """Event types (client or server) whose base64 ``audio`` field holds audio of a known
-    format, with its bytes per millisecond (24 kHz mono PCM16: 48): their durations are
-    counted in the session's ``usage`` (``audio_ms_in``, ``audio_ms_out``)."""
+    """For an engine without ``audio_rate``: event types (client or server) whose base64
+    ``audio`` field holds audio of a known format, with its bytes per millisecond (24 kHz
+    mono PCM16: 48): their durations are counted in the session's ``usage``
+    (``audio_ms_in``, ``audio_ms_out``)."""
 
     def check(self, event: Event) -> None:
         """Validate one accepted event's fields; raise BadEvent to refuse it.
@@ -152,6 +163,11 @@ class Inbox:
     def queued_bytes(self) -> int:
         """The counted events' bytes."""
         return self._bytes
+
+    def has_room(self, size: int) -> bool:
+        """Would ``put_nowait`` of an event of ``size`` bytes be taken now?"""
+        del size  # (protocol v2: taken while under both bounds, whatever its size)
+        return len(self._events) < self._bound and self._bytes < self._max_bytes
 
     def put_nowait(self, event: Event, size: int = 0) -> None:
         """Queue ``event`` of ``size`` bytes; raises trio.WouldBlock when full,
@@ -247,6 +263,9 @@ class EngineSession:
     _inbox: Inbox
     _emit: Callable[[Event], Awaitable[None]]
     _pace: Pace = attrs.field(factory=Pace)
+    audio: AudioConfig | None = attrs.field(default=None, kw_only=True)
+    """The session's negotiated audio (wire lane, client formats), for an engine with an
+    ``audio_rate``; the engine itself always sees PCM16 at its own rate."""
     principal: str | None = attrs.field(default=None, kw_only=True)
     """Who opened the session: the name of its API key (``--api-key-file``), or None
     without authentication. Per-customer quotas and logging read it."""
@@ -282,6 +301,12 @@ class EngineSession:
             return await self.receive()
         except trio.EndOfChannel:
             raise StopAsyncIteration from None
+
+
+def engine_audio_rate(engine: Engine) -> int | None:
+    """The engine's ``audio_rate`` (None: it knows no audio format)."""
+    rate = getattr(engine, "audio_rate", None)
+    return rate if isinstance(rate, int) else None
 
 
 def load_engine_factory(spec: str) -> EngineFactory:
@@ -340,6 +365,9 @@ def engine_problem(engine: object) -> str | None:
         return "which has no 'accepts' collection of event types: not an Engine"
     if not callable(getattr(engine, "check", None)):
         return "which has no 'check' method: not an Engine"
+    rate = getattr(engine, "audio_rate", None)
+    if rate is not None and rate not in ENGINE_RATES:
+        return f"whose audio_rate {rate!r} is not one of {', '.join(map(str, ENGINE_RATES))}"
     run = getattr(type(engine), "run", None)
     if run is Engine.run:
         return "which does not implement 'run'"

@@ -8,8 +8,9 @@ Client events:
 - ``input.text.append {text}`` queues a response that speaks ``text``. Each
   whitespace-separated word becomes a tone whose pitch is derived from the word (the
   same word always sounds the same), with a short silence between words.
-- ``input_audio_buffer.append {audio}`` (base64) is accepted at any time, also while
-  speaking, and only counted (``audio_bytes_received``); it is never answered.
+- ``input_audio_buffer.append {audio}`` is accepted at any time, also while speaking,
+  and only counted (``audio_bytes_received``, in 24 kHz PCM16 bytes); it is never
+  answered.
 - ``response.cancel {response_id?}`` (barge-in) stops the response being spoken at
   once. Without ``response_id`` it stops whatever is speaking; with one it stops that
   response only if it is the one speaking.
@@ -17,7 +18,8 @@ Client events:
 Server events, for each ``input.text.append``, in this order:
 ``response.created {response_id}``; then, every 20 ms of the session clock, one
 ``response.output_audio.delta {response_id, audio}`` holding exactly 20 ms of 24 kHz
-mono PCM16 little-endian audio (960 bytes, base64), preceded by
+mono PCM16 little-endian audio (960 bytes; on the wire in the session's negotiated
+format and lane), preceded by
 ``response.output_text.delta {response_id, text}`` on the frame where a word starts (the
 deltas join to the words separated by single spaces); finally ``response.done
 {response_id}`` when the audio's playback time is over, or ``response.cancelled
@@ -44,8 +46,6 @@ Decisions:
 
 from __future__ import annotations
 
-import base64
-import binascii
 import math
 import struct
 import zlib
@@ -141,8 +141,7 @@ class VoiceEngine(Engine):
     """Speaks ``input.text.append`` as paced synthetic audio; see the module docstring."""
 
     accepts = frozenset({"input.text.append", "input_audio_buffer.append", "response.cancel"})
-    # What it sends is 24 kHz mono PCM16; what a client sends it, it does not know.
-    audio_formats = {"response.output_audio.delta": SAMPLE_RATE * 2 // 1000}
+    audio_rate: int | None = SAMPLE_RATE  # it hears and speaks 24 kHz mono PCM16 (protocol v2)
 
     def __init__(self, config: Mapping[str, Any] | None = None, *, max_queued: int = 16) -> None:
         if max_queued < 1:
@@ -158,14 +157,6 @@ class VoiceEngine(Engine):
         if kind == "input.text.append":
             if not isinstance(event.get("text"), str):
                 raise BadEvent("text must be a string", param="text")
-        elif kind == "input_audio_buffer.append":
-            audio = event.get("audio")
-            if not isinstance(audio, str):
-                raise BadEvent("audio must be a base64 string", param="audio")
-            try:
-                base64.b64decode(audio, validate=True)
-            except (binascii.Error, ValueError):
-                raise BadEvent("audio is not valid base64", param="audio") from None
         elif kind == "response.cancel":
             if not isinstance(event.get("response_id", ""), str):
                 raise BadEvent("response_id must be a string", param="response_id")
@@ -182,9 +173,7 @@ class VoiceEngine(Engine):
                     if kind == "input.text.append":
                         await send_text.send(event["text"])
                     elif kind == "input_audio_buffer.append":
-                        # Decoded, as a real model would, rather than sized from
-                        # the text: the decoder also takes odd padding such as "YWJj=".
-                        self.audio_bytes_received += len(base64.b64decode(event["audio"]))
+                        self.audio_bytes_received += len(event["audio"])  # PCM16 bytes
                     elif kind == "response.cancel":
                         self._cancel(event.get("response_id"))
             # Input has ended: the queued responses are still spoken, then run returns.
@@ -231,11 +220,10 @@ class VoiceEngine(Engine):
                     {"type": "response.output_text.delta", "response_id": response_id,
                      "text": delta},
                 )  # fmt: skip
-            audio = base64.b64encode(frame).decode("ascii")
             await _send_live(
                 session,
                 {"type": "response.output_audio.delta", "response_id": response_id,
-                 "audio": audio},
+                 "audio": frame},
             )  # fmt: skip
         # Done when the last frame has played, not when it was sent.
         await trio.sleep_until(start + (index + 1) * FRAME_SECONDS)

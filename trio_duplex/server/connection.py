@@ -44,7 +44,7 @@ log = logging.getLogger("trio_duplex")
 
 
 class FinishWatcher(Protocol):
-    def terminal_queued(self, conn: Connection, frames: list[str]) -> None: ...
+    def terminal_queued(self, conn: Connection, frames: list[str | bytes]) -> None: ...
 
 
 class WriteSampler(Protocol):
@@ -62,7 +62,7 @@ class Connection:
     """The attachment generation this connection holds (0: none)."""
     close_code: int | None = None
     """Set once the connection must close after its outbox is sent."""
-    outbox: deque[str] = attrs.field(factory=deque)
+    outbox: deque[str | bytes] = attrs.field(factory=deque)
     queued: int = 0
     """The outbox's size: the sum of its frames' lengths."""
     watchers: Sequence[FinishWatcher] = ()
@@ -124,8 +124,9 @@ class Connection:
         self._keepalive = Keepalive(self, timers, interval, patience)
         self._keepalive.start()
 
-    def push(self, frame: str, *, coalesce: bool = False) -> None:
-        """Send ``frame`` after those pushed before.
+    def push(self, frame: str | bytes, *, coalesce: bool = False) -> None:
+        """Send ``frame`` (a text message, or binary for ``bytes``) after those pushed
+        before.
 
         Nothing queued, the socket free and no ``coalesce``: it is written now, from the
         caller's task, with no task switch. Otherwise (or for the tail of a frame the
@@ -152,7 +153,7 @@ class Connection:
         else:
             self.start_pump()
 
-    def finish(self, frames: list[str], close_code: int, *, flush: bool = True) -> None:
+    def finish(self, frames: list[str | bytes], close_code: int, *, flush: bool = True) -> None:
         """Send ``frames`` after (or, without ``flush``, instead of) what is queued, then
         close with ``close_code``. The first call decides."""
         if self.close_code is not None:

@@ -17,20 +17,24 @@ the server or the sessions module.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
 
 from .._pace import Pace
+from ..audio import AudioConfig, Decoder, Encoder, negotiate
 from ..core import events
+from ..core.binary import parse_input
 from ..core.events import SESSION_INPUT, ErrorCode, EventType, Reason
 from ..core.frames import CloseCode
-from ..core.session import Commit, Session, Terminal, audio_ms
+from ..core.session import Commit, Emitted, Session, Terminal, audio_ms
 from ..core.wire import ConfigBudget, ProtocolError, encode, is_seq
-from ..engines.api import Engine, EngineSession, Event, Inbox
+from ..engines.api import Engine, EngineSession, Event, Inbox, engine_audio_rate
 from .connection import Connection, WriteSampler
 from .timers import Entry
 
@@ -118,6 +122,13 @@ _PROTOCOL_INPUT = frozenset({*SESSION_INPUT, EventType.EVENT_ACK, EventType.RESU
 _ANSWERED_HERE = frozenset({EventType.HEARTBEAT, EventType.EVENT_ACK, EventType.CLOSE})
 _UPDATE = str(EventType.UPDATE)
 _PACING = frozenset({ErrorCode.INPUT_BACKPRESSURE, ErrorCode.UNEXPECTED_CLIENT_EVENT_SEQ})
+_APPEND = str(EventType.INPUT_AUDIO_APPEND)
+_DELTA = str(EventType.OUTPUT_AUDIO_DELTA)
+_CANCELLED = "response.cancelled"
+_AUDIO_ENDS = frozenset({"response.output_audio.done", "response.done", _CANCELLED})
+"""Engine events that end a stretch of output audio: the encoder's tail (a resampler's
+last samples, a last Opus packet padded with silence) goes out before them; before a
+``response.cancelled`` (barge-in) it is dropped."""
 
 SAMPLE_EVERY = 64
 """One engine event in this many (per session) has its send-to-write time measured:
@@ -152,10 +163,30 @@ class SessionRunner:
     _audio_in: dict[str, int] = attrs.field(factory=dict)
     """The engine's ``audio_formats`` for client events, and for its own."""
     _audio_out: dict[str, int] = attrs.field(factory=dict)
+    audio: AudioConfig | None = None
+    """The session's negotiated audio, for an engine with an ``audio_rate``."""
+    _decoder: Decoder | None = None
+    """Client audio (wire format) to the engine's PCM16; None: audio passes as it is."""
+    _encoder: Encoder | None = None
+    _binary: bool = False
+    """Output audio goes out on the binary lane."""
+    _pcm_per_ms: int = 48
+    _last_delta: Event | None = None
+    """The engine's last output audio delta, without its audio: the fields of a tail."""
 
     def __attrs_post_init__(self) -> None:
         self._inbox = Inbox(self.max_pending_input, self.max_input_bytes, self._report_consumed)
         self._budget = ConfigBudget.of(self.session.config, self.max_config_bytes)
+        rate = engine_audio_rate(self.engine)
+        if rate is not None:
+            # Negotiated when the session opened (settle_audio): this cannot refuse.
+            audio = self.audio = negotiate(self.session.config.get("audio"), rate)
+            self._decoder = Decoder(audio.input, rate)
+            self._encoder = Encoder(audio.output, rate)
+            self._binary = audio.wire == "binary"
+            self._pcm_per_ms = rate // 500
+            self.session.usage.audio_ms_in = self.session.usage.audio_ms_out = 0.0
+            return
         formats = self.engine.audio_formats
         if formats:  # (most engines: none, and the per-event paths test one empty dict)
             accepts = self.engine.accepts
@@ -190,7 +221,12 @@ class SessionRunner:
     async def _run_engine(self) -> Reason:
         session = self.session
         handle = EngineSession(
-            session.id, session.config, self._inbox, self.emit, principal=session.principal
+            session.id,
+            session.config,
+            self._inbox,
+            self.emit,
+            audio=self.audio,
+            principal=session.principal,
         )
         try:
             await self.engine.run(handle)
@@ -306,14 +342,26 @@ class SessionRunner:
     async def emit(self, event: Event) -> None:
         """An engine's ``send``: sequence, journal, and write to the attached connection."""
         await self._pace.step()
-        session = self.session
+        if self._encoder is not None:
+            kind = event["type"]
+            if kind == _DELTA or kind in _AUDIO_ENDS:
+                await self._emit_with_audio(event, kind, self._encoder)
+                return
         now = trio.current_time()
-        emitted = session.emit(event, now)
+        emitted = self.session.emit(event, now)
         if self._audio_out and emitted is not None:
             self._count_audio_out(event)
+        conn = self._deliver(emitted, now)
+        if conn is not None:
+            await self._wait_drained(conn)
+
+    def _deliver(self, emitted: Emitted | None, now: float) -> Connection | None:
+        """Write what the core sequenced to the attached connection. Returns that
+        connection if it is congested: the engine's ``send`` waits for it."""
         conn = self.conn
+        session = self.session
         if emitted is None or conn is None or not session.is_current(conn.generation):
-            return
+            return None
         # While more input waits for the engine, more output will follow at once: let
         # the pump send it together. Otherwise write it now, from this task.
         coalesce = len(self._inbox) > 0
@@ -322,12 +370,55 @@ class SessionRunner:
         conn.push(emitted.frame, coalesce=coalesce)
         if not session.usage.events_out & _SAMPLE_MASK:
             conn.sample_write(now, self.owner.send_to_write)
+        return conn if conn.congested else None
+
+    async def _wait_drained(self, conn: Connection) -> None:
         # Wait only while this connection is still the session's live attachment: once
         # it is lost or replaced, output goes to the journal without waiting.
         while (
             conn.congested and conn.close_code is None and self.session.is_current(conn.generation)
         ):
             await conn.wait_drained()
+
+    async def _emit_with_audio(self, event: Event, kind: str, encoder: Encoder) -> None:
+        """An engine event on a session with audio: an output delta's PCM16 is encoded
+        for the wire (zero or more deltas, each sequenced); an event that ends a stretch
+        of audio first sends (or, for a cancel, drops) the encoder's tail."""
+        if kind == _DELTA:
+            pcm = event.get("audio")
+            if not isinstance(pcm, bytes | bytearray | memoryview):
+                raise TypeError(
+                    f"an engine with audio_rate sends audio as bytes of PCM16, not "
+                    f"{type(pcm).__name__}"
+                )
+            payloads = encoder.encode(bytes(pcm))  # ValueError: not whole samples
+            usage = self.session.usage
+            if usage.audio_ms_out is not None:
+                usage.audio_ms_out += len(pcm) / self._pcm_per_ms
+            self._last_delta = {k: v for k, v in event.items() if k != "audio"}
+            await self._emit_audio(self._last_delta, payloads)
+            return
+        tail = encoder.flush()
+        if tail and kind != _CANCELLED and self._last_delta is not None:
+            await self._emit_audio(self._last_delta, tail)
+        now = trio.current_time()
+        conn = self._deliver(self.session.emit(event, now), now)
+        if conn is not None:
+            await self._wait_drained(conn)
+
+    async def _emit_audio(self, fields: Event, payloads: list[bytes]) -> None:
+        session = self.session
+        for payload in payloads:
+            now = trio.current_time()
+            if self._binary:
+                emitted = session.emit_audio(payload, now)
+            else:
+                emitted = session.emit(
+                    {**fields, "audio": base64.b64encode(payload).decode("ascii")}, now
+                )
+            conn = self._deliver(emitted, now)
+            if conn is not None:
+                await self._wait_drained(conn)
 
     def _count_audio_out(self, event: Event) -> None:
         rate = self._audio_out.get(event["type"])
@@ -347,8 +438,11 @@ class SessionRunner:
         usage.events_in += 1
         usage.bytes_in += size
         try:
-            check_input(self.engine, event)
             kind = event["type"]
+            if kind == _APPEND and self._decoder is not None:
+                if not self._decode_audio(event, size, self._decoder):
+                    return  # a resend of what was received
+            check_input(self.engine, event)
             if kind not in _ANSWERED_HERE:  # for the engine (session.update too)
                 self._to_engine(event, kind, size)
             elif kind == EventType.HEARTBEAT:
@@ -358,12 +452,7 @@ class SessionRunner:
             else:
                 self.end(Reason.CLIENT_CLOSE)
         except ProtocolError as exc:
-            if exc.code not in _PACING:  # pacing, not a fault
-                conn.ws.report_fault(str(exc))
-            if exc.close_code is None:
-                conn.push(encode(exc.to_event(event)))
-            else:  # (config_locked) the connection ends; the session detaches
-                conn.finish([encode(exc.to_event(event))], exc.close_code)
+            self._refuse(conn, exc, event)
             if not exc.retryable:
                 self._refused_for_good(event, size)
         except CheckFailed as exc:
@@ -398,6 +487,61 @@ class SessionRunner:
             conn.push(frame)
         return True
 
+    def handle_binary(self, conn: Connection, data: bytes) -> None:
+        """One binary message from ``conn``: input audio on the binary lane (protocol
+        v2), handled as the ``input_audio_buffer.append`` it stands for."""
+        if not self.session.is_current(conn.generation):
+            return
+        try:
+            if not self._binary:
+                raise ProtocolError(
+                    ErrorCode.BAD_EVENT,
+                    'binary messages need a session opened with session.audio.wire "binary"',
+                )
+            seq, payload = parse_input(data)
+        except ProtocolError as exc:
+            self._refuse(conn, exc, None)
+            return
+        event: Event = {"type": _APPEND, "audio": payload}
+        if seq:
+            event["client_event_seq"] = seq
+        self.handle(conn, event, len(data))
+
+    def _refuse(self, conn: Connection, exc: ProtocolError, event: Event | None) -> None:
+        if exc.code not in _PACING:  # pacing, not a fault
+            conn.ws.report_fault(str(exc))
+        if exc.close_code is None:
+            conn.push(encode(exc.to_event(event)))
+        else:  # (config_locked) the connection ends; the session detaches
+            conn.finish([encode(exc.to_event(event))], exc.close_code)
+
+    def _decode_audio(self, event: Event, size: int, decoder: Decoder) -> bool:
+        """Turn an input audio event's ``audio`` (base64 from JSON, bytes from the
+        binary lane, in the session's input format) into the engine's PCM16, in place.
+        False: it is a resend of an event already received (nothing decoded). Refused
+        (ProtocolError) before it is decoded if the engine's queue has no room: the
+        decoder's state (a resampler's, Opus's) only ever sees audio that goes on."""
+        seq = event.get("client_event_seq")
+        if type(seq) is int and seq > 0 and not self.session.is_new_client_seq(seq):
+            return False
+        audio = event.get("audio")
+        if isinstance(audio, str):
+            try:
+                audio = binascii.a2b_base64(audio, strict_mode=True)
+            except (binascii.Error, ValueError):
+                raise ProtocolError(
+                    ErrorCode.BAD_EVENT, "audio is not valid base64", param="audio"
+                ) from None
+        elif not isinstance(audio, bytes):
+            raise ProtocolError(ErrorCode.BAD_EVENT, "audio must be a base64 string", param="audio")
+        if not self._inbox.has_room(size):
+            raise _backpressure()
+        pcm = event["audio"] = decoder.decode(audio)
+        usage = self.session.usage
+        if usage.audio_ms_in is not None:
+            usage.audio_ms_in += len(pcm) / self._pcm_per_ms
+        return True
+
     def _to_engine(self, event: Event, kind: str, size: int) -> None:
         seq = event.get("client_event_seq")
         session = self.session
@@ -427,12 +571,36 @@ class SessionRunner:
                 param="session",
                 close_code=CloseCode.POLICY_VIOLATION,
             )
-        measured = self._budget.check(event["session"])
+        update = event["session"]
+        if "audio" in update and update["audio"] != self.session.config.get("audio"):
+            raise ProtocolError(
+                ErrorCode.BAD_EVENT,
+                "session.audio is set when the session opens and cannot change",
+                param="session.audio",
+            )
+        measured = self._budget.check(update)
         try:
             self._inbox.put_nowait(event, size)
         except trio.WouldBlock:
             raise _backpressure() from None
         self._budget.commit(measured)
+
+
+def settle_audio(engine: Engine, config: dict[str, Any]) -> None:
+    """At open: replace the client's ``session.audio`` request with the effective audio
+    configuration (protocol v2), or refuse it (``unsupported_audio_format``). Without a
+    request nothing is added (a v1 client sees v1's ``session.created``) and the
+    defaults apply; an engine without ``audio_rate`` takes no audio settings."""
+    rate = engine_audio_rate(engine)
+    if rate is not None:
+        if "audio" in config:
+            config["audio"] = negotiate(config["audio"], rate).as_event()
+    elif "audio" in config:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
+            "this server's engine declares no audio format: session.audio cannot be set",
+            param="session.audio",
+        )
 
 
 def _backpressure() -> ProtocolError:

@@ -51,7 +51,13 @@ from . import metrics
 from .auth import OPEN, Gate, Grant, KeyRing, Verifier
 from .connection import Connection
 from .http import Endpoints, serve_internal
-from .runner import CheckFailed, SessionRunner, check_input, only_trio_cancellation
+from .runner import (
+    CheckFailed,
+    SessionRunner,
+    check_input,
+    only_trio_cancellation,
+    settle_audio,
+)
 from .sessions import Observer, Sessions
 from .tls import server_ssl_context, tls_handshake
 from .watchdog import watching_the_loop
@@ -514,6 +520,7 @@ class DuplexServer:
         grant: Grant = OPEN,
     ) -> SessionRunner:
         sessions = self.sessions
+        settle_audio(engine, config)  # ProtocolError: an audio format it cannot serve
         # ProtocolError: full, or draining
         session, token = sessions.admit(config, grant.principal, grant.locked is not None)
         try:
@@ -522,7 +529,7 @@ class DuplexServer:
         except BaseException:
             sessions.undelivered(session)
             raise
-        runner = sessions.start(session, engine, conn)
+        runner = sessions.start(session, engine, conn, opening_event=first is not None)
         if first is not None:
             runner.handle(conn, first, first_size)
         return runner
@@ -601,6 +608,9 @@ class DuplexServer:
         get, handle, large = conn.ws.get_message, runner.handle, LARGE
         while conn.close_code is None:
             text = await get()
+            if isinstance(text, bytes):  # protocol v2's binary audio lane
+                runner.handle_binary(conn, text)
+                continue
             try:
                 # A large message is decoded in slices, letting other sessions run.
                 event = decode(text) if len(text) < large else await _decode_large(text)

@@ -87,7 +87,7 @@ class Observer:
     def terminal_decided(self, session: Session, terminal: Terminal) -> None:
         """The core returned ``terminal``: the session is ending (once per session)."""
 
-    def terminal_queued(self, conn: Connection, frames: list[str]) -> None:
+    def terminal_queued(self, conn: Connection, frames: list[str | bytes]) -> None:
         """Frames that end a connection were queued (``Connection.finish``)."""
 
     def attached(self, session: Session, conn: Connection) -> None:
@@ -196,9 +196,12 @@ class Sessions:
             extra={"session_id": session.id},
         )
 
-    def start(self, session: Session, engine: Engine, conn: Connection) -> SessionRunner:
-        """``session.created`` was delivered on ``conn``: run the session's engine."""
-        session.handshake_delivered(trio.current_time())
+    def start(
+        self, session: Session, engine: Engine, conn: Connection, *, opening_event: bool = False
+    ) -> SessionRunner:
+        """``session.created`` was delivered on ``conn``: run the session's engine.
+        ``opening_event``: the message that opened it is handled next, as its input."""
+        session.handshake_delivered(trio.current_time(), opening_event=opening_event)
         # The core lets an OPENING session be closed, but here only a runner, a timer
         # entry or the drain ends a session, and it has none of them yet.
         assert session.terminal is None, "a session ended before it started"

@@ -47,6 +47,7 @@ from ..core.frames import (
     Control,
     FrameReader,
     Opcode,
+    binary_frame,
     close_frame,
     control_frame,
     text_frame,
@@ -288,26 +289,32 @@ class WebSocket:
         if not self._writable:
             raise self._closed_error()
 
-    async def send_message(self, text: str) -> None:
-        """Send one text message; returns once its bytes are handed to the stream."""
+    async def send_message(self, message: str | bytes) -> None:
+        """Send one message (text for ``str``, binary for ``bytes``); returns once its
+        bytes are handed to the stream."""
         self._check_writable()
-        await self._write(text_frame(text))
+        await self._write(
+            text_frame(message) if isinstance(message, str) else binary_frame(message)
+        )
 
-    async def send_many(self, texts: Iterable[str]) -> None:
-        """Send several text messages in one write."""
+    async def send_many(self, messages: Iterable[str | bytes]) -> None:
+        """Send several messages in one write."""
         self._check_writable()
-        await self._write(b"".join([text_frame(text) for text in texts]))
+        await self._write(
+            b"".join([text_frame(m) if isinstance(m, str) else binary_frame(m) for m in messages])
+        )
 
     def can_write_now(self) -> bool:
         """Can ``write_now`` write at once: a socket, no write in progress, no tail left,
         and the connection open for messages?"""
         return self._writable and not self._writing and self._direct.ready
 
-    def write_now(self, text: str) -> None:
-        """Write one text message from the caller's task without awaiting; call only
+    def write_now(self, message: str | bytes) -> None:
+        """Write one message from the caller's task without awaiting; call only
         when ``can_write_now()``. If the socket takes only part of it, ``unsent`` is
         true until someone awaits ``flush``; if the socket is broken, ``broken`` is."""
-        if not self._direct.write(text_frame(text)):
+        frame = text_frame(message) if isinstance(message, str) else binary_frame(message)
+        if not self._direct.write(frame):
             self._lost()  # reset, broken pipe: the reader will see the end too
 
     @property

@@ -7,6 +7,8 @@ import json
 import attrs
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
+from ..core import binary
+from ..core.events import EventType
 from ..engines.api import Event
 from .transport import FaultyStream
 
@@ -26,9 +28,25 @@ class SimClient:
         await self.ws.send_message(message)
 
     async def receive(self) -> Event:
+        """The next event. A binary message (protocol v2's audio lane) comes as the
+        ``response.output_audio.delta`` it stands for, its ``audio`` the raw payload
+        (``bytes``), plus ``"binary": True``."""
         message = await self.ws.get_message()
+        if isinstance(message, bytes):
+            kind, seq, payload = binary.parse(message)
+            assert kind == binary.OUTPUT_AUDIO, f"a server sent binary kind {kind}"
+            return {
+                "type": EventType.OUTPUT_AUDIO_DELTA,
+                "audio": payload,
+                "server_event_seq": seq,
+                "binary": True,
+            }
         result: Event = json.loads(message)
         return result
+
+    async def send_audio(self, payload: bytes, seq: int = 0) -> None:
+        """Send input audio on the binary lane (kind 1), with ``client_event_seq`` ``seq``."""
+        await self.ws.send_message(binary.input_message(seq, payload))
 
     async def send_and_receive(self, event: Event) -> Event:
         await self.send(event)

@@ -20,9 +20,13 @@ class ScriptedEngine(Engine):
     sends output now, ``finish``/``fail`` end the engine now, and with
     ``hold_teardown=True`` a cancelled engine waits (shielded) for ``release_teardown``,
     like one that must free a model slot before it is gone.
+
+    ``input_audio_buffer.append {audio}`` (24 kHz PCM16, ``audio_rate``) is echoed as
+    ``response.output_audio.delta {audio}``, gated the same way.
     """
 
-    accepts = frozenset({"input.text.append"})
+    accepts = frozenset({"input.text.append", "input_audio_buffer.append"})
+    audio_rate: int | None = 24_000
 
     def __init__(
         self,
@@ -98,13 +102,16 @@ class ScriptedEngine(Engine):
         async for event in session:
             self.received.append(event)
             text = event.get("text")
-            if text == self.fail_on:
+            if text is not None and text == self.fail_on:
                 raise RuntimeError(f"scripted failure on {text!r}")
-            if text == self.finish_on:
+            if text is not None and text == self.finish_on:
                 return
             if self.gated:
                 await self._permits.receive()
-            await session.send({"type": "response.output_text.delta", "text": text})
+            if event["type"] == "input_audio_buffer.append":
+                await session.send({"type": "response.output_audio.delta", "audio": event["audio"]})
+            else:
+                await session.send({"type": "response.output_text.delta", "text": text})
 
 
 @attrs.define(eq=False)

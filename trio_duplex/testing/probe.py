@@ -99,12 +99,14 @@ class Probe(Observer):
             self.decided[session.id].append(terminal)
             self.decided_at.setdefault(session.id, trio.current_time())
 
-    def terminal_queued(self, conn: Connection, frames: list[str]) -> None:
+    def terminal_queued(self, conn: Connection, frames: list[str | bytes]) -> None:
         if conn not in self.server.connections:
             return
         registry = self.server.sessions.registry
         for frame in frames:
-            if not any(f'"{kind}"' in frame for kind in TERMINAL_EVENTS):
+            if isinstance(frame, bytes) or not any(
+                f'"{kind}"' in frame for kind in TERMINAL_EVENTS
+            ):
                 continue  # the cheap test first
             event = json.loads(frame)
             if event.get("type") in TERMINAL_EVENTS:
