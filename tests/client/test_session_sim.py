@@ -280,6 +280,27 @@ async def test_detach_then_resume_from_a_new_client(autojump_clock: trio.abc.Clo
         assert sim.server.slots_held == 0
 
 
+@pytest.mark.parametrize("how", ["detach at once", "detach_on_exit at once"])
+async def test_a_session_detached_before_it_said_anything_keeps_its_whole_grace(
+    autojump_clock: trio.abc.Clock, how: str
+) -> None:
+    """The server keeps a session whose client never spoke after session.created only
+    ``unconfirmed_grace_s`` (5 s): the client's first frame speaks, even in a detach."""
+    config = ServerConfig(disconnect_grace_s=30, unconfirmed_grace_s=5)
+    async with sim_server(config) as (sim, net):
+        async with client_for(net, detach_on_exit=how != "detach at once") as session:
+            if how == "detach at once":
+                state = await session.detach()
+            else:
+                state = session.resume_state()
+        await trio.sleep(20)  # past the unconfirmed grace, within the whole one
+        assert sim.server.slots_held == 1
+        async with client_for(net, resume=state) as session:
+            assert session.generation == 2
+            await session.send(text("still here"))
+            assert (await texts(session, 1))[0]["text"] == "still here"
+
+
 async def test_a_detach_overrides_a_close_that_cannot_get_through(
     autojump_clock: trio.abc.Clock,
 ) -> None:

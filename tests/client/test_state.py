@@ -38,7 +38,28 @@ def opened(acks: AckPolicy | None = None, heartbeat: HeartbeatPolicy | None = No
         "session": {"voice": "x"},
     }
     state.on_handshake(created(), now=0.0)
+    # Nothing queued: the first frame is a heartbeat that says we hold the credentials.
+    hello = state.next_frame(0.0)
+    assert isinstance(hello, str) and json.loads(hello) == {"type": "session.heartbeat"}
+    state.on_event({"type": "session.heartbeat_ack", "session_id": "s"}, 40, now=0.0)
     return state
+
+
+def test_a_new_sessions_first_frame_speaks_and_a_queued_event_is_enough() -> None:
+    """The server keeps a session whose client never spoke after session.created only
+    for the unconfirmed grace: a client that got it speaks at once."""
+    state = SessionState({})
+    state.on_handshake(created(), now=0.0)
+    assert drain(state) == [{"type": "session.heartbeat"}]
+    assert drain(state) == []  # once
+    queued = SessionState({})
+    queued.enqueue(text("first"))
+    queued.on_handshake(created(), now=0.0)
+    assert [f["type"] for f in drain(queued)] == ["input.text.append"]  # no heartbeat needed
+    back = SessionState.for_resume(ResumeState("s1", "secret-1", 0))
+    back.opening_frame()
+    back.on_handshake(resumed(0), now=0.0)
+    assert drain(back) == []  # a resume shows the server we hold the token
 
 
 def drain(state: SessionState, now: float = 0.0) -> list[Event]:

@@ -573,6 +573,8 @@ class ClientSession:
                 self._wake = trio.Event()
                 now = trio.current_time()
                 if self._status is _Status.DETACHING:
+                    if core.owes_hello and (frame := core.next_frame(now)) is not None:
+                        await ws.send(frame)  # the session keeps its whole grace
                     loss.reason = "detached"
                     break
                 if core.heartbeat_overdue(now):

@@ -115,6 +115,8 @@ class SessionState:
     _last_heartbeat: float = attrs.field(init=False, default=0.0)
     _confirm_target: int = attrs.field(init=False, default=0)
     _close_sent: bool = attrs.field(init=False, default=False)
+    _owe_hello: bool = attrs.field(init=False, default=False)
+    """A new session's client has not spoken on it yet (see ``on_handshake``)."""
     _resume_from: int = attrs.field(init=False, default=0)
     # input flow control (protocol v2): sizes of the events above the consumption reported
     _unconsumed: deque[int] = attrs.field(init=False, factory=deque)
@@ -297,6 +299,10 @@ class SessionState:
         self._sent_through = self._confirmed_seq
         self._heartbeats.clear()
         self._last_heartbeat = now
+        # A new session: the first frame tells the server we hold its credentials (a
+        # session whose client never spoke after session.created is kept only for the
+        # short unconfirmed grace); a heartbeat if nothing else goes. A resume shows it.
+        self._owe_hello = not resumed
         self._close_sent = False
         self._stale_through = 0  # a new connection: nothing of the old one is answered
         self._resend_at, self._backoff = -math.inf, RESEND_BACKOFF[0]
@@ -364,6 +370,23 @@ class SessionState:
         """The next frame the writer should send, or None (then wait for ``next_deadline``).
         Taking a frame counts it as sent: a failed send ends the connection, and the next
         handshake resets what counts as sent."""
+        frame = self._next_frame(now)
+        if self._owe_hello:
+            self._owe_hello = False
+            if frame is None:
+                self._heartbeats.append((now, self._sent_through))
+                self._last_heartbeat = now
+                frame = _HEARTBEAT
+        return frame
+
+    @property
+    def owes_hello(self) -> bool:
+        """A new session's client has sent nothing on it yet: ``next_frame`` gives a
+        frame (a heartbeat if nothing else) that shows the server it holds the session's
+        credentials, so that it keeps the session for the whole disconnect grace."""
+        return self._owe_hello
+
+    def _next_frame(self, now: float) -> str | bytes | None:
         if self._ack_due(now):
             self._acked_seq = self._last_received_seq
             self._unacked, self._unacked_bytes, self._unacked_since = 0, 0, None
