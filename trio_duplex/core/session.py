@@ -314,16 +314,9 @@ class Session:
         state = self.state
         if state is _CLOSING or state is _CLOSED:
             return None
-        journal = self.journal
-        event["server_event_seq"] = journal.head + 1
+        event["server_event_seq"] = self.journal.head + 1
         frame = encode(event)
-        size = utf8_len(frame)
-        dropped = journal.append(frame, size, now)
-        usage = self.usage
-        usage.events_out += 1
-        usage.bytes_out += size
-        notice = None if dropped is None else resync_frame("journal_overflow", dropped)
-        return Emitted(frame, notice)
+        return self._journaled(frame, utf8_len(frame), now)
 
     def emit_audio(self, payload: bytes, now: float) -> Emitted | None:
         """Sequence and journal one output audio delta on the binary lane: a kind-2
@@ -331,10 +324,12 @@ class Session:
         state = self.state
         if state is _CLOSING or state is _CLOSED:
             return None
-        journal = self.journal
-        frame = output_message(journal.head + 1, payload)
-        size = len(frame)
-        dropped = journal.append(frame, size, now)
+        frame = output_message(self.journal.head + 1, payload)
+        return self._journaled(frame, len(frame), now)
+
+    def _journaled(self, frame: str | bytes, size: int, now: float) -> Emitted:
+        """Journal event ``head + 1``, already encoded as ``frame`` of ``size`` bytes."""
+        dropped = self.journal.append(frame, size, now)
         usage = self.usage
         usage.events_out += 1
         usage.bytes_out += size
