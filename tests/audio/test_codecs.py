@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from trio_duplex.audio import (
     FORMATS,
+    MAX_CONVERTED_MS,
     AudioError,
     AudioFormat,
     Decoder,
@@ -207,3 +208,23 @@ def test_decoders_take_any_bytes_and_bound_their_output(
             assert (
                 len(out) <= len(payload) * 2 // width * 48000 / wire.rate + 4 * 48000 * MAX_DELAY_S
             )
+
+
+@pytest.mark.parametrize(
+    ("fmt", "rate", "sample_bytes"),
+    [("g711_ulaw", 8000, 1), ("g711_alaw", 8000, 1), ("pcm16", 16000, 2)],
+)
+def test_a_converted_payload_holds_at_most_max_converted_ms(
+    fmt: str, rate: int, sample_bytes: int
+) -> None:
+    """Converting costs CPU in one uninterruptible call: a payload's audio is bounded."""
+    decoder = Decoder(AudioFormat(fmt, rate), 24000)
+    limit = MAX_CONVERTED_MS * rate // 1000 * sample_bytes
+    assert len(decoder.decode(bytes(limit))) > 0
+    with pytest.raises(AudioError, match=f"at most {MAX_CONVERTED_MS} ms"):
+        decoder.decode(bytes(limit + sample_bytes))
+
+
+def test_pcm16_at_the_engines_rate_is_not_bounded_by_duration() -> None:
+    big = bytes(24000 * 2 * 10)  # 10 s, passed through: only max_event_bytes bounds it
+    assert Decoder(AudioFormat("pcm16", 24000), 24000).decode(big) is big

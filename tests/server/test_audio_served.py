@@ -8,7 +8,7 @@ import base64
 import numpy as np
 from trio.testing import MockClock
 
-from trio_duplex.audio import AudioFormat, Decoder, Encoder
+from trio_duplex.audio import MAX_CONVERTED_MS, AudioFormat, Decoder, Encoder
 from trio_duplex.engines.voice import VoiceEngine
 from trio_duplex.testing import SimClient, running_server
 
@@ -106,3 +106,20 @@ async def test_a_packet_that_is_not_opus_is_a_bad_event(autojump_clock: MockCloc
         echoed = await client.receive()
         assert echoed["type"] == "response.output_audio.delta"
         assert echoed["server_event_seq"] == 1
+
+
+async def test_a_message_of_more_audio_than_may_be_resampled_is_refused(
+    autojump_clock: MockClock,
+) -> None:
+    """15 MiB of 8 kHz PCM16 would hold the event loop for a second while resampled."""
+    pcm8k = {"format": "pcm16", "rate": 8000}
+    async with running_server() as sim:  # echo: 24 kHz
+        client, _ = await sim.open_session({"audio": {"wire": "binary", "input": pcm8k}})
+        limit = MAX_CONVERTED_MS * 16  # bytes of 8 kHz PCM16
+        await client.send_audio(bytes(limit + 2), 1)
+        error = await client.receive()
+        assert (error["code"], error["param"], error["retryable"]) == ("bad_event", "audio", False)
+        assert "2000 ms" in error["message"]
+        await client.send_audio(bytes(limit), 2)  # 1 was refused for good: 2 is next
+        echoed = await client.receive()
+        assert echoed["type"] == "response.output_audio.delta"

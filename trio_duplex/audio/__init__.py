@@ -6,12 +6,13 @@ The server converts between what a client sends or receives (pcm16 at 8-48 kHz, 
 ``trio-duplex[opus]`` (opuslib-next over the system's libopus).
 """
 
-from ._codecs import AudioError, Decoder, Encoder
+from ._codecs import MAX_CONVERTED_MS, AudioError, Decoder, Encoder
 from ._config import ENGINE_RATES, FORMATS, RATES, AudioConfig, AudioFormat, negotiate
 from ._opus import available as opus_available
 
 __all__ = [
     "ENGINE_RATES",
+    "MAX_CONVERTED_MS",
     "FORMATS",
     "RATES",
     "AudioConfig",

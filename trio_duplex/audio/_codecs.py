@@ -5,7 +5,12 @@ A ``Decoder`` faces the network: whatever bytes arrive, it returns PCM16 or rais
 
 * pcm16: ``len(payload) * engine_rate / rate`` bytes (plus the resampler's few samples);
 * g711: ``2 * len(payload) * engine_rate / 8000`` bytes, at most 12 times the payload;
-* opus: one packet yields at most 120 ms (the longest Opus defines), whatever its size.
+* opus: one packet yields at most 120 ms (the longest Opus defines), whatever its size;
+* and a pcm16 or g711 payload that must be resampled holds at most
+  ``MAX_CONVERTED_MS`` of audio, else ``AudioError``: resampling costs ~1.3 ms of CPU
+  per second of audio, in one call that no other session can interrupt, so a 15 MiB
+  message of 8 kHz PCM16 would hold the event loop for over a second. (Audio at the
+  engine's rate is not resampled: only ``max_event_bytes`` bounds it.)
 
 A resampler (pcm16 and g711 at another rate than the engine's) holds back 10-30 ms of
 audio (see _resample.py), released with the next chunk; an ``Encoder``'s ``flush``
@@ -24,6 +29,10 @@ from ..core.wire import ProtocolError
 from . import _g711, _opus
 from ._config import ENGINE_RATES, AudioFormat
 from ._resample import Resampler, Samples
+
+
+MAX_CONVERTED_MS = 2000
+"""The most audio one pcm16 or g711 message may carry when the server resamples it."""
 
 
 class AudioError(ProtocolError):
@@ -67,6 +76,13 @@ class Decoder:
             if len(payload) % 2:
                 raise AudioError("pcm16 audio must be a whole number of 2-byte samples")
             return payload
+        if self._resampler is not None:
+            per_ms = self.wire.rate // 1000 * (1 if self._table is not None else 2)
+            if len(payload) > MAX_CONVERTED_MS * per_ms:
+                raise AudioError(
+                    f"at most {MAX_CONVERTED_MS} ms of {self.wire.format} audio per message "
+                    f"at {self.wire.rate} Hz (it is resampled); send smaller chunks"
+                )
         if self._table is not None:
             samples = _g711.decode(self._table, payload)
         elif self._opus is not None:
