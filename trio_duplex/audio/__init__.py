@@ -12,8 +12,8 @@ from ._opus import available as opus_available
 
 __all__ = [
     "ENGINE_RATES",
-    "MAX_CONVERTED_MS",
     "FORMATS",
+    "MAX_CONVERTED_MS",
     "RATES",
     "AudioConfig",
     "AudioError",

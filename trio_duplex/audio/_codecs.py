@@ -30,7 +30,6 @@ from . import _g711, _opus
 from ._config import ENGINE_RATES, AudioFormat
 from ._resample import Resampler, Samples
 
-
 MAX_CONVERTED_MS = 2000
 """The most audio one pcm16 or g711 message may carry when the server resamples it."""
 
