@@ -56,7 +56,7 @@ class Plan:
 
 FULL = Plan(
     name="full",
-    budget={"1": 70, "2": 55, "3": 150, "4": 160, "5": 30, "6": 60},
+    budget={"1": 70, "2": 55, "3": 225, "4": 160, "5": 30, "6": 60},
     tp_rounds=3,
     tp_warmup=0.5,
     tp_duration=2.0,
@@ -64,7 +64,7 @@ FULL = Plan(
 
 QUICK = Plan(
     name="quick",
-    budget={"1": 22, "2": 11, "3": 32, "4": 20, "5": 8, "6": 12},
+    budget={"1": 22, "2": 11, "3": 48, "4": 20, "5": 8, "6": 12},
     tp_rounds=2,
     tp_warmup=0.3,
     tp_duration=1.0,

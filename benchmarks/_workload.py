@@ -9,6 +9,7 @@ import base64
 import json
 import random
 import resource
+import struct
 from typing import Any, Final
 
 PATH: Final = "/v1/duplex"
@@ -24,6 +25,24 @@ AUDIO_FRAME: Final = json.dumps(
     {"type": "input_audio_buffer.append", "audio": AUDIO_B64}, separators=(",", ":")
 )
 FRAME_PERIOD_S: Final = 0.020
+
+# Scenario 3 since protocol v2: 20 ms of 24 kHz PCM16 (the echo engine's own rate, so the
+# server passes it through), 960 bytes; 1,280 characters of base64 on the JSON lane.
+VOICE_RAW: Final = bytes(random.Random(2).getrandbits(8) for _ in range(960))
+VOICE_JSON: Final = json.dumps(
+    {"type": "input_audio_buffer.append", "audio": base64.b64encode(VOICE_RAW).decode("ascii")},
+    separators=(",", ":"),
+)
+# The binary lane (protocol v2, issue 11): a 12-byte big-endian header (kind, flags,
+# reserved, seq), then the payload. Kind 1 is input audio (client -> server, seq: its
+# client_event_seq, 0 for none), kind 2 output audio (seq: its server_event_seq).
+BINARY_HEADER: Final = struct.Struct(">BBHQ")
+INPUT_AUDIO_KIND: Final = 1
+OUTPUT_AUDIO_KIND: Final = 2
+VOICE_BINARY: Final = BINARY_HEADER.pack(INPUT_AUDIO_KIND, 0, 0, 0) + VOICE_RAW
+SESSION_UPDATE_BINARY: Final = json.dumps(
+    {"type": "session.update", "session": {"audio": {"wire": "binary"}}}, separators=(",", ":")
+)
 
 SESSION_UPDATE: Final = json.dumps({"type": "session.update", "session": {}}, separators=(",", ":"))
 SESSION_CLOSE: Final = json.dumps({"type": "session.close"}, separators=(",", ":"))

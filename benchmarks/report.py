@@ -54,7 +54,11 @@ def plot_voice(voice: dict[str, Any], path: Path, threshold_ms: float = 20.0) ->
     ramps: dict[str, list[dict[str, Any]]] = voice.get("ramps", {})
     if not any(ramps.values()):
         return None
-    colors = {"trio-duplex": "tab:blue", "bare trio-websocket": "tab:orange"}
+    colors = {
+        "trio-duplex": "tab:blue",
+        "trio-duplex binary lane": "tab:green",
+        "bare trio-websocket": "tab:orange",
+    }
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
     for name, runs in ramps.items():
         color = colors.get(name)

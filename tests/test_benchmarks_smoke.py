@@ -10,6 +10,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the root off
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import _plan, _stats, _workload, codecs, soak  # noqa: E402
+from benchmarks import _plan, _stats, _workload, codecs, soak, wire_bytes  # noqa: E402
+from trio_duplex.audio import opus_available  # noqa: E402
 
 
 def test_the_codecs_benchmark_runs_every_path(capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,6 +103,11 @@ def test_workload_frames_have_the_sizes_the_issue_names() -> None:
     assert len(_workload.AUDIO_RAW) == 640 and len(_workload.AUDIO_B64) == 856
     assert json.loads(_workload.TEXT_FRAME) == {"type": "input.text.append", "text": _workload.TEXT}
     assert json.loads(_workload.ack(7)) == {"type": "session.event_ack", "server_event_seq": 7}
+    assert len(_workload.VOICE_RAW) == 960  # 20 ms of 24 kHz PCM16, the echo engine's rate
+    voice = json.loads(_workload.VOICE_JSON)
+    assert voice["type"] == "input_audio_buffer.append" and len(voice["audio"]) == 1280
+    # The binary lane's 12-byte header: kind 1, flags 0, reserved 0, seq 0, big-endian.
+    assert _workload.VOICE_BINARY == bytes([1] + [0] * 11) + _workload.VOICE_RAW
     burst = json.loads(_workload.burst_frame(3))
     assert burst["server_event_seq"] == 3 and burst["text"] == _workload.TEXT
 
@@ -159,3 +166,70 @@ def test_soak_runs_a_tiny_mix_end_to_end(tmp_path: Path) -> None:
     assert not soak.problems(counts), counts
     assert len(report["samples"]) >= 10 and report["rss"]["passed"] is True
     assert "## Soak: 8 sessions" in run.stdout and "**Verdict: PASS**" in run.stdout
+
+
+def test_wire_bytes_splits_frames_and_counts_whole_frames() -> None:
+    # A server's unmasked 125-byte binary frame, then a client's masked 200-byte text frame.
+    up = b"HTTP/1.1 101 Switching Protocols\r\n\r\n" + bytes([0x82, 125]) + bytes(125)
+    body = json.dumps({"type": "input_audio_buffer.append", "audio": "A" * 160}).encode()
+    mask = b"\x01\x02\x03\x04"
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(body))
+    data = up + bytes([0x81, 0x80 | 126]) + len(body).to_bytes(2, "big") + mask + masked
+    first, second = wire_bytes.split_frames(data)
+    assert (first.opcode, first.size) == (2, 127)
+    assert (second.opcode, second.size, second.payload) == (1, 8 + len(body), body)
+    assert wire_bytes.classify(second) == "audio" and wire_bytes.audio_payload(second) == 120
+
+
+def _run(module: str, *args: str, timeout: float = 90) -> str:
+    argv = [sys.executable, "-m", f"benchmarks.{module}", *args]
+    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+def test_wire_bytes_runs_every_lane_and_format() -> None:
+    out = _run("wire_bytes", "--seconds", "0.1")
+    for lane in wire_bytes.LANES:
+        for name, fmt in wire_bytes.FORMATS:
+            if fmt.format != "opus" or opus_available():
+                assert f"| {lane} | {name} |" in out
+
+
+def test_the_transcode_benchmark_runs_every_path() -> None:
+    out = _run("transcode", "--rounds", "1", "--sessions", "2", "--seconds", "0.3",
+               "--warmup", "0.3")  # fmt: skip
+    assert "| pcm16 24k passthrough (binary) |" in out and "| g711_ulaw 8k (binary) |" in out
+
+
+def test_the_sdk_flood_runs_and_counts_refusals() -> None:
+    out = _run("flood", "--rounds", "1", "--seconds", "0.3")
+    assert "| events/s sent |" in out and "1 of 1 rounds |" in out
+
+
+def test_the_voice_load_drives_both_lanes_of_a_real_server() -> None:
+    """Scenario 3's load generator, one tiny step per lane against `trio-duplex serve`."""
+    from benchmarks._procs import free_port, port_open
+    from benchmarks._suite import DEFAULT_DUPLEX_CMD, duplex_flags
+
+    port = free_port()
+    flags = duplex_flags(port)
+    flags[flags.index("--log-level") + 1] = "warning"
+    server = subprocess.Popen([*DEFAULT_DUPLEX_CMD, *flags], cwd=ROOT, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            if port_open(port):
+                break
+            assert server.poll() is None, "trio-duplex serve exited"
+            time.sleep(0.05)
+        url = f"ws://127.0.0.1:{port}/v1/duplex"
+        for lane in ("binary", "json"):
+            out = _run("clients.asyncio_ws", "voice", "--url", url, "--lane", lane,
+                       "--steps", "2", "--settle", "0.2", "--measure", "0.3",
+                       "--threshold-ms", "1000", "--max-time", "30")  # fmt: skip
+            (step,) = json.loads(out.split("@result ", 1)[1])["steps"]
+            assert step["sessions"] == 2 and step["samples"] > 0, step
+            assert not step["errors"] and not step["dead"], step
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -26,12 +26,16 @@ from websockets.exceptions import ConnectionClosed
 from benchmarks._stats import percentile, percentiles
 from benchmarks._workload import (
     AUDIO_DELTA,
-    AUDIO_FRAME,
+    BINARY_HEADER,
     FRAME_PERIOD_S,
+    OUTPUT_AUDIO_KIND,
     SESSION_CLOSE,
     SESSION_UPDATE,
+    SESSION_UPDATE_BINARY,
     TEXT_DELTA,
     TEXT_FRAME,
+    VOICE_BINARY,
+    VOICE_JSON,
     ack,
     cpu_seconds,
     emit,
@@ -58,8 +62,8 @@ async def dial(url: str, max_queue: int = 64) -> ClientConnection:
     )
 
 
-async def open_session(ws: ClientConnection) -> dict[str, Any]:
-    await ws.send(SESSION_UPDATE)
+async def open_session(ws: ClientConnection, update: str = SESSION_UPDATE) -> dict[str, Any]:
+    await ws.send(update)
     created: dict[str, Any] = json.loads(await ws.recv())
     if created.get("type") != "session.created":
         raise RuntimeError(f"expected session.created, got {created}")
@@ -133,11 +137,19 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- scenario 3: voice
 class Voice:
-    """N sessions, each sending a 20 ms frame every 20 ms, on a staggered phase."""
+    """N sessions, each sending a 20 ms frame every 20 ms, on a staggered phase.
+
+    ``--lane json`` (v1): base64 audio in JSON text, echoed as JSON text. ``--lane
+    binary`` (protocol v2, trio-duplex only): the session opens with ``session.audio.wire
+    "binary"``, sends kind-1 binary messages and reads kind-2 replies by their header."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.duplex = args.proto == "duplex"
+        self.binary = args.lane == "binary"
+        if self.binary and not self.duplex:
+            raise SystemExit("--lane binary is trio-duplex's lane: use it with --proto duplex")
+        self.frame: str | bytes = VOICE_BINARY if self.binary else VOICE_JSON
         self.sessions: list[VoiceSession] = []
         self.samples: list[float] = []
         self.lateness: list[float] = []
@@ -160,7 +172,7 @@ class VoiceSession:
         voice = self.voice
         self.ws = await dial(voice.args.url)
         if voice.duplex:
-            await open_session(self.ws)
+            await open_session(self.ws, SESSION_UPDATE_BINARY if voice.binary else SESSION_UPDATE)
         phase = voice.rng.random() * FRAME_PERIOD_S
         self.tasks = [
             asyncio.create_task(self.sender(phase)),
@@ -171,6 +183,7 @@ class VoiceSession:
         assert self.ws is not None
         loop = asyncio.get_running_loop()
         voice = self.voice
+        frame = voice.frame
         ticks = math.ceil((loop.time() - voice.epoch - phase) / FRAME_PERIOD_S) + 1
         due = voice.epoch + phase + ticks * FRAME_PERIOD_S
         try:
@@ -181,7 +194,7 @@ class VoiceSession:
                 if voice.measuring:
                     voice.lateness.append(loop.time() - due)
                 self.sent.append(now())
-                await self.ws.send(AUDIO_FRAME)
+                await self.ws.send(frame)
                 due += FRAME_PERIOD_S
         except ConnectionClosed:
             self.dead = True
@@ -193,6 +206,18 @@ class VoiceSession:
         try:
             async for message in self.ws:
                 t = now()
+                if isinstance(message, bytes):  # the binary lane: a kind-2 header
+                    kind, _, _, seq = BINARY_HEADER.unpack_from(message)
+                    if kind != OUTPUT_AUDIO_KIND:
+                        voice.errors[f"binary kind {kind}"] += 1
+                        continue
+                    received += 1
+                    if received % voice.args.ack_every == 0:
+                        await self.ws.send(ack(seq))
+                    sent = self.sent.popleft()
+                    if voice.measuring:
+                        voice.samples.append(t - sent)
+                    continue
                 event = json.loads(message)  # both sides parse: equal client work
                 if voice.duplex:
                     if event["type"] != AUDIO_DELTA:
@@ -530,6 +555,9 @@ def cli() -> None:
     parser.add_argument("mode", choices=["throughput", "voice", "idle", "handshake", "resume"])
     parser.add_argument("--url")
     parser.add_argument("--proto", choices=["duplex", "bare"], default="duplex")
+    parser.add_argument(
+        "--lane", choices=["json", "binary"], default="json", help="voice: how audio travels"
+    )
     parser.add_argument("--target", action="append", default=[], help="resume: PROTO=URL")
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--ack-every", type=int, default=100)
