@@ -264,3 +264,80 @@ def test_a_large_audio_append_is_decoded_in_many_small_steps() -> None:
 def test_a_large_text_that_is_not_an_object_is_refused_unparsed() -> None:
     text = "[" + "1," * wire.LARGE + "1]"
     assert outcome(stepped, text) == ("error", "bad_event")
+
+
+# -- the orjson paths give the json module's results, errors included ------------------
+
+PAD = "p" * wire.ORJSON_FROM  # a text this long is parsed by orjson first
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_long_texts_parse_as_json_loads_does(value: Any) -> None:
+    text = reference({"pad": PAD, "v": value})
+    assert len(text) >= wire.ORJSON_FROM
+    parsed = _loads(text)
+    assert parsed == json.loads(text)
+    assert reference(parsed) == text  # the same types too (an int stays an int)
+
+
+@pytest.mark.parametrize(
+    "inner",
+    ["18446744073709551616", "-9223372036854775809", "123456789012345678901234567890"],
+)
+def test_long_texts_keep_integers_beyond_64_bits(inner: str) -> None:
+    # orjson alone reads these as floats.
+    event = decode(f'{{"type":"e","pad":"{PAD}","n":[{inner}]}}')
+    assert event["n"] == [int(inner)]
+
+
+@pytest.mark.parametrize("number", ["NaN", "1e999", "-Infinity"])
+def test_long_texts_refuse_non_finite_numbers(number: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(f'{{"type":"e","pad":"{PAD}","x":{number}}}')
+    assert info.value.code == "invalid_json"
+
+
+def test_long_texts_refuse_lone_surrogates_as_bad_event() -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(f'{{"type":"e","pad":"{PAD}","x":"\\udc00"}}')
+    assert info.value.code == "bad_event"
+
+
+def test_long_texts_refuse_deep_nesting_as_bad_event() -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(nested(MAX_DEPTH + 1).replace('"e"', f'"e","pad":"{PAD}"'))
+    assert info.value.code == "bad_event"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"n": 2**64},  # orjson refuses beyond 64 bits
+        {"n": -(2**63) - 1},
+        {"t": (1, "a")},  # a tuple, as a list
+        {1: "int key"},
+        {"s": "lone \udc00 surrogate"},
+        {"f": 1e16, "g": 1e-05, "h": -0.0},  # floats: orjson writes 1e16 and 1e-5
+        [{"a": [{"b": [1]}]}] * 100,  # more containers than the walk looks into
+    ],
+)
+def test_encode_is_the_json_module_s_where_orjson_differs(value: Any) -> None:
+    expected = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    assert encode(value) == expected
+
+
+def test_encode_writes_enum_members_as_their_values() -> None:
+    import enum
+
+    class Kind(enum.StrEnum):
+        DELTA = "response.output_text.delta"
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    value = {"type": Kind.DELTA, "level": Level.HIGH, "list": [Kind.DELTA]}
+    assert (
+        encode(value)
+        == '{"type":"response.output_text.delta","level":3,"list":["response.output_text.delta"]}'
+    )

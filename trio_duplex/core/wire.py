@@ -14,6 +14,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import attrs
+import orjson
 
 from . import events
 from .events import RETRYABLE_CODES, ErrorCode
@@ -47,8 +48,63 @@ def _make_encode() -> Callable[[Any], str]:
     return encode
 
 
-encode = _make_encode()
-"""Compact JSON: the form that is sent and whose size the journal counts."""
+_std_encode = _make_encode()
+
+_PLAIN: frozenset[type] = frozenset({str, int, bool, type(None)})
+"""The leaf types orjson writes exactly as the json module does (ints: orjson raises
+beyond 64 bits, and the fallback takes them)."""
+_OrjsonError = orjson.JSONEncodeError
+_dumps = orjson.dumps
+
+
+_WALK_CONTAINERS = 64
+"""``_floatless`` looks into at most this many arrays and objects, then says no (the json
+module takes the value): a bound on its cost, and the end of a cycle's walk."""
+
+
+def _floatless(value: dict[str, Any] | list[Any]) -> bool:
+    """No float anywhere in ``value`` (a float is where orjson's text may differ: ``1e16``
+    against ``1e+16``, NaN as ``null`` instead of an error; or, read back, where orjson
+    turned an integer beyond 64 bits into one), and at most ``_WALK_CONTAINERS`` arrays
+    and objects. A loop, not recursion; a flat event costs one pass over its values."""
+    plain = _PLAIN
+    stack: list[Any] = [value]
+    budget = _WALK_CONTAINERS
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return False
+        item = stack.pop()
+        for child in item.values() if type(item) is dict else item:
+            kind = type(child)
+            if kind in plain:
+                continue
+            if kind is float:
+                return False
+            if kind is dict or kind is list:
+                stack.append(child)
+            elif isinstance(child, (str, int)) and not isinstance(child, float):
+                continue  # enum members and other subclasses: written as their value
+            else:
+                return False  # tuples, subclasses of dict/list, the unknown: the json module
+    return True
+
+
+def encode(value: Any) -> str:
+    """Compact JSON: the form that is sent and whose size the journal counts.
+
+    The text is exactly the json module's (``separators=(",", ":")``, ``ensure_ascii=
+    False``, ``allow_nan=False``), errors included: orjson writes it when the value holds
+    no float (and only dicts, lists and plain leaves); anything else, or anything orjson
+    refuses (an integer beyond 64 bits, a non-string key, a lone surrogate, a cycle, a
+    type it does not know), is written by the json module's encoder as before."""
+    if (type(value) is dict or type(value) is list) and _floatless(value):
+        try:
+            return _dumps(value).decode()
+        except _OrjsonError:
+            pass
+    return _std_encode(value)
+
 
 MAX_DEPTH = 32
 """How deeply arrays and objects may nest in a client event (the event itself is 1)."""
@@ -73,7 +129,39 @@ _scan: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
 )
 
 
+_loads_fast = orjson.loads
+_DecodeError = orjson.JSONDecodeError
+ORJSON_FROM = 512
+"""Texts of at least this many characters are parsed by orjson first: below it the json
+module's scanner is as fast (a 100-byte text event); above, orjson's string scan wins (a
+20 ms frame of base64 audio: 1,300 characters, about 2.5 times faster)."""
+
+
 def _loads(text: str) -> Any:
+    """``_decoder.decode(text)``, the json module's parse with NaN, Infinity and
+    out-of-range numbers refused; from ``ORJSON_FROM`` characters, in one orjson call
+    in the common case.
+
+    orjson refuses everything the json module refuses, and a few texts it accepts (a
+    NaN, 1e999, an escaped lone surrogate, nesting beyond 1024): any refusal goes to the
+    json module, which then answers exactly as before. Where orjson accepts, its result
+    is the json module's unless it holds a float (orjson reads an integer beyond 64
+    bits as one): then the json module parses it again."""
+    if len(text) < ORJSON_FROM:
+        return _std_loads(text)
+    try:
+        value = _loads_fast(text)
+    except _DecodeError:
+        return _std_loads(text)
+    if type(value) is dict or type(value) is list:
+        if _floatless(value):
+            return value
+    elif type(value) in _PLAIN:
+        return value
+    return _std_loads(text)
+
+
+def _std_loads(text: str) -> Any:
     """``_decoder.decode(text)`` with one C call in the common case (no surrounding
     space)."""
     try:
