@@ -48,7 +48,16 @@ FORMATS: list[tuple[str, AudioFormat]] = [
 LANES = ("json", "binary")
 AUDIO_IN = "input_audio_buffer.append"
 AUDIO_OUT = "response.output_audio.delta"
-CONTROL = frozenset({"session.event_ack", "session.heartbeat", "input.consumed", "ping", "pong"})
+CONTROL = frozenset(
+    {
+        "session.event_ack",
+        "session.heartbeat",
+        "session.heartbeat_ack",
+        "input.consumed",
+        "ping",
+        "pong",
+    }
+)
 
 
 class CountingStream(trio.abc.Stream):
