@@ -17,7 +17,6 @@ the server or the sessions module.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import logging
 import math
@@ -172,7 +171,7 @@ class SessionRunner:
     """Output audio goes out on the binary lane."""
     _pcm_per_ms: int = 48
     _last_delta: Event | None = None
-    """The engine's last output audio delta, without its audio: the fields of a tail."""
+    """The engine's last output audio delta: the fields of a tail (with its own audio)."""
 
     def __attrs_post_init__(self) -> None:
         self._inbox = Inbox(self.max_pending_input, self.max_input_bytes, self._report_consumed)
@@ -386,17 +385,19 @@ class SessionRunner:
         of audio first sends (or, for a cancel, drops) the encoder's tail."""
         if kind == _DELTA:
             pcm = event.get("audio")
-            if not isinstance(pcm, bytes | bytearray | memoryview):
-                raise TypeError(
-                    f"an engine with audio_rate sends audio as bytes of PCM16, not "
-                    f"{type(pcm).__name__}"
-                )
-            payloads = encoder.encode(bytes(pcm))  # ValueError: not whole samples
+            if type(pcm) is not bytes:
+                if not isinstance(pcm, bytes | bytearray | memoryview):
+                    raise TypeError(
+                        f"an engine with audio_rate sends audio as bytes of PCM16, not "
+                        f"{type(pcm).__name__}"
+                    )
+                pcm = bytes(pcm)
+            payloads = encoder.encode(pcm)  # ValueError: not whole samples
             usage = self.session.usage
             if usage.audio_ms_out is not None:
                 usage.audio_ms_out += len(pcm) / self._pcm_per_ms
-            self._last_delta = {k: v for k, v in event.items() if k != "audio"}
-            await self._emit_audio(self._last_delta, payloads)
+            self._last_delta = event  # its fields, for a tail (its audio is replaced)
+            await self._emit_audio(event, payloads)
             return
         tail = encoder.flush()
         if tail and kind != _CANCELLED and self._last_delta is not None:
@@ -407,15 +408,17 @@ class SessionRunner:
             await self._wait_drained(conn)
 
     async def _emit_audio(self, fields: Event, payloads: list[bytes]) -> None:
+        """Sequence each payload as an output delta: a binary message, or ``fields``
+        with the payload as base64 ``audio``."""
         session = self.session
+        binary = self._binary
         for payload in payloads:
             now = trio.current_time()
-            if self._binary:
+            if binary:
                 emitted = session.emit_audio(payload, now)
             else:
-                emitted = session.emit(
-                    {**fields, "audio": base64.b64encode(payload).decode("ascii")}, now
-                )
+                audio = binascii.b2a_base64(payload, newline=False).decode("ascii")
+                emitted = session.emit({**fields, "audio": audio}, now)
             conn = self._deliver(emitted, now)
             if conn is not None:
                 await self._wait_drained(conn)
