@@ -7,6 +7,8 @@ audio in binary messages with a 12-byte header; everything else stays JSON.
 from __future__ import annotations
 
 import base64
+import logging
+import random
 import struct
 from typing import Any
 
@@ -20,6 +22,7 @@ from trio_duplex.testing import SimClient, Simulation, running_server
 
 BINARY = {"audio": {"wire": "binary"}}
 PCM24 = {"format": "pcm16", "rate": 24000}
+OPUS_IN = {"wire": "binary", "input": {"format": "opus", "rate": 48000}}
 
 
 def pcm(n: int, seed: int = 0) -> bytes:
@@ -214,3 +217,28 @@ async def test_the_voice_engine_speaks_on_the_binary_lane(autojump_clock: MockCl
         assert seqs == list(range(1, len(seqs) + 1))  # one seq order across both lanes
         assert kinds[0] == "response.created" and frames
         assert all(len(frame) == FRAME_BYTES for frame in frames)
+
+
+@pytest.mark.parametrize("audio", [{"wire": "binary"}, OPUS_IN], ids=["pcm16", "opus"])
+async def test_random_binary_messages_never_break_the_session_nor_log_an_error(
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture, audio: dict[str, Any]
+) -> None:
+    """A fuzz of the binary lane through the server: whatever bytes arrive, each message
+    is answered with bad_event or taken as audio; nothing is logged at ERROR and the
+    session goes on (its next numbered audio is echoed)."""
+    rng = random.Random(11)
+    async with running_server() as sim:
+        client, _ = await sim.open_session({"audio": audio})
+        for n in range(300):
+            size = rng.choice([0, 1, 11, 12, 13, 14, 40, 200, 961])
+            data = bytearray(rng.randbytes(size))
+            if size >= 12 and n % 2:  # half of them with a well-formed header
+                data[:12] = binary.input_message(0, b"")
+            await client.send_raw(bytes(data))
+        await client.send({"type": "input.text.append", "text": "still here"})
+        while (event := await client.receive())["type"] != "response.output_text.delta":
+            assert event["type"] in ("error", "response.output_audio.delta"), event
+            if event["type"] == "error":
+                assert (event["code"], event["retryable"]) == ("bad_event", False)
+        assert event["text"] == "still here"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
