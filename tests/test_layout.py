@@ -270,6 +270,11 @@ LAYERS = [
         external=("trio",),
     ),
     Layer(f"{PACKAGE}.engines", tuple(f"{PACKAGE}.{p}" for p in ("server", "client", "testing"))),
+    # The shared store of cluster mode: the server will use it, never the reverse.
+    Layer(
+        f"{PACKAGE}.cluster",
+        tuple(f"{PACKAGE}.{p}" for p in ("server", "client", "engines", "testing")),
+    ),
     Layer(f"{PACKAGE}.server", tuple(f"{PACKAGE}.{p}" for p in ("client", "testing"))),
 ]
 

@@ -1,0 +1,253 @@
+"""The shared store against a real redis-server.
+
+A few tests wait in real time (``time.sleep`` is not used: ``trio.sleep`` under the real
+clock) because what they test is Redis's own TTL clock, which trio's clock cannot drive;
+their TTLs are a few hundred milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import coredis
+import pytest
+import trio
+
+from trio_duplex.cluster import Keys, NotRegistered, Store, StoreUnavailable, open_store
+
+from .conftest import TIMEOUT_S, RedisServer
+
+URL_A = "ws://10.0.0.1:8000"
+URL_B = "ws://10.0.0.2:8000"
+
+
+def test_keys_are_under_the_prefix() -> None:
+    keys = Keys("p:")
+    assert keys.node("a") == "p:node:a"
+    assert keys.leases("a") == "p:node:a:leases"
+    assert keys.sessions("a") == "p:node:a:sessions"
+    assert keys.session("s1") == "p:session:s1"
+    assert keys.nodes == "p:nodes"
+    assert Keys().node("a") == "trio-duplex:node:a"
+
+
+@pytest.mark.parametrize("bad", ["", "a:leases", "a b", "x" * 129])
+def test_node_ids_cannot_break_key_names(bad: str) -> None:
+    with pytest.raises(ValueError):
+        Keys().node(bad)
+
+
+async def test_every_key_is_under_the_prefix_and_expires(
+    store: Store, raw: coredis.Redis[str]
+) -> None:
+    await store.register("a", URL_A)
+    await store.claim_session("s1", "a", ttl_s=30)
+    assert await store.acquire_lease("a", cap=5)
+    names = await raw.keys("*")
+    assert names and all(name.startswith("trio-duplex:") for name in names)
+    # The node index is the only key without a TTL: it holds ids, pruned by nodes().
+    for name in names - {"trio-duplex:nodes"}:
+        assert await raw.pttl(name) > 0, name
+
+
+async def test_register_nodes_forget(store: Store) -> None:
+    assert await store.nodes() == {}
+    await store.register("a", URL_A)
+    await store.register("b", URL_B)
+    assert await store.nodes() == {"a": URL_A, "b": URL_B}
+    await store.forget("a")
+    assert await store.nodes() == {"b": URL_B}
+
+
+async def test_heartbeat_keeps_a_node_alive_past_its_ttl(store: Store) -> None:
+    """Real time: Redis's TTL clock."""
+    await store.register("a", URL_A, ttl_s=0.3)
+    for _ in range(5):
+        await trio.sleep(0.1)
+        assert await store.heartbeat("a", URL_A, ttl_s=0.3)
+    assert await store.nodes() == {"a": URL_A}
+
+
+async def test_a_silent_node_is_gone_within_its_ttl_with_its_leases(store: Store) -> None:
+    """Real time: Redis's TTL clock. Its sessions' homes read as lost, its leases return."""
+    await store.register("a", URL_A, ttl_s=0.3)
+    await store.register("b", URL_B, ttl_s=30)
+    await store.claim_session("s1", "a", ttl_s=30)
+    assert await store.acquire_lease("a", cap=2)
+    assert await store.acquire_lease("a", cap=2)
+    assert not await store.acquire_lease("b", cap=2)
+    await trio.sleep(0.4)
+    assert await store.nodes() == {"b": URL_B}
+    assert await store.home_of("s1") == "a"  # a home not in nodes(): "node lost"
+    assert await store.acquire_lease("b", cap=2)
+    assert await store.leases() == {"b": 1}
+
+
+async def test_a_lapsed_node_hears_so_from_its_heartbeat(store: Store) -> None:
+    await store.register("a", URL_A)
+    await store.forget("a")
+    assert not await store.heartbeat("a", URL_A)
+    assert await store.heartbeat("a", URL_A)
+    assert await store.nodes() == {"a": URL_A}
+
+
+async def test_register_starts_a_node_afresh(store: Store) -> None:
+    await store.register("a", URL_A)
+    assert await store.acquire_lease("a", cap=1)
+    await store.register("a", URL_A)
+    assert await store.leases() == {"a": 0}
+    assert await store.acquire_lease("a", cap=1)
+
+
+async def test_claim_home_release(store: Store) -> None:
+    await store.register("a", URL_A)
+    assert await store.home_of("s1") is None
+    await store.claim_session("s1", "a", ttl_s=30)
+    assert await store.home_of("s1") == "a"
+    assert not await store.release_session("s1", "b")
+    assert await store.home_of("s1") == "a"
+    assert await store.release_session("s1", "a")
+    assert await store.home_of("s1") is None
+
+
+async def test_a_node_not_alive_cannot_claim_or_lease(store: Store) -> None:
+    with pytest.raises(NotRegistered):
+        await store.claim_session("s1", "ghost", ttl_s=30)
+    with pytest.raises(NotRegistered):
+        await store.acquire_lease("ghost", cap=10)
+    assert await store.home_of("s1") is None
+
+
+async def test_heartbeat_refreshes_the_home_s_directory_entries(
+    store: Store, raw: coredis.Redis[str]
+) -> None:
+    await store.register("a", URL_A)
+    await store.claim_session("s1", "a", ttl_s=30)
+    await raw.pexpire(store.keys.session("s1"), 100)
+    assert await store.heartbeat("a", URL_A)
+    assert await raw.pttl(store.keys.session("s1")) > 29_000
+
+
+async def test_a_session_claimed_elsewhere_leaves_its_old_home(
+    store: Store, raw: coredis.Redis[str]
+) -> None:
+    await store.register("a", URL_A)
+    await store.register("b", URL_B)
+    await store.claim_session("s1", "a", ttl_s=30)
+    await store.claim_session("s1", "b", ttl_s=5)
+    assert await store.heartbeat("a", URL_A)
+    assert list(await raw.hkeys(store.keys.sessions("a"))) == []
+    assert not await store.release_session("s1", "a")
+    assert await store.home_of("s1") == "b"
+    assert await raw.pttl(store.keys.session("s1")) <= 5_000
+
+
+async def test_leases_up_to_the_cap_then_back(store: Store) -> None:
+    await store.register("a", URL_A)
+    await store.register("b", URL_B)
+    assert await store.acquire_lease("a", cap=3)
+    assert await store.acquire_lease("b", cap=3)
+    assert await store.acquire_lease("a", cap=3)
+    assert not await store.acquire_lease("b", cap=3)
+    assert await store.leases() == {"a": 2, "b": 1}
+    assert await store.release_lease("a")
+    assert await store.acquire_lease("b", cap=3)
+    assert await store.release_lease("b")
+    assert await store.release_lease("b")
+    assert not await store.release_lease("b")
+    assert await store.leases() == {"a": 1, "b": 0}
+
+
+async def test_forget_returns_a_node_s_leases_at_once(store: Store) -> None:
+    await store.register("a", URL_A)
+    await store.register("b", URL_B)
+    assert await store.acquire_lease("a", cap=1)
+    assert not await store.acquire_lease("b", cap=1)
+    await store.forget("a")
+    assert await store.acquire_lease("b", cap=1)
+
+
+async def test_concurrent_acquires_never_overshoot(redis_server: RedisServer, store: Store) -> None:
+    """3 nodes, each its own client, 50 concurrent acquires each, cap 40: exactly 40."""
+    granted: list[str] = []
+
+    async def node(name: str) -> None:
+        async with open_store(redis_server.url, timeout_s=5) as mine:
+            await mine.register(name, f"ws://{name}")
+
+            async def one() -> None:
+                if await mine.acquire_lease(name, cap=40):
+                    granted.append(name)
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(50):
+                    nursery.start_soon(one)
+
+    async with trio.open_nursery() as nursery:
+        for name in ("n0", "n1", "n2"):
+            nursery.start_soon(node, name)
+    assert len(granted) == 40
+    leases = await store.leases()
+    assert sum(leases.values()) == 40
+    assert leases == {name: granted.count(name) for name in ("n0", "n1", "n2")}
+
+
+async def _all_unavailable(store: Store) -> None:
+    calls = [
+        lambda: store.register("a", URL_A),
+        lambda: store.heartbeat("a", URL_A),
+        store.nodes,
+        lambda: store.forget("a"),
+        lambda: store.claim_session("s1", "a", ttl_s=30),
+        lambda: store.home_of("s1"),
+        lambda: store.release_session("s1", "a"),
+        lambda: store.acquire_lease("a", cap=10),
+        lambda: store.release_lease("a"),
+        store.leases,
+    ]
+    failed: list[int] = []
+
+    async def one(i: int) -> None:
+        with pytest.raises(StoreUnavailable):
+            await calls[i]()
+        failed.append(i)
+
+    # All at once, so that a hung Redis costs one timeout, not ten.
+    started = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for i in range(len(calls)):
+            nursery.start_soon(one, i)
+    assert trio.current_time() - started < TIMEOUT_S + 0.25
+    assert sorted(failed) == list(range(len(calls)))
+
+
+async def test_redis_down_raises_within_the_timeout_and_recovers(
+    redis_server: RedisServer, store: Store
+) -> None:
+    await store.register("a", URL_A)
+    with redis_server.stopped():
+        await _all_unavailable(store)
+    # Without persistence the restarted Redis is empty: the node's heartbeat says so.
+    assert not await store.heartbeat("a", URL_A)
+    assert await store.nodes() == {"a": URL_A}
+
+
+async def test_redis_hung_raises_within_the_timeout_and_answers_right_after(
+    redis_server: RedisServer, store: Store
+) -> None:
+    """A Redis that accepts but does not answer (SIGSTOP); after SIGCONT, the answers
+    to the abandoned calls must not be taken for the answers to the next ones."""
+    await store.register("a", URL_A, ttl_s=60)
+    await store.claim_session("s1", "a", ttl_s=60)
+    assert redis_server.process is not None
+    pid = redis_server.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await _all_unavailable(store)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert await store.home_of("s1") == "a"
+    assert await store.home_of("s2") is None
+    assert await store.nodes() == {"a": URL_A}
+    assert await store.leases() == {"a": 0}
