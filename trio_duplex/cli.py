@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import attrs
 import trio
 
-from .core.config import BYTES, FLAG, ConfigError, Flag, KiB, MiB, ServerConfig
+from .core.config import BYTES, FLAG, ConfigError, Flag, KiB, MiB, NeedsCompanion, ServerConfig
 from .engines.api import load_engine_factory
 from .logs import FORMATS, LEVELS, configure
 from .server.server import DuplexServer
@@ -54,6 +54,7 @@ _KINDS: dict[object, Callable[[str], Any]] = {
     float: float,
     str: str,
     str | None: str,
+    int | None: int,
     tuple[str, ...]: str,  # a repeatable flag
 }
 
@@ -75,6 +76,8 @@ def _parse(field: attrs.Attribute[Any]) -> Callable[[str], Any]:
         given: Any = (value,) if _repeatable(field) else value
         try:  # every other field at its default: a refusal is this value's
             ServerConfig(**{field.name: given})
+        except NeedsCompanion:  # not the value's fault: checked with the others
+            pass
         except ConfigError as exc:
             raise argparse.ArgumentTypeError(f"{text!r} {exc.rule}") from None
         return value
@@ -142,10 +145,16 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     # collector's full passes, which otherwise walk it all (~11 ms here, a visible share
     # of a 20 ms audio frame's latency budget) every time one runs.
     gc.freeze()
+    unjoined: list[str] = []
     try:
         trio.run(_serve_until_signalled, server, args.engine)
     except* OSError as group:  # raised inside a nursery: it arrives in a group
         failed.extend(e for e in group.exceptions if isinstance(e, OSError))
+    except* Exception as group:
+        unjoined.extend(_unjoined(config, group))  # or raises the group again
+    if unjoined:
+        print(f"trio-duplex: {unjoined[0]}", file=sys.stderr)
+        return 2
     if failed:
         print(
             f"trio-duplex: cannot listen on {config.host}:{config.port}: {failed[0]}",
@@ -153,6 +162,26 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _unjoined(config: ServerConfig, group: BaseExceptionGroup[Exception]) -> list[str]:
+    """--cluster: why the node could not join (its store did not answer at start). Any
+    other error is raised again. (The cluster module is imported only with --cluster:
+    it loads the Redis client.)"""
+    if config.cluster is not None:
+        from .server.cluster import ClusterUnavailable
+
+        leaves = _leaves(group)
+        if all(isinstance(e, ClusterUnavailable) for e in leaves):
+            return [str(e) for e in leaves]
+    raise group
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions in ``error``, out of their (nested) groups."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for e in error.exceptions for leaf in _leaves(e)]
+    return [error]
 
 
 def _import_from_cwd() -> None:

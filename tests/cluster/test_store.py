@@ -159,6 +159,24 @@ async def test_leases_up_to_the_cap_then_back(store: Store) -> None:
     assert await store.leases() == {"a": 1, "b": 0}
 
 
+async def test_a_heartbeat_can_set_the_lease_count(store: Store, raw: coredis.Redis[str]) -> None:
+    """The node knows how many sessions it holds: a lost release, or a Redis that came
+    back empty, heals at its next heartbeat."""
+    await store.register("a", URL_A)
+    for _ in range(3):
+        assert await store.acquire_lease("a", cap=10)
+    assert await store.heartbeat("a", URL_A, leases=1)
+    assert await store.leases() == {"a": 1}
+    assert await raw.pttl(store.keys.leases("a")) > 0
+    assert await store.heartbeat("a", URL_A)  # without a count: kept as it is
+    assert await store.leases() == {"a": 1}
+    await raw.flushdb()  # Redis restarted empty
+    assert not await store.heartbeat("a", URL_A, leases=2)
+    assert await store.leases() == {"a": 2}
+    with pytest.raises(ValueError):
+        await store.heartbeat("a", URL_A, leases=-1)
+
+
 async def test_forget_returns_a_node_s_leases_at_once(store: Store) -> None:
     await store.register("a", URL_A)
     await store.register("b", URL_B)

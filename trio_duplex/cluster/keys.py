@@ -92,15 +92,22 @@ redis.call('SADD', KEYS[4], ARGV[1])
 return 1
 """
 
-# KEYS node, leases, sessions, nodes; ARGV node id, url, ttl ms, session key prefix.
+# KEYS node, leases, sessions, nodes; ARGV node id, url, ttl ms, session key prefix, and
+# optionally the node's lease count.
 # Returns 1, or 0 if the node had lapsed (others saw it dead; it is alive again now).
-# Refreshes the node's leases, its session index, and each directory entry it is still
-# home of (an entry another node claimed since is dropped from the index).
+# Refreshes the node's leases (or sets their count: the node knows how many sessions it
+# holds, so a lost release or an emptied Redis heals here), its session index, and each
+# directory entry it is still home of (an entry another node claimed since is dropped
+# from the index).
 HEARTBEAT = """
 local alive = redis.call('EXISTS', KEYS[1])
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('SADD', KEYS[4], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+if ARGV[5] then
+    redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[3])
+else
+    redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 local index = redis.call('HGETALL', KEYS[3])
 for i = 1, #index, 2 do

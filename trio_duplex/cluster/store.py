@@ -126,14 +126,18 @@ class Store:
         """A node starts: it is alive for ``ttl_s`` with no leases and no sessions."""
         await self._run(k.REGISTER, self.keys.node_keys(node_id), [node_id, url, ttl_ms(ttl_s)])
 
-    async def heartbeat(self, node_id: str, url: str, ttl_s: float = NODE_TTL_S) -> bool:
+    async def heartbeat(
+        self, node_id: str, url: str, ttl_s: float = NODE_TTL_S, *, leases: int | None = None
+    ) -> bool:
         """Keep the node, its leases and its sessions' directory entries alive for ``ttl_s``
-        more. False if the node had lapsed (others saw it dead); it is alive again now."""
-        result = await self._run(
-            k.HEARTBEAT,
-            self.keys.node_keys(node_id),
-            [node_id, url, ttl_ms(ttl_s), self.keys.session_prefix],
-        )
+        more; with ``leases``, also set its lease count to that (in the same script).
+        False if the node had lapsed (others saw it dead); it is alive again now."""
+        args: list[str | int] = [node_id, url, ttl_ms(ttl_s), self.keys.session_prefix]
+        if leases is not None:
+            if leases < 0:
+                raise ValueError(f"a lease count cannot be negative: {leases}")
+            args.append(leases)
+        result = await self._run(k.HEARTBEAT, self.keys.node_keys(node_id), args)
         return bool(result)
 
     async def nodes(self) -> dict[str, str]:

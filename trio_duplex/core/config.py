@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,6 +28,10 @@ class ConfigError(ValueError):
         self.field = field
         self.value = value
         self.rule = rule  # e.g. "must be at least 0"
+
+
+class NeedsCompanion(ConfigError):
+    """A field set without another one it needs (checked once all fields are known)."""
 
 
 @attrs.frozen
@@ -86,6 +91,28 @@ def _is_origin(value: str) -> bool:
 
 def _strings(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
+
+
+_NODE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+"""The store's rule for node ids (cluster/keys.py, which the core does not import: it
+would load the Redis client); test_cluster_serve checks that the two agree."""
+
+_node_id = _Rule(
+    f"must match {_NODE_ID.pattern}",
+    lambda value: value is None or bool(_NODE_ID.fullmatch(value)),
+)
+_redis_url = _Rule(
+    "must be redis://HOST[:PORT][/DB]",
+    lambda value: value is None or re.fullmatch(r"redis://[^/\s]+(/\d+)?/?", value) is not None,
+)
+_ws_url = _Rule(
+    "must be a ws:// or wss:// URL",
+    lambda value: value is None or re.fullmatch(r"wss?://[^/\s]+(/\S*)?", value) is not None,
+)
+_positive_or_none = _Rule("must be at least 1", lambda value: value is None or value >= 1)
+
+_CLUSTER_ONLY = ("node_id", "advertise_url", "cluster_max_sessions")
+"""Flags that mean nothing without --cluster."""
 
 
 _origins = _Rule(
@@ -262,6 +289,45 @@ class ServerConfig:
             "main one; 0: on the main one"
         ),
     )
+    # Cluster mode (issue 13; docs/cluster.md): membership and cluster-wide admission.
+    cluster: str | None = attrs.field(
+        default=None,
+        validator=_redis_url,
+        metadata=_flag(
+            "join a cluster through the Redis (>= 7) or Valkey at this URL; none: one "
+            "process, no outside service",
+            "redis://HOST:PORT/DB",
+            "none",
+        ),
+    )
+    node_id: str | None = attrs.field(
+        default=None,
+        validator=_node_id,
+        metadata=_flag(
+            "this node's id in the cluster, [A-Za-z0-9._-]{1,128}", "ID", "HOST-PID-RANDOM"
+        ),
+    )
+    advertise_url: str | None = attrs.field(
+        default=None,
+        validator=_ws_url,
+        metadata=_flag(
+            "the URL other nodes reach this one on; by default the listening address "
+            "(the machine's name if it listens on every address)",
+            "URL",
+            "ws(s)://HOST:PORT/PATH",
+        ),
+    )
+    cluster_max_sessions: int | None = attrs.field(
+        default=None,
+        validator=_positive_or_none,
+        metadata=_flag(
+            "sessions across the whole cluster, on top of each node's --max-sessions; "
+            "an open is refused (resource_exhausted) at the cap or while the store is "
+            "unreachable",
+            "N",
+            "no cap",
+        ),
+    )
     # Not flags: WebSocket keepalive and queue depths are tuned by embedders, not operators.
     ping_interval_s: float = attrs.field(default=20.0, validator=_above(0))
     ping_timeout_s: float = attrs.field(default=20.0, validator=_above(0))
@@ -276,6 +342,10 @@ class ServerConfig:
                 ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
             )
             raise ConfigError(given, getattr(self, given), f"needs {missing} too (TLS takes both)")
+        if self.cluster is None:
+            for name in _CLUSTER_ONLY:
+                if getattr(self, name) is not None:
+                    raise NeedsCompanion(name, getattr(self, name), "needs --cluster")
 
     def limits(self) -> dict[str, Any]:
         """The ``limits`` object of ``session.created``."""

@@ -40,6 +40,9 @@ class Served(Protocol):
     @property
     def connections_refused(self) -> int: ...
 
+    @property
+    def cluster_store_up(self) -> bool | None: ...
+
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -126,6 +129,13 @@ class ServerCollector(Collector):
             "Engines that failed: sessions ended engine_error, and failures before a session.",
             totals.engine_errors,
         )
+        store_up = server.cluster_store_up
+        if store_up is not None:
+            yield GaugeMetricFamily(
+                "trio_duplex_cluster_store_up",
+                "1 if the cluster store (--cluster) answered its last call, else 0.",
+                int(store_up),
+            )
         yield _histogram(
             "trio_duplex_send_to_write_seconds",
             "Time from an engine's send to its frame's write, sampled: "

@@ -34,8 +34,9 @@ import logging
 import math
 import os
 import ssl
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -44,7 +45,7 @@ from ..core.config import ServerConfig
 from ..core.events import ErrorCode, Event, EventType
 from ..core.frames import CloseCode
 from ..core.replay import Replay
-from ..core.session import State
+from ..core.session import Session, State
 from ..core.wire import LARGE, ConfigBudget, ProtocolError, decode, decode_steps, encode, is_seq
 from ..engines.api import Engine, EngineFactory
 from . import metrics
@@ -62,6 +63,9 @@ from .sessions import Observer, Sessions
 from .tls import server_ssl_context, tls_handshake
 from .watchdog import watching_the_loop
 from .websocket import ConnectionClosed, WebSocket, accept_websocket, refuse_unavailable
+
+if TYPE_CHECKING:  # only imported with --cluster: it loads the Redis client
+    from .cluster import ClusterNode
 
 log = logging.getLogger("trio_duplex")
 
@@ -121,6 +125,8 @@ class DuplexServer:
     """Health, readiness and metrics (http.py), on the main listener or the metrics one."""
     _internal: Aside = attrs.field(init=False)
     """Connections of the ``--metrics-port`` listener being answered."""
+    node: ClusterNode | None = attrs.field(default=None, init=False)
+    """This server as a cluster node (``--cluster``), while ``run_tcp`` runs."""
 
     def __attrs_post_init__(self) -> None:
         self._refusing = Aside(self.max_refusing, "refusing a connection")
@@ -146,7 +152,18 @@ class DuplexServer:
     def _readiness(self) -> tuple[bool, dict[str, object]]:
         held, most = self.sessions.slots_held, self.config.max_sessions
         status = "draining" if self.shutting_down else "full" if held >= most else "ready"
-        return status == "ready", {"status": status, "slots_held": held, "slots_max": most}
+        node = self.node
+        if status == "ready" and node is not None and node.cap is not None and not node.store_up:
+            status = "cluster_store_unreachable"  # every open is refused meanwhile
+        state: dict[str, object] = {"status": status, "slots_held": held, "slots_max": most}
+        if node is not None:
+            state["cluster_store_up"] = node.store_up
+        return status == "ready", state
+
+    @property
+    def cluster_store_up(self) -> bool | None:
+        """Did the cluster store answer its last call? None: not in a cluster."""
+        return None if self.node is None else self.node.store_up
 
     @property
     def scheme(self) -> str:
@@ -172,9 +189,29 @@ class DuplexServer:
             internal = await trio.open_tcp_listeners(
                 self.config.metrics_port, host=self.config.host
             )
-        async with trio.open_nursery() as nursery:
+        async with self._cluster(port), trio.open_nursery() as nursery:
             await nursery.start(functools.partial(self.run, serving, internal=internal))
             task_status.started(port)
+
+    @asynccontextmanager
+    async def _cluster(self, port: int) -> AsyncIterator[None]:
+        """With ``--cluster``: this server is a node of the cluster for the block
+        (``cluster.ClusterUnavailable``: its store did not answer at start)."""
+        if self.config.cluster is None:
+            yield
+            return
+        from .cluster import advertise_url, joined
+
+        url = advertise_url(self.config, self.scheme, port)
+        async with joined(self.config, url, lambda: self.sessions.slots_held) as node:
+            returns = _ReturnLeases(node)
+            self.node = node
+            self.sessions.observers.append(returns)
+            try:
+                yield
+            finally:
+                self.sessions.observers.remove(returns)
+                self.node = None
 
     async def run(
         self,
@@ -192,6 +229,8 @@ class DuplexServer:
         engine's task is left running (``abandoned_engines``): trio.run cannot return
         until it does, so a process that must exit should exit (``os._exit``) rather
         than return."""
+        if self.config.cluster is not None and self.node is None:
+            raise ValueError("cluster mode (config.cluster) needs run_tcp, which joins it")
         with watching_the_loop(self.config.loop_lag_warning_s):
             sessions = self.sessions
             try:
@@ -521,8 +560,20 @@ class DuplexServer:
     ) -> SessionRunner:
         sessions = self.sessions
         settle_audio(engine, config)  # ProtocolError: an audio format it cannot serve
-        # ProtocolError: full, or draining
-        session, token = sessions.admit(config, grant.principal, grant.locked is not None)
+        node = self.node
+        leased = False
+        if node is not None and not sessions.shutting_down:
+            if sessions.slots_held < self.config.max_sessions:  # else: refused just below
+                await node.acquire()  # ProtocolError: the cluster is full, or unreachable
+                leased = node.cap is not None
+        try:
+            # ProtocolError: full, or draining (this node's own, single-step decision)
+            session, token = sessions.admit(config, grant.principal, grant.locked is not None)
+        except BaseException:
+            if leased:
+                assert node is not None
+                node.release()
+            raise
         try:
             # The handshake rule: resumable only once this send has completed.
             await conn.ws.send_message(encode(sessions.registry.created_event(session, token)))
@@ -623,6 +674,16 @@ class DuplexServer:
         # sends the last frames.
         while True:
             await get()
+
+
+class _ReturnLeases(Observer):
+    """Gives a session's cluster lease back once its slot is free."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+
+    def released(self, session: Session) -> None:
+        self.node.release()
 
 
 async def _decode_large(text: str | bytes) -> Event:

@@ -93,6 +93,10 @@ class Observer:
     def attached(self, session: Session, conn: Connection) -> None:
         """``conn`` now carries ``session`` (opened or resumed)."""
 
+    def released(self, session: Session) -> None:
+        """``session``'s slot is free (it ended, or its ``session.created`` was never
+        delivered)."""
+
 
 @attrs.define(eq=False)
 class Sessions:
@@ -188,7 +192,8 @@ class Sessions:
         terminal = session.handshake_failed(trio.current_time())
         if terminal is not None:
             self._decided(session, terminal)
-        self.registry.release(session)
+        if self.registry.release(session):
+            self._released(session)
         self.changed()
         log.info(
             "session %s: session.created undelivered",
@@ -260,6 +265,7 @@ class Sessions:
             ended.events_out += usage.events_out
             ended.bytes_out += usage.bytes_out
             ended.resumes += usage.resumes
+            self._released(runner.session)
         del self._runners[runner.session.id]
         self.timers.forget(runner)
         if runner.abandoned:
@@ -280,6 +286,10 @@ class Sessions:
         session = runner.session
         if self.shutting_down and session.state is State.DETACHED and session.resume is None:
             runner.end(Reason.SHUTDOWN)
+
+    def _released(self, session: Session) -> None:
+        for observer in self.observers:
+            observer.released(session)
 
     def _decided(self, session: Session, terminal: Terminal) -> None:
         if terminal.reason == Reason.ENGINE_ERROR:
