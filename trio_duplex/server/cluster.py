@@ -138,12 +138,12 @@ class ClusterNode:
     # -- membership ----------------------------------------------------------------------
 
     async def _heartbeats(self) -> None:
-        next_beat = trio.current_time()
+        next_beat = trio.current_time() + HEARTBEAT_INTERVAL_S
         while True:
-            next_beat += HEARTBEAT_INTERVAL_S
             await trio.sleep_until(next_beat)
-            next_beat = max(next_beat, trio.current_time() - HEARTBEAT_INTERVAL_S)
             await self.beat()
+            # A beat slower than the interval (an outage) is followed at once, not by a burst.
+            next_beat = max(next_beat + HEARTBEAT_INTERVAL_S, trio.current_time())
 
     async def beat(self) -> None:
         """One heartbeat, setting the lease count; a lapsed node registers again."""
@@ -169,7 +169,11 @@ class ClusterNode:
         if self.store_up:
             self.store_up = False
             self._down_since = trio.current_time()
-            refused = "new sessions refused" if self.cap is not None else "no cap to enforce"
+            refused = (
+                "new sessions refused"
+                if self.cap is not None
+                else "new sessions still admitted (no --cluster-max-sessions)"
+            )
             log.warning(
                 "cluster: store unreachable (%s); %s, live sessions unaffected; retrying "
                 "every %gs (said once per outage)",
@@ -187,13 +191,13 @@ class ClusterNode:
 
     # -- admission -----------------------------------------------------------------------
 
-    async def acquire(self) -> None:
-        """Take a cluster-wide lease for a session about to be admitted (with a cap).
-        ProtocolError ``resource_exhausted``: at the cap, or the store did not answer
-        within its timeout (waiting for a heartbeat included)."""
+    async def acquire(self) -> bool:
+        """Take a cluster-wide lease for a session about to be admitted: True if taken,
+        False if there is no cap. ProtocolError ``resource_exhausted``: at the cap, or the
+        store did not answer within its timeout (waiting for a heartbeat included)."""
         cap = self.cap
         if cap is None:
-            return
+            return False
         try:
             with trio.fail_after(self.store.timeout_s):
                 async with self._ops.shared():
@@ -211,6 +215,7 @@ class ClusterNode:
         if not granted:
             raise _refused(f"all {cap} cluster-wide session slots are in use")
         self.held += 1
+        return True
 
     def release(self) -> None:
         """A session that took a lease has freed its slot (or was never admitted): give the

@@ -562,16 +562,14 @@ class DuplexServer:
         settle_audio(engine, config)  # ProtocolError: an audio format it cannot serve
         node = self.node
         leased = False
-        if node is not None and not sessions.shutting_down:
-            if sessions.slots_held < self.config.max_sessions:  # else: refused just below
-                await node.acquire()  # ProtocolError: the cluster is full, or unreachable
-                leased = node.cap is not None
+        # A draining or full node refuses below without asking the cluster.
+        if node is not None and sessions.admits(self.config.max_sessions):
+            leased = await node.acquire()  # ProtocolError: the cluster is full, or unreachable
         try:
             # ProtocolError: full, or draining (this node's own, single-step decision)
             session, token = sessions.admit(config, grant.principal, grant.locked is not None)
         except BaseException:
-            if leased:
-                assert node is not None
+            if leased and node is not None:
                 node.release()
             raise
         try:

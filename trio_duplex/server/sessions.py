@@ -181,6 +181,10 @@ class Sessions:
         """The runner of a started session that has not ended yet."""
         return self._runners.get(session_id)
 
+    def admits(self, max_sessions: int) -> bool:
+        """Would ``admit`` take a slot now (not draining, a slot free)?"""
+        return not self.shutting_down and self.slots_held < max_sessions
+
     def admit(
         self, config: dict[str, object], principal: str | None = None, locked: bool = False
     ) -> tuple[Session, str]:
