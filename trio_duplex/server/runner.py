@@ -128,6 +128,8 @@ _AUDIO_ENDS = frozenset({"response.output_audio.done", "response.done", _CANCELL
 """Engine events that end a stretch of output audio: the encoder's tail (a resampler's
 last samples, a last Opus packet padded with silence) goes out before them; before a
 ``response.cancelled`` (barge-in) it is dropped."""
+_AUDIO_KINDS = _AUDIO_ENDS | {_DELTA}
+"""The engine events the encoder must see: one set test per event of an audio session."""
 
 SAMPLE_EVERY = 64
 """One engine event in this many (per session) has its send-to-write time measured:
@@ -343,7 +345,7 @@ class SessionRunner:
         await self._pace.step()
         if self._encoder is not None:
             kind = event["type"]
-            if kind == _DELTA or kind in _AUDIO_ENDS:
+            if kind in _AUDIO_KINDS:
                 await self._emit_with_audio(event, kind, self._encoder)
                 return
         now = trio.current_time()
