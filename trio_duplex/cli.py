@@ -79,7 +79,8 @@ def _parse(field: attrs.Attribute[Any]) -> Callable[[str], Any]:
         except NeedsCompanion:  # not the value's fault: checked with the others
             pass
         except ConfigError as exc:
-            raise argparse.ArgumentTypeError(f"{text!r} {exc.rule}") from None
+            shown = "the value" if field.repr is False else repr(text)  # a secret: not echoed
+            raise argparse.ArgumentTypeError(f"{shown} {exc.rule}") from None
         return value
 
     return parse

@@ -36,6 +36,7 @@ pytestmark = pytest.mark.integration
 
 TIMEOUT = 5.0
 MEMBERSHIP_BOUND_S = NODE_TTL_S + HEARTBEAT_INTERVAL_S
+SECRET = "test-cluster-secret-0123456789"
 
 
 @pytest.fixture
@@ -43,7 +44,9 @@ def cluster(serve: Serve, redis_server: RedisServer, store: Store) -> Callable[.
     """``cluster(name, *flags)``: a node of the cluster on the (emptied) test Redis."""
 
     def start(name: str, *flags: str) -> ServerProcess:
-        return serve("--cluster", redis_server.url, "--node-id", name, *flags)
+        return serve(
+            "--cluster", redis_server.url, "--cluster-secret", SECRET, "--node-id", name, *flags
+        )
 
     return start
 
@@ -304,6 +307,8 @@ def run_serve(*args: str) -> subprocess.CompletedProcess[str]:
         ("--node-id", "a"),
         ("--cluster-max-sessions", "5"),
         ("--advertise-url", "ws://10.0.0.1:8765/v1/duplex"),
+        ("--cluster-secret", SECRET),
+        ("--relay-port", "0"),
     ],
 )
 def test_cluster_flags_need_cluster(flags: tuple[str, ...]) -> None:
@@ -320,7 +325,9 @@ def closed_port() -> int:
 
 
 def test_an_unreachable_store_at_start_exits_2_with_one_line() -> None:
-    result = run_serve("--cluster", f"redis://127.0.0.1:{closed_port()}/0")
+    result = run_serve(
+        "--cluster", f"redis://127.0.0.1:{closed_port()}/0", "--cluster-secret", SECRET
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot reach the cluster store" in lines[0], result.stderr
@@ -349,11 +356,27 @@ def test_the_config_checks_node_ids_as_the_store_does() -> None:
 
 
 def test_the_advertised_url_defaults_to_the_listening_address() -> None:
-    config = server_config.ServerConfig(cluster="redis://db/0", host="10.1.2.3")
+    config = server_config.ServerConfig(
+        cluster="redis://db/0", cluster_secret=SECRET, host="10.1.2.3"
+    )
     assert advertise_url(config, "ws", 8001) == "ws://10.1.2.3:8001/v1/duplex"
-    anywhere = server_config.ServerConfig(cluster="redis://db/0", host="0.0.0.0", path="/rt")
+    anywhere = server_config.ServerConfig(
+        cluster="redis://db/0", cluster_secret=SECRET, host="0.0.0.0", path="/rt"
+    )
     assert advertise_url(anywhere, "wss", 443) == f"wss://{socket.gethostname()}:443/rt"
-    v6 = server_config.ServerConfig(cluster="redis://db/0", host="::1")
+    v6 = server_config.ServerConfig(cluster="redis://db/0", cluster_secret=SECRET, host="::1")
     assert advertise_url(v6, "ws", 1) == "ws://[::1]:1/v1/duplex"
-    given = server_config.ServerConfig(cluster="redis://db/0", advertise_url="ws://lb:9/x")
+    given = server_config.ServerConfig(
+        cluster="redis://db/0", cluster_secret=SECRET, advertise_url="ws://lb:9/x"
+    )
     assert advertise_url(given, "ws", 1) == "ws://lb:9/x"
+
+
+def test_cluster_needs_a_secret_and_never_shows_it() -> None:
+    alone = run_serve("--cluster", "redis://127.0.0.1:1/0")
+    assert alone.returncode == 2 and "needs --cluster-secret" in alone.stderr
+    short = run_serve("--cluster", "redis://127.0.0.1:1/0", "--cluster-secret", "tooshort-xyz")
+    assert short.returncode == 2 and "at least 16 characters" in short.stderr
+    assert "tooshort-xyz" not in short.stderr
+    config = server_config.ServerConfig(cluster="redis://db/0", cluster_secret=SECRET)
+    assert SECRET not in repr(config)

@@ -58,6 +58,8 @@ FLAGS = {
     "--node-id",
     "--advertise-url",
     "--cluster-max-sessions",
+    "--cluster-secret",
+    "--relay-port",
     "--log-level",
     "--log-format",
     "--config",

@@ -110,8 +110,27 @@ _ws_url = _Rule(
     lambda value: value is None or re.fullmatch(r"wss?://[^/\s]+(/\S*)?", value) is not None,
 )
 _positive_or_none = _Rule("must be at least 1", lambda value: value is None or value >= 1)
+_port_or_none = _Rule(
+    "must be a port from 0 to 65535", lambda value: value is None or 0 <= value <= 65535
+)
+MIN_SECRET_CHARS = 16
 
-_CLUSTER_ONLY = ("node_id", "advertise_url", "cluster_max_sessions")
+
+def _secret(_: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    """The cluster's shared secret: long enough to sign with. Never echoed back."""
+    if value is not None and len(value.strip()) < MIN_SECRET_CHARS:
+        raise ConfigError(
+            attribute.name, "<hidden>", f"must be at least {MIN_SECRET_CHARS} characters"
+        )
+
+
+_CLUSTER_ONLY = (
+    "node_id",
+    "advertise_url",
+    "cluster_max_sessions",
+    "cluster_secret",
+    "relay_port",
+)
 """Flags that mean nothing without --cluster."""
 
 
@@ -328,6 +347,29 @@ class ServerConfig:
             "no cap",
         ),
     )
+    cluster_secret: str | None = attrs.field(
+        default=None,
+        repr=False,
+        validator=_secret,
+        metadata=_flag(
+            "the secret every node of the cluster shares, signing the requests by which one "
+            "node relays a resume to another (required with --cluster; better given as "
+            "TRIO_DUPLEX_CLUSTER_SECRET, which ps does not show)",
+            "SECRET",
+            "none",
+        ),
+    )
+    relay_port: int | None = attrs.field(
+        default=None,
+        validator=_port_or_none,
+        metadata=_flag(
+            "a second listener, on --host, for the resumes other nodes relay to this one "
+            "(0: any free port), advertised instead of the main one; none: the main "
+            "listener takes them",
+            "PORT",
+            "none",
+        ),
+    )
     # Not flags: WebSocket keepalive and queue depths are tuned by embedders, not operators.
     ping_interval_s: float = attrs.field(default=20.0, validator=_above(0))
     ping_timeout_s: float = attrs.field(default=20.0, validator=_above(0))
@@ -345,7 +387,15 @@ class ServerConfig:
         if self.cluster is None:
             for name in _CLUSTER_ONLY:
                 if getattr(self, name) is not None:
-                    raise NeedsCompanion(name, getattr(self, name), "needs --cluster")
+                    value = "<hidden>" if name == "cluster_secret" else getattr(self, name)
+                    raise NeedsCompanion(name, value, "needs --cluster")
+        elif self.cluster_secret is None:
+            raise NeedsCompanion(
+                "cluster",
+                self.cluster,
+                "needs --cluster-secret (or TRIO_DUPLEX_CLUSTER_SECRET): the nodes sign "
+                "relayed resumes with it",
+            )
 
     def limits(self) -> dict[str, Any]:
         """The ``limits`` object of ``session.created``."""
