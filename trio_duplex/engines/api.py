@@ -81,6 +81,17 @@ class Engine:
     async def run(self, session: EngineSession) -> None:
         raise NotImplementedError
 
+    def snapshot(self) -> bytes | dict[str, Any] | None:
+        """The engine's state for a migration, once its ``run`` was cancelled by one and
+        has returned: everything it received and has not fully answered, and where its
+        output stands. None (the default): this engine cannot migrate."""
+        return None
+
+    def restore(self, state: bytes | dict[str, Any]) -> None:
+        """Take up ``state`` from ``snapshot``: called on a fresh engine made by the
+        factory with the session's configuration, before ``run``."""
+        raise NotImplementedError
+
 
 EngineFactory = Callable[[Mapping[str, Any]], Engine]
 
@@ -237,17 +248,25 @@ class Inbox:
         raise trio.WouldBlock
 
     async def get(self) -> Event:
-        parked = False
+        # One checkpoint, always before the take: cancelled there (or while parked),
+        # nothing was taken, so a frozen session knows what its engine has
+        # (SessionRunner.freeze). Woken from park, that was the checkpoint.
+        if self._events:
+            await trio.lowlevel.checkpoint()
         while True:
             try:
-                event = self.get_nowait()
+                return self.get_nowait()
             except trio.WouldBlock:
                 await self._waiter.park()
-                parked = True
-            else:
-                if not parked:  # a checkpoint all the same; woken from park, it was one
-                    await trio.lowlevel.checkpoint()
-                return event
+
+    def first_seq(self) -> int | None:
+        """The ``client_event_seq`` of the first queued event that has one (None: none
+        has): every event numbered below it was taken, or never queued."""
+        for event in self._events:
+            seq = event.get("client_event_seq")
+            if type(seq) is int:
+                return seq
+        return None
 
 
 @attrs.define(eq=False)
