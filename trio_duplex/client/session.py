@@ -427,8 +427,8 @@ class ClientSession:
                 ):
                     raise ReconnectFailed(failures, elapsed, last_error)
                 retries += 1
-                if at_once:
-                    delay = 0.0
+                if at_once or (self._status is _Status.CONNECTING and not policy.retry_open):
+                    delay = 0.0  # a migration; or, failing fast, the open's one round
                 else:
                     delay = min(policy.delay(retries, self._rng), policy.deadline - elapsed)
                 at_once = False
