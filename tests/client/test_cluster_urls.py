@@ -34,7 +34,7 @@ from trio_duplex.client import (
 )
 from trio_duplex.client.urls import UrlRing, parse_urls
 
-from .helpers import FAST, Event, created, out, resumed, text
+from .helpers import FAST, Event, created, out, resumed, rng_starting_at, text
 from .test_session_scripted import Script, StreamOpener, receive_json, scripted_server, send_json
 
 A, B, C = "ws://node-a/v1/duplex", "ws://node-b/v1/duplex", "ws://node-c/v1/duplex"
@@ -44,14 +44,6 @@ SLOW_BACKOFF = ClientOptions(
 )
 """A backoff of a whole second, not jittered: an attempt made at once stands out."""
 CLOSED = {"type": "session.closed", "session_id": "s1", "reason": "engine_finished"}
-
-
-def rng_starting_at(index: int, count: int) -> random.Random:
-    """A seeded rng whose first choice among ``count`` URLs is ``index``."""
-    for seed in range(1000):
-        if random.Random(seed).randrange(count) == index:
-            return random.Random(seed)
-    raise AssertionError("no seed found")
 
 
 @attrs.define
@@ -461,7 +453,9 @@ def test_the_ring_starts_at_random_and_skips_draining_urls() -> None:
     assert ring.advance() == A
     assert ring.advance() == B and not ring.draining  # none left: the marks are forgotten
     ring.mark_draining()
-    ring.attached()  # attached through B again: not draining
+    ring.advance()
+    ring.mark_draining()
+    ring.attached()  # attached again: the outage, and its marks, are over
     assert not ring.draining
 
     single = UrlRing((A,))

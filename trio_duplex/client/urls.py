@@ -6,14 +6,20 @@ The policy, with no I/O (``session.py`` drives it):
   clients given the same list spreads its opens over the nodes instead of all landing on
   the first one. One URL (a load balancer's, say) is simply that URL.
 * Every failed attempt moves on to the next URL, round robin. Each failed attempt counts
-  as one attempt of ``ReconnectPolicy`` and waits its jittered backoff, as with one URL.
+  as one attempt of ``ReconnectPolicy`` and waits its jittered backoff, as with one URL
+  (so a fleet facing a cluster that is down does not multiply its load by the number of
+  URLs). With ``retry_open=False`` an open fails only once every URL has failed, tried
+  one after the other without backoff.
 * A connection lost after it carried the session is resumed at the same URL first (the
   session's home node, if the URL names one), then round robin as above.
 * A URL whose server said it is draining (``session.going_away {migrating: true}`` on the
   attached connection, or an attempt refused with ``server_shutting_down`` or closed
-  with 1001) is skipped while other URLs remain; once every URL is so marked the marks
-  are forgotten and the ring starts over (a restarted node is back). A session attached
-  again through a URL clears its mark.
+  with 1001) is skipped while other URLs remain: when no other URL is left unmarked, the
+  marks are forgotten and the ring goes on in order. After ``migrating: true`` the next
+  attempt is made as soon as the connection closes, with no backoff (with one URL: that
+  URL again, which a load balancer sends to another node). The marks last one outage:
+  they are forgotten once the session is attached again (by then a drained node may be
+  back, restarted; one still draining refuses the attempt, which marks it again).
 """
 
 from __future__ import annotations
@@ -66,8 +72,9 @@ class UrlRing:
         self.draining.add(self.index)
 
     def attached(self) -> None:
-        """A session was attached through the current URL: it is not draining (now)."""
-        self.draining.discard(self.index)
+        """The session is attached (through the current URL): the outage is over, and
+        with it what was learnt about draining nodes."""
+        self.draining.clear()
 
     def advance(self) -> str:
         """Move on to the next URL not marked draining; if there is none, forget the
