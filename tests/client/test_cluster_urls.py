@@ -458,6 +458,8 @@ def test_the_ring_starts_at_random_and_skips_draining_urls() -> None:
     ring.attached()  # attached again: the outage, and its marks, are over
     assert not ring.draining
 
+    assert UrlRing(("wss://u:secret@h:9/p?k=v",)).where == "h:9"
+    assert UrlRing(("ws://h/p",)).where == "h"
     single = UrlRing((A,))
     single.mark_draining()
     assert single.advance() == A  # (a load balancer sends it elsewhere)

@@ -444,7 +444,7 @@ class ClientSession:
                 failures += 1
                 last_error = str(exc)
                 log.info(
-                    "session %s: attempt at %s failed: %s", self.session_id, urls.url, last_error
+                    "session %s: attempt at %s failed: %s", self.session_id, urls.where, last_error
                 )
                 if exc.draining:
                     urls.mark_draining()
@@ -464,7 +464,7 @@ class ClientSession:
                 # The server is moving the session: resume it now, elsewhere if we can.
                 at_once = True
                 urls.advance()
-                log.info("session %s: migrating; resuming at %s", self.session_id, urls.url)
+                log.info("session %s: migrating; resuming at %s", self.session_id, urls.where)
             self._change(Disconnected(loss.reason, loss.close_code))
 
     async def _connection(self, task_status: trio.TaskStatus[ClientError | None]) -> _Loss:

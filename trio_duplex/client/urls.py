@@ -25,6 +25,7 @@ The policy, with no I/O (``session.py`` drives it):
 from __future__ import annotations
 
 import random
+import urllib.parse
 from collections.abc import Sequence
 
 import attrs
@@ -66,6 +67,16 @@ class UrlRing:
     def url(self) -> str:
         """The URL the next (or current) attempt uses."""
         return self.urls[self.index]
+
+    @property
+    def where(self) -> str:
+        """The current URL's host and port, for logs (no credentials, path or query)."""
+        try:
+            parts = urllib.parse.urlsplit(self.url)
+            host, port = parts.hostname, parts.port
+        except ValueError:
+            return "?"
+        return f"{host}:{port}" if port is not None else str(host)
 
     def mark_draining(self) -> None:
         """The current URL's server is draining: skip it while others remain."""
