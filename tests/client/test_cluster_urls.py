@@ -183,6 +183,40 @@ async def test_without_retry_open_each_url_is_tried_once_at_once(
     assert trio.current_time() == start
 
 
+async def test_each_failed_attempt_is_one_attempt_of_the_policy_round_robin(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    tried: list[str] = []
+
+    def refusing(url: str) -> StreamOpener:
+        async def open_stream() -> trio.abc.Stream:
+            await trio.lowlevel.checkpoint()
+            tried.append(url)
+            raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+
+        return open_stream
+
+    options = ClientOptions(
+        reconnect=ReconnectPolicy(initial_delay=1.0, jitter=0.0, max_attempts=5, deadline=60)
+    )
+    changes: list[ConnectionChange] = []
+    start = trio.current_time()
+    with pytest.raises(ReconnectFailed) as caught:
+        async with connect(
+            [A, B, C],
+            options=options,
+            open_stream={url: refusing(url) for url in (A, B, C)},
+            rng=rng_starting_at(1, 3),
+            on_change=changes.append,
+        ):
+            raise AssertionError("not reached")
+    assert tried == [B, C, A, B, C]
+    assert caught.value.attempts == 5
+    # The backoff of one URL, whatever the URLs: 1 + 2 + 4 + 5 (max_delay) seconds.
+    assert [c.delay for c in changes if isinstance(c, Retrying)] == [1.0, 2.0, 4.0, 5.0]
+    assert trio.current_time() - start == 12.0
+
+
 async def test_a_lost_connection_is_resumed_at_its_own_url_first(
     autojump_clock: trio.abc.Clock,
 ) -> None:
