@@ -292,14 +292,19 @@ class Inbox:
             except trio.WouldBlock:
                 await self._waiter.park()
 
-    def first_seq(self) -> int | None:
-        """The ``client_event_seq`` of the first queued event that has one (None: none
-        has): every event numbered below it was taken, or never queued."""
-        for event in self._events:
-            seq = event.get("client_event_seq")
-            if type(seq) is int:
-                return seq
-        return None
+    def pending(self) -> list[tuple[Event, int]]:
+        """The events still queued, oldest first, each with the size it was put with
+        (0 for the small ones, which are not counted): for a migration."""
+        big = self._big
+        return [(event, big.get(id(event), 0)) for event in self._events]
+
+    def put_restored(self, event: Event, size: int) -> None:
+        """Queue an event another node had queued (a migration): taken whatever the
+        bounds, which that node's enforced (they may differ by a node's settings)."""
+        if size >= self._counted:
+            self._big[id(event)] = size
+            self._bytes += size
+        self._events.append(event)
 
 
 @attrs.define(eq=False)
