@@ -164,6 +164,55 @@ async def test_a_freeze_can_be_refused_and_then_the_session_ends_as_before(
         assert client.close_code == 1001
 
 
+class Speaker(Engine):
+    """Sends 100 ms of silence at a time: five 20 ms Opus packets each on the wire."""
+
+    accepts = frozenset({"input_audio_buffer.append"})
+    audio_rate = 24_000
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        del config
+        self.sent = 0
+
+    async def run(self, session: EngineSession) -> None:
+        while self.sent < 300:
+            await session.send({"type": "response.output_audio.delta", "audio": bytes(4800)})
+            self.sent += 1
+        await trio.sleep_forever()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"sent": self.sent}
+
+
+OPUS = {"audio": {"wire": "binary", "output": {"format": "opus"}}}
+
+
+@pytest.mark.parametrize("passes", [None, 0, 2])
+@pytest.mark.parametrize("cut", [0, 1, 2, 4, 8, 16, 32])
+async def test_an_audio_delta_is_sequenced_whole_or_not_at_all(
+    autojump_clock: MockClock, cut: int, passes: int | None
+) -> None:
+    # A high water above what the engine sends between two scheduler rounds (Pace): it
+    # then waits for the connection part-way through a delta's packets.
+    async with running_server(config(max_pending_output=100), Speaker, fail_after_s=60) as sim:
+        client, created = await sim.open_session(OPUS)
+        if passes is not None:
+            client.transport.hold(after=passes)
+        runner = sim.runner(created["session_id"])
+        engine = runner.engine
+        assert isinstance(engine, Speaker)
+        await cut_after(cut)
+        result = await frozen(runner)
+        assert result.engine_state == {"sent": engine.sent}
+        journal = runner.session.journal
+        assert journal.head == 5 * engine.sent
+        assert all(isinstance(entry.frame, bytes) for entry in journal)
+        client.transport.release()
+        runner.end(Reason.MIGRATED)
+        received = await client.receive_until_closed()
+        assert [frame["server_event_seq"] for frame in received] == list(range(1, journal.head + 1))
+
+
 # -- an engine's receive ---------------------------------------------------------------
 
 

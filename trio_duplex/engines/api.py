@@ -261,7 +261,7 @@ class Inbox:
 
     def first_seq(self) -> int | None:
         """The ``client_event_seq`` of the first queued event that has one (None: none
-        has): every event numbered below it was taken, or never queued."""
+        has). Every event numbered below it is done with: taken, or refused for good."""
         for event in self._events:
             seq = event.get("client_event_seq")
             if type(seq) is int:

@@ -371,7 +371,14 @@ class SessionRunner:
             )
             return None
         if not isinstance(state, bytes | dict):
-            return None  # None: this engine cannot migrate
+            if state is not None:  # (None: this engine cannot migrate)
+                log.error(
+                    "engine of session %s: snapshot returned a %s, not bytes or a dict",
+                    session.id,
+                    type(state).__name__,
+                    extra={"session_id": session.id},
+                )
+            return None
         first = self._inbox.first_seq()
         resume_seq = session.client_seq if first is None else first - 1
         return Frozen(state, resume_seq)
