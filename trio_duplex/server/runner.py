@@ -386,7 +386,14 @@ class SessionRunner:
             )
             return None
         if not isinstance(state, bytes | dict):
-            return None  # None: this engine cannot migrate
+            if state is not None:  # (None: this engine cannot migrate)
+                log.error(
+                    "engine of session %s: snapshot returned a %s, not bytes or a dict",
+                    session.id,
+                    type(state).__name__,
+                    extra={"session_id": session.id},
+                )
+            return None
         # Received and not yet taken: carried over, so nothing the client was told is
         # safe (received) is asked for again.
         return Frozen(state, session.client_seq, tuple(self._inbox.pending()))
