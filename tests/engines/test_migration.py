@@ -1,0 +1,562 @@
+"""Migration of the echo and voice engines: snapshot, restore, and nothing lost or repeated.
+
+``Client`` is one session as its client and journal see it, across nodes: the outputs
+sequenced so far, the inputs sent and not yet taken by any engine (a new node gets them
+again), and a script of inputs, each sent once the output count has reached its mark and
+every task is idle (so that when it lands does not depend on the scheduler).
+
+``Node`` is an EngineSession double with the runner's guarantees: ``send`` passes a
+checkpoint before it records the event (a cancel there raises, and the event is not
+sequenced) and returns right after; ``receive`` passes a checkpoint before it takes an
+input. A ``Cut`` stops the engine's run, as a migration stop would, at a send (before or
+just after the event is recorded), at a receive, or at a time. The state then goes
+through JSON (or stays bytes), into a fresh engine that runs on with the same client;
+the outputs of all the nodes together must be those of a run never cut.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trio_duplex.engines.api import Engine, EngineSession, Event, Inbox, can_migrate
+from trio_duplex.engines.echo import EchoEngine
+from trio_duplex.engines.voice import FRAME_BYTES, VoiceEngine, frame_count, speech_frames
+
+FRAME = 0.02
+END = 60.0  # every script is over long before this, in session time
+HOLD = 0.004  # how long a send held by backpressure waits
+Script = Sequence[tuple[int, Event]]
+"""Inputs, each with its mark: sent once that many outputs are sequenced and every task
+is idle; or, for a mark -n, while the send of output n is held by backpressure."""
+
+
+def text(value: str) -> Event:
+    return {"type": "input.text.append", "text": value}
+
+
+def audio(pcm: bytes) -> Event:
+    return {"type": "input_audio_buffer.append", "audio": pcm}
+
+
+def cancel(response_id: str | None = None) -> Event:
+    return {"type": "response.cancel"} | (
+        {} if response_id is None else {"response_id": response_id}
+    )
+
+
+@attrs.frozen
+class Cut:
+    at: str  # "send", "receive" or "time"
+    n: float  # the output's number (send), the call's number (receive), or seconds (time)
+    after: bool = False  # a send cut: just after the output is recorded, not before
+
+    def __str__(self) -> str:
+        return f"{self.at}{'-after' if self.after else ''}@{self.n}"
+
+
+@attrs.define(eq=False)
+class Client:
+    script: deque[tuple[int, Event]]
+    during: dict[int, Event]  # output number: input sent while that output's send waits
+    outputs: list[Event] = attrs.Factory(list)
+    times: list[float] = attrs.Factory(list)
+    pending: deque[Event] = attrs.Factory(deque)
+    receives: int = 0  # receive calls, on every node
+    progress: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
+    arrived: trio.lowlevel.ParkingLot = attrs.Factory(trio.lowlevel.ParkingLot)
+
+    def record(self, event: Event) -> None:
+        self.outputs.append(dict(event))
+        self.times.append(trio.current_time())
+        self.progress.unpark_all()
+
+    async def feed(self) -> None:
+        while self.script:
+            mark, event = self.script.popleft()
+            while len(self.outputs) < mark:
+                await self.progress.park()
+            await trio.testing.wait_all_tasks_blocked()
+            self.pending.append(event)
+            self.arrived.unpark_all()
+
+
+async def _never(event: Event) -> None:
+    raise AssertionError("Node.send records events itself")
+
+
+@attrs.define(eq=False)
+class Node(EngineSession):
+    client: Client = attrs.field(kw_only=True)
+    stop: trio.CancelScope = attrs.field(kw_only=True)
+    cut: Cut | None = attrs.field(kw_only=True)
+
+    def _cut_here(self, at: str, n: int, after: bool = False) -> None:
+        if self.cut == Cut(at, n, after):
+            self.stop.cancel()
+
+    async def send(self, event: Event) -> None:
+        client = self.client
+        n = len(client.outputs) + 1
+        if n in client.during:  # backpressure, during which the client sends an input
+            client.pending.append(client.during.pop(n))
+            client.arrived.unpark_all()
+            await trio.sleep(HOLD)
+        self._cut_here("send", n)
+        await trio.lowlevel.checkpoint()
+        self.client.record(event)
+        self._cut_here("send", n, after=True)
+
+    async def receive(self) -> Event:
+        client = self.client
+        client.receives += 1
+        self._cut_here("receive", client.receives)
+        if client.pending:
+            await trio.lowlevel.checkpoint()
+        while not client.pending:
+            await client.arrived.park()
+        return client.pending.popleft()
+
+
+@attrs.define
+class Trace:
+    outputs: list[Event]
+    times: list[float]  # of each output, from the start
+    states: list[Any]  # each node's snapshot, as the next one got it
+    engine: Engine  # the last node's
+
+
+async def drive(
+    make: Callable[[], Engine],
+    script: Script,
+    cuts: Sequence[Cut] = (),
+    *,
+    pause: float = 0.0,
+) -> Trace:
+    """Run ``script`` on a node, migrating at each cut (after ``pause`` seconds) to the next."""
+    client = Client(
+        deque((mark, event) for mark, event in script if mark >= 0),
+        {-mark: event for mark, event in script if mark < 0},
+    )
+    engine = make()
+    states: list[Any] = []
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.feed)
+        for cut in [*cuts, None]:
+            with trio.CancelScope() as stop:
+                stop.deadline = t0 + (cut.n if cut is not None and cut.at == "time" else END)
+                node = Node("sess_mig", {}, Inbox(1), _never, client=client, stop=stop, cut=cut)
+                await engine.run(node)
+            assert stop.cancelled_caught, f"{cut}: run returned by itself"
+            if cut is None:
+                break
+            assert trio.current_time() < t0 + END, f"{cut} never came"
+            state = engine.snapshot()
+            assert state is not None
+            # As the store keeps it: the bytes, or the dict as JSON.
+            state = bytes(state) if isinstance(state, bytes) else json.loads(json.dumps(state))
+            states.append(state)
+            await trio.sleep(pause)
+            engine = make()
+            engine.restore(state)
+        nursery.cancel_scope.cancel()
+    return Trace(client.outputs, [t - t0 for t in client.times], states, engine)
+
+
+def sweep(script: Script, outputs: int, frames: int) -> list[Cut]:
+    """Every cut point of a run of ``outputs`` outputs and ``frames`` 20 ms frames: before
+    and after each send, at each receive, and half way through each frame's sleep.
+
+    But not just after an output that a scripted cancel waits for: the restored speaker
+    sends its next frame at once, where the run never cut waits 20 ms, during which the
+    cancel comes. Which frame a barge-in stops at is timing, not exactly-once.
+    """
+    racy = {mark for mark, event in script if event["type"] == "response.cancel"}
+    cuts = [Cut("send", k, after) for k in range(1, outputs + 1) for after in (False, True)]
+    cuts += [Cut("receive", k) for k in range(1, len(script) + 2)]
+    cuts += [Cut("time", round((k + 0.5) * FRAME, 3)) for k in range(frames + 1)]
+    return [cut for cut in cuts if not (cut.after and cut.n in racy)]
+
+
+# -- the API ------------------------------------------------------------------------------
+
+
+class Plain(Engine):
+    accepts = frozenset({"input.text.append"})
+
+    async def run(self, session: EngineSession) -> None:
+        await trio.sleep_forever()
+
+
+class Duck:  # an engine by its shape only, as load_engine_factory allows
+    accepts = frozenset({"input.text.append"})
+
+
+class Snapshots(Plain):
+    def snapshot(self) -> bytes:
+        return b"state"
+
+
+def test_an_engine_that_does_not_snapshot_cannot_migrate() -> None:
+    engine = Plain()
+    assert not can_migrate(engine)
+    assert engine.snapshot() is None
+    with pytest.raises(NotImplementedError, match="Plain cannot restore"):
+        engine.restore({})
+    assert not can_migrate(Duck())  # type: ignore[arg-type]
+
+
+def test_an_engine_that_overrides_snapshot_can_migrate() -> None:
+    assert can_migrate(Snapshots())
+    assert can_migrate(EchoEngine())
+    assert can_migrate(VoiceEngine({}))
+
+
+# -- echo ---------------------------------------------------------------------------------
+
+PCM = bytes(range(256)) * 3 + b"\xff\x00"  # 770 bytes, not valid UTF-8: base64 in the state
+ECHO_SCRIPT: Script = [
+    (0, text("one")),
+    (0, audio(PCM)),
+    (0, text("two")),
+    (2, text("three \ud800")),  # a lone surrogate: JSON escapes it, and back
+    (3, audio(PCM[::-1])),
+    (5, text("")),
+]
+
+
+async def test_echo_uninterrupted(autojump_clock: trio.testing.MockClock) -> None:
+    trace = await drive(EchoEngine, ECHO_SCRIPT)
+    assert trace.outputs == [
+        {"type": "response.output_text.delta", "text": "one"},
+        {"type": "response.output_audio.delta", "audio": PCM},
+        {"type": "response.output_text.delta", "text": "two"},
+        {"type": "response.output_text.delta", "text": "three \ud800"},
+        {"type": "response.output_audio.delta", "audio": PCM[::-1]},
+        {"type": "response.output_text.delta", "text": ""},
+    ]
+
+
+@pytest.mark.parametrize("cut", sweep(ECHO_SCRIPT, 6, 0), ids=str)
+async def test_echo_migrated_anywhere_answers_each_input_once(
+    autojump_clock: trio.testing.MockClock, cut: Cut
+) -> None:
+    expected = (await drive(EchoEngine, ECHO_SCRIPT)).outputs
+    assert (await drive(EchoEngine, ECHO_SCRIPT, [cut])).outputs == expected
+
+
+async def test_echo_answers_after_restore_what_it_took_before(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    trace = await drive(EchoEngine, ECHO_SCRIPT, [Cut("send", 2)], pause=1.0)
+    [state] = trace.states
+    assert state["unanswered"]["type"] == "input_audio_buffer.append"
+    assert [e.get("text", e.get("audio")) for e in trace.outputs[:3]] == ["one", PCM, "two"]
+
+
+@pytest.mark.parametrize(
+    ("state", "match"),
+    [
+        (b"\x00", "not a snapshot of the echo engine"),
+        ({"state": "voice/1"}, "not a snapshot of the echo engine"),
+        ({"state": "echo/1", "unanswered": {"type": "response.cancel"}}, "not an input event"),
+        ({"state": "echo/1", "unanswered": ["input.text.append"]}, "not an input event"),
+        ({"state": "echo/1", "unanswered": {"type": "input.text.append"}}, "has no text"),
+        ({"state": "echo/1", "unanswered": {"type": "input_audio_buffer.append",
+                                            "audio_base64": "a!"}}, "not base64"),
+    ],
+)  # fmt: skip
+def test_echo_refuses_a_state_of_another_shape(state: bytes | dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        EchoEngine().restore(state)
+
+
+# -- voice --------------------------------------------------------------------------------
+
+# "hello big world": 15 + 4 + 9 + 4 + 15 frames.
+SENTENCE: Script = [(0, text("hello big world"))]
+SENTENCE_FRAMES = 47
+# max_queued 1: "gh" is held by the reader, "ij" waits unread, while "ab cd" is spoken.
+QUEUED: Script = [(0, text("ab cd")), (0, text("ef")), (0, text("gh")), (0, text("ij"))]
+# resp_1 cancelled after 8 frames (output 10); resp_2 ("bye now") after 7 (output 20); a
+# stale cancel of resp_1 while resp_2 speaks is ignored; then "ok" is spoken whole.
+BARGE_IN: Script = [
+    (0, text("hello world")),
+    (0, audio(PCM)),
+    (0, text("bye now")),
+    (10, cancel()),
+    (14, audio(PCM[:100])),
+    (16, cancel("resp_1")),
+    (20, cancel("resp_2")),
+    (21, text("ok")),
+]
+# name: script, max_queued, and the outputs and 20 ms frames of a run never cut
+# A cancel read while resp_1's response.done is being sent is too late: ignored. One read
+# while resp_2's response.created is: that is sent whole, then response.cancelled.
+HELD: Script = [(0, text("hello big")), (0, text("world")), (-32, cancel()), (-33, cancel())]
+VOICE = {
+    "sentence": (SENTENCE, 16, 52, SENTENCE_FRAMES),
+    "queued": (QUEUED, 1, 47, 34),
+    "barge_in": (BARGE_IN, 16, 30, 21),
+    "held": (HELD, 16, 34, 28),
+}
+
+
+def voice(max_queued: int) -> Callable[[], VoiceEngine]:
+    return lambda: VoiceEngine({}, max_queued=max_queued)
+
+
+def summary(outputs: list[Event]) -> list[str]:
+    return [f"{e['type'].removeprefix('response.')}:{e['response_id']}" for e in outputs]
+
+
+async def test_voice_uninterrupted_runs(autojump_clock: trio.testing.MockClock) -> None:
+    for name, (script, max_queued, outputs, frames) in VOICE.items():
+        trace = await drive(voice(max_queued), script)
+        assert len(trace.outputs) == outputs, name
+        assert summary(trace.outputs).count(f"output_audio.delta:resp_{1}") <= frames
+        assert sum(e["type"] == "response.output_audio.delta" for e in trace.outputs) == frames
+    sentence = (await drive(voice(16), SENTENCE)).outputs
+    assert frame_count("hello big world") == SENTENCE_FRAMES
+    assert [e["text"] for e in sentence if "text" in e] == ["hello", " big", " world"]
+    assert b"".join(e["audio"] for e in sentence if "audio" in e) == b"".join(
+        frame for _, frame in speech_frames("hello big world")
+    )
+    queued = (await drive(voice(1), QUEUED)).outputs
+    assert [e["response_id"] for e in queued if e["type"] == "response.done"] == [
+        "resp_1", "resp_2", "resp_3", "resp_4"
+    ]  # fmt: skip
+    trace = await drive(voice(16), BARGE_IN)
+    ends = [s for s in summary(trace.outputs) if not s.startswith("output")]
+    assert ends == ["created:resp_1", "cancelled:resp_1", "created:resp_2", "cancelled:resp_2",
+                    "created:resp_3", "done:resp_3"]  # fmt: skip
+    assert summary(trace.outputs).count("output_audio.delta:resp_1") == 8
+    assert summary(trace.outputs).count("output_audio.delta:resp_2") == 7
+    assert isinstance(trace.engine, VoiceEngine)
+    assert trace.engine.audio_bytes_received == len(PCM) + 100
+    held = (await drive(voice(16), HELD)).outputs
+    assert summary(held)[-3:] == ["done:resp_1", "created:resp_2", "cancelled:resp_2"]
+
+
+_base: dict[str, Trace] = {}
+
+
+async def migrate(name: str, cuts: Sequence[Cut], pause: float = 0.0) -> tuple[Trace, Trace]:
+    """The run of scenario ``name`` never cut (computed once), and one cut at ``cuts``."""
+    script, max_queued, _, _ = VOICE[name]
+    if name not in _base:
+        _base[name] = await drive(voice(max_queued), script)
+    return _base[name], await drive(voice(max_queued), script, cuts, pause=pause)
+
+
+def assert_same(base: Trace, migrated: Trace) -> None:
+    assert summary(migrated.outputs) == summary(base.outputs)
+    assert migrated.outputs == base.outputs  # every field: texts, each frame's bytes
+    assert isinstance(base.engine, VoiceEngine) and isinstance(migrated.engine, VoiceEngine)
+    assert migrated.engine.audio_bytes_received == base.engine.audio_bytes_received
+
+
+@pytest.mark.parametrize(
+    ("name", "cut"),
+    [
+        (name, cut)
+        for name, (script, _, outputs, frames) in VOICE.items()
+        for cut in sweep(script, outputs, frames)
+    ],
+    ids=str,
+)
+async def test_voice_migrated_anywhere_says_everything_once(
+    autojump_clock: trio.testing.MockClock, name: str, cut: Cut
+) -> None:
+    assert_same(*await migrate(name, [cut]))
+
+
+@pytest.mark.parametrize(
+    ("name", "cut", "speaking", "queued"),
+    [
+        # before response.created
+        ("sentence", Cut("send", 1), {"stage": "create", "next_frame": 0}, []),
+        # mid-word: "hello"'s text delta is sent, its first frame's audio is not
+        ("sentence", Cut("send", 2, after=True),
+         {"stage": "speak", "next_frame": 0, "delta_sent": True}, []),
+        ("sentence", Cut("send", 3), {"next_frame": 0, "delta_sent": True}, []),
+        ("sentence", Cut("time", 0.05), {"next_frame": 3, "delta_sent": False}, []),
+        # between words: frames 15 to 18 are the gap after "hello"
+        ("sentence", Cut("time", 0.33), {"next_frame": 17, "delta_sent": False}, []),
+        # in the final sleep, until the last frame has played
+        ("sentence", Cut("time", 0.93), {"stage": "speak", "next_frame": 47}, []),
+        ("sentence", Cut("send", 52), {"stage": "end", "next_frame": 47}, []),
+        # texts queued: "ef" waits, "gh" is held by the reader over max_queued 1
+        ("queued", Cut("time", 0.05), {"response_id": "resp_1", "next_frame": 3},
+         ["ef", "gh"]),
+        # a cancel read, and the speaker not yet woken by it
+        ("barge_in", Cut("receive", 5), {"stage": "speak", "next_frame": 8, "cancelled": True},
+         ["bye now"]),
+        # a cancel read, and response.cancelled not yet sent
+        ("barge_in", Cut("send", 11), {"stage": "end", "next_frame": 8, "cancelled": True},
+         ["bye now"]),
+        # a cancel read while response.done is sent (at 0.56 s): too late, ignored
+        ("held", Cut("time", 0.562), {"stage": "end", "next_frame": 28, "cancelled": False},
+         ["world"]),
+        # a cancel read while response.created is sent: created, then cancelled
+        ("held", Cut("time", 0.566), {"stage": "create", "cancelled": True}, []),
+    ],
+    ids=str,
+)  # fmt: skip
+async def test_voice_state_at(
+    autojump_clock: trio.testing.MockClock,
+    name: str,
+    cut: Cut,
+    speaking: dict[str, Any],
+    queued: list[str],
+) -> None:
+    base, migrated = await migrate(name, [cut], pause=1.0)
+    [state] = migrated.states
+    assert state["speaking"].items() >= speaking.items()
+    assert state["queued"] == queued
+    assert_same(base, migrated)
+
+
+async def test_voice_resumes_paced_from_the_restore(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Cut while waiting for frame 3 (due at 60 ms), restored 1 s later: frame 3 at once,
+    # then one every 20 ms, and done 20 ms after the last.
+    base, migrated = await migrate("sentence", [Cut("time", 0.05)], pause=1.0)
+    assert_same(base, migrated)
+    audio_times = [t for t, e in zip(migrated.times, migrated.outputs, strict=True) if "audio" in e]
+    restored = [1.05 + k * FRAME for k in range(SENTENCE_FRAMES - 3)]
+    assert audio_times == pytest.approx([k * FRAME for k in range(3)] + restored)
+    assert migrated.times[-1] == pytest.approx(1.05 + (SENTENCE_FRAMES - 3) * FRAME)
+
+
+async def test_voice_mid_frame_sends_the_audio_and_not_the_delta_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Output 22 is frame 19's text delta (" big"); the cut comes right after it.
+    base, migrated = await migrate("sentence", [Cut("send", 22, after=True)], pause=1.0)
+    assert migrated.outputs[21]["text"] == " big"
+    assert migrated.outputs[22]["type"] == "response.output_audio.delta"
+    assert migrated.times[21:23] == pytest.approx([19 * FRAME, 19 * FRAME + 1.0])
+    assert_same(base, migrated)
+
+
+async def test_a_cancel_after_restore_stops_the_restored_response(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    script = [(0, text("hello big world")), (12, cancel("resp_1"))]
+    base = await drive(voice(16), script)
+    migrated = await drive(voice(16), script, [Cut("send", 5)], pause=1.0)
+    assert migrated.times[4] == pytest.approx(1.0 + 2 * FRAME)  # restored before the cancel
+    assert migrated.outputs == base.outputs
+    assert summary(migrated.outputs) == [
+        "created:resp_1", "output_text.delta:resp_1",
+        *["output_audio.delta:resp_1"] * 10, "cancelled:resp_1",
+    ]  # fmt: skip
+
+
+# -- several migrations in one session ----------------------------------------------------
+
+SCENARIOS: dict[str, tuple[Callable[[], Engine], Script, int]] = {
+    "echo": (EchoEngine, ECHO_SCRIPT, 6),
+    **{name: (voice(max_queued), script, outputs)
+       for name, (script, max_queued, outputs, _) in VOICE.items()},
+}  # fmt: skip
+
+
+@st.composite
+def send_cuts(draw: st.DrawFn, outputs: int, script: Script) -> list[Cut]:
+    racy = {mark for mark, event in script if event["type"] == "response.cancel"}
+    points = draw(
+        st.lists(
+            st.tuples(st.integers(1, outputs), st.booleans()).filter(
+                lambda p: not (p[1] and p[0] in racy)
+            ),
+            max_size=5,
+            unique=True,
+        )
+    )
+    return [Cut("send", k, after) for k, after in sorted(points)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), st.sampled_from(sorted(SCENARIOS)), st.sampled_from([0.0, 0.013, 1.0]))
+def test_migrating_again_and_again(data: st.DataObject, name: str, pause: float) -> None:
+    make, script, outputs = SCENARIOS[name]
+    cuts = data.draw(send_cuts(outputs, script))
+    if data.draw(st.booleans()):  # or at times instead, each on the node restored last
+        times = data.draw(st.lists(st.integers(0, outputs), max_size=5, unique=True))
+        cuts, pause = [Cut("time", round((k + 0.5) * FRAME, 3)) for k in sorted(times)], 0.0
+
+    async def main() -> None:
+        base = await drive(make, script)
+        migrated = await drive(make, script, cuts, pause=pause)
+        assert len(migrated.states) == len(cuts)
+        assert migrated.outputs == base.outputs
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# -- states of other shapes ---------------------------------------------------------------
+
+
+def voice_state(**changes: Any) -> dict[str, Any]:
+    state = VoiceEngine({}).snapshot()
+    state["speaking"] = {"response_id": "resp_1", "text": "hello", "stage": "speak",
+                         "next_frame": 3, "delta_sent": False, "cancelled": False}  # fmt: skip
+    for key, value in changes.items():
+        if key in state["speaking"]:
+            state["speaking"][key] = value
+        else:
+            state[key] = value
+    return state
+
+
+def test_voice_restores_its_own_state() -> None:
+    engine = VoiceEngine({})
+    engine.restore(voice_state(queued=["a", "b"], responses=1, max_queued=4))
+    assert engine.snapshot() == voice_state(queued=["a", "b"], responses=1, max_queued=4)
+
+
+@pytest.mark.parametrize(
+    ("state", "match"),
+    [
+        (b"voice", "not a snapshot of the voice engine"),
+        ({"state": "echo/1", "unanswered": None}, "not a snapshot of the voice engine"),
+        (voice_state(state="voice/2"), "not a snapshot of the voice engine"),
+        (voice_state(responses=None), "'responses' is not a int"),
+        (voice_state(responses=-1), "'responses' is -1, under 0"),
+        (voice_state(max_queued=0), "'max_queued' is 0, under 1"),
+        (voice_state(audio_bytes_received=True), "'audio_bytes_received' is not a int"),
+        (voice_state(queued="ab"), "'queued' is not a list"),
+        (voice_state(queued=["a", 1]), "'queued' must be a list of texts"),
+        (voice_state(speaking=[]), "'speaking' must be an object"),
+        (voice_state(stage="said"), "unknown stage 'said'"),
+        (voice_state(next_frame=16), "frame 16 is past the text's end"),
+        (voice_state(next_frame=1.0), "'next_frame' is not a int"),
+        (voice_state(delta_sent=1), "'delta_sent' is not a bool"),
+        (voice_state(response_id=None), "'response_id' is not a str"),
+    ],
+)
+def test_voice_refuses_a_state_of_another_shape(state: bytes | dict[str, Any], match: str) -> None:
+    engine = VoiceEngine({})
+    with pytest.raises(ValueError, match=match):
+        engine.restore(state)
+    assert engine.snapshot() == VoiceEngine({}).snapshot()  # nothing half restored
+
+
+@given(st.text(max_size=40), st.integers(0, 120))
+def test_speech_frames_from_any_frame(text: str, first: int) -> None:
+    frames = list(speech_frames(text))
+    assert list(speech_frames(text, first)) == frames[first:]
+    assert all(len(frame) == FRAME_BYTES for _, frame in frames)
