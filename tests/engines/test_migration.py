@@ -30,7 +30,14 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_duplex.engines.api import Engine, EngineSession, Event, Inbox, can_migrate
+from trio_duplex.engines.api import (
+    Engine,
+    EngineSession,
+    Event,
+    Inbox,
+    can_migrate,
+    engine_problem,
+)
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.engines.voice import FRAME_BYTES, VoiceEngine, frame_count, speech_frames
 
@@ -222,6 +229,19 @@ def test_an_engine_that_overrides_snapshot_can_migrate() -> None:
     assert can_migrate(Snapshots())
     assert can_migrate(EchoEngine())
     assert can_migrate(VoiceEngine({}))
+
+
+def test_an_engine_with_snapshot_and_no_restore_is_refused_at_load() -> None:
+    assert engine_problem(Snapshots()) == (
+        "which implements 'snapshot' but not 'restore': its sessions could not migrate"
+    )
+
+    class Both(Snapshots):
+        def restore(self, state: bytes | dict[str, Any]) -> None:
+            pass
+
+    assert engine_problem(Both()) is None
+    assert engine_problem(Plain()) is None
 
 
 # -- echo ---------------------------------------------------------------------------------
