@@ -409,7 +409,8 @@ def load_engine_factory(spec: str) -> EngineFactory:
 
 def engine_problem(engine: object) -> str | None:
     """Why ``engine`` is not an engine (None: it is one): an ``accepts`` collection of
-    event types, a callable ``check`` and an ``async def run``."""
+    event types, a callable ``check``, an ``async def run``, and ``restore`` if it has
+    ``snapshot``."""
     if inspect.iscoroutine(engine):
         engine.close()  # an async factory: its coroutine will never be awaited
         return "a coroutine (the factory must be a plain function or a class)"
@@ -430,6 +431,10 @@ def engine_problem(engine: object) -> str | None:
         return "which does not implement 'run'"
     if not inspect.iscoroutinefunction(getattr(engine, "run", None)):
         return "whose 'run' is not an async function: not an Engine"
+    snapshot = getattr(type(engine), "snapshot", Engine.snapshot)
+    restore = getattr(type(engine), "restore", Engine.restore)
+    if snapshot is not Engine.snapshot and restore is Engine.restore:
+        return "which implements 'snapshot' but not 'restore': its sessions could not migrate"
     return None
 
 
