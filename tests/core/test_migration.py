@@ -341,3 +341,29 @@ def test_from_bytes_of_records_with_a_field_changed_raises_only_bad_record(
     else:
         parent[path[-1]] = value
     _parses_or_refuses(migration.MAGIC + orjson.dumps(doc))
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def test_what_nests_too_deeply_to_serialize_again_is_refused() -> None:
+    session, _ = opened(Registry(limits()))
+    deepest = _nested(migration.MAX_DEPTH)
+    record = export(session, Frozen(deepest, 0))
+    assert Record.from_bytes(record.to_bytes(), max_bytes=MAX) == record
+    with pytest.raises(ValueError, match="nested"):
+        export(session, Frozen(_nested(migration.MAX_DEPTH + 1), 0))
+    doc = orjson.loads(record.to_bytes()[len(migration.MAGIC) :])
+    # (orjson writes at most 254 levels: the text is put together by hand)
+    head = migration.MAGIC + orjson.dumps({**doc, "config": None})[: -len(b"}")]
+    for depth in (migration.MAX_DEPTH + 1, 300, 1000):
+        body = b'{"a":' * (depth - 1) + b"{}" + b"}" * (depth - 1)
+        assert body.count(b"{") == depth
+        with pytest.raises(BadRecord, match="nested"):
+            Record.from_bytes(
+                head.replace(b'"config":null', b'"config":' + body) + b"}", max_bytes=MAX
+            )

@@ -45,6 +45,10 @@ FORMAT = 1
 MAGIC = b"tdmig:"
 """What every record starts with: anything else is refused before it is parsed."""
 DIGEST_BYTES = 32  # SHA-256 (core/credentials.py)
+MAX_DEPTH = 64
+"""How deeply the configuration and a JSON engine state may nest: what parses then
+also serializes again (orjson writes at most 254 levels) and copies (``deepcopy``
+recurses)."""
 
 EngineState = bytes | dict[str, Any]
 """What ``Engine.snapshot`` returns when it can migrate: bytes, or a JSON object."""
@@ -122,8 +126,8 @@ class Record:
             raise ValueError(f"record format {self.version!r}, not {FORMAT}")
         if type(self.session_id) is not str or not 0 < len(self.session_id) <= 256:
             raise ValueError("session_id must be a string of 1 to 256 characters")
-        if type(self.config) is not dict:
-            raise ValueError("config must be an object")
+        if type(self.config) is not dict or not _shallow(self.config):
+            raise ValueError(f"config must be an object nested at most {MAX_DEPTH} deep")
         if self.principal is not None and type(self.principal) is not str:
             raise ValueError("principal must be a string or null")
         for flag in (self.config_locked, self.heard):
@@ -147,8 +151,9 @@ class Record:
                 raise ValueError(f"usage.{name} must be a non-negative float or null")
         if type(self.journal) is not JournalRecord:
             raise ValueError("journal must be a JournalRecord")
-        if type(self.engine_state) not in (bytes, dict):
-            raise ValueError("engine_state must be bytes or a JSON object")
+        state = self.engine_state
+        if type(state) is not bytes and (type(state) is not dict or not _shallow(state)):
+            raise ValueError(f"engine_state must be bytes or an object nested <= {MAX_DEPTH}")
 
     def __repr__(self) -> str:
         return (
@@ -280,6 +285,21 @@ def _count(value: object, name: str, *, least: int = 0, most: int | None = None)
     if type(value) is not int or value < least or (most is not None and value > most):
         bound = "" if most is None else f" and at most {most}"
         raise ValueError(f"{name} must be an integer of at least {least}{bound}")
+
+
+def _shallow(value: object) -> bool:
+    """``value`` nests lists and dicts at most ``MAX_DEPTH`` deep (checked without
+    recursion, so that any input is safe)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list | tuple):
+            if depth > MAX_DEPTH:
+                return False
+            stack.extend((child, depth + 1) for child in item)
+    return True
 
 
 def _b64(data: bytes | None) -> str | None:
