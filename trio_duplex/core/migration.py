@@ -217,7 +217,8 @@ class Record:
 
 def export(session: Session, frozen: Frozen) -> Record:
     """The record of a live session frozen by its runner. ValueError while a resume of it
-    is in progress (it would move half-way), or once it has ended."""
+    is in progress (it would move half-way), once it has ended, or when its engine
+    state nests deeper than ``MAX_DEPTH``."""
     if session.resume is not None:
         raise ValueError(f"{session!r}: a resume is in progress")
     if session.state not in LIVE_STATES or session.state is State.OPENING:
