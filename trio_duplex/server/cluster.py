@@ -242,11 +242,14 @@ class ClusterNode:
         else:
             self._answered()
 
-    async def hand_over(self, session_id: str, record: bytes, ttl_s: float) -> bool:
-        """Store a migrating session's record for ``ttl_s`` (``Store.hand_over``). False:
-        the store did not answer (the session cannot move)."""
+    async def hand_over(
+        self, session_id: str, record: bytes, ttl_s: float, timeout_s: float
+    ) -> bool:
+        """Store a migrating session's record for ``ttl_s`` (``Store.hand_over``), waiting
+        for the store up to ``timeout_s``. False: it did not answer, and whether the
+        record was stored is not known (a call given up on may still run)."""
         try:
-            await self.store.hand_over(session_id, self.node_id, record, ttl_s)
+            await self.store.hand_over(session_id, self.node_id, record, ttl_s, timeout_s=timeout_s)
         except _FAILED as exc:
             self._failed(exc)
             return False
@@ -346,6 +349,7 @@ async def joined(
     async with open_store(config.cluster) as store:
         try:
             await store.register(node_id, url)
+            await store.load_scripts()
         except _FAILED as exc:
             raise ClusterUnavailable(
                 f"cannot reach the cluster store {shown_url(config.cluster)}: {exc}"
