@@ -56,7 +56,7 @@ from benchmarks._procs import (
     machine_info,
     start_server,
 )
-from benchmarks._stats import Summary, fmt_ratio, fmt_summary, paired_ratios
+from benchmarks._stats import Summary, fmt_num, fmt_ratio, fmt_summary, paired_ratios
 from benchmarks._suite import duplex_flags
 
 SECRET = "benchmark-cluster-secret-not-for-production"
@@ -331,13 +331,35 @@ def migrate_table(runs: Sequence[dict[str, Any]]) -> str:
 
 
 # --------------------------------------------------------------------------- scenarios
-def resume_scenario(args: argparse.Namespace, a: Proc, url_a: str, b: Proc, url_b: str) -> Any:
+def resume_scenario(
+    args: argparse.Namespace, store: str, a: Proc, url_a: str, b: Proc, url_b: str
+) -> Any:
     argv = load_argv(
         "resume", args, "--home", url_a, "--other", url_b,
         "--sessions", str(args.sessions), "--k", args.k,
     )  # fmt: skip
     result, _ = run_load(argv, {"A": a, "B": b}, timeout=args.max_time)
+    parts = [
+        *(PY, "-m", "benchmarks.clients.relay_parts", "--store", store, "--home", url_a),
+        *("--secret", SECRET, "--sessions", str(args.sessions), "--nice", str(args.load_nice)),
+    ]
+    result["parts"], _ = run_load(parts, {}, timeout=args.max_time)
     return result
+
+
+def parts_table(parts: dict[str, Any]) -> str:
+    names = {
+        "locate": "the store's `locate` (one Lua script, coredis)",
+        "relay_connect": "connect to the home's relay endpoint (signed upgrade)",
+        "resume": "`session.resume` over it → `session.resumed`",
+        "public_connect": "(compare) the same client's connect to the public endpoint",
+    }
+    lines = ["| step of a relayed resume, timed alone | p50 | p99 |", "|---|---|---|"]
+    for key, label in names.items():
+        lines.append(
+            f"| {label} | {fmt_num(parts[key]['p50_ms'])} ms | {fmt_num(parts[key]['p99_ms'])} ms |"
+        )
+    return "\n".join(lines)
 
 
 def throughput_scenario(
@@ -448,11 +470,11 @@ def main(argv: list[str] | None = None) -> int:
         if "resume" in only:
             say("resume: home vs relayed ...")
             try:
-                res = resume_scenario(args, a, url_a, b, url_b)
+                res = resume_scenario(args, store, a, url_a, b, url_b)
                 report["resume"] = res
                 title = (f"### Resume via the home node vs relayed ({args.sessions} sessions "
                          f"per path per round, {args.rounds} rounds)")  # fmt: skip
-                out += [title, "", resume_table(res), ""]
+                out += [title, "", resume_table(res), "", parts_table(res["parts"]), ""]
             except BenchError as exc:
                 status = 1
                 say(f"resume failed: {exc}")

@@ -243,7 +243,7 @@ def test_the_cluster_benchmark_runs_its_scenarios(tmp_path: Path) -> None:
     stdout = _run("cluster", "--only", "resume,throughput", "--sessions", "2", "--rounds", "1",
                   "--k", "1,3", "--seconds", "0.2", "--pings", "5", "--out", str(out))  # fmt: skip
     assert "### Resume via the home node vs relayed" in stdout
-    assert "| 3 | K-th replayed event | p99 |" in stdout
+    assert "| 3 | K-th replayed event | p99 |" in stdout and "| step of a relayed resume" in stdout
     assert "| events/s (pipelined) |" in stdout and "| server CPU per event, both |" in stdout
     report = json.loads(out.read_text())
     (resume_round,) = report["resume"]["rounds"]["1"]
