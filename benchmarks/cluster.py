@@ -341,8 +341,8 @@ def resume_scenario(
     result, _ = run_load(argv, {"A": a, "B": b}, timeout=args.max_time)
     parts = [
         *(PY, "-m", "benchmarks.clients.relay_parts", "--store", store, "--home", url_a),
-        *("--secret", SECRET, "--sessions", str(args.sessions), "--nice", str(args.load_nice)),
-    ]
+        *("--secret", SECRET, "--sessions", str(args.sessions)),
+    ]  # at the servers' niceness: it does what the relaying node does
     result["parts"], _ = run_load(parts, {}, timeout=args.max_time)
     return result
 
