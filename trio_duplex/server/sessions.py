@@ -242,6 +242,33 @@ class Sessions:
         )
         return runner
 
+    def adopt(self, session: Session, engine: Engine) -> SessionRunner:
+        """Run a session restored from another node (core/migration.py): DETACHED, with
+        no connection, its ``engine`` fresh from the factory and its state ``restore``d
+        by the caller. Its grace runs as any detached session's; a ``session.resume``
+        (``for_resume``) attaches a client. ProtocolError: refused as ``admit`` refuses
+        (full, draining), or the session is already here."""
+        self.registry.adopt(session)
+        config = self.config
+        runner = SessionRunner(
+            self,
+            session,
+            engine,
+            config.max_pending_input,
+            config.max_input_bytes,
+            config.max_config_bytes,
+        )
+        self._runners[session.id] = runner
+        assert self._nursery is not None
+        self._nursery.start_soon(runner.run)  # synchronous: no cancel point in between
+        self.reschedule(runner)
+        log.info(
+            "session %s adopted (migrated here)",
+            session.id,
+            extra={"session_id": session.id, "principal": session.principal},
+        )
+        return runner
+
     def for_resume(self, session_id: str) -> SessionRunner:
         """The runner of a resumable session (ProtocolError: none, or draining)."""
         session = self.registry.lookup_for_resume(session_id)
