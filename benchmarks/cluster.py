@@ -286,6 +286,11 @@ def throughput_table(result: dict[str, Any], marks: dict[str, Any]) -> str:
     errors: dict[str, int] = {}
     for rnd in rounds:
         for path in ("direct", "relayed"):
+            if rnd[path].get("seq_violations"):
+                errors[f"{path}: server_event_seq not consecutive"] = (
+                    errors.get(f"{path}: server_event_seq not consecutive", 0)
+                    + rnd[path]["seq_violations"]
+                )
             for code, n in rnd[path]["errors"].items():
                 errors[f"{path}: {code}"] = errors.get(f"{path}: {code}", 0) + n
     if errors:

@@ -218,6 +218,14 @@ class Stream:
         self.rtts: list[float] = []
         self.echoed = 0
         self.errors: collections.Counter[str] = collections.Counter()
+        self.last_server_seq = 0
+        self.seq_violations = 0  # a reply whose server_event_seq is not the last + 1
+
+    def check(self, event: Event) -> None:
+        seq = event["server_event_seq"]
+        if seq != self.last_server_seq + 1:
+            self.seq_violations += 1
+        self.last_server_seq = seq
 
     async def run(self, window: int, until: float, ack_every: int) -> None:
         credit = asyncio.Semaphore(window)
@@ -244,6 +252,7 @@ class Stream:
                 t = now()
                 self.rtts.append(t - self.sent_at.popleft())
                 self.echoed += 1
+                self.check(event)
                 server_seq = event["server_event_seq"]
                 if server_seq % ack_every == 0:
                     await self.ws.send(ack(server_seq))
@@ -263,6 +272,7 @@ async def ping_pong(stream: Stream, count: int) -> list[float]:
         while True:
             event = await asyncio.wait_for(recv_event(stream.ws), 10)
             if event["type"] == TEXT_DELTA:
+                stream.check(event)
                 break
             stream.errors[str(event.get("code", event["type"]))] += 1
         rtts.append(now() - t0)
@@ -325,6 +335,7 @@ async def throughput_mode(args: argparse.Namespace) -> dict[str, Any]:
                 "rtt": pcts(rtts),
                 "ping": pcts(pings),
                 "errors": dict(errors),
+                "seq_violations": sum(s.seq_violations for s in streams),
             }
         log(f"throughput round {r + 1}: direct {result['direct']['events_per_s']:,.0f}/s, "
             f"relayed {result['relayed']['events_per_s']:,.0f}/s")  # fmt: skip
