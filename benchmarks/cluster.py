@@ -92,9 +92,13 @@ def redis() -> Iterator[tuple[Proc, str]]:
         proc.stop()
 
 
+NODE_LOG_LEVEL = os.environ.get("BENCH_NODE_LOG_LEVEL", "warning")
+NODE_LOG_DIR = os.environ.get("BENCH_NODE_LOG_DIR")  # keep each node's log there
+
+
 def node_argv(name: str, port: int, store: str, engine: str, drain_timeout: float) -> list[str]:
     flags = duplex_flags(port)
-    flags[flags.index("--log-level") + 1] = "warning"
+    flags[flags.index("--log-level") + 1] = NODE_LOG_LEVEL
     flags[flags.index("--engine") + 1] = engine
     flags[flags.index("--drain-timeout") + 1] = f"{drain_timeout:g}"
     return [
@@ -132,8 +136,18 @@ def nodes(
             raise failures[0]
         yield {name: started[name] for name in names}
     finally:
-        for proc, _ in started.values():
+        for name, (proc, _) in started.items():
             proc.stop()
+            if NODE_LOG_DIR:  # every line the node logged, for a post-mortem
+                with open(Path(NODE_LOG_DIR) / f"{name}.log", "a") as f:
+                    while True:
+                        try:
+                            line = proc.lines.get_nowait()
+                        except queue.Empty:
+                            break
+                        if line is None:
+                            break
+                        f.write(line)
 
 
 def run_load(
@@ -320,7 +334,8 @@ def migrate_table(runs: Sequence[dict[str, Any]]) -> str:
     lines.append("")
     for i, r in enumerate(runs):
         lines.append(
-            f"drain {i + 1}: {r['sessions']} sessions, {r['going_away']} got going_away "
+            f"drain {i + 1}: {r['sessions']} sessions, before SIGTERM each got "
+            f"{r['frame_rate_before']:.0f} audio frames/s of 50 due; {r['going_away']} got going_away "
             f"({r['going_away_migrating']} with migrating: true), close codes "
             f"{r['close_codes']}, {r['resumed']} resumed ({r['resumed_with_audio_after']} "
             f"heard audio after), resume attempts {r['attempts']}, refusals "
@@ -329,7 +344,9 @@ def migrate_table(runs: Sequence[dict[str, Any]]) -> str:
             f"{r.get('home_exit_ms', float('nan')):.0f} ms after SIGTERM; seq violations: "
             f"{r['violations']}"
         )
-        extra = {k: r[k] for k in ("client_errors", "failed", "other_events") if r.get(k)}
+        keys = ("terminal_events", "resumed_without_going_away", "resumed_after_terminal",
+                "client_errors", "failed", "other_events")  # fmt: skip
+        extra = {k: r[k] for k in keys if r.get(k)}
         if extra:
             lines.append(f"drain {i + 1}, also: {extra}")
     return "\n".join(lines)
@@ -408,6 +425,7 @@ def migrate_scenario(args: argparse.Namespace, store: str) -> list[dict[str, Any
                     (exited[0] - sigterm["t"]) * 1e3 if exited and sigterm else float("nan")
                 )
                 result["run_wall_s"] = time.monotonic() - t0
+                result["home_log_tail"] = list(a.stderr_tail)[-30:]
                 runs.append(result)
                 if result["violations"]:
                     say("!" * 78)

@@ -370,6 +370,8 @@ class Voice:
         self.resumed: Event = {}
         self.other_events: collections.Counter[str] = collections.Counter()
         self.failed = ""
+        self.closing = False  # we sent session.close: its session.closed is expected
+        self.terminal: Event = {}  # a session.closed or session.expired we did not ask for
 
     def seen(self, seq: int) -> None:
         if seq != self.last + 1:
@@ -405,12 +407,15 @@ class Voice:
                     self.seen(seq)
                     if kind_s == AUDIO_DELTA and migrating and not self.t_frame_after:
                         self.t_frame_after = t
+                if kind_s in ("session.closed", "session.expired") and not self.closing:
+                    self.terminal = event
                 if kind_s == "session.going_away":
                     if not self.t_going_away:
                         self.t_going_away = t
                         self.going_away = event
                 elif seq is None and kind_s != "input.consumed":
-                    self.other_events[kind_s] += 1
+                    if not (self.closing and kind_s == "session.closed"):  # our own close
+                        self.other_events[kind_s] += 1
             if self.frames and self.last % ack_every == 0:
                 await ws.send(ack(self.last))
 
@@ -452,6 +457,7 @@ class Voice:
             reader = asyncio.create_task(self.read(ws, True, ack_every))
             await asyncio.sleep(after)
             if not reader.done():
+                self.closing = True
                 await ws.send(SESSION_CLOSE)
                 try:
                     async with asyncio.timeout(5):
@@ -506,10 +512,19 @@ async def migrate_mode(args: argparse.Namespace) -> dict[str, Any]:
         refusals.update(v.refusals)
         others_seen.update(v.other_events)
     ok = [v for v in sessions if v.t_resumed and v.t_going_away]
+    # A session whose client was told it ended (session.closed) must not resume anywhere.
+    revived = [v for v in sessions if v.terminal and v.t_resumed]
+    for v in revived:
+        violations.append(
+            f"session {v.index} ({v.created['session_id']}): resumed on attempt {v.attempts} "
+            f"after its client got {json.dumps(v.terminal)}"
+        )
     return {
         "mode": "migrate",
         "sessions": len(sessions),
         "frames_before_sigterm": frames_before,
+        # Audio frames a session got per second before the SIGTERM: 50 is real time.
+        "frame_rate_before": frames_before / (args.settle * max(len(sessions), 1)),
         "going_away": sum(bool(v.t_going_away) for v in sessions),
         "going_away_migrating": sum(bool(v.going_away.get("migrating")) for v in sessions),
         "going_away_examples": [v.going_away for v in sessions[:2]],
@@ -521,6 +536,15 @@ async def migrate_mode(args: argparse.Namespace) -> dict[str, Any]:
         "client_errors": dict(crashed),
         "failed": [v.failed for v in sessions if v.failed][:10],
         "other_events": dict(others_seen),
+        "terminal_events": dict(
+            collections.Counter(
+                f"{v.terminal['type']} {v.terminal.get('reason')}" for v in sessions if v.terminal
+            )
+        ),
+        "resumed_after_terminal": len(revived),
+        "resumed_without_going_away": sum(
+            bool(v.t_resumed and not v.t_going_away) for v in sessions
+        ),
         "violations": len(violations),
         "violation_examples": violations[:20],
         "frames_total": sum(v.frames for v in sessions),
