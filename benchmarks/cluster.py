@@ -335,7 +335,8 @@ def migrate_table(runs: Sequence[dict[str, Any]]) -> str:
     for i, r in enumerate(runs):
         lines.append(
             f"drain {i + 1}: {r['sessions']} sessions, before SIGTERM each got "
-            f"{r['frame_rate_before']:.0f} audio frames/s of 50 due; {r['going_away']} got going_away "
+            f"{r['frame_rate_before']:.0f} audio frames/s of 50 due; "
+            f"{r['going_away']} got going_away "
             f"({r['going_away_migrating']} with migrating: true), close codes "
             f"{r['close_codes']}, {r['resumed']} resumed ({r['resumed_with_audio_after']} "
             f"heard audio after), resume attempts {r['attempts']}, refusals "
