@@ -13,8 +13,9 @@ Exactly-once, in order, across the move:
   whose engine ``send`` returned is in it, no other) and its head, so the resume replays
   exactly what the client lacks, and the restored engine's next event is ``head + 1``.
 * Client to server: ``client_seq`` is the freeze's ``resume_client_seq``, the last seq
-  up to which every event was taken by the engine (so is in its state) or handled by
-  the runner. ``session.resumed`` carries it; the client resends from the next one.
+  received (from the freeze on, nothing more is taken from the client, nor acked); what
+  the engine had not taken of it yet is carried over (``pending_input``) for the next
+  engine. ``session.resumed`` carries it; the client resends from the next one.
 
 The serialization (``to_bytes``) is ``MAGIC`` then one orjson document whose ``"v"`` is
 the format version: orjson is fast and already a dependency, and JSON stays readable
@@ -63,8 +64,11 @@ class Frozen:
 
     engine_state: EngineState
     resume_client_seq: int
-    """Every client event numbered up to this one was taken by the engine or handled by
-    the runner; none after it was."""
+    """Every client event numbered up to this one was received: taken by the engine,
+    handled by the runner, or in ``pending_input``; none after it was."""
+    pending_input: tuple[tuple[dict[str, Any], int], ...] = ()
+    """Client events received and not yet taken by the engine, oldest first, each with
+    its counted size: the next node's engine takes them first."""
 
     def __repr__(self) -> str:
         return f"Frozen(resume_client_seq={self.resume_client_seq})"
@@ -115,6 +119,8 @@ class Record:
     usage: dict[str, int | float | None]
     journal: JournalRecord
     engine_state: EngineState
+    pending_input: tuple[tuple[dict[str, Any], int], ...] = ()
+    """Client events received and not yet taken by the engine (``Frozen``)."""
     version: int = FORMAT
 
     def __attrs_post_init__(self) -> None:
@@ -149,6 +155,15 @@ class Record:
             raise ValueError("journal must be a JournalRecord")
         if type(self.engine_state) not in (bytes, dict):
             raise ValueError("engine_state must be bytes or a JSON object")
+        if type(self.pending_input) is not tuple:
+            raise ValueError("pending_input must be a tuple")
+        for item in self.pending_input:
+            if type(item) is not tuple or len(item) != 2:
+                raise ValueError("pending input must be (event, size) pairs")
+            event, size = item
+            if type(event) is not dict or type(event.get("type")) is not str:
+                raise ValueError("a pending event must be an object with a string type")
+            _count(size, "a pending event's size")
 
     def __repr__(self) -> str:
         return (
@@ -183,6 +198,15 @@ class Record:
                 ],
             },
             "state": {"bytes": _b64(state)} if isinstance(state, bytes) else {"json": state},
+            # Client events as the engine gets them: JSON, but for decoded audio (bytes).
+            "input": [
+                [
+                    size,
+                    {k: v for k, v in event.items() if not isinstance(v, bytes)},
+                    {k: _b64(v) for k, v in event.items() if isinstance(v, bytes)},
+                ]
+                for event, size in self.pending_input
+            ],
         }
         try:
             return MAGIC + orjson.dumps(doc)
@@ -241,6 +265,7 @@ def export(session: Session, frozen: Frozen) -> Record:
             tuple((entry.seq, entry.frame) for entry in journal),
         ),
         engine_state=frozen.engine_state,
+        pending_input=frozen.pending_input,
     )
 
 
@@ -312,6 +337,11 @@ def _parse(doc: Any) -> Record:
         state = _unb64(state)
     elif kind != "json":
         raise BadRecord("engine state is neither bytes nor JSON")
+    queued: list[tuple[dict[str, Any], int]] = []
+    for size, fields, raw in doc["input"]:
+        if type(fields) is not dict or type(raw) is not dict:
+            raise BadRecord("a pending event is not an object")
+        queued.append(({**fields, **{k: _unb64(v) for k, v in raw.items()}}, size))
     return Record(
         session_id=doc["id"],
         config=doc["config"],
@@ -328,5 +358,6 @@ def _parse(doc: Any) -> Record:
             journal["head"], journal["dropped_through"], journal["acked_through"], tuple(entries)
         ),
         engine_state=state,
+        pending_input=tuple(queued),
         version=doc["v"],
     )

@@ -292,14 +292,19 @@ class Inbox:
             except trio.WouldBlock:
                 await self._waiter.park()
 
-    def first_seq(self) -> int | None:
-        """The ``client_event_seq`` of the first queued event that has one (None: none
-        has): every event numbered below it was taken, or never queued."""
-        for event in self._events:
-            seq = event.get("client_event_seq")
-            if type(seq) is int:
-                return seq
-        return None
+    def pending(self) -> list[tuple[Event, int]]:
+        """The events still queued, oldest first, each with the size it was put with
+        (0 for the small ones, which are not counted): for a migration."""
+        big = self._big
+        return [(event, big.get(id(event), 0)) for event in self._events]
+
+    def put_restored(self, event: Event, size: int) -> None:
+        """Queue an event another node had queued (a migration): taken whatever the
+        bounds, which that node's enforced (they may differ by a node's settings)."""
+        if size >= self._counted:
+            self._big[id(event)] = size
+            self._bytes += size
+        self._events.append(event)
 
 
 @attrs.define(eq=False)
@@ -404,7 +409,8 @@ def load_engine_factory(spec: str) -> EngineFactory:
 
 def engine_problem(engine: object) -> str | None:
     """Why ``engine`` is not an engine (None: it is one): an ``accepts`` collection of
-    event types, a callable ``check`` and an ``async def run``."""
+    event types, a callable ``check``, an ``async def run``, and ``restore`` if it has
+    ``snapshot``."""
     if inspect.iscoroutine(engine):
         engine.close()  # an async factory: its coroutine will never be awaited
         return "a coroutine (the factory must be a plain function or a class)"
@@ -425,6 +431,10 @@ def engine_problem(engine: object) -> str | None:
         return "which does not implement 'run'"
     if not inspect.iscoroutinefunction(getattr(engine, "run", None)):
         return "whose 'run' is not an async function: not an Engine"
+    snapshot = getattr(type(engine), "snapshot", Engine.snapshot)
+    restore = getattr(type(engine), "restore", Engine.restore)
+    if snapshot is not Engine.snapshot and restore is Engine.restore:
+        return "which implements 'snapshot' but not 'restore': its sessions could not migrate"
     return None
 
 

@@ -173,6 +173,17 @@ class _Response:
     cancelled: bool = False  # a cancel was read: no more audio, response.cancelled ends it
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)  # what a cancel cancels
 
+    def state(self) -> dict[str, Any]:
+        """Its part of the engine's snapshot (``_restore_response`` reads it back)."""
+        return {
+            "response_id": self.response_id,
+            "text": self.text,
+            "stage": self.stage.value,
+            "next_frame": self.next_frame,
+            "delta_sent": self.delta_sent,
+            "cancelled": self.cancelled,
+        }
+
 
 class VoiceEngine(Engine):
     """Speaks ``input.text.append`` as paced synthetic audio; see the module docstring."""
@@ -303,16 +314,7 @@ class VoiceEngine(Engine):
         return {
             "state": _STATE,
             "responses": self._responses,
-            "speaking": None
-            if speaking is None
-            else {
-                "response_id": speaking.response_id,
-                "text": speaking.text,
-                "stage": speaking.stage.value,
-                "next_frame": speaking.next_frame,
-                "delta_sent": speaking.delta_sent,
-                "cancelled": speaking.cancelled,
-            },
+            "speaking": None if speaking is None else speaking.state(),
             "queued": list(self._queued),
             "audio_bytes_received": self.audio_bytes_received,
             "max_queued": self.max_queued,

@@ -79,21 +79,27 @@ async def _hand_over(
             await sessions.wait_changed()
         if session.state not in (State.ATTACHED, State.DETACHED):
             return  # it ended meanwhile
-        frozen = await runner.freeze()
+        attached = runner.conn
+        if attached is not None and not session.is_current(attached.generation):
+            attached = None
+        frozen = await runner.freeze()  # (fences the attached connection off)
         if session.terminal is not None:
             return  # ended meanwhile (the drain's deadline, a close): nothing to move
         if frozen is None:
             runner.end(Reason.SHUTDOWN)
             return
-        record = export(session, frozen).to_bytes()
+        try:
+            record = export(session, frozen).to_bytes()
+        except ValueError as exc:  # an engine state, configuration or input not JSON
+            log.error("session %s cannot be handed over: %s", session.id, exc)
+            runner.end(Reason.SHUTDOWN)
+            return
         if not await node.hand_over(session.id, record, config.disconnect_grace_s):
             runner.end(Reason.SHUTDOWN)
             return
-    conn = runner.conn
-    if conn is not None and session.is_current(conn.generation):
-        left = sessions.going_away_ms()
-        going = encode(events.going_away(left, migrating=True))
-        conn.finish([going], CloseCode.GOING_AWAY)
+    if attached is not None:
+        going = encode(events.going_away(sessions.going_away_ms(), migrating=True))
+        attached.finish([going], CloseCode.GOING_AWAY)
     sessions.totals.count(sessions.totals.resumes, "handed_over")
     runner.end(Reason.MIGRATED)
     log.info(
@@ -130,7 +136,8 @@ async def adopt(
         leased = await node.acquire(force=True)  # a moved session keeps its place
         try:
             session = restore(record, config, trio.current_time())
-            sessions.adopt(session, engine)  # ProtocolError: full, or draining
+            runner = sessions.adopt(session, engine)  # ProtocolError: full, or draining
+            runner.restore_input(record.pending_input)
         except BaseException:
             if leased:
                 node.release()

@@ -338,10 +338,13 @@ class SessionRunner:
         Every event the engine's ``send`` returned from is journaled, and one whose
         ``send`` raised is not (a multi-payload audio delta goes whole or not at all);
         every event its ``receive`` returned was taken, and one whose ``receive``
-        raised was not. The session stays live, unchanged, without its engine: client
-        events are still handled (those for the engine queue, to be dropped: the
-        client resends them from ``resume_client_seq + 1``) until the caller ends it,
-        with ``Reason.MIGRATED`` once the record is stored, or another reason.
+        raised was not. From its start the attached connection is fenced off: nothing
+        more it sends is taken or answered (the client sends it again after the
+        resume, from ``resume_client_seq + 1``), so the session's client-seq state and
+        its engine's queued input (``pending_input``, carried over) are exactly what the
+        client was told was received. The session stays live, without its engine, until
+        the caller ends it, with ``Reason.MIGRATED`` once the record is stored, or
+        another reason.
 
         None: it cannot migrate (the engine did not return within
         ``engine_stop_timeout_s``, failed, has no snapshot, or the session is ending);
@@ -350,13 +353,25 @@ class SessionRunner:
         if self._freezing or self._returned or session.terminal is not None:
             return None
         self._freezing = True
-        if self.conn is not None:
-            self.conn.release_waiters()  # an engine waiting for a congested connection
+        conn, fenced = self.conn, 0
+        if conn is not None:
+            conn.release_waiters()  # an engine waiting for a congested connection
+            # Fenced off from here: nothing more is taken from it, answered or acked (a
+            # heartbeat's ack would tell the client that what it sent before is safe),
+            # so the record holds exactly what the session received.
+            fenced, conn.generation = conn.generation, 0
         self._scope.cancel()
         with trio.move_on_after(self.owner.engine_stop_timeout_s):
             await self._engine_gone.wait()
-        if not self._engine_gone.is_set() or session.terminal is not None:
-            return None  # not returned in time, failed, or the session ended meanwhile
+        frozen = self._frozen() if self._engine_gone.is_set() else None
+        if frozen is None and conn is not None and conn.generation == 0:
+            conn.generation = fenced  # staying here after all: it hears how the session ends
+        return frozen
+
+    def _frozen(self) -> Frozen | None:
+        session = self.session
+        if session.terminal is not None:
+            return None  # failed, or the session ended meanwhile
         snapshot = getattr(self.engine, "snapshot", None)  # (engines are duck-typed)
         if snapshot is None:
             return None
@@ -371,10 +386,23 @@ class SessionRunner:
             )
             return None
         if not isinstance(state, bytes | dict):
-            return None  # None: this engine cannot migrate
-        first = self._inbox.first_seq()
-        resume_seq = session.client_seq if first is None else first - 1
-        return Frozen(state, resume_seq)
+            if state is not None:  # (None: this engine cannot migrate)
+                log.error(
+                    "engine of session %s: snapshot returned a %s, not bytes or a dict",
+                    session.id,
+                    type(state).__name__,
+                    extra={"session_id": session.id},
+                )
+            return None
+        # Received and not yet taken: carried over, so nothing the client was told is
+        # safe (received) is asked for again.
+        return Frozen(state, session.client_seq, tuple(self._inbox.pending()))
+
+    def restore_input(self, pending: tuple[tuple[Event, int], ...]) -> None:
+        """Queue, for the engine, the input a migrated session's old node had received
+        and its engine had not taken yet (``Frozen.pending_input``)."""
+        for event, size in pending:
+            self._inbox.put_restored(event, size)
 
     # -- attachment --------------------------------------------------------------------
 

@@ -225,7 +225,13 @@ class DuplexServer:
         from .cluster import advertise_url, joined
 
         url = advertise_url(self.config, self.scheme, port)
-        async with joined(self.config, url, lambda: self.sessions.slots_held) as node:
+        sessions = self.sessions
+        async with joined(
+            self.config,
+            url,
+            lambda: sessions.slots_held,
+            lambda: [runner.session.id for runner in sessions.runners()],
+        ) as node:
             returns = _ReturnLeases(node)
             self.node = node
             self.sessions.observers.append(returns)
