@@ -53,7 +53,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             created = await open_dropped(args.home)
             sid = created["session_id"]
             t0 = now()
-            located = await store.locate(sid)
+            located = await store.locate(sid, "probe")
             t1 = now()
             if located.kind != "home" or located.url is None or located.node_id is None:
                 raise RuntimeError(f"the store does not place {sid} at a live home: {located}")

@@ -104,7 +104,7 @@ async def test_resume_on_another_node_is_relayed_with_replay_and_resend(
         await send(on_a, text(2, "two"))
         assert (await receive(on_a))["server_event_seq"] == 2  # read, but never acked
         drop(on_a)
-    home = await store.locate(created["session_id"])
+    home = await store.locate(created["session_id"], "observer")
     assert (home.kind, home.node_id) == ("home", "a")
     async with ws_to(b.url) as on_b:
         await send(on_b, resume(created, created["resume_token"], 1))
@@ -267,7 +267,7 @@ async def test_after_redis_comes_back_empty_a_session_is_found_from_any_node_aga
         session_id = created["session_id"]
 
         async def found() -> bool:
-            return (await store.locate(session_id)).kind == "home"
+            return (await store.locate(session_id, "observer")).kind == "home"
 
         # A's next heartbeat finds it lapsed, registers again and claims its sessions.
         await until(found, MEMBERSHIP_BOUND_S, "the session claimed again by its home")

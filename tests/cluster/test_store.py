@@ -114,28 +114,58 @@ async def test_claim_home_release(store: Store) -> None:
 
 
 async def test_locate_tells_where_a_session_is(store: Store) -> None:
-    assert (await store.locate("s1")).kind == "unknown"
+    assert (await store.locate("s1", "b")).kind == "unknown"
     await store.register("a", URL_A)
     await store.claim_session("s1", "a", ttl_s=30)
-    home = await store.locate("s1")
+    home = await store.locate("s1", "b")
     assert (home.kind, home.node_id, home.url) == ("home", "a", URL_A)
     await store.forget("a")
-    lost = await store.locate("s1")
+    lost = await store.locate("s1", "b")
     assert (lost.kind, lost.node_id, lost.url) == ("lost", "a", None)
 
 
-async def test_a_handed_over_session_is_taken_once(store: Store, raw: coredis.Redis[str]) -> None:
-    await store.register("a", URL_A)
+async def test_a_handed_over_session_is_taken_over_by_one_node(
+    store: Store, raw: coredis.Redis[str]
+) -> None:
+    for node, url in (("a", URL_A), ("b", URL_B), ("c", "ws://10.0.0.3:8000")):
+        await store.register(node, url)
     await store.claim_session("s1", "a", ttl_s=30)
     record = bytes(range(256)) * 3  # any bytes, not only text
     await store.hand_over("s1", "a", record, ttl_s=30)
     assert await store.home_of("s1") is None  # a resume finds the record, not the home
     assert list(await raw.hkeys(store.keys.sessions("a"))) == []
     assert await raw.pttl(store.keys.migration("s1")) > 29_000
-    taken = await store.locate("s1")
-    assert (taken.kind, taken.record) == ("migrated", record)
-    assert "\\x" not in repr(taken) and str(record[:8]) not in repr(taken)
-    assert (await store.locate("s1")).kind == "unknown"  # taken: nobody else gets it
+    found = await store.locate("s1", "b")
+    assert (found.kind, found.record) == ("migrated", record)
+    assert str(record[:8]) not in repr(found)
+    # Nothing was taken: B's answer could have been lost. B holds a claim meanwhile.
+    assert (await store.locate("s1", "c")).kind == "busy"
+    assert (await store.locate("s1", "b")).kind == "migrated"  # B asking again
+    assert not await store.adopted("s1", "c", ttl_s=30)  # C holds no claim
+    assert await store.adopted("s1", "b", ttl_s=30)
+    assert await store.adopted("s1", "b", ttl_s=30)  # again (a lost answer): still done
+    assert not await raw.exists([store.keys.migration("s1")])
+    located = await store.locate("s1", "c")
+    assert (located.kind, located.node_id) == ("home", "b")
+    assert list(await raw.hkeys(store.keys.sessions("b"))) == ["s1"]
+
+
+async def test_a_claim_given_back_or_lapsed_frees_the_record_for_another_node(
+    store: Store,
+) -> None:
+    """Real time: Redis's TTL clock, for the lapsing claim (0.3 s)."""
+    await store.register("b", URL_B)
+    await store.register("c", URL_A)
+    await store.hand_over("s1", "a", b"record", ttl_s=30)
+    assert (await store.locate("s1", "b")).kind == "migrated"
+    await store.unclaim_migration("s1", "c")  # not C's: changes nothing
+    assert (await store.locate("s1", "c")).kind == "busy"
+    await store.unclaim_migration("s1", "b")
+    assert (await store.locate("s1", "c", claim_ttl_s=0.3)).kind == "migrated"
+    await trio.sleep(0.4)
+    assert not await store.adopted("s1", "c", ttl_s=30)  # too late: its claim lapsed
+    assert (await store.locate("s1", "b")).kind == "migrated"
+    assert await store.adopted("s1", "b", ttl_s=30)
 
 
 async def test_a_node_not_alive_cannot_claim_or_lease(store: Store) -> None:

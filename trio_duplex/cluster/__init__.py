@@ -6,6 +6,7 @@ sessions.
 
 from .keys import DEFAULT_PREFIX, Keys
 from .store import (
+    CLAIM_TTL_S,
     HEARTBEAT_INTERVAL_S,
     NODE_TTL_S,
     Located,
@@ -16,6 +17,7 @@ from .store import (
 )
 
 __all__ = [
+    "CLAIM_TTL_S",
     "DEFAULT_PREFIX",
     "HEARTBEAT_INTERVAL_S",
     "NODE_TTL_S",

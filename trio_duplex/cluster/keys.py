@@ -13,7 +13,9 @@ has a TTL, so nothing a dead node wrote outlives it for longer than that TTL:
   refreshed by the home's heartbeat and so outlives a dead home by at most that TTL: long
   enough to answer a resume with "node lost" rather than "unknown";
 * ``{p}migration:{sid}`` -- a session a draining node handed over (its record, base64),
-  PX the session's resume window: the first node its client resumes on takes it.
+  PX the session's resume window, until a node has taken it over (``ADOPTED``);
+* ``{p}migration:{sid}:claim`` -- the node taking it over, PX a few seconds: one at a
+  time, and a node that took the record but never said so frees it by expiring.
 
 The scripts find other nodes' keys from the ``nodes`` set at run time, which a standalone
 Redis (or Valkey) allows; a Redis *Cluster* would not (the keys are not declared).
@@ -80,6 +82,9 @@ class Keys:
         if not session_id:
             raise ValueError("empty session id")
         return f"{self.prefix}migration:{session_id}"
+
+    def migration_claim(self, session_id: str) -> str:
+        return f"{self.migration(session_id)}:claim"
 
     def node_keys(self, node_id: str) -> list[str]:
         """KEYS for the per-node scripts: node, leases, sessions, nodes."""
@@ -210,33 +215,67 @@ end
 return 0
 """
 
-# KEYS session, migration; ARGV node key prefix.
+# KEYS session, migration, claim; ARGV node key prefix, this node's id, claim ttl ms.
 # Where a session is, for a resume that reached a node that does not hold it:
-# {"migrated", record} (taken: the caller adopts it), {"home", id, url} (alive),
-# {"lost", id} (its home is dead), or {} (no such session).
+# {"home", id, url} (alive), {"migrated", record} (handed over: this node may take it
+# over; the record stays, claimed by this node for the claim TTL, until ADOPTED),
+# {"busy"} (another node is taking it over), {"lost", id} (its home is dead), or {}.
+# Nothing is taken here: an answer lost to a timeout loses no session.
 LOCATE = """
+local home = redis.call('GET', KEYS[1])
+if home then
+    local url = redis.call('GET', ARGV[1] .. home)
+    if url then
+        return {'home', home, url}
+    end
+end
 local record = redis.call('GET', KEYS[2])
 if record then
-    redis.call('DEL', KEYS[2])
+    local holder = redis.call('GET', KEYS[3])
+    if holder and holder ~= ARGV[2] then
+        return {'busy'}
+    end
+    redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
     return {'migrated', record}
 end
-local home = redis.call('GET', KEYS[1])
-if not home then
-    return {}
+if home then
+    return {'lost', home}
 end
-local url = redis.call('GET', ARGV[1] .. home)
-if url then
-    return {'home', home, url}
-end
-return {'lost', home}
+return {}
 """
 
-# KEYS sessions, session, migration; ARGV node id, session id, record, ttl ms.
+# KEYS session, migration, claim, node, sessions; ARGV node id, session id, ttl ms.
+# This node has taken the handed-over session over: it becomes its home and the record
+# goes, at once. Returns 1 (done now, or already), 0 (its claim lapsed: another node may
+# have it). Idempotent, so that a call whose answer was lost can be made again.
+ADOPTED = """
+if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('EXISTS', KEYS[2]) == 0 then
+    return 1
+end
+if redis.call('GET', KEYS[3]) ~= ARGV[1] or redis.call('PTTL', KEYS[4]) <= 0 then
+    return 0
+end
+redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('HSET', KEYS[5], ARGV[2], ARGV[3])
+return 1
+"""
+
+# KEYS claim; ARGV node id. Give a claim back (this node could not take the session).
+UNCLAIM_MIGRATION = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+end
+return 1
+"""
+
+# KEYS sessions, session, migration, claim; ARGV node id, session id, record, ttl ms.
 # A draining node hands a session over: the record is stored for the session's resume
-# window and the directory entry (if still this node's) goes, so that a resume finds
-# the record, not a home that refuses it.
+# window (any claim on an older one dropped) and the directory entry, if still this
+# node's, goes, so that a resume finds the record, not a home that refuses it.
 HAND_OVER = """
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+redis.call('DEL', KEYS[4])
 redis.call('HDEL', KEYS[1], ARGV[2])
 if redis.call('GET', KEYS[2]) == ARGV[1] then
     redis.call('DEL', KEYS[2])
@@ -254,6 +293,8 @@ SCRIPTS = (
     ACQUIRE,
     RELEASE_LEASE,
     LOCATE,
+    ADOPTED,
+    UNCLAIM_MIGRATION,
     HAND_OVER,
 )
 """Every script, for ``Store.load_scripts``."""

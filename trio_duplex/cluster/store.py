@@ -34,6 +34,9 @@ T = TypeVar("T")
 NODE_TTL_S = 3.0
 HEARTBEAT_INTERVAL_S = 1.0
 DEFAULT_TIMEOUT_S = 1.0
+CLAIM_TTL_S = 5.0
+"""How long a node that took a handed-over record may take to say it has taken the
+session over (``adopted``) before another node may."""
 
 
 class StoreUnavailable(Exception):
@@ -48,7 +51,7 @@ class NotRegistered(Exception):
 class Located:
     """Where a session is (``Store.locate``)."""
 
-    kind: Literal["migrated", "home", "lost", "unknown"]
+    kind: Literal["migrated", "home", "busy", "lost", "unknown"]
     node_id: str | None = None
     url: str | None = None
     record: bytes | None = None
@@ -212,14 +215,22 @@ class Store:
         )
         return bool(released)
 
-    async def locate(self, session_id: str) -> Located:
-        """Where a session this node does not hold is: handed over (its record, taken
-        now: adopt it or ``hand_over`` it back), at a live home, at a dead one, or
-        nowhere."""
+    async def locate(
+        self, session_id: str, node_id: str, claim_ttl_s: float = CLAIM_TTL_S
+    ) -> Located:
+        """Where a session that ``node_id`` does not hold is: at a live home, handed over
+        (its record, now claimed by ``node_id`` for ``claim_ttl_s``: take it over and say
+        so with ``adopted``, or give it back with ``unclaim_migration``), being taken over
+        by another node (``busy``), at a dead home, or nowhere. Takes nothing: an answer
+        lost to a timeout loses no session."""
         found = await self._run(
             k.LOCATE,
-            [self.keys.session(session_id), self.keys.migration(session_id)],
-            [self.keys.node_prefix],
+            [
+                self.keys.session(session_id),
+                self.keys.migration(session_id),
+                self.keys.migration_claim(session_id),
+            ],
+            [self.keys.node_prefix, node_id, ttl_ms(claim_ttl_s)],
         )
         if not found:
             return Located("unknown")
@@ -232,7 +243,30 @@ class Store:
             return Located("migrated", record=record)
         if kind == "home":
             return Located("home", node_id=str(found[1]), url=str(found[2]))
+        if kind == "busy":
+            return Located("busy")
         return Located("lost", node_id=str(found[1]))
+
+    async def adopted(self, session_id: str, node_id: str, ttl_s: float) -> bool:
+        """``node_id`` has taken the handed-over session over: it is now its home (directory
+        TTL ``ttl_s``) and the record is gone, in one step. False: its claim had lapsed.
+        Idempotent: a call whose answer was lost may be made again."""
+        done = await self._run(
+            k.ADOPTED,
+            [
+                self.keys.session(session_id),
+                self.keys.migration(session_id),
+                self.keys.migration_claim(session_id),
+                self.keys.node(node_id),
+                self.keys.sessions(node_id),
+            ],
+            [node_id, session_id, ttl_ms(ttl_s)],
+        )
+        return bool(done)
+
+    async def unclaim_migration(self, session_id: str, node_id: str) -> None:
+        """``node_id`` will not take the handed-over session over after all."""
+        await self._run(k.UNCLAIM_MIGRATION, [self.keys.migration_claim(session_id)], [node_id])
 
     async def hand_over(
         self,
@@ -253,6 +287,7 @@ class Store:
                 self.keys.sessions(node_id),
                 self.keys.session(session_id),
                 self.keys.migration(session_id),
+                self.keys.migration_claim(session_id),
             ],
             [node_id, session_id, base64.b64encode(record).decode("ascii"), ttl_ms(ttl_s)],
             timeout_s,

@@ -36,6 +36,7 @@ import trio
 from coredis.exceptions import RedisError
 
 from ..cluster import (
+    CLAIM_TTL_S,
     HEARTBEAT_INTERVAL_S,
     NODE_TTL_S,
     Located,
@@ -256,11 +257,37 @@ class ClusterNode:
         self._answered()
         return True
 
+    async def adopted(self, session_id: str) -> bool:
+        """Tell the store this node has taken the handed-over session over (``Store.
+        adopted``), trying again while the store does not answer, within the claim's TTL.
+        False: not confirmed, and it will not be (the claim lapsed, or no answer in
+        time): another node may take the session over; this one must not keep it."""
+        deadline = trio.current_time() + CLAIM_TTL_S - self.store.timeout_s
+        while True:
+            try:
+                done = await self.store.adopted(session_id, self.node_id, self.directory_ttl_s)
+            except _FAILED as exc:
+                self._failed(exc)
+                if trio.current_time() >= deadline:
+                    return False
+                await trio.sleep(0.1)  # (a store that refused at once: not a hot loop)
+                continue
+            self._answered()
+            return done
+
+    async def unclaim_migration(self, session_id: str) -> None:
+        """This node will not take the handed-over session over (best effort: the claim
+        lapses by itself)."""
+        try:
+            await self.store.unclaim_migration(session_id, self.node_id)
+        except _FAILED as exc:
+            self._failed(exc)
+
     async def locate(self, session_id: str) -> Located:
         """Where a session this node does not hold is (``Store.locate``). ProtocolError
         ``session_home_unreachable`` (retryable): the store did not answer."""
         try:
-            located = await self.store.locate(session_id)
+            located = await self.store.locate(session_id, self.node_id)
         except _FAILED as exc:
             self._failed(exc)
             raise ProtocolError(

@@ -9,14 +9,19 @@ client-seq state, the credential digests) is stored for the session's resume win
 told ``session.going_away {time_left_ms, migrating: true}`` and its connection closed
 (1001), and the session ends here (``Reason.MIGRATED``: no terminal event, the session
 lives on). Sessions whose engine cannot migrate, or whose freeze or hand-over fails,
-drain as before (they end ``server_shutdown``). At most ``AT_ONCE`` are handed over
-concurrently.
+drain as before (they end ``server_shutdown``). Every engine is stopped at once; at
+most ``AT_ONCE`` records are written concurrently. A hand-over the store does not
+confirm in time is not known to have failed (a call given up on may still run): its
+client is sent on all the same.
 
-In (``adopt``, on a resume for a session this node does not hold): the record, taken
-from the store, becomes a DETACHED session here with a fresh engine restored from the
-snapshot; the ordinary resume then checks the token, replays and attaches. If this node
-cannot take it (full, draining, a broken record or engine), the record goes back to the
-store for another node, and the client is refused retryably.
+In (``adopt``, on a resume for a session this node does not hold): the record, read
+from the store and claimed by this node for a few seconds (``Store.locate``), becomes a
+DETACHED session here with a fresh engine restored from the snapshot; once the store
+confirms (``Store.adopted``: this node is its home, the record gone, in one step) the
+ordinary resume checks the token, replays and attaches. Nothing is ever taken from the
+store by a call whose answer could be lost: if this node cannot take the session (full,
+draining, a broken engine) or the store does not confirm, the claim is given back or
+lapses, and the client is refused retryably (another node, or this one later, takes it).
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("trio_duplex")
 
 AT_ONCE = 32
-"""Sessions frozen and handed over concurrently during a drain."""
+"""Sessions whose records are written to the store concurrently during a drain (their
+engines are all stopped at once, before)."""
 _MARGIN_S = 0.5
 """Of the drain's time left, kept for telling the client and closing."""
 MAX_RECORD_BYTES = 64 * 1024 * 1024
@@ -76,20 +82,23 @@ async def _hand_over(
     limit: trio.CapacityLimiter,
 ) -> None:
     session = runner.session
+    while session.resume is not None:  # a resume in progress: let it finish first
+        await sessions.wait_changed()
+    if session.state not in (State.ATTACHED, State.DETACHED):
+        return  # it ended meanwhile
+    attached = runner.conn
+    if attached is not None and not session.is_current(attached.generation):
+        attached = None
+    # Every engine is stopped at once, not AT_ONCE at a time: on a node short of CPU
+    # (why it is being replaced, often) the engines still running are what slows the
+    # hand-overs down.
+    frozen = await runner.freeze()  # (fences the attached connection off)
+    if session.terminal is not None:
+        return  # ended meanwhile (the drain's deadline, a close): nothing to move
+    if frozen is None:
+        runner.end(Reason.SHUTDOWN)
+        return
     async with limit:
-        while session.resume is not None:  # a resume in progress: let it finish first
-            await sessions.wait_changed()
-        if session.state not in (State.ATTACHED, State.DETACHED):
-            return  # it ended meanwhile
-        attached = runner.conn
-        if attached is not None and not session.is_current(attached.generation):
-            attached = None
-        frozen = await runner.freeze()  # (fences the attached connection off)
-        if session.terminal is not None:
-            return  # ended meanwhile (the drain's deadline, a close): nothing to move
-        if frozen is None:
-            runner.end(Reason.SHUTDOWN)
-            return
         try:
             record = export(session, frozen).to_bytes()
         except ValueError as exc:  # an engine state, configuration or input not JSON
@@ -130,23 +139,27 @@ async def _hand_over(
 
 
 async def adopt(
+    session_id: str,
     record_bytes: bytes,
     sessions: Sessions,
     node: ClusterNode,
     config: ServerConfig,
     new_engine: Callable[[Mapping[str, Any]], Engine],
 ) -> None:
-    """Make the handed-over session of ``record_bytes`` live here, DETACHED, for the
-    resume that found it. ProtocolError: it cannot be taken here (retryable; the record
-    is back in the store), or the record is unusable (``session_resume_expired``)."""
+    """Make the handed-over session of ``record_bytes`` (claimed by this node in the
+    store, by ``locate``) live here, DETACHED, for the resume that found it; then tell
+    the store, which makes this node its home and drops the record in one step.
+    ProtocolError: it cannot be taken here (retryable: the claim is given back, or
+    lapses, for another node), or the record is unusable (``session_resume_expired``)."""
     try:
         record = Record.from_bytes(record_bytes, max_bytes=MAX_RECORD_BYTES)
+        if record.session_id != session_id:
+            raise BadRecord(f"the record of {record.session_id} is filed as {session_id}")
     except BadRecord as exc:
         log.error("a handed-over session's record is unusable: %s", exc)
         raise ProtocolError.resume_refused(
             ErrorCode.SESSION_RESUME_EXPIRED, "the session could not be taken over"
         ) from None
-    session_id = record.session_id
     try:
         config_now = dict(record.config)
         engine = new_engine(config_now)  # ProtocolError: the engine refused (BadEvent), broke
@@ -162,28 +175,36 @@ async def adopt(
                 node.release()
             raise
     except BaseException as exc:
-        # Back for another node (this one may be full, or failing): within its window.
-        with trio.CancelScope(shield=True):
-            await node.hand_over(
-                session_id, record_bytes, config.disconnect_grace_s, node.store.timeout_s
-            )
-        if isinstance(exc, ProtocolError):
-            raise
-        if isinstance(exc, trio.Cancelled):
+        with trio.CancelScope(shield=True):  # for another node, now rather than later
+            await node.unclaim_migration(session_id)
+        if isinstance(exc, ProtocolError | trio.Cancelled):
             raise
         log.error("session %s: could not be taken over", session_id, exc_info=exc)
-        raise ProtocolError(
-            ErrorCode.SESSION_HOME_UNREACHABLE,
-            "the session could not be taken over here; try again",
-            close_code=CloseCode.TRY_AGAIN_LATER,
-        ) from None
-    await node.claim(session.id)
+        raise _try_again("the session could not be taken over here") from None
+    # Live here, but not this node's until the store says so: were the claim to lapse
+    # unconfirmed, another node could take the record over too.
+    if not await node.adopted(session_id):
+        log.warning(
+            "session %s: the store did not confirm its take-over; left to another node",
+            session_id,
+            extra={"session_id": session_id},
+        )
+        runner.end(Reason.MIGRATED)  # quietly: it has no connection, and lives elsewhere
+        raise _try_again("the session is being taken over")
     sessions.totals.count(sessions.totals.resumes, "taken_over")
     log.info(
         "session %s taken over (generation %d)",
         session.id,
         session.generation,
         extra={"session_id": session.id, "generation": session.generation},
+    )
+
+
+def _try_again(message: str) -> ProtocolError:
+    return ProtocolError(
+        ErrorCode.SESSION_HOME_UNREACHABLE,
+        f"{message}; try again",
+        close_code=CloseCode.TRY_AGAIN_LATER,
     )
 
 

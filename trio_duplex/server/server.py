@@ -738,8 +738,16 @@ class DuplexServer:
         if located.kind == "migrated" and located.record is not None:
             from .migration import adopt
 
-            await adopt(located.record, self.sessions, node, self.config, self._new_engine)
+            await adopt(
+                session_id, located.record, self.sessions, node, self.config, self._new_engine
+            )
             return False  # it is here now: the ordinary resume follows
+        if located.kind == "busy":
+            raise ProtocolError(
+                ErrorCode.SESSION_HOME_UNREACHABLE,
+                "the session is being taken over by another node; try again",
+                close_code=CloseCode.TRY_AGAIN_LATER,
+            )
         if located.kind == "lost":
             totals.count(totals.resumes, "node_lost")
             raise ProtocolError.resume_refused(

@@ -223,19 +223,9 @@ class Sessions:
         # The core lets an OPENING session be closed, but here only a runner, a timer
         # entry or the drain ends a session, and it has none of them yet.
         assert session.terminal is None, "a session ended before it started"
-        config = self.config
-        runner = SessionRunner(
-            self,
-            session,
-            engine,
-            config.max_pending_input,
-            config.max_input_bytes,
-            config.max_config_bytes,
-        )
+        runner = self._runner(session, engine)
         runner.attach(conn, Commit(session.generation, None))
-        self._runners[session.id] = runner
-        assert self._nursery is not None
-        self._nursery.start_soon(runner.run)  # synchronous: no cancel point in between
+        self._start_runner(runner)
         self.totals.opened += 1
         self.reschedule(runner)
         if self._drained:  # delivered after the drain ended: it ends with the others
@@ -258,18 +248,8 @@ class Sessions:
         (``for_resume``) attaches a client. ProtocolError: refused as ``admit`` refuses
         (full, draining), or the session is already here."""
         self.registry.adopt(session)
-        config = self.config
-        runner = SessionRunner(
-            self,
-            session,
-            engine,
-            config.max_pending_input,
-            config.max_input_bytes,
-            config.max_config_bytes,
-        )
-        self._runners[session.id] = runner
-        assert self._nursery is not None
-        self._nursery.start_soon(runner.run)  # synchronous: no cancel point in between
+        runner = self._runner(session, engine)
+        self._start_runner(runner)
         self.reschedule(runner)
         log.info(
             "session %s adopted (migrated here)",
@@ -277,6 +257,23 @@ class Sessions:
             extra={"session_id": session.id, "principal": session.principal},
         )
         return runner
+
+    def _runner(self, session: Session, engine: Engine) -> SessionRunner:
+        config = self.config
+        return SessionRunner(
+            self,
+            session,
+            engine,
+            config.max_pending_input,
+            config.max_input_bytes,
+            config.max_config_bytes,
+        )
+
+    def _start_runner(self, runner: SessionRunner) -> None:
+        """Own ``runner`` and start its task (synchronous: no cancel point in between)."""
+        self._runners[runner.session.id] = runner
+        assert self._nursery is not None
+        self._nursery.start_soon(runner.run)
 
     def for_resume(self, session_id: str) -> SessionRunner:
         """The runner of a resumable session (ProtocolError: none, or draining)."""
