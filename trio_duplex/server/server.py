@@ -52,6 +52,7 @@ from . import metrics
 from .auth import OPEN, Gate, Grant, KeyRing, Verifier
 from .connection import Connection
 from .http import Endpoints, serve_internal
+from .listen import open_listeners
 from .runner import (
     CheckFailed,
     SessionRunner,
@@ -176,7 +177,9 @@ class DuplexServer:
         self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Listen on ``config.host:config.port``; reports the bound port when ready."""
-        listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+        listeners = await open_listeners(
+            self.config.port, self.config.host, reuse_port=self.config.reuse_port
+        )
         port: int = listeners[0].socket.getsockname()[1]
         serving: Sequence[trio.abc.Listener[Any]] = listeners
         if self.ssl_context is not None:
