@@ -154,7 +154,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(str(exc))
     if config.workers > 1:
         assert config.node_id is not None  # --workers needs --cluster
-        longest = f"{config.node_id}-w{config.workers - 1}"
+        longest = f"{config.node_id}-w{config.workers - 1}.99999"  # room for restarts
         if len(longest) > 128:
             parser.error(f"--node-id is too long for the workers' ids ({longest})")
         from .server.workers import supervise

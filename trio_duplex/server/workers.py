@@ -6,7 +6,8 @@ itself and never talks to the cluster's store. It
 * reserves the port: a socket bound with SO_REUSEPORT, never listening (listen.py), so
   that ``--port 0`` names one port every worker shares, kept for its whole life;
 * starts each worker as ``python -m trio_duplex serve <the same arguments> --workers 1
-  --reuse-port --relay-port 0 --node-id ID-wI --port PORT``: the same command line, so
+  --reuse-port --relay-port 0 --node-id ID-wI --port PORT`` (restarted: ``ID-wI.1``,
+  ``ID-wI.2`` ..., a new node each time): the same command line, so
   the environment (inherited) and the ``--config`` file (named again) reach the workers
   through the same layers, and the later flags override what is worker-specific. Each
   worker is a node of the cluster, with its own relay listener for the resumes that the
@@ -95,12 +96,20 @@ def _shown(returncode: int) -> str:
 @attrs.define(eq=False)
 class Worker:
     index: int
-    node_id: str
+    base_id: str
+    """``ID-wI``: its node id when first started; each restart is a new node,
+    ``ID-wI.1``, ``ID-wI.2`` ..., so that the cluster sees the sessions of the process
+    that died as lost (their home gone) rather than as held by a live node."""
+    starts: int = 0
     proc: subprocess.Popen[bytes] | None = None
     restarts: deque[float] = attrs.field(factory=deque)
     """When it was restarted, within the last RESTART_WINDOW_S."""
     status: int | None = None
     """Its exit status once the supervisor is stopping and it has exited."""
+
+    @property
+    def node_id(self) -> str:
+        return self.base_id if self.starts <= 1 else f"{self.base_id}.{self.starts - 1}"
 
 
 @attrs.define(eq=False)
@@ -137,6 +146,7 @@ class Supervisor:
     def _spawn(self, worker: Worker) -> trio.lowlevel.FdStream:
         """Start the worker; the stream of its readiness pipe."""
         read, write = os.pipe()
+        worker.starts += 1
         try:
             worker.proc = subprocess.Popen(
                 self.command(worker, write),
