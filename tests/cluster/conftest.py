@@ -7,13 +7,15 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
 import coredis
 import pytest
 
 from trio_duplex.cluster import Store, open_store
+
+from ..helpers import Serve, ServerProcess
 
 STARTUP_S = 5.0
 TIMEOUT_S = 0.5
@@ -101,3 +103,18 @@ async def raw(redis_server: RedisServer) -> AsyncIterator[coredis.Redis[str]]:
     """A plain client, to look at (or tamper with) keys behind the store's back."""
     async with coredis.Redis.from_url(redis_server.url, decode_responses=True) as client:
         yield client
+
+
+SECRET = "test-cluster-secret-0123456789"
+
+
+@pytest.fixture
+def cluster(serve: Serve, redis_server: RedisServer, store: Store) -> Callable[..., ServerProcess]:
+    """``cluster(name, *flags)``: a node of the cluster on the (emptied) test Redis."""
+
+    def start(name: str, *flags: str) -> ServerProcess:
+        return serve(
+            "--cluster", redis_server.url, "--cluster-secret", SECRET, "--node-id", name, *flags
+        )
+
+    return start

@@ -29,26 +29,13 @@ from trio_duplex.cluster.keys import _NODE_ID
 from trio_duplex.core import config as server_config
 from trio_duplex.server.cluster import advertise_url, default_node_id, shown_url
 
-from ..helpers import Serve, ServerProcess
-from .conftest import RedisServer
+from ..helpers import ServerProcess
+from .conftest import SECRET, RedisServer
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 5.0
 MEMBERSHIP_BOUND_S = NODE_TTL_S + HEARTBEAT_INTERVAL_S
-SECRET = "test-cluster-secret-0123456789"
-
-
-@pytest.fixture
-def cluster(serve: Serve, redis_server: RedisServer, store: Store) -> Callable[..., ServerProcess]:
-    """``cluster(name, *flags)``: a node of the cluster on the (emptied) test Redis."""
-
-    def start(name: str, *flags: str) -> ServerProcess:
-        return serve(
-            "--cluster", redis_server.url, "--cluster-secret", SECRET, "--node-id", name, *flags
-        )
-
-    return start
 
 
 CAPPED = ("--cluster-max-sessions", "10", "--max-sessions", "10")

@@ -28,6 +28,7 @@ def test_keys_are_under_the_prefix() -> None:
     assert keys.leases("a") == "p:node:a:leases"
     assert keys.sessions("a") == "p:node:a:sessions"
     assert keys.session("s1") == "p:session:s1"
+    assert keys.migration("s1") == "p:migration:s1"
     assert keys.nodes == "p:nodes"
     assert Keys().node("a") == "trio-duplex:node:a"
 
@@ -110,6 +111,31 @@ async def test_claim_home_release(store: Store) -> None:
     assert await store.home_of("s1") == "a"
     assert await store.release_session("s1", "a")
     assert await store.home_of("s1") is None
+
+
+async def test_locate_tells_where_a_session_is(store: Store) -> None:
+    assert (await store.locate("s1")).kind == "unknown"
+    await store.register("a", URL_A)
+    await store.claim_session("s1", "a", ttl_s=30)
+    home = await store.locate("s1")
+    assert (home.kind, home.node_id, home.url) == ("home", "a", URL_A)
+    await store.forget("a")
+    lost = await store.locate("s1")
+    assert (lost.kind, lost.node_id, lost.url) == ("lost", "a", None)
+
+
+async def test_a_handed_over_session_is_taken_once(store: Store, raw: coredis.Redis[str]) -> None:
+    await store.register("a", URL_A)
+    await store.claim_session("s1", "a", ttl_s=30)
+    record = bytes(range(256)) * 3  # any bytes, not only text
+    await store.hand_over("s1", "a", record, ttl_s=30)
+    assert await store.home_of("s1") is None  # a resume finds the record, not the home
+    assert list(await raw.hkeys(store.keys.sessions("a"))) == []
+    assert await raw.pttl(store.keys.migration("s1")) > 29_000
+    taken = await store.locate("s1")
+    assert (taken.kind, taken.record) == ("migrated", record)
+    assert "\\x" not in repr(taken) and str(record[:8]) not in repr(taken)
+    assert (await store.locate("s1")).kind == "unknown"  # taken: nobody else gets it
 
 
 async def test_a_node_not_alive_cannot_claim_or_lease(store: Store) -> None:

@@ -25,8 +25,11 @@ import trio
 from trio_duplex.cluster import HEARTBEAT_INTERVAL_S, NODE_TTL_S, Store
 
 from ..helpers import READY, ServerProcess, Servers
-from .conftest import RedisServer
-from .test_serve import SECRET, TIMEOUT, clients, echo, open_many, until
+from .conftest import SECRET, RedisServer
+from .test_relay import drop, resume, text, ws_to
+from .test_relay import receive as receive_event
+from .test_relay import send as send_event
+from .test_serve import TIMEOUT, clients, echo, open_many, until
 
 pytestmark = pytest.mark.integration
 
@@ -216,6 +219,48 @@ def start_with_env(args: tuple[str, ...], **env: str) -> ServerProcess:
     server = ServerProcess(proc)
     server.start_reading()
     return server
+
+
+async def test_a_session_resumes_through_whichever_worker_the_kernel_picks(
+    workers: Workers,
+) -> None:
+    """Every resume arrives on a new connection, which the kernel gives to either worker:
+    on the session's home it resumes there, on the other it is relayed to the home. Each
+    one works; the loop goes on until both kinds have happened (at least 6 resumes, at
+    most 60: both kinds missing from 60 has odds of 2 ** -59)."""
+    server = workers()
+    async with ws_to(server.url) as first:
+        await send_event(first, {"type": "session.update", "session": {}})
+        created = await receive_event(first)
+        assert created["type"] == "session.created", created
+        await send_event(first, text(1, "1"))
+        last = (await receive_event(first))["server_event_seq"]
+        drop(first)
+    sid = created["session_id"]
+    home = server.wait_for_line(rf"\[([A-Za-z0-9._-]+)\]: session {sid} opened", TIMEOUT)[1]
+    relaying = f"session {sid}: relaying its resume to its home node {home}"
+    token, seq = created["resume_token"], 1
+    for attempt in range(1, 61):
+        async with ws_to(server.url) as again:
+            await send_event(again, resume(created, token, last))
+            resumed = await receive_event(again)
+            assert resumed["type"] == "session.resumed", (attempt, resumed)
+            assert resumed["last_received_client_event_seq"] == seq
+            token, seq = resumed["resume_token"], seq + 1
+            await send_event(again, text(seq, str(seq)))
+            reply = await receive_event(again)
+            assert reply["text"] == str(seq), reply
+            last = reply["server_event_seq"]
+            drop(again)
+        relayed = server.log.count(relaying)  # the log may lag: then one more resume
+        if attempt >= 6 and 0 < relayed < attempt:
+            break
+    else:
+        raise AssertionError(f"60 resumes, {server.log.count(relaying)} relayed:\n{server.log}")
+    # Every resume was taken by the home, directly or through the other worker.
+    resumed_on = re.findall(rf"\[([A-Za-z0-9._-]+)\]: session {sid} resumed", server.log)
+    assert set(resumed_on) == {home}, resumed_on
+    assert "Traceback" not in server.log
 
 
 # -- the command line -------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """Cluster mode (issue 13): what nodes share through Redis.
 
-So far only the shared store: membership, the session directory and admission leases.
+The shared store: membership, the session directory, admission leases and handed-over
+sessions.
 """
 
 from .keys import DEFAULT_PREFIX, Keys
 from .store import (
     HEARTBEAT_INTERVAL_S,
     NODE_TTL_S,
+    Located,
     NotRegistered,
     Store,
     StoreUnavailable,
@@ -18,6 +20,7 @@ __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "NODE_TTL_S",
     "Keys",
+    "Located",
     "NotRegistered",
     "Store",
     "StoreUnavailable",

@@ -11,7 +11,9 @@ has a TTL, so nothing a dead node wrote outlives it for longer than that TTL:
   node is home of, PX node TTL: what its heartbeat refreshes;
 * ``{p}session:{sid}`` -- the session's home node id, PX directory TTL, which is
   refreshed by the home's heartbeat and so outlives a dead home by at most that TTL: long
-  enough to answer a resume with "node lost" rather than "unknown".
+  enough to answer a resume with "node lost" rather than "unknown";
+* ``{p}migration:{sid}`` -- a session a draining node handed over (its record, base64),
+  PX the session's resume window: the first node its client resumes on takes it.
 
 The scripts find other nodes' keys from the ``nodes`` set at run time, which a standalone
 Redis (or Valkey) allows; a Redis *Cluster* would not (the keys are not declared).
@@ -73,6 +75,11 @@ class Keys:
         if not session_id:
             raise ValueError("empty session id")
         return f"{self.session_prefix}{session_id}"
+
+    def migration(self, session_id: str) -> str:
+        if not session_id:
+            raise ValueError("empty session id")
+        return f"{self.prefix}migration:{session_id}"
 
     def node_keys(self, node_id: str) -> list[str]:
         """KEYS for the per-node scripts: node, leases, sessions, nodes."""
@@ -201,4 +208,38 @@ if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then
     return 1
 end
 return 0
+"""
+
+# KEYS session, migration; ARGV node key prefix.
+# Where a session is, for a resume that reached a node that does not hold it:
+# {"migrated", record} (taken: the caller adopts it), {"home", id, url} (alive),
+# {"lost", id} (its home is dead), or {} (no such session).
+LOCATE = """
+local record = redis.call('GET', KEYS[2])
+if record then
+    redis.call('DEL', KEYS[2])
+    return {'migrated', record}
+end
+local home = redis.call('GET', KEYS[1])
+if not home then
+    return {}
+end
+local url = redis.call('GET', ARGV[1] .. home)
+if url then
+    return {'home', home, url}
+end
+return {'lost', home}
+"""
+
+# KEYS sessions, session, migration; ARGV node id, session id, record, ttl ms.
+# A draining node hands a session over: the record is stored for the session's resume
+# window and the directory entry (if still this node's) goes, so that a resume finds
+# the record, not a home that refuses it.
+HAND_OVER = """
+redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+redis.call('HDEL', KEYS[1], ARGV[2])
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+    redis.call('DEL', KEYS[2])
+end
+return 1
 """

@@ -9,9 +9,10 @@ a fresh connection (nothing here retries by itself: the caller knows what can wa
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import attrs
@@ -40,6 +41,20 @@ class StoreUnavailable(Exception):
 
 class NotRegistered(Exception):
     """The node is not alive in the store (never registered, forgotten, or lapsed)."""
+
+
+@attrs.frozen(repr=False)
+class Located:
+    """Where a session is (``Store.locate``)."""
+
+    kind: Literal["migrated", "home", "lost", "unknown"]
+    node_id: str | None = None
+    url: str | None = None
+    record: bytes | None = None
+    """The handed-over session's record (``migrated``): it holds credential digests."""
+
+    def __repr__(self) -> str:
+        return f"Located({self.kind}, node_id={self.node_id!r})"
 
 
 class _TCPConnection(TCPConnection):
@@ -181,6 +196,41 @@ class Store:
             [node_id, session_id],
         )
         return bool(released)
+
+    async def locate(self, session_id: str) -> Located:
+        """Where a session this node does not hold is: handed over (its record, taken
+        now: adopt it or ``hand_over`` it back), at a live home, at a dead one, or
+        nowhere."""
+        found = await self._run(
+            k.LOCATE,
+            [self.keys.session(session_id), self.keys.migration(session_id)],
+            [self.keys.node_prefix],
+        )
+        if not found:
+            return Located("unknown")
+        kind = str(found[0])
+        if kind == "migrated":
+            try:
+                record = base64.b64decode(str(found[1]), validate=True)
+            except ValueError:
+                return Located("unknown")
+            return Located("migrated", record=record)
+        if kind == "home":
+            return Located("home", node_id=str(found[1]), url=str(found[2]))
+        return Located("lost", node_id=str(found[1]))
+
+    async def hand_over(self, session_id: str, node_id: str, record: bytes, ttl_s: float) -> None:
+        """Store a migrating session's record for ``ttl_s``, and drop ``node_id``'s directory
+        entry for it: the next resume anywhere takes the record (``locate``)."""
+        await self._run(
+            k.HAND_OVER,
+            [
+                self.keys.sessions(node_id),
+                self.keys.session(session_id),
+                self.keys.migration(session_id),
+            ],
+            [node_id, session_id, base64.b64encode(record).decode("ascii"), ttl_ms(ttl_s)],
+        )
 
     # -- admission leases ---------------------------------------------------------------
 

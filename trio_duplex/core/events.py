@@ -78,6 +78,9 @@ class ErrorCode(enum.StrEnum):
     INVALID_RESUME_TOKEN = "invalid_resume_token"
     SESSION_RESUME_EXPIRED = "session_resume_expired"
     SESSION_RESUME_CONFLICT = "session_resume_conflict"
+    SESSION_HOME_UNREACHABLE = "session_home_unreachable"
+    """Cluster mode: the session lives on another node, alive, that this one could not
+    reach to relay the resume. Retryable (close 1013)."""
     UNSUPPORTED_AUDIO_FORMAT = "unsupported_audio_format"
     """``session.audio`` asks for a wire, format or rate the server (or the engine) does
     not support; ``param`` names the field. No session is opened."""
@@ -99,6 +102,7 @@ RETRYABLE_CODES: Final = frozenset(
         ErrorCode.SESSION_RESUME_CONFLICT,
         ErrorCode.SERVER_SHUTTING_DOWN,
         ErrorCode.UNEXPECTED_CLIENT_EVENT_SEQ,
+        ErrorCode.SESSION_HOME_UNREACHABLE,
     }
 )
 """Error codes whose request may succeed if sent again later."""

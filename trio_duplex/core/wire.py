@@ -233,8 +233,9 @@ class ProtocolError(Exception):
     event_id: str | None = None
     param: str | None = None
     close_code: int | None = None
-    extra: tuple[tuple[str, int], ...] = ()
-    """More fields of the ``error`` event, by name (``expected_client_event_seq``)."""
+    extra: tuple[tuple[str, int | str], ...] = ()
+    """More fields of the ``error`` event, by name (``expected_client_event_seq``,
+    ``reason``)."""
 
     @classmethod
     def unexpected_client_seq(cls, expected: int, seq: int) -> ProtocolError:
@@ -256,6 +257,10 @@ class ProtocolError(Exception):
     @property
     def retryable(self) -> bool:
         return self.code in RETRYABLE_CODES
+
+    def with_extra(self, **fields: int | str) -> ProtocolError:
+        """The same error with more fields in its ``error`` event."""
+        return attrs.evolve(self, extra=(*self.extra, *fields.items()))
 
     def to_event(self, cause: dict[str, Any] | None = None) -> dict[str, Any]:
         """The ``error`` event; it echoes the ``event_id`` and (protocol v2) the valid

@@ -108,9 +108,36 @@ class Grant:
     """A resume token's session: the first message must be its ``session.resume``."""
     locked: dict[str, Any] | None = None
     """A client token's locked configuration: the session gets it and cannot change it."""
+    relayed: bool = False
+    """Cluster mode: another node relays this connection (relay.py): it resumes
+    ``resume_of``, which must be here (it is never relayed on)."""
+    elsewhere: bytes | None = None
+    """Cluster mode: the digest of a credential nothing here knows, maybe the resume token
+    of a session on another node: the first message must be a ``session.resume`` with
+    exactly that token (which the session's home then checks)."""
 
     def __repr__(self) -> str:
-        return f"Grant(principal={self.principal!r}, resume_of={self.resume_of!r})"
+        return (
+            f"Grant(principal={self.principal!r}, resume_of={self.resume_of!r}, "
+            f"relayed={self.relayed}, elsewhere={self.elsewhere is not None})"
+        )
+
+    @property
+    def resume_only(self) -> bool:
+        return self.resume_of is not None or self.elsewhere is not None
+
+    def allows_resume(self, event: Mapping[str, Any]) -> bool:
+        """May a connection with this grant send ``event`` (its first message)? Only a
+        ``session.resume`` with a resume-only grant."""
+        if self.resume_of is None and self.elsewhere is None:
+            return True
+        if event.get("type") != "session.resume":
+            return False
+        if self.resume_of is not None:
+            return bool(event.get("session_id") == self.resume_of)
+        token = event.get("resume_token")
+        assert self.elsewhere is not None
+        return isinstance(token, str) and hmac.compare_digest(digest(token), self.elsewhere)
 
 
 OPEN = Grant(None)
@@ -209,6 +236,9 @@ class Gate:
     keys: KeyRing | None = None
     verifier: Verifier | None = None
     tokens: ClientTokens = attrs.field(factory=ClientTokens)
+    elsewhere: bool = False
+    """Cluster mode: a credential nothing here knows may be the resume token of a session
+    on another node; it is let through to send that resume (``Grant.elsewhere``)."""
 
     @classmethod
     def of(
@@ -255,7 +285,9 @@ class Gate:
         if client is not None:  # spent now: it opens this one session
             return Grant(client.principal, locked=client.config)
         session_id = self.holder_of(credential)
-        return None if session_id is None else Grant(None, resume_of=session_id)
+        if session_id is not None:
+            return Grant(None, resume_of=session_id)
+        return Grant(None, elsewhere=digest(credential)) if self.elsewhere else None
 
     def issue_token(self, headers: Headers, body: bytes) -> tuple[int, bytes]:
         """``POST /v1/client_tokens`` with an API key: a one-use token for one session,

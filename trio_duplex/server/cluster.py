@@ -35,7 +35,15 @@ import attrs
 import trio
 from coredis.exceptions import RedisError
 
-from ..cluster import HEARTBEAT_INTERVAL_S, NotRegistered, Store, StoreUnavailable, open_store
+from ..cluster import (
+    HEARTBEAT_INTERVAL_S,
+    NODE_TTL_S,
+    Located,
+    NotRegistered,
+    Store,
+    StoreUnavailable,
+    open_store,
+)
 from ..core.config import ServerConfig
 from ..core.events import ErrorCode
 from ..core.frames import CloseCode
@@ -127,6 +135,11 @@ class ClusterNode:
     """``--cluster-max-sessions``; None: no cluster-wide cap, no leases taken."""
     slots_held: Callable[[], int]
     """How many sessions hold a slot here now (the count a heartbeat sets without a cap)."""
+    secret: str = attrs.field(repr=False, kw_only=True)
+    """``--cluster-secret``: signs the resumes this node relays, checks those it gets."""
+    directory_ttl_s: float = attrs.field(kw_only=True)
+    """How long a session's directory entry outlives this node's last heartbeat: its
+    resume window, so that a resume after this node died hears ``node_lost``."""
     held: int = 0
     """Leases this node holds, as far as it knows (with a cap): taken, not yet given back."""
     store_up: bool = True
@@ -188,6 +201,49 @@ class ClusterNode:
             since = self._down_since
             lasted = "" if since is None else f" after {trio.current_time() - since:.1f}s"
             log.warning("cluster: store reachable again%s", lasted)
+
+    # -- the session directory ----------------------------------------------------------
+
+    async def claim(self, session_id: str) -> None:
+        """This node is the session's home, as far as the store can be told: a store that
+        does not answer (within its timeout) leaves the session resumable here only."""
+        try:
+            await self.store.claim_session(session_id, self.node_id, self.directory_ttl_s)
+        except _FAILED as exc:
+            self._failed(exc)
+        except NotRegistered:  # lapsed: the next heartbeat registers it again
+            self._answered()
+        else:
+            self._answered()
+
+    def unclaim(self, session_id: str) -> None:
+        """The session has ended here: drop its directory entry (in a task; an entry left
+        behind expires with its TTL, and a resume of an ended session is refused anyway)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(self._unclaim, session_id)
+
+    async def _unclaim(self, session_id: str) -> None:
+        try:
+            await self.store.release_session(session_id, self.node_id)
+        except _FAILED as exc:
+            self._failed(exc)
+        else:
+            self._answered()
+
+    async def locate(self, session_id: str) -> Located:
+        """Where a session this node does not hold is (``Store.locate``). ProtocolError
+        ``session_home_unreachable`` (retryable): the store did not answer."""
+        try:
+            located = await self.store.locate(session_id)
+        except _FAILED as exc:
+            self._failed(exc)
+            raise ProtocolError(
+                ErrorCode.SESSION_HOME_UNREACHABLE,
+                "the cluster store is unreachable, so the session cannot be found; try again",
+                close_code=CloseCode.TRY_AGAIN_LATER,
+            ) from None
+        self._answered()
+        return located
 
     # -- admission -----------------------------------------------------------------------
 
@@ -264,7 +320,16 @@ async def joined(
             raise ClusterUnavailable(
                 f"cannot reach the cluster store {shown_url(config.cluster)}: {exc}"
             ) from None
-        node = ClusterNode(store, node_id, url, config.cluster_max_sessions, slots_held)
+        assert config.cluster_secret is not None  # (ServerConfig requires it with --cluster)
+        node = ClusterNode(
+            store,
+            node_id,
+            url,
+            config.cluster_max_sessions,
+            slots_held,
+            secret=config.cluster_secret,
+            directory_ttl_s=config.disconnect_grace_s + NODE_TTL_S,
+        )
         log.info(
             "cluster: node %s registered (advertised as %s, store %s, cap %s)",
             node_id,

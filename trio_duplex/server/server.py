@@ -34,12 +34,14 @@ import logging
 import math
 import os
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
+from websockets.http11 import Request
 
 from ..core.config import ServerConfig
 from ..core.events import ErrorCode, Event, EventType
@@ -53,6 +55,8 @@ from .auth import OPEN, Gate, Grant, KeyRing, Verifier
 from .connection import Connection
 from .http import Endpoints, serve_internal
 from .listen import open_listeners
+from .relay import HEADER as RELAY_HEADER
+from .relay import RELAY_PATH, relay, relayable, sign, unreachable, verify
 from .runner import (
     CheckFailed,
     SessionRunner,
@@ -140,6 +144,8 @@ class DuplexServer:
             return None if session is None else session.id
 
         self.gate = Gate.of(self.config, holder_of, self.keys, self.verifier)  # ValueError
+        # In a cluster, a credential unknown here may be a session's token on another node.
+        self.gate.elsewhere = self.config.cluster is not None
         cert, key = self.config.tls_cert, self.config.tls_key
         if self.ssl_context is None and cert is not None and key is not None:
             self.ssl_context = server_ssl_context(cert, key)
@@ -176,7 +182,8 @@ class DuplexServer:
     async def run_tcp(
         self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Listen on ``config.host:config.port``; reports the bound port when ready."""
+        """Listen on ``config.host:config.port`` (and, in a cluster with ``relay_port``,
+        on that port for relayed resumes); reports the bound port when ready."""
         listeners = await open_listeners(
             self.config.port, self.config.host, reuse_port=self.config.reuse_port
         )
@@ -192,8 +199,23 @@ class DuplexServer:
             internal = await trio.open_tcp_listeners(
                 self.config.metrics_port, host=self.config.host
             )
-        async with self._cluster(port), trio.open_nursery() as nursery:
-            await nursery.start(functools.partial(self.run, serving, internal=internal))
+        relaying: Sequence[trio.abc.Listener[Any]] = ()
+        advertised = port
+        if self.config.cluster is not None and self.config.relay_port is not None:
+            relay_listeners = await trio.open_tcp_listeners(
+                self.config.relay_port, host=self.config.host
+            )
+            advertised = relay_listeners[0].socket.getsockname()[1]
+            relaying = relay_listeners
+            if self.ssl_context is not None:
+                relaying = [
+                    trio.SSLListener(lsn, self.ssl_context, https_compatible=True)
+                    for lsn in relay_listeners
+                ]
+        async with self._cluster(advertised), trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(self.run, serving, internal=internal, relaying=relaying)
+            )
             task_status.started(port)
 
     @asynccontextmanager
@@ -221,6 +243,7 @@ class DuplexServer:
         listeners: Sequence[trio.abc.Listener[Any]],
         *,
         internal: Sequence[trio.abc.Listener[Any]] = (),
+        relaying: Sequence[trio.abc.Listener[Any]] = (),
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Serve until ``begin_shutdown`` has drained every session.
@@ -244,6 +267,8 @@ class DuplexServer:
                         conns.start_soon(self._accept, listener, conns)
                     for listener in internal:
                         conns.start_soon(self._accept_internal, listener, conns)
+                    for listener in relaying:
+                        conns.start_soon(self._accept, listener, conns, True)
                     task_status.started()
                     await self._shutdown.wait()
                     await sessions.drain()
@@ -299,8 +324,12 @@ class DuplexServer:
 
     # -- one connection ----------------------------------------------------------------
 
-    async def _accept(self, listener: trio.abc.Listener[Any], nursery: trio.Nursery) -> None:
-        """Accept connections for ever; each one's task runs in ``nursery``.
+    async def _accept(
+        self, listener: trio.abc.Listener[Any], nursery: trio.Nursery, relay_only: bool = False
+    ) -> None:
+        """Accept connections for ever; each one's task runs in ``nursery``. ``relay_only``:
+        the ``--relay-port`` listener, whose connections (from other nodes, each a relayed
+        session) count towards ``max_connections`` but not per IP address.
 
         trio.serve_listeners logged an ERROR with a traceback every 100 ms while the
         process was out of file descriptors: here it is one warning a minute.
@@ -328,7 +357,7 @@ class DuplexServer:
                         )
                     await trio.sleep(_AT_CAPACITY_RETRY_S)
                 else:
-                    ip = _peer_ip(stream)
+                    ip = None if relay_only else _peer_ip(stream)
                     from_ip = 0 if ip is None else self._per_ip.get(ip, 0)
                     if (
                         self._counted < config.max_connections
@@ -337,7 +366,7 @@ class DuplexServer:
                         self._counted += 1
                         if ip is not None:
                             self._per_ip[ip] = from_ip + 1
-                        nursery.start_soon(self._handle_stream, stream, ip)
+                        nursery.start_soon(self._handle_stream, stream, ip, relay_only)
                     else:
                         await self._refuse(stream, ip, from_ip, nursery)
 
@@ -362,8 +391,22 @@ class DuplexServer:
                     functools.partial(serve_internal, endpoints=self.endpoints),
                 )
 
-    async def _handle_stream(self, stream: trio.abc.Stream, ip: str | None = None) -> None:
-        """One counted connection's task; it gives its place back when it ends."""
+    def _relay_grant(self, request: Request) -> Grant | None:
+        """A relayed resume (relay.py), if another node of this cluster signed it for this
+        one: it may resume the session it names, and nothing else."""
+        node = self.node
+        if node is None:
+            return None
+        value = request.headers.get(RELAY_HEADER)
+        session_id = verify(node.secret, value, node.node_id, time.time())
+        return None if session_id is None else Grant(None, resume_of=session_id, relayed=True)
+
+    async def _handle_stream(
+        self, stream: trio.abc.Stream, ip: str | None = None, relay_only: bool = False
+    ) -> None:
+        """One counted connection's task; it gives its place back when it ends.
+        ``relay_only``: from the ``--relay-port`` listener, which takes relayed resumes
+        only."""
         try:
             accepted = None
             with trio.move_on_after(self.config.handshake_timeout_s) as handshake:
@@ -373,7 +416,7 @@ class DuplexServer:
                 # first one is a configuration or a resume, not audio.
                 accepted = await accept_websocket(
                     stream,
-                    self.config.path,
+                    None if relay_only else self.config.path,
                     self.config.first_message_bytes,
                     self.config.write_timeout_s,
                     ip,
@@ -381,6 +424,7 @@ class DuplexServer:
                     origins=self.config.allow_origin,
                     authorize=None if self.gate.open else self.gate.authorize,
                     issue_token=self.gate.issue_token,
+                    relay=None if self.node is None else (RELAY_PATH, self._relay_grant),
                 )
             if handshake.cancelled_caught:
                 self.endpoints.refused("timeout")
@@ -454,7 +498,7 @@ class DuplexServer:
         try:
             if query.get("autostart") == ["1"]:
                 try:
-                    if grant.resume_of is not None:
+                    if grant.resume_only:
                         raise _resume_only()
                     opening = {} if grant.locked is None else dict(grant.locked)
                     engine = self._new_engine(opening)
@@ -486,12 +530,10 @@ class DuplexServer:
                 if waiting.cancelled_caught:
                     raise _CONFIG_TIMEOUT
                 event = decode(text) if len(text) < LARGE else await _decode_large(text)
-                if grant.resume_of is not None and not (
-                    event["type"] == EventType.RESUME and event.get("session_id") == grant.resume_of
-                ):
+                if not grant.allows_resume(event):
                     raise _resume_only()
                 if event["type"] == EventType.RESUME:
-                    return await self._resume(conn, event)
+                    return await self._resume(conn, event, grant)
                 return await self._open_with(conn, event, len(text), grant)
             except ProtocolError as exc:
                 totals = self.sessions.totals
@@ -576,6 +618,10 @@ class DuplexServer:
                 node.release()
             raise
         try:
+            if node is not None and node.store_up:
+                # Found from any node before its client hears of it (a client that drops at
+                # once may resume elsewhere). With the store down it is resumable here only.
+                await node.claim(session.id)
             # The handshake rule: resumable only once this send has completed.
             await conn.ws.send_message(encode(sessions.registry.created_event(session, token)))
         except BaseException:
@@ -586,7 +632,9 @@ class DuplexServer:
             runner.handle(conn, first, first_size)
         return runner
 
-    async def _resume(self, conn: Connection, event: Event) -> SessionRunner | None:
+    async def _resume(
+        self, conn: Connection, event: Event, grant: Grant = OPEN
+    ) -> SessionRunner | None:
         session_id = event.get("session_id")
         token = event.get("resume_token")
         last = event.get("last_received_server_event_seq", 0)
@@ -596,6 +644,16 @@ class DuplexServer:
                 "session.resume needs session_id, resume_token (strings) and an optional "
                 "non-negative integer last_received_server_event_seq",
             )
+        node = self.node
+        if (
+            node is not None
+            and not grant.relayed  # (a relayed resume is never relayed on)
+            and not self.shutting_down
+            and self.sessions.runner(session_id) is None
+            and relayable(session_id)
+        ):
+            if await self._resume_elsewhere(conn, event, session_id, node):
+                return None
         runner = self.sessions.for_resume(session_id)
         session = runner.session
         now = trio.current_time()
@@ -656,6 +714,48 @@ class DuplexServer:
         )
         return runner
 
+    async def _resume_elsewhere(
+        self, conn: Connection, event: Event, session_id: str, node: ClusterNode
+    ) -> bool:
+        """Cluster mode: a resume of a session this node does not hold. True: relayed to
+        its home (and over); False: not found elsewhere, the local path answers.
+        ProtocolError: its home is gone (``node_lost``), or unreachable (retryable)."""
+        located = await node.locate(session_id)  # ProtocolError: the store is unreachable
+        totals = self.sessions.totals
+        if located.kind == "lost":
+            totals.count(totals.resumes, "node_lost")
+            raise ProtocolError.resume_refused(
+                ErrorCode.SESSION_RESUME_EXPIRED,
+                "the session's node is gone, and the session with it",
+            ).with_extra(reason="node_lost")
+        if located.kind != "home" or located.node_id == node.node_id or located.url is None:
+            return False
+        config = self.config
+        conn.ws.max_message_bytes = config.max_event_bytes  # the session's own bound
+        conn.start_keepalive(self.sessions.timers, config.ping_interval_s, config.ping_timeout_s)
+        assert located.node_id is not None
+        header = sign(node.secret, node.node_id, located.node_id, session_id, time.time())
+        log.info(
+            "session %s: relaying its resume to its home node %s",
+            session_id,
+            located.node_id,
+            extra={"session_id": session_id},
+        )
+        relayed = await relay(
+            conn,
+            encode(event),
+            home=located.node_id,
+            url=located.url,
+            header=header,
+            connect_timeout_s=config.handshake_timeout_s,
+            write_timeout_s=config.write_timeout_s,
+        )
+        if not relayed:
+            totals.count(totals.resumes, ErrorCode.SESSION_HOME_UNREACHABLE)
+            raise unreachable(located.node_id)
+        totals.count(totals.resumes, "relayed")
+        return True
+
     async def _read(self, conn: Connection, runner: SessionRunner) -> None:
         get, handle, large = conn.ws.get_message, runner.handle, LARGE
         while conn.close_code is None:
@@ -678,13 +778,14 @@ class DuplexServer:
 
 
 class _ReturnLeases(Observer):
-    """Gives a session's cluster lease back once its slot is free."""
+    """Gives a session's cluster lease and directory entry back once its slot is free."""
 
     def __init__(self, node: ClusterNode) -> None:
         self.node = node
 
     def released(self, session: Session) -> None:
         self.node.release()
+        self.node.unclaim(session.id)
 
 
 async def _decode_large(text: str | bytes) -> Event:

@@ -450,6 +450,10 @@ _UNAUTHORIZED = _answer(
     "401 Unauthorized", "a credential is required\n", "WWW-Authenticate: Bearer"
 )
 
+_RELAY_FORBIDDEN = _answer(
+    "403 Forbidden", "this endpoint takes resumes relayed by the nodes of this cluster only\n"
+)
+
 _REFUSAL_REASONS = {404: "not_found", 403: "origin"}
 """The ``trio_duplex_handshake_refusals_total`` reason of an upgrade answered so."""
 
@@ -561,7 +565,7 @@ async def refuse_unavailable(stream: trio.abc.Stream) -> None:
 
 async def accept_websocket(
     stream: trio.abc.Stream,
-    path: str,
+    path: str | None,
     max_message_bytes: int,
     write_timeout: float = math.inf,
     peer: str | None = None,
@@ -570,6 +574,7 @@ async def accept_websocket(
     origins: Sequence[str] = (),
     authorize: Callable[[Request], Grant | None] | None = None,
     issue_token: Callable[[Headers, bytes], tuple[int, bytes]] | None = None,
+    relay: tuple[str, Callable[[Request], Grant | None]] | None = None,
 ) -> tuple[WebSocket, dict[str, list[str]], Grant] | None:
     """Read the HTTP upgrade request and answer it.
 
@@ -579,7 +584,9 @@ async def accept_websocket(
     is not HTTP is dropped: those return None. Bound it with a deadline. A path that
     ``endpoints`` answers (health, metrics: http.py) gets that answer instead. With
     ``authorize``, an upgrade it grants nothing gets 401 (auth.py); the grant is
-    returned with the WebSocket.
+    returned with the WebSocket. ``path`` None: no such endpoint here (a listener for
+    relayed resumes only). With ``relay`` (cluster mode: its path, and a check of the
+    request's signature), an upgrade for that path gets the check's grant, or 403.
     """
     where = f"a connection from {peer}" if peer else "a connection"
     refused = _uncounted if endpoints is None else endpoints.refused
@@ -626,7 +633,16 @@ async def accept_websocket(
         await stream.send_all(answer)
         return None
     grant = OPEN
-    if authorize is not None and url.path == path:
+    relayed = relay is not None and url.path == relay[0]
+    if relay is not None and relayed:
+        signed = relay[1](request)
+        if signed is None:
+            FAULTS.report(where, "403: a relay request not signed for this node")
+            refused("relay_unsigned")
+            await stream.send_all(_RELAY_FORBIDDEN)
+            return None
+        grant = signed
+    elif authorize is not None and url.path == path:
         found = authorize(request)
         if found is None:
             FAULTS.report(where, "401: no valid credential")
@@ -639,7 +655,7 @@ async def accept_websocket(
         response = protocol.reject(403, "origin not allowed\n")
     elif response.status_code != 101:
         response = protocol.reject(400, "this endpoint takes WebSocket upgrade requests\n")
-    elif url.path != path:
+    elif url.path != path and not relayed:
         response = protocol.reject(404, "no such endpoint\n")
     protocol.send_response(response)
     if response.status_code != 101:

@@ -1,0 +1,255 @@
+"""Resume on any node (issue 13): a resume that reaches a node other than the session's
+home is relayed there; one whose home is gone is refused ``node_lost``.
+
+Real ``trio-duplex serve`` processes on 127.0.0.1, a real redis-server, and clients we
+did not write: ``websockets`` and curl. Real time passes only where a killed node's
+membership lapsing (Redis's TTL clock) is what is tested, polled against a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.trio.client import ClientConnection, connect
+
+from trio_duplex.cluster import Store
+from trio_duplex.server.relay import HEADER, RELAY_PATH, sign, verify
+
+from ..helpers import ServerProcess
+from .conftest import SECRET
+from .test_serve import MEMBERSHIP_BOUND_S, TIMEOUT
+
+pytestmark = pytest.mark.integration
+
+Event = dict[str, Any]
+
+
+@asynccontextmanager
+async def ws_to(url: str, credential: str | None = None) -> AsyncIterator[ClientConnection]:
+    headers = None if credential is None else {"Authorization": f"Bearer {credential}"}
+    async with connect(
+        url,
+        additional_headers=headers,
+        proxy=None,
+        compression=None,
+        open_timeout=TIMEOUT,
+        close_timeout=TIMEOUT,
+    ) as ws:
+        yield ws
+
+
+async def receive(ws: ClientConnection) -> Event:
+    with trio.fail_after(TIMEOUT):
+        message = await ws.recv()
+    assert isinstance(message, str), message
+    event: Event = json.loads(message)
+    return event
+
+
+async def send(ws: ClientConnection, event: Event) -> None:
+    await ws.send(json.dumps(event))
+
+
+async def closed_with(ws: ClientConnection) -> tuple[list[Event], int | None]:
+    """Every event until the server closes, and its close code."""
+    seen: list[Event] = []
+    try:
+        while True:
+            seen.append(await receive(ws))
+    except ConnectionClosed as exc:
+        return seen, None if exc.rcvd is None else exc.rcvd.code
+
+
+def drop(ws: ClientConnection) -> None:
+    """Cut the TCP connection without a close frame (a phone losing its network)."""
+    ws.stream.socket.close()  # type: ignore[attr-defined]
+
+
+def text(seq: int, words: str) -> Event:
+    return {"type": "input.text.append", "client_event_seq": seq, "text": words}
+
+
+def resume(created: Event, token: str, last: int) -> Event:
+    return {
+        "type": "session.resume",
+        "session_id": created["session_id"],
+        "resume_token": token,
+        "last_received_server_event_seq": last,
+    }
+
+
+@pytest.fixture
+def three(cluster: Callable[..., ServerProcess]) -> list[ServerProcess]:
+    return [cluster(name, "--relay-port", "0") for name in ("a", "b", "c")]
+
+
+async def test_resume_on_another_node_is_relayed_with_replay_and_resend(
+    three: list[ServerProcess], store: Store
+) -> None:
+    a, b, _ = three
+    async with ws_to(a.url) as on_a:
+        await send(on_a, {"type": "session.update", "session": {}})
+        created = await receive(on_a)
+        assert created["type"] == "session.created"
+        await send(on_a, text(1, "one"))
+        assert (await receive(on_a))["server_event_seq"] == 1
+        await send(on_a, text(2, "two"))
+        assert (await receive(on_a))["server_event_seq"] == 2  # read, but never acked
+        drop(on_a)
+    home = await store.locate(created["session_id"])
+    assert (home.kind, home.node_id) == ("home", "a")
+    async with ws_to(b.url) as on_b:
+        await send(on_b, resume(created, created["resume_token"], 1))
+        resumed = await receive(on_b)
+        assert resumed["type"] == "session.resumed", resumed
+        assert resumed["attachment_generation"] == 2
+        assert resumed["last_received_client_event_seq"] == 2
+        replayed = await receive(on_b)
+        assert (replayed["server_event_seq"], replayed["text"]) == (2, "two")
+        await send(on_b, text(2, "two"))  # a resend of what was received: dropped
+        await send(on_b, text(3, "three"))
+        live = await receive(on_b)
+        assert (live["server_event_seq"], live["text"]) == (3, "three")
+        await send(on_b, {"type": "session.close"})
+        events, code = await closed_with(on_b)
+        assert [e["type"] for e in events] == ["session.closed"] and code == 1000
+
+
+async def test_takeover_across_nodes(three: list[ServerProcess]) -> None:
+    a, b, c = three
+    async with ws_to(a.url) as on_a:
+        await send(on_a, {"type": "session.update", "session": {}})
+        created = await receive(on_a)
+        drop(on_a)
+    async with ws_to(b.url) as first:
+        await send(first, resume(created, created["resume_token"], 0))
+        resumed = await receive(first)
+        assert resumed["type"] == "session.resumed"
+        async with ws_to(c.url) as second:
+            # The token the first resume was issued, as a client whose first connection
+            # hung would: the home (A) fences the first one off.
+            await send(second, resume(created, resumed["resume_token"], 0))
+            assert (await receive(second))["type"] == "session.resumed"
+            events, code = await closed_with(first)
+            assert [e["type"] for e in events] == ["session.replaced"] and code == 4000
+            await send(second, text(1, "still here"))
+            assert (await receive(second))["text"] == "still here"
+
+
+async def test_a_lost_home_is_refused_node_lost_within_the_bound(
+    three: list[ServerProcess], store: Store
+) -> None:
+    a, b, _ = three
+    async with ws_to(a.url) as on_a:
+        await send(on_a, {"type": "session.update", "session": {}})
+        created = await receive(on_a)
+    a.proc.kill()
+    a.proc.wait(TIMEOUT)
+    killed = trio.current_time()
+    answers: list[tuple[Event, int | None]] = []
+    while True:  # until the home's membership lapses: retryable, then node_lost
+        async with ws_to(b.url) as on_b:
+            await send(on_b, resume(created, created["resume_token"], 0))
+            events, code = await closed_with(on_b)
+        answers.append((events[0], code))
+        if events[0]["code"] != "session_home_unreachable":
+            break
+        assert events[0]["retryable"] is True and code == 1013
+        assert trio.current_time() - killed < MEMBERSHIP_BOUND_S + 2, answers
+        await trio.sleep(0.1)  # polling another process's clock: Redis's TTL
+    error, code = answers[-1]
+    assert error["code"] == "session_resume_expired" and error["reason"] == "node_lost"
+    assert error["retryable"] is False and code == 4001
+    assert trio.current_time() - killed < MEMBERSHIP_BOUND_S + 2
+
+
+async def test_the_relay_endpoint_refuses_whoever_cannot_sign(three: list[ServerProcess]) -> None:
+    a, _, _ = three
+    relay_port = a.wait_for_line(r"registered \(advertised as ws://[^:]+:(\d+)", TIMEOUT)
+    url = f"http://127.0.0.1:{relay_port.group(1)}{RELAY_PATH}"
+    upgrade = ["-H", "Connection: Upgrade", "-H", "Upgrade: websocket"]
+    upgrade += [
+        "-H",
+        "Sec-WebSocket-Version: 13",
+        "-H",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+    ]
+    forged = sign("not-the-cluster-secret-0000", "b", "a", "sess_0", time.time())
+    stale = sign(SECRET, "b", "a", "sess_0", time.time() - 3600)
+    elsewhere = sign(SECRET, "b", "c", "sess_0", time.time())  # signed for another node
+    for extra in ([], ["-H", f"{HEADER}: {forged}"], ["-H", f"{HEADER}: {stale}"],
+                  ["-H", f"{HEADER}: {elsewhere}"], ["-H", f"{HEADER}: v1 b a"]):  # fmt: skip
+        answer = await trio.run_process(
+            ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", *upgrade, *extra, url],
+            capture_stdout=True,
+            capture_stderr=True,
+        )
+        assert answer.stdout == b"403", (extra, answer.stdout, answer.stderr)
+    assert SECRET not in a.log
+
+
+async def test_a_relayed_connection_resumes_only_the_session_it_was_signed_for(
+    three: list[ServerProcess],
+) -> None:
+    a, _, _ = three
+    relay_port = a.wait_for_line(r"registered \(advertised as ws://[^:]+:(\d+)", TIMEOUT)
+    async with ws_to(a.url) as on_a:
+        await send(on_a, {"type": "session.update", "session": {}})
+        created = await receive(on_a)
+    signed = sign(SECRET, "b", "a", "sess_other", time.time())
+    relay = f"ws://127.0.0.1:{relay_port.group(1)}{RELAY_PATH}"
+    async with connect(
+        relay, additional_headers={HEADER: signed}, proxy=None, open_timeout=TIMEOUT
+    ) as ws:
+        await send(ws, resume(created, created["resume_token"], 0))
+        events, code = await closed_with(ws)
+    assert events[0]["code"] == "unauthorized" and code == 1008
+    with pytest.raises(InvalidStatus):  # and not on the main path either
+        async with connect(relay.replace(RELAY_PATH, "/v1/duplex"), proxy=None):
+            pass
+
+
+def test_signatures_name_sender_receiver_session_and_time() -> None:
+    now = time.time()
+    value = sign(SECRET, "b", "a", "sess_1", now)
+    assert verify(SECRET, value, "a", now + 30) == "sess_1"
+    assert verify(SECRET, value, "c", now) is None  # another receiver
+    assert verify(SECRET, value, "a", now + 61) is None  # too old
+    assert verify(SECRET, value, "a", now - 61) is None  # from the future
+    assert verify("another-secret-of-16+", value, "a", now) is None
+    assert verify(SECRET, value.replace("sess_1", "sess_2"), "a", now) is None
+    assert verify(SECRET, None, "a", now) is None
+    assert verify(SECRET, "v1 b a sess_1 notanumber 00", "a", now) is None
+    assert SECRET not in value
+
+
+async def test_with_api_keys_a_resume_token_resumes_through_any_node(
+    cluster: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("app:key-0123456789abcdef\n")
+    a, b = (cluster(n, "--relay-port", "0", "--api-key-file", str(keys)) for n in "ab")
+    async with ws_to(a.url, "key-0123456789abcdef") as on_a:
+        await send(on_a, {"type": "session.update", "session": {}})
+        created = await receive(on_a)
+        drop(on_a)
+    token = created["resume_token"]
+    async with ws_to(b.url, token) as on_b:  # B knows nothing of this token: A does
+        await send(on_b, resume(created, token, 0))
+        assert (await receive(on_b))["type"] == "session.resumed"
+    async with ws_to(b.url, "not-a-token") as stranger:  # let through to resume, no more
+        await send(stranger, {"type": "session.update", "session": {}})
+        events, code = await closed_with(stranger)
+        assert events[0]["code"] == "unauthorized" and code == 1008
+    async with ws_to(b.url, "not-a-token") as guesser:  # a token not its own credential
+        await send(guesser, resume(created, token, 0))
+        events, code = await closed_with(guesser)
+        assert events[0]["code"] == "unauthorized" and code == 1008
