@@ -169,7 +169,9 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     gc.freeze()
     unjoined: list[str] = []
     try:
-        trio.run(_serve_until_signalled, server, args.engine, getattr(args, "ready_fd", None))
+        ready_fd = getattr(args, "ready_fd", None)  # a worker of --workers
+        worker = () if ready_fd is None else (ready_fd,)
+        trio.run(_serve_until_signalled, server, args.engine, *worker)
     except* OSError as group:  # raised inside a nursery: it arrives in a group
         failed.extend(e for e in group.exceptions if isinstance(e, OSError))
     except* Exception as group:
