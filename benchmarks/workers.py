@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         "of the machine's (default -5 as root, else 5)",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="coarse ramps only, shorter steps")
+    parser.add_argument("--start", type=int, default=10, help="sessions at the coarse ramp's start")
+    parser.add_argument("--max-sessions", type=int, default=2000, help="the ramps' last step")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     args.settle, args.measure, args.ramp_time = (0.5, 1.0, 30.0) if args.quick else (0.6, 1.5, 45.0)
@@ -205,14 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     redis, redis_url = start_redis()
     runs: dict[int, list[dict[str, Any]]] = {w: [] for w in counts}
     try:
-        coarse = geometric_steps(10, 1.25, 2000)
+        coarse = geometric_steps(min(args.start, args.max_sessions), 1.25, args.max_sessions)
         for w in counts:
             runs[w].append({"phase": "coarse", **ramp(w, coarse, args, redis_url)})
         for i in range(rounds):
             order = counts if i % 2 else counts[::-1]
             for w in order:
-                found = runs[w][0]["largest"] or 10
-                fine = geometric_steps(max(1, int(found * 0.7)), 1.07, 2000)
+                found = runs[w][0]["largest"] or args.start
+                start = min(max(1, int(found * 0.7)), args.max_sessions)
+                fine = geometric_steps(start, 1.07, args.max_sessions)
                 runs[w].append({"phase": "fine", **ramp(w, fine, args, redis_url)})
     finally:
         redis.stop()
