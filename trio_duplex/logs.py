@@ -2,7 +2,8 @@
 
 A JSON line holds ``timestamp`` (UTC, ISO 8601), ``level``, ``logger`` and ``message``,
 and, on a line about one session, ``session_id``, ``generation`` and ``principal`` (the
-API key's name, with authentication) where they apply. The
+API key's name, with authentication) where they apply, and in cluster mode ``node_id``
+on every line (so that the workers of ``--workers`` can be told apart). The
 server passes those as ``extra`` on the log call itself rather than through a context
 variable: a session's lines are written from many tasks (its connection's, the timer
 heap's, the drain's, another connection's resume) and from no task at all (the watchdog's

@@ -9,6 +9,7 @@ poll real external state (the log, Redis, process tables) against a deadline.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import signal
@@ -219,6 +220,21 @@ def start_with_env(args: tuple[str, ...], **env: str) -> ServerProcess:
     server = ServerProcess(proc)
     server.start_reading()
     return server
+
+
+async def test_json_log_lines_name_their_node(workers: Workers) -> None:
+    server = workers("--log-format", "json")
+    await open_spread(server, 4)
+    server.interrupt()
+    assert await trio.to_thread.run_sync(server.wait, TIMEOUT) == 0
+    lines = [json.loads(line) for line in server.log.splitlines() if line.strip()]
+    by_node = collections.defaultdict(list)
+    for line in lines:
+        by_node[line["node_id"]].append(line["message"])
+    assert set(by_node) == {"t", "t-w0", "t-w1"}, by_node
+    assert any(m.startswith("serving ws://") for m in by_node["t"])
+    opened = [m for node in ("t-w0", "t-w1") for m in by_node[node] if m.endswith(" opened")]
+    assert len(opened) == 4, by_node
 
 
 async def test_a_session_resumes_through_whichever_worker_the_kernel_picks(
