@@ -56,13 +56,19 @@ def raw_http() -> RawHttp:
 
 
 @pytest.fixture
-def serve() -> Iterator[Serve]:
-    """``serve(*flags)`` starts a server on a free port and returns once it is ready."""
-    servers = Servers()
+def servers() -> Iterator[Servers]:
+    """Server processes, every one stopped at the end of the test."""
+    started = Servers()
     try:
-        yield servers.start
+        yield started
     finally:
-        servers.stop_all()
+        started.stop_all()
+
+
+@pytest.fixture
+def serve(servers: Servers) -> Serve:
+    """``serve(*flags)`` starts a server on a free port and returns once it is ready."""
+    return servers.start
 
 
 @pytest.fixture(scope="module")

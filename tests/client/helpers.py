@@ -5,7 +5,8 @@
 * The in-memory harness: ``sim_server`` runs the real server on ``trio_duplex.testing``'s
   listener, ``Net`` opens (or refuses) the client's streams to it and cuts them,
   ``Engines`` keeps every engine the server made, ``client_for`` connects through
-  ``Net`` with fast policies (``FAST``).
+  ``Net`` with fast policies (``FAST``); ``rng_starting_at`` fixes which of several URLs
+  ``connect`` tries first.
 * Reading: ``next_of`` (the next event of a type), ``texts`` (the next echoed texts).
 """
 
@@ -144,6 +145,15 @@ def client_for(
         open_stream=net.open_stream,
         rng=rng,
     )
+
+
+def rng_starting_at(index: int, count: int) -> random.Random:
+    """A seeded rng whose first choice among ``count`` URLs (``connect``'s first attempt)
+    is the ``index``-th."""
+    for seed in range(1000):
+        if random.Random(seed).randrange(count) == index:
+            return random.Random(seed)
+    raise AssertionError("no seed found")
 
 
 # -- reading -----------------------------------------------------------------------------

@@ -4,6 +4,7 @@ a real ``python -m trio_duplex serve`` subprocess."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -35,7 +36,7 @@ from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.engines.voice import VoiceEngine
 from trio_duplex.testing import Simulation, running_server
 
-from .helpers import Net
+from .helpers import Net, rng_starting_at
 
 # -- in process -------------------------------------------------------------------------
 
@@ -282,6 +283,8 @@ async def test_a_refused_resume_exits_1(autojump_clock: trio.abc.Clock) -> None:
     [
         (["--session", "[1]"], "--session must be a JSON object"),
         (["--resume", "sess_x"], "--resume needs --token"),
+        (["wss://y"], "the URLs must be all ws:// or all wss://, not a mix"),
+        (["ws://y", "--ca", "ca.pem"], "--ca needs a wss:// URL"),
     ],
 )
 async def test_bad_arguments_exit_2(argv: list[str], message: str) -> None:
@@ -325,6 +328,58 @@ async def test_a_refused_first_connection_fails_at_once(autojump_clock: trio.abc
     assert code == 1
     assert err.getvalue() == "* cannot connect to ws://sim/v1/duplex: network is down\n"
     assert trio.current_time() - start < 0.01
+
+
+async def test_several_urls_an_open_refused_at_one_lands_on_the_next(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async def refused() -> trio.abc.Stream:
+        await trio.lowlevel.checkpoint()
+        raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+
+    async with running_server() as sim:
+        net = Net(sim)
+        out, err = Screen(), Screen()
+        lines_in, lines = trio.open_memory_channel[str](10)
+        _, presses = trio.open_memory_channel[int](0)
+        await lines_in.send("hello\n")
+        lines_in.close()
+        args = build_parser().parse_args(["ws://down", "ws://sim", "--linger", "0.1"])
+        code = await run(
+            args,
+            lines=lines,
+            interrupts=presses,
+            printer=Printer(out, err),
+            open_stream={"ws://down/v1/duplex": refused, "ws://sim/v1/duplex": net.open_stream},
+            rng=rng_starting_at(0, 2),
+        )
+    assert code == 0
+    assert err.getvalue().startswith(
+        "* retry 1 in 0.00s (connection refused)\n* connected: session sess_"
+    )
+    assert out.getvalue().splitlines()[0].split() == ["1", "response.output_text.delta", "hello"]
+
+
+async def test_several_urls_all_refused_are_each_tried_once(autojump_clock: trio.abc.Clock) -> None:
+    async with running_server() as sim:
+        net = Net(sim, down=True)
+        err = Screen()
+        _, lines = trio.open_memory_channel[str](0)
+        _, presses = trio.open_memory_channel[int](0)
+        args = build_parser().parse_args(["ws://a", "ws://b:80/x"])
+        code = await run(
+            args,
+            lines=lines,
+            interrupts=presses,
+            printer=Printer(Screen(), err),
+            open_stream=net.open_stream,
+        )
+    assert code == 1
+    assert err.getvalue().endswith(
+        "* cannot connect to ws://a/v1/duplex ws://b:80/x: gave up after 2 attempts in 0.0s: "
+        "network is down\n"
+    )
+    assert len(net.streams) == 0
 
 
 @pytest.mark.parametrize("where", ["missing-dir/out.wav", "."], ids=["no-dir", "a-dir"])

@@ -7,7 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import coredis
@@ -15,7 +15,7 @@ import pytest
 
 from trio_duplex.cluster import Store, open_store
 
-from ..helpers import Serve, ServerProcess
+from ..helpers import Serve, ServerProcess, Servers
 
 STARTUP_S = 5.0
 TIMEOUT_S = 0.5
@@ -108,13 +108,27 @@ async def raw(redis_server: RedisServer) -> AsyncIterator[coredis.Redis[str]]:
 SECRET = "test-cluster-secret-0123456789"
 
 
+def node_flags(redis_server: RedisServer, name: str) -> tuple[str, ...]:
+    return ("--cluster", redis_server.url, "--cluster-secret", SECRET, "--node-id", name)
+
+
 @pytest.fixture
 def cluster(serve: Serve, redis_server: RedisServer, store: Store) -> Callable[..., ServerProcess]:
     """``cluster(name, *flags)``: a node of the cluster on the (emptied) test Redis."""
 
     def start(name: str, *flags: str) -> ServerProcess:
-        return serve(
-            "--cluster", redis_server.url, "--cluster-secret", SECRET, "--node-id", name, *flags
-        )
+        return serve(*node_flags(redis_server, name), *flags)
+
+    return start
+
+
+@pytest.fixture
+def nodes(
+    servers: Servers, redis_server: RedisServer, store: Store
+) -> Callable[..., list[ServerProcess]]:
+    """``nodes(names, *flags)``: a node per name, started side by side."""
+
+    def start(names: Iterable[str], *flags: str) -> list[ServerProcess]:
+        return servers.start_many(*((*node_flags(redis_server, n), *flags) for n in names))
 
     return start

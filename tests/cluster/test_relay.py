@@ -87,8 +87,8 @@ def resume(created: Event, token: str, last: int) -> Event:
 
 
 @pytest.fixture
-def three(cluster: Callable[..., ServerProcess]) -> list[ServerProcess]:
-    return [cluster(name, "--relay-port", "0") for name in ("a", "b", "c")]
+def three(nodes: Callable[..., list[ServerProcess]]) -> list[ServerProcess]:
+    return nodes("abc", "--relay-port", "0")
 
 
 async def test_resume_on_another_node_is_relayed_with_replay_and_resend(
@@ -232,11 +232,11 @@ def test_signatures_name_sender_receiver_session_and_time() -> None:
 
 
 async def test_with_api_keys_a_resume_token_resumes_through_any_node(
-    cluster: Callable[..., ServerProcess], tmp_path: Path
+    nodes: Callable[..., list[ServerProcess]], tmp_path: Path
 ) -> None:
     keys = tmp_path / "keys"
     keys.write_text("app:key-0123456789abcdef\n")
-    a, b = (cluster(n, "--relay-port", "0", "--api-key-file", str(keys)) for n in "ab")
+    a, b = nodes("ab", "--relay-port", "0", "--api-key-file", str(keys))
     async with ws_to(a.url, "key-0123456789abcdef") as on_a:
         await send(on_a, {"type": "session.update", "session": {}})
         created = await receive(on_a)

@@ -163,11 +163,11 @@ def http_get(port: int, path: str) -> tuple[int, str]:
 
 
 async def test_concurrent_opens_on_three_nodes_never_overshoot_the_cap(
-    cluster: Callable[..., ServerProcess], store: Store
+    nodes: Callable[..., list[ServerProcess]], store: Store
 ) -> None:
-    nodes = [cluster(f"n{i}", *CAPPED) for i in range(3)]
+    three = nodes(("n0", "n1", "n2"), *CAPPED)
     async with clients() as mine:
-        opened, refused = await open_many(mine, [node.url for node in nodes] * 10)
+        opened, refused = await open_many(mine, [node.url for node in three] * 10)
         assert (len(opened), len(refused)) == (10, 20)
         assert_cluster_full(refused, "cluster-wide session slots are in use")
         assert await total_leases(store) == 10
@@ -177,12 +177,12 @@ async def test_concurrent_opens_on_three_nodes_never_overshoot_the_cap(
         # A lease goes back in a task just after the slot is freed: wait for Redis to
         # have it (a client reopening in that sub-millisecond would be refused, retryable).
         await until(lambda: _equals(total_leases(store), 8), TIMEOUT, "two leases back")
-        more, refused = await open_many(mine, [node.url for node in nodes] * 10)
+        more, refused = await open_many(mine, [node.url for node in three] * 10)
         assert (len(more), len(refused)) == (2, 28)
         assert_cluster_full(refused, "cluster-wide session slots are in use")
         for ws in opened[2:] + more:  # every admitted session still works
             await echo(ws, "still here")
-    for node in nodes:
+    for node in three:
         assert "Traceback" not in node.log
 
 
@@ -191,10 +191,10 @@ async def _equals(value: Any, expected: Any) -> bool:
 
 
 async def test_a_killed_node_s_leases_come_back_within_the_membership_bound(
-    cluster: Callable[..., ServerProcess], store: Store
+    nodes: Callable[..., list[ServerProcess]], store: Store
 ) -> None:
     """Real time: the killed node's membership lapses on Redis's TTL clock."""
-    a, b, c = (cluster(name, *CAPPED) for name in ("a", "b", "c"))
+    a, b, c = nodes("abc", *CAPPED)
     async with clients() as mine:
         held_a, _ = await open_many(mine, [a.url] * 6)
         held_b, _ = await open_many(mine, [b.url] * 4)

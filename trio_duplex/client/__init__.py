@@ -8,7 +8,8 @@
             print(event)
 
 * ``state``: ``SessionState``, the client side of the protocol with no I/O (sans-IO);
-  ``errors`` and ``options``: what it raises, and its options and policies.
+  ``errors`` and ``options``: what it raises, and its options and policies; ``urls``:
+  which of several server URLs (a cluster's nodes) each connection attempt uses.
 * ``session``: ``ClientSession`` and ``connect``, the trio shell around it;
   ``transport``: what that shell needs around its websockets connection.
 * ``terminal``: ``trio-duplex connect``, an interactive terminal client.
@@ -38,6 +39,7 @@ from .options import (
 )
 from .session import (
     ClientSession,
+    StreamFactories,
     StreamFactory,
     connect,
 )
@@ -68,6 +70,7 @@ __all__ = [
     "SessionEnded",
     "SessionReplaced",
     "SessionState",
+    "StreamFactories",
     "StreamFactory",
     "Verdict",
     "audio_bytes",

@@ -25,18 +25,23 @@ class ServerRefused(ClientError):
     close_code: int | None = None
     retryable: bool = False
     """The server said the same request may succeed later (``error.retryable``)."""
+    reason: str | None = None
+    """The error's ``reason``, when it gave one: e.g. ``node_lost`` on a
+    ``session_resume_expired`` (the session's home node is gone; issue 13)."""
 
     def __str__(self) -> str:
         if self.code is not None:
-            return f"{self.code}: {self.message}"
+            reason = f" ({self.reason})" if self.reason is not None else ""
+            return f"{self.code}{reason}: {self.message}"
         if self.close_code is not None:
             return f"closed {self.close_code}: {self.message}"
         return self.message
 
 
 class ResumeRefused(ServerRefused):
-    """A terminal resume refusal: ``session_resume_expired``, ``invalid_resume_token``,
-    ``invalid_session_resume`` or close 4001. The session cannot be resumed again."""
+    """A terminal resume refusal: ``session_resume_expired`` (``reason`` ``node_lost``:
+    the session's home node is gone), ``invalid_resume_token``, ``invalid_session_resume``
+    or close 4001. The session cannot be resumed again."""
 
 
 @attrs.define(eq=False)

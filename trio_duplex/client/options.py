@@ -42,7 +42,8 @@ class ReconnectPolicy:
     retry_open: bool = True
     """Retry the first connection too. False: until the session has been attached once,
     a failed attempt raises ReconnectFailed at once (an interactive client that should
-    say "connection refused" now, not after the whole backoff)."""
+    say "connection refused" now, not after the whole backoff); with several URLs, once
+    each has failed, tried one after the other without backoff."""
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         base = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))

@@ -31,7 +31,7 @@ import logging
 import math
 import random
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, cast
 
@@ -66,12 +66,15 @@ from .state import (
     Verdict,
 )
 from .transport import TRANSIENT, WEBSOCKETS_LOG, audio_event, describe, parse_event
+from .urls import UrlRing, parse_urls
 
 log = logging.getLogger("trio_duplex.client")
 
 Event = dict[str, Any]
 StreamFactory = Callable[[], Awaitable[trio.abc.Stream]]
 """Opens the byte stream a connection runs on (tests: an in-memory stream)."""
+StreamFactories = StreamFactory | Mapping[str, StreamFactory]
+"""``connect``'s ``open_stream``: one factory for every URL, or one per URL."""
 
 
 # -- the trio shell --------------------------------------------------------------------
@@ -82,10 +85,17 @@ class _Loss:
     reason: str = "connection closed"
     close_code: int | None = None
     abort: bool = False
+    migrating: bool = False
+    """``session.going_away {migrating: true}`` came first: resume elsewhere at once."""
 
 
 class _AttemptFailed(Exception):
     """One connection attempt failed in a way that another attempt might not."""
+
+    def __init__(self, message: str, *, draining: bool = False) -> None:
+        super().__init__(message)
+        self.draining = draining
+        """The server said it is shutting down (``server_shutting_down``, close 1001)."""
 
 
 SessionStatus = Literal["connecting", "attached", "reconnecting", "closing", "ended", "failed"]
@@ -147,16 +157,16 @@ class ClientSession:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         state: SessionState,
         options: ClientOptions,
         *,
         on_change: Callable[[ConnectionChange], None] | None,
-        open_stream: StreamFactory | None,
+        open_stream: StreamFactories | None,
         rng: random.Random,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self._url = url
+        self._urls = UrlRing.start(parse_urls(url), rng)
         self._ssl = ssl_context
         self._core = state
         self._options = options
@@ -188,6 +198,11 @@ class ClientSession:
     @property
     def session_id(self) -> str | None:
         return self._core.session_id
+
+    @property
+    def url(self) -> str:
+        """The URL of the current connection (between connections: of the next attempt)."""
+        return self._urls.url
 
     @property
     def generation(self) -> int:
@@ -383,23 +398,40 @@ class ClientSession:
             task_status.started(self._failure)  # connect raises it
 
     async def _supervise(self, task_status: trio.TaskStatus[ClientError | None]) -> None:
+        """Connect, and reconnect after each loss, until the session ends or detaches.
+
+        Which URL each attempt uses is ``urls.py``'s policy: a failed attempt moves on
+        to the next URL; a lost connection is resumed at its own URL first, except after
+        ``session.going_away {migrating: true}``, when the session is resumed at once
+        (no backoff for that first attempt) at the next URL that is not draining."""
         policy = self._options.reconnect
+        urls = self._urls
         failures = 0
         retries = 0  # in this outage (or before the first attach): numbered from 1
         outage_start = trio.current_time()
         last_error = ""
         first = True
+        at_once = False  # the next attempt skips its backoff (a migration)
         while self._status not in _STOPPING:
             if not first:
                 elapsed = trio.current_time() - outage_start
                 if (
                     failures >= policy.max_attempts
                     or elapsed >= policy.deadline
-                    or (self._status is _Status.CONNECTING and not policy.retry_open)
+                    # No retries before the first attach: one try of each URL.
+                    or (
+                        self._status is _Status.CONNECTING
+                        and not policy.retry_open
+                        and failures >= len(urls.urls)
+                    )
                 ):
                     raise ReconnectFailed(failures, elapsed, last_error)
                 retries += 1
-                delay = min(policy.delay(retries, self._rng), policy.deadline - elapsed)
+                if at_once or (self._status is _Status.CONNECTING and not policy.retry_open):
+                    delay = 0.0  # a migration; or, failing fast, the open's one round
+                else:
+                    delay = min(policy.delay(retries, self._rng), policy.deadline - elapsed)
+                at_once = False
                 self._change(Retrying(retries, delay, last_error))
                 with trio.move_on_after(delay):
                     await self._stop.wait()
@@ -411,7 +443,12 @@ class ClientSession:
             except _AttemptFailed as exc:
                 failures += 1
                 last_error = str(exc)
-                log.info("session %s: attempt failed: %s", self.session_id, last_error)
+                log.info(
+                    "session %s: attempt at %s failed: %s", self.session_id, urls.where, last_error
+                )
+                if exc.draining:
+                    urls.mark_draining()
+                urls.advance()
                 continue
             except ResumeRefused as exc:
                 if self._status is _Status.CLOSING and exc.code == ErrorCode.SESSION_RESUME_EXPIRED:
@@ -423,6 +460,11 @@ class ClientSession:
             outage_start = trio.current_time()
             last_error = loss.reason
             log.info("session %s: connection lost: %s", self.session_id, loss.reason)
+            if loss.migrating:
+                # The server is moving the session: resume it now, elsewhere if we can.
+                at_once = True
+                urls.advance()
+                log.info("session %s: migrating; resuming at %s", self.session_id, urls.where)
             self._change(Disconnected(loss.reason, loss.close_code))
 
     async def _connection(self, task_status: trio.TaskStatus[ClientError | None]) -> _Loss:
@@ -438,9 +480,11 @@ class ClientSession:
                     change = self._core.on_handshake(reply, trio.current_time())
                 except ServerRefused as exc:
                     if exc.retryable:
-                        raise _AttemptFailed(str(exc)) from None
+                        draining = exc.code == ErrorCode.SERVER_SHUTTING_DOWN
+                        raise _AttemptFailed(str(exc), draining=draining) from None
                     raise
                 attached = True
+                self._urls.attached()
                 first_attach = self._status is _Status.CONNECTING
                 self._attach()
                 self._notify_progress()
@@ -476,22 +520,32 @@ class ClientSession:
         except TRANSIENT as exc:
             if attached:  # lost while closing the transport: still just a loss
                 return _Loss(describe(exc))
-            raise _AttemptFailed(describe(exc)) from exc
+            draining = (
+                isinstance(exc, ConnectionClosed)
+                and exc.rcvd is not None
+                and exc.rcvd.code == CloseCode.GOING_AWAY
+            )
+            raise _AttemptFailed(describe(exc), draining=draining) from exc
         finally:
             self._detach_connection()
 
     @asynccontextmanager
     async def _websocket(self, deadline: float) -> AsyncIterator[ClientConnection]:
+        url = self._urls.url
         stream = None
         if self._open_stream is not None:
+            if isinstance(self._open_stream, Mapping):
+                open_stream = self._open_stream[url]
+            else:
+                open_stream = self._open_stream
             with trio.fail_at(deadline):
-                stream = await self._open_stream()
+                stream = await open_stream()
         # The credential (servers with --api-key-file): the resume token to resume, else
         # the API key, if any.
         credential = self._core.resume_token or self._options.api_key
         headers = None if credential is None else {"Authorization": f"Bearer {credential}"}
         async with _ws_connect(
-            self._url,
+            url,
             additional_headers=headers,
             stream=stream,
             ssl=self._ssl,
@@ -555,6 +609,9 @@ class ClientSession:
                 self._wake.set()
                 continue
             deliver(event)
+            if event.get("type") == EventType.GOING_AWAY and event.get("migrating") is True:
+                self._urls.mark_draining()  # and once it closes, resume elsewhere at once
+                loss.migrating = True
             if not had_unacked and core.ack_pending:
                 self._wake.set()  # the writer times the ack from the first unacked event
             if verdict is Verdict.END:
@@ -595,19 +652,26 @@ class ClientSession:
 
 @asynccontextmanager
 async def connect(
-    url: str,
+    url: str | Sequence[str],
     session: Mapping[str, Any] | None = None,
     *,
     resume: ResumeState | None = None,
     options: ClientOptions | None = None,
     detach_on_exit: bool = False,
     on_change: Callable[[ConnectionChange], None] | None = None,
-    open_stream: StreamFactory | None = None,
+    open_stream: StreamFactories | None = None,
     rng: random.Random | None = None,
     ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[ClientSession]:
     """Open a session (configured with ``session``), or resume one (``resume``), and keep
     it attached until the block is left.
+
+    ``url`` is one URL (a node's, or a load balancer's), or a non-empty sequence of them
+    (all ``ws://`` or all ``wss://``: else ValueError), the nodes of one cluster. The
+    first attempt goes to a random one of them, each failed attempt to the next; a lost
+    connection is resumed at its own URL first. After ``session.going_away {migrating:
+    true}`` (delivered as usual) the session is resumed, as soon as that connection
+    closes, at the next URL that is not draining (see ``urls.py``).
 
     Entering returns once the session is attached; a failure to get there raises
     (ServerRefused, ResumeRefused, ReconnectFailed). Leaving closes the session with
@@ -616,12 +680,16 @@ async def connect(
     block come out unchanged.
 
     ``on_change`` is called with Attached / Disconnected / Retrying as the connection
-    comes and goes. ``open_stream`` replaces the TCP connection (tests), ``rng`` the
-    backoff jitter's randomness. ``ssl_context`` is the TLS of a ``wss://`` URL (None:
+    comes and goes. ``open_stream`` replaces the TCP connection (tests): one factory, or
+    a mapping from each URL to its own. ``rng`` is the randomness of the backoff jitter
+    and of the first URL's choice. ``ssl_context`` is the TLS of ``wss://`` URLs (None:
     the system's trusted certificates), e.g. ``ssl.create_default_context(cafile=...)``.
     """
-    if ssl_context is not None and not url.startswith("wss://"):
+    urls = parse_urls(url)
+    if ssl_context is not None and not all(u.startswith("wss://") for u in urls):
         raise ValueError("ssl_context needs a wss:// URL")
+    if isinstance(open_stream, Mapping) and (missing := set(urls) - set(open_stream)):
+        raise ValueError(f"open_stream has no stream factory for {sorted(missing)}")
     opts = options or ClientOptions()
     if resume is not None:
         if session is not None:
@@ -630,7 +698,7 @@ async def connect(
     else:
         state = SessionState(dict(session or {}), acks=opts.acks, heartbeat=opts.heartbeat)
     client = ClientSession(
-        url,
+        urls,
         state,
         opts,
         on_change=on_change,

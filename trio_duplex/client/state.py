@@ -554,6 +554,8 @@ def _refusal(event: Event, *, resuming: bool) -> ServerRefused:
     code = event.get("code")
     code = code if isinstance(code, str) else None
     message = str(event.get("message", ""))
+    reason = event.get("reason")
+    reason = reason if isinstance(reason, str) else None
     if resuming and code in RESUME_REFUSALS:
-        return ResumeRefused(code, message, CloseCode.RESUME_REFUSED)
-    return ServerRefused(code, message, retryable=event.get("retryable") is True)
+        return ResumeRefused(code, message, CloseCode.RESUME_REFUSED, reason=reason)
+    return ServerRefused(code, message, retryable=event.get("retryable") is True, reason=reason)

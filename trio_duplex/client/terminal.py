@@ -1,4 +1,5 @@
-"""``trio-duplex connect URL``: an interactive terminal client, also driven from a pipe.
+"""``trio-duplex connect URL [URL ...]``: an interactive terminal client, also driven from
+a pipe. Several URLs are the nodes of one cluster (``connect``'s policy picks among them).
 
 Each line read from stdin is sent as ``input.text.append {text}`` (a line ``/event JSON``
 sends that event as it is). Server events are printed to stdout as they arrive, one per
@@ -40,10 +41,11 @@ from . import (
     ReconnectPolicy,
     ResumeState,
     Retrying,
-    StreamFactory,
+    StreamFactories,
     connect,
 )
 from .transport import audio_bytes
+from .urls import parse_urls
 
 TOKEN_ENV = "TRIO_DUPLEX_RESUME_TOKEN"
 API_KEY_VARIABLE = "TRIO_DUPLEX_API_KEY"
@@ -59,7 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         "a second Ctrl-C detaches.",
     )
     p.add_argument(
-        "url", metavar="URL", help=f"ws://HOST:PORT{DEFAULT_PATH} or wss://... (path optional)"
+        "url",
+        metavar="URL",
+        nargs="+",
+        help=f"ws://HOST:PORT{DEFAULT_PATH} or wss://... (path optional); several: the "
+        "nodes of one cluster, all ws:// or all wss://: the first connection goes to a "
+        "random one, a failed attempt to the next, and a session a draining node migrates "
+        "is resumed on another",
     )
     p.add_argument(
         "--ca",
@@ -332,7 +340,7 @@ class _Run:
         grace = session.limits.disconnect_grace_s
         self.printer.status(
             f"detached. Resume within {grace:g}s with:\n  trio-duplex connect "
-            f"{self.args.url} --resume {state.session_id} --token {state.resume_token} "
+            f"{' '.join(self.args.url)} --resume {state.session_id} --token {state.resume_token} "
             f"--last-seq {state.last_server_event_seq}"
         )
 
@@ -362,7 +370,7 @@ async def run(
     lines: trio.MemoryReceiveChannel[str],
     interrupts: trio.MemoryReceiveChannel[int],
     printer: Printer,
-    open_stream: StreamFactory | None = None,
+    open_stream: StreamFactories | None = None,
     rng: random.Random | None = None,
 ) -> int:
     """The client, with its input, Ctrl-C presses and output passed in (tests drive it)."""
@@ -385,9 +393,16 @@ async def run(
         if request := _audio_request(args):
             audio = config.get("audio")
             config["audio"] = {**(audio if isinstance(audio, dict) else {}), **request}
+    urls = tuple(_full_url(url) for url in args.url)
+    try:
+        if len(urls) > 1:  # (one URL is checked by connecting, as it always was)
+            parse_urls(urls)
+    except ValueError as exc:
+        printer.status(str(exc))
+        return 2
     ssl_context = None
     if args.ca:
-        if not _full_url(args.url).startswith("wss://"):
+        if not all(url.startswith("wss://") for url in urls):
             printer.status("--ca needs a wss:// URL")
             return 2
         try:
@@ -402,7 +417,7 @@ async def run(
     )
     # An API key from the environment, not a flag: a flag would show in `ps`.
     options = ClientOptions(reconnect=policy, api_key=os.environ.get(API_KEY_VARIABLE) or None)
-    url = _full_url(args.url)
+    shown = " ".join(urls)
     try:
         audio = AudioSink(args.save_audio) if args.save_audio else None
     except OSError as exc:
@@ -411,7 +426,7 @@ async def run(
     state = _Run(args, printer, audio)
     try:
         async with connect(
-            url,
+            urls if len(urls) > 1 else urls[0],
             None if resume else config,
             resume=resume,
             options=options,
@@ -430,10 +445,10 @@ async def run(
                 return 0  # detached: leaving must not close it
     except ReconnectFailed as exc:
         said = exc.last_error if exc.attempts <= 1 else str(exc)
-        printer.status(f"cannot connect to {url}: {said}")
+        printer.status(f"cannot connect to {shown}: {said}")
         return 1
     except ClientError as exc:
-        printer.status(f"cannot connect to {url}: {exc}")
+        printer.status(f"cannot connect to {shown}: {exc}")
         return 1
     finally:
         if state.audio is not None:

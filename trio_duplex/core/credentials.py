@@ -33,6 +33,16 @@ class Credentials:
     _pending: bytes | None = None
 
     @classmethod
+    def from_digests(cls, current: bytes, pending: bytes | None) -> Credentials:
+        """Credentials holding these digests (``digests``): a session moved between
+        nodes keeps exactly the tokens that were valid."""
+        return cls(current, pending)
+
+    def digests(self) -> tuple[bytes, bytes | None]:
+        """The valid digests, current then pending: what a migration record stores."""
+        return self._current, self._pending
+
+    @classmethod
     def issue(cls) -> tuple[Credentials, str]:
         token = new_token()
         return cls(digest(token)), token

@@ -57,6 +57,9 @@ class Reason(enum.StrEnum):
     SHUTDOWN = "server_shutdown"
     GRACE_EXPIRED = "disconnect_grace_expired"
     IDLE_EXPIRED = "idle_ttl_expired"
+    MIGRATED = "migrated"
+    """The session moved to another node (core/migration.py). Never sent: its node has
+    already finished the connection with ``session.going_away {migrating: true}``."""
 
 
 class ErrorCode(enum.StrEnum):
@@ -206,8 +209,13 @@ def heartbeat_ack(session_id: str) -> Event:
     return {"type": EventType.HEARTBEAT_ACK, "session_id": session_id}
 
 
-def going_away(time_left_ms: int) -> Event:
-    return {"type": EventType.GOING_AWAY, "time_left_ms": time_left_ms}
+def going_away(time_left_ms: int, *, migrating: bool = False) -> Event:
+    """``migrating``: the session is being handed to another node (cluster mode): resume
+    it, elsewhere, at once."""
+    event: Event = {"type": EventType.GOING_AWAY, "time_left_ms": time_left_ms}
+    if migrating:
+        event["migrating"] = True
+    return event
 
 
 def ended(session_id: str, reason: Reason, usage: dict[str, int] | None = None) -> Event:

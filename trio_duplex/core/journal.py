@@ -13,6 +13,7 @@ drops are quiet; a replay that needs a dropped entry reports a gap instead.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Iterator
 from itertools import islice
 
 import attrs
@@ -61,6 +62,37 @@ class Journal:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        """The entries held, oldest first (what a migration record carries)."""
+        return iter(self._entries)
+
+    @classmethod
+    def rebuilt(
+        cls,
+        max_bytes: int,
+        ttl_s: float,
+        *,
+        head: int,
+        dropped_through: int,
+        acked_through: int,
+        entries: Iterable[tuple[int, Frame]],
+        now: float,
+    ) -> Journal:
+        """A journal as another node left it (core/migration.py), its entries dated
+        ``now``. Under tighter bounds than that node's, the oldest entries that do not
+        fit are dropped, as an overflow would (``dropped_through`` says so)."""
+        journal = cls(max_bytes, ttl_s, head, dropped_through, acked_through)
+        held = journal._entries
+        for seq, frame in entries:
+            size = frame_size(frame)
+            held.append(Entry(seq, frame, size, now))
+            journal._bytes += size
+        while held and journal._bytes > max_bytes:
+            entry = held.popleft()
+            journal._bytes -= entry.size
+            journal.dropped_through = max(journal.dropped_through, entry.seq)
+        return journal
 
     def append(self, frame: Frame, size: int, now: float) -> int | None:
         """Journal event ``head + 1`` (the caller has already stamped it with that seq).

@@ -381,7 +381,7 @@ class Session:
             return None
         if reason == Reason.ENGINE_ERROR:
             code = CloseCode.INTERNAL_ERROR
-        elif reason == Reason.SHUTDOWN:
+        elif reason == Reason.SHUTDOWN or reason == Reason.MIGRATED:
             code = CloseCode.GOING_AWAY
         else:
             code = CloseCode.NORMAL
@@ -438,15 +438,7 @@ class Registry:
         self, session_config: dict[str, Any], principal: str | None = None, locked: bool = False
     ) -> tuple[Session, str]:
         """Take a slot and create an OPENING session. Returns it and its first token."""
-        if self.shutting_down:
-            raise _shutting_down()
-        if self.slots_held >= self.config.max_sessions:
-            raise ProtocolError(
-                ErrorCode.RESOURCE_EXHAUSTED,
-                f"all {self.config.max_sessions} session slots are in use",
-                close_code=CloseCode.TRY_AGAIN_LATER,
-            )
-        self.slots_held += 1
+        self._take_slot()
         credentials, token = Credentials.issue()
         session = Session(
             id="sess_" + secrets.token_hex(12),
@@ -459,6 +451,29 @@ class Registry:
         )
         self.sessions[session.id] = session
         return session, token
+
+    def adopt(self, session: Session) -> None:
+        """Take a slot for a session restored from another node (core/migration.py) and
+        register it. Refused as ``admit`` refuses, and when its id is already here."""
+        if session.state is not State.DETACHED:
+            raise ValueError(f"only a detached session can be adopted, not {session!r}")
+        if session.id in self.sessions:
+            raise ProtocolError.resume_refused(
+                ErrorCode.SESSION_RESUME_CONFLICT, "the session is already on this node"
+            )
+        self._take_slot()
+        self.sessions[session.id] = session
+
+    def _take_slot(self) -> None:
+        if self.shutting_down:
+            raise _shutting_down()
+        if self.slots_held >= self.config.max_sessions:
+            raise ProtocolError(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"all {self.config.max_sessions} session slots are in use",
+                close_code=CloseCode.TRY_AGAIN_LATER,
+            )
+        self.slots_held += 1
 
     def created_event(self, session: Session, token: str) -> Event:
         return events.created(

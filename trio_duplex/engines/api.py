@@ -7,7 +7,9 @@ nursery owned by the session (so it survives reconnects), and is cancelled when 
 session ends. Returning ends the session with ``engine_finished``; raising ends it with
 ``engine_error``. Once cancelled it must return within the server's
 ``engine_stop_timeout_s``; one that does not (it ignores cancellation) is abandoned: its
-session ends without it.
+session ends without it. In cluster mode, an engine that implements ``snapshot`` and
+``restore`` lets its sessions migrate to another node when this one drains (see
+``Engine.snapshot`` for the contract); ``can_migrate`` tells which ones do.
 
 A complete engine::
 
@@ -53,7 +55,8 @@ class BadEvent(ProtocolError):
 
 
 class Engine:
-    """Base class for engines. Subclasses set ``accepts`` and implement ``run``."""
+    """Base class for engines. Subclasses set ``accepts`` and implement ``run``; to let
+    their sessions migrate between nodes (cluster mode), ``snapshot`` and ``restore``."""
 
     accepts: ClassVar[Collection[str]] = frozenset()
     audio_rate: int | None = None
@@ -80,6 +83,47 @@ class Engine:
 
     async def run(self, session: EngineSession) -> None:
         raise NotImplementedError
+
+    def snapshot(self) -> bytes | dict[str, Any] | None:
+        """The engine's state, for a migration to another node; None: it cannot migrate.
+
+        An engine that can migrate overrides this and ``restore`` (``can_migrate`` says
+        which engines do); an override returns its state every time it is called, never
+        None. The state is ``bytes``, or a dict that ``json.dumps`` can write: str keys;
+        str, int, float, bool, None, list and dict values (bytes, e.g. audio, as base64).
+
+        Called only after ``run(session)`` was cancelled by a migration stop and has
+        returned (raised ``trio.Cancelled``), so the cancel may have landed at any await
+        in the engine. The runner guarantees that a ``session.send`` that returned was
+        sequenced (the client will get that event) and one that raised was not; and that
+        an event ``session.receive`` returned was taken, while one whose ``receive``
+        raised was not (the client sends it again, to the new node). So the state must
+        describe the work the engine took and has not finished, and exactly where its
+        output stands: ``restore(state)`` then ``run(session)`` on another node must go
+        on as if nothing happened, with no output lost and none repeated. The simplest
+        way there: update the state right after each ``send`` returns and each
+        ``receive`` returns, with no await in between.
+        """
+        return None
+
+    def restore(self, state: bytes | dict[str, Any]) -> None:
+        """Take over a ``snapshot()`` made on another node, before ``run``.
+
+        Called on a fresh engine, made by the factory with the session's configuration
+        as it stood at the migration, with the state as the store gave it back: a dict
+        after a round trip through JSON (lists for tuples, base64 strings stay strings)
+        or the bytes. Raise ValueError for a state of a shape it does not know (another
+        engine's, an older version's): the session then cannot resume.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot restore a snapshot")
+
+
+def can_migrate(engine: Engine) -> bool:
+    """Can this engine's sessions migrate: does its class override ``Engine.snapshot``?
+
+    The others drain as they do without migration: their sessions stay where they are.
+    """
+    return getattr(type(engine), "snapshot", Engine.snapshot) is not Engine.snapshot
 
 
 EngineFactory = Callable[[Mapping[str, Any]], Engine]
@@ -237,17 +281,30 @@ class Inbox:
         raise trio.WouldBlock
 
     async def get(self) -> Event:
-        parked = False
+        # One checkpoint, always before the take: cancelled there (or while parked),
+        # nothing was taken, so a frozen session knows what its engine has
+        # (SessionRunner.freeze). Woken from park, that was the checkpoint.
+        if self._events:
+            await trio.lowlevel.checkpoint()
         while True:
             try:
-                event = self.get_nowait()
+                return self.get_nowait()
             except trio.WouldBlock:
                 await self._waiter.park()
-                parked = True
-            else:
-                if not parked:  # a checkpoint all the same; woken from park, it was one
-                    await trio.lowlevel.checkpoint()
-                return event
+
+    def pending(self) -> list[tuple[Event, int]]:
+        """The events still queued, oldest first, each with the size it was put with
+        (0 for the small ones, which are not counted): for a migration."""
+        big = self._big
+        return [(event, big.get(id(event), 0)) for event in self._events]
+
+    def put_restored(self, event: Event, size: int) -> None:
+        """Queue an event another node had queued (a migration): taken whatever the
+        bounds, which that node's enforced (they may differ by a node's settings)."""
+        if size >= self._counted:
+            self._big[id(event)] = size
+            self._bytes += size
+        self._events.append(event)
 
 
 @attrs.define(eq=False)
@@ -352,7 +409,8 @@ def load_engine_factory(spec: str) -> EngineFactory:
 
 def engine_problem(engine: object) -> str | None:
     """Why ``engine`` is not an engine (None: it is one): an ``accepts`` collection of
-    event types, a callable ``check`` and an ``async def run``."""
+    event types, a callable ``check``, an ``async def run``, and ``restore`` if it has
+    ``snapshot``."""
     if inspect.iscoroutine(engine):
         engine.close()  # an async factory: its coroutine will never be awaited
         return "a coroutine (the factory must be a plain function or a class)"
@@ -373,6 +431,10 @@ def engine_problem(engine: object) -> str | None:
         return "which does not implement 'run'"
     if not inspect.iscoroutinefunction(getattr(engine, "run", None)):
         return "whose 'run' is not an async function: not an Engine"
+    snapshot = getattr(type(engine), "snapshot", Engine.snapshot)
+    restore = getattr(type(engine), "restore", Engine.restore)
+    if snapshot is not Engine.snapshot and restore is Engine.restore:
+        return "which implements 'snapshot' but not 'restore': its sessions could not migrate"
     return None
 
 

@@ -42,15 +42,25 @@ Decisions:
   ``input_backpressure``; a cancel sent then waits its turn like any other event.
 - Frames are paced against absolute deadlines; a frame delayed by backpressure is sent
   as soon as possible and the following ones catch up to the schedule.
+- It migrates (``snapshot``/``restore``, cluster mode). Its state: the response counter;
+  the response being spoken (id, text, whether ``response.created`` was sent, the next
+  frame whose audio was not, whether that frame's text delta was, whether a cancel was
+  read, whether only its end is left); the texts queued; ``audio_bytes_received`` and
+  ``max_queued``. Restored, it goes on mid-sentence: that frame at once (its delta first
+  unless sent), then one every 20 ms from there, then the queued texts. A cancel read
+  after the restore stops the restored response like any other (its id is kept), and each
+  response still gets exactly one ``response.created`` and one end.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import struct
 import zlib
+from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import attrs
 import trio
@@ -71,6 +81,7 @@ _GAP_FRAMES: Final = 4
 _AMPLITUDE: Final = 0.3 * 32767
 _RAMP_SAMPLES: Final = 120  # 5 ms fade in and out, so tones start and stop without a click
 _SILENCE: Final = bytes(FRAME_BYTES)
+_T = TypeVar("_T")
 
 
 def word_pitch(word: str) -> float:
@@ -91,22 +102,30 @@ def frame_count(text: str) -> int:
     return sum(map(word_frames, words)) + _GAP_FRAMES * max(0, len(words) - 1)
 
 
-def speech_frames(text: str) -> Iterator[tuple[str | None, bytes]]:
-    """``text`` as 20 ms PCM16 frames, each with the word that starts on it, if any.
+def speech_frames(text: str, first: int = 0) -> Iterator[tuple[str | None, bytes]]:
+    """``text`` as 20 ms PCM16 frames, each with the word that starts on it, if any; from
+    frame number ``first`` on (a restored response goes on mid-sentence).
 
     Lazy, so that a long text costs one frame of work per frame sent.
     """
+    position = 0  # the number of the next frame
     for index, word in enumerate(text.split()):
         if index:
-            for _ in range(_GAP_FRAMES):
+            for _ in range(min(_GAP_FRAMES, position + _GAP_FRAMES - first)):
                 yield None, _SILENCE
-        yield from _tone_frames(word, word_pitch(word), word_frames(word))
+            position += _GAP_FRAMES
+        frames = word_frames(word)
+        if position + frames > first:
+            yield from _tone_frames(word, word_pitch(word), frames, max(0, first - position))
+        position += frames
 
 
-def _tone_frames(word: str, pitch: float, frames: int) -> Iterator[tuple[str | None, bytes]]:
+def _tone_frames(
+    word: str, pitch: float, frames: int, first: int = 0
+) -> Iterator[tuple[str | None, bytes]]:
     total = frames * FRAME_SAMPLES
     step = 2 * math.pi * pitch / SAMPLE_RATE
-    for frame in range(frames):
+    for frame in range(first, frames):
         samples = []
         for n in range(frame * FRAME_SAMPLES, (frame + 1) * FRAME_SAMPLES):
             ramp = min(1.0, n / _RAMP_SAMPLES, (total - n) / _RAMP_SAMPLES)
@@ -131,10 +150,39 @@ def pcm16_to_wav(pcm: bytes, sample_rate: int = SAMPLE_RATE, channels: int = 1) 
     return header + pcm
 
 
+class _Stage(enum.Enum):
+    CREATE = "create"  # response.created is not sequenced yet
+    SPEAK = "speak"  # its frames from ``next_frame`` on are (none once cancelled)
+    END = "end"  # only its end is left; a cancel no longer applies
+
+
 @attrs.define(eq=False)
-class _Speaking:
+class _Response:
+    """The response being spoken, and exactly where its output stands.
+
+    Each field changes right after the send it describes returns (or the cancel it
+    records is read), with no await in between: wherever a migration stop lands, this is
+    what the client has got, and a snapshot of it goes on from there.
+    """
+
     response_id: str
-    scope: trio.CancelScope
+    text: str
+    stage: _Stage = _Stage.CREATE
+    next_frame: int = 0  # the first frame whose audio is not sequenced
+    delta_sent: bool = False  # that frame's text delta is (it starts a word)
+    cancelled: bool = False  # a cancel was read: no more audio, response.cancelled ends it
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)  # what a cancel cancels
+
+    def state(self) -> dict[str, Any]:
+        """Its part of the engine's snapshot (``_restore_response`` reads it back)."""
+        return {
+            "response_id": self.response_id,
+            "text": self.text,
+            "stage": self.stage.value,
+            "next_frame": self.next_frame,
+            "delta_sent": self.delta_sent,
+            "cancelled": self.cancelled,
+        }
 
 
 class VoiceEngine(Engine):
@@ -150,7 +198,11 @@ class VoiceEngine(Engine):
         self.max_queued = max_queued
         self.audio_bytes_received = 0
         self._responses = 0
-        self._speaking: _Speaking | None = None
+        self._speaking: _Response | None = None
+        self._queued: deque[str] = deque()  # texts read and not started, in order
+        self._input_ended = False
+        self._text_queued = trio.lowlevel.ParkingLot()  # where the speaker waits for text
+        self._room = trio.lowlevel.ParkingLot()  # where the reader waits for room
 
     def check(self, event: Event) -> None:
         kind = event["type"]
@@ -164,69 +216,166 @@ class VoiceEngine(Engine):
     async def run(self, session: EngineSession) -> None:
         # The reader never waits on speech, so input (and above all a cancel) is read
         # while a response plays: that is the full duplex.
-        send_text, receive_text = trio.open_memory_channel[str](self.max_queued)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._speak_queued, session, receive_text)
-            async with send_text:
-                async for event in session:
-                    kind = event["type"]
-                    if kind == "input.text.append":
-                        await send_text.send(event["text"])
-                    elif kind == "input_audio_buffer.append":
-                        self.audio_bytes_received += len(event["audio"])  # PCM16 bytes
-                    elif kind == "response.cancel":
-                        self._cancel(event.get("response_id"))
+            nursery.start_soon(self._speak, session)
+            while True:
+                # One text over max_queued may be held: read no more until one starts.
+                while len(self._queued) > self.max_queued:
+                    await self._room.park()
+                try:
+                    event = await session.receive()
+                except trio.EndOfChannel:
+                    break
+                self._take(event)
             # Input has ended: the queued responses are still spoken, then run returns.
+            self._input_ended = True
+            self._text_queued.unpark()
+
+    def _take(self, event: Event) -> None:
+        kind = event["type"]
+        if kind == "input.text.append":
+            self._queued.append(event["text"])
+            self._text_queued.unpark()
+        elif kind == "input_audio_buffer.append":
+            self.audio_bytes_received += len(event["audio"])  # PCM16 bytes
+        elif kind == "response.cancel":
+            self._cancel(event.get("response_id"))
 
     def _cancel(self, response_id: str | None) -> None:
         # Synchronous: once this returns, the speaker sends no further frame.
         speaking = self._speaking
-        if speaking is not None and response_id in (None, speaking.response_id):
+        if (
+            speaking is not None
+            and speaking.stage is not _Stage.END
+            and response_id in (None, speaking.response_id)
+        ):
+            speaking.cancelled = True
             speaking.scope.cancel()
 
-    async def _speak_queued(
-        self, session: EngineSession, texts: trio.MemoryReceiveChannel[str]
-    ) -> None:
-        async with texts:
-            async for text in texts:
-                await self._respond(session, text)
-
-    async def _respond(self, session: EngineSession, text: str) -> None:
-        self._responses += 1
-        response_id = f"resp_{self._responses}"
-        # Cancellable from here on. A cancel during the send of response.created lands
-        # before the scope is entered: created is still sent whole, and no audio follows.
-        scope = trio.CancelScope()
-        self._speaking = _Speaking(response_id, scope)
-        try:
-            await session.send({"type": "response.created", "response_id": response_id})
-            with scope:
-                await self._stream(session, response_id, text)
-        finally:
-            # No checkpoint since the scope closed: a later cancel cannot reach this one.
+    async def _speak(self, session: EngineSession) -> None:
+        while True:
+            response = self._speaking  # (restored: the one the last node was speaking)
+            if response is None:
+                if not self._queued:
+                    if self._input_ended:
+                        return
+                    await self._text_queued.park()
+                    continue
+                self._responses += 1
+                response = _Response(f"resp_{self._responses}", self._queued.popleft())
+                self._speaking = response
+                self._room.unpark()
+            await self._respond(session, response)
             self._speaking = None
-        ending = "response.cancelled" if scope.cancel_called else "response.done"
+
+    async def _respond(self, session: EngineSession, response: _Response) -> None:
+        response_id = response.response_id
+        if response.stage is _Stage.CREATE:
+            # A cancel read during this send is kept for after it: created is still sent
+            # whole, and no audio follows.
+            await session.send({"type": "response.created", "response_id": response_id})
+            response.stage = _Stage.SPEAK
+        if response.stage is _Stage.SPEAK:
+            if not response.cancelled:
+                with response.scope:
+                    await self._stream(session, response)
+            # No checkpoint since the scope closed: a later cancel cannot reach this one.
+            response.stage = _Stage.END
+        ending = "response.cancelled" if response.cancelled else "response.done"
         await session.send({"type": ending, "response_id": response_id})
 
-    async def _stream(self, session: EngineSession, response_id: str, text: str) -> None:
-        start = trio.current_time()
-        index = -1
-        for index, (word, frame) in enumerate(speech_frames(text)):
+    async def _stream(self, session: EngineSession, response: _Response) -> None:
+        first = response.next_frame
+        # Paced from now: a restored response sends its next frame at once.
+        start = trio.current_time() - first * FRAME_SECONDS
+        response_id = response.response_id
+        for index, (word, frame) in enumerate(speech_frames(response.text, first), first):
             await trio.sleep_until(start + index * FRAME_SECONDS)
-            if word is not None:
+            if word is not None and not response.delta_sent:
                 delta = word if index == 0 else " " + word  # deltas join with one space
                 await _send_live(
                     session,
                     {"type": "response.output_text.delta", "response_id": response_id,
                      "text": delta},
                 )  # fmt: skip
+                response.delta_sent = True
             await _send_live(
                 session,
                 {"type": "response.output_audio.delta", "response_id": response_id,
                  "audio": frame},
             )  # fmt: skip
+            response.next_frame = index + 1
+            response.delta_sent = False
         # Done when the last frame has played, not when it was sent.
-        await trio.sleep_until(start + (index + 1) * FRAME_SECONDS)
+        await trio.sleep_until(start + response.next_frame * FRAME_SECONDS)
+
+    def snapshot(self) -> dict[str, Any]:
+        speaking = self._speaking
+        return {
+            "state": _STATE,
+            "responses": self._responses,
+            "speaking": None if speaking is None else speaking.state(),
+            "queued": list(self._queued),
+            "audio_bytes_received": self.audio_bytes_received,
+            "max_queued": self.max_queued,
+        }
+
+    def restore(self, state: bytes | dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("state") != _STATE:
+            raise ValueError(f"not a snapshot of the voice engine ({_STATE}): {_short(state)}")
+        responses = _count(state, "responses")
+        queued = _field(state, "queued", list)
+        if not all(isinstance(text, str) for text in queued):
+            raise ValueError("voice snapshot: 'queued' must be a list of texts")
+        audio_bytes = _count(state, "audio_bytes_received")
+        max_queued = _count(state, "max_queued", minimum=1)
+        speaking = state.get("speaking")
+        self._speaking = None if speaking is None else _restore_response(speaking)
+        self._responses, self._queued = responses, deque(queued)
+        self.audio_bytes_received, self.max_queued = audio_bytes, max_queued
+
+
+_STATE: Final = "voice/1"  # the shape of the snapshot; a restore refuses any other
+
+
+def _restore_response(state: object) -> _Response:
+    if not isinstance(state, dict):
+        raise ValueError(f"voice snapshot: 'speaking' must be an object, not {_short(state)}")
+    text = _field(state, "text", str)
+    try:
+        stage = _Stage(state.get("stage"))
+    except ValueError:
+        raise ValueError(f"voice snapshot: unknown stage {_short(state.get('stage'))}") from None
+    next_frame = _count(state, "next_frame")
+    if next_frame > frame_count(text):
+        raise ValueError(f"voice snapshot: frame {next_frame} is past the text's end")
+    return _Response(
+        _field(state, "response_id", str),
+        text,
+        stage,
+        next_frame,
+        _field(state, "delta_sent", bool),
+        _field(state, "cancelled", bool),
+    )
+
+
+def _field(state: Mapping[str, Any], key: str, kind: type[_T]) -> _T:
+    value = state.get(key)
+    if type(value) is not kind:  # type(), not isinstance(): True is no frame number
+        raise ValueError(f"voice snapshot: {key!r} is not a {kind.__name__}: {_short(value)}")
+    return value
+
+
+def _count(state: Mapping[str, Any], key: str, minimum: int = 0) -> int:
+    value = _field(state, key, int)
+    if value < minimum:
+        raise ValueError(f"voice snapshot: {key!r} is {value}, under {minimum}")
+    return value
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 async def _send_live(session: EngineSession, event: Event) -> None:

@@ -60,6 +60,9 @@ loading its data answers an error, for one): neither may stop the server."""
 
 log = logging.getLogger("trio_duplex")
 
+_NO_CAP = 2**62
+"""The cap a forced lease is taken under: none that a count could reach."""
+
 
 def shown_url(url: str) -> str:
     """The store's URL for the log, its password (if any) hidden."""
@@ -230,6 +233,17 @@ class ClusterNode:
         else:
             self._answered()
 
+    async def hand_over(self, session_id: str, record: bytes, ttl_s: float) -> bool:
+        """Store a migrating session's record for ``ttl_s`` (``Store.hand_over``). False:
+        the store did not answer (the session cannot move)."""
+        try:
+            await self.store.hand_over(session_id, self.node_id, record, ttl_s)
+        except _FAILED as exc:
+            self._failed(exc)
+            return False
+        self._answered()
+        return True
+
     async def locate(self, session_id: str) -> Located:
         """Where a session this node does not hold is (``Store.locate``). ProtocolError
         ``session_home_unreachable`` (retryable): the store did not answer."""
@@ -247,13 +261,17 @@ class ClusterNode:
 
     # -- admission -----------------------------------------------------------------------
 
-    async def acquire(self) -> bool:
+    async def acquire(self, *, force: bool = False) -> bool:
         """Take a cluster-wide lease for a session about to be admitted: True if taken,
         False if there is no cap. ProtocolError ``resource_exhausted``: at the cap, or the
-        store did not answer within its timeout (waiting for a heartbeat included)."""
+        store did not answer within its timeout (waiting for a heartbeat included).
+        ``force``: taken even at the cap (a session moving from another node, whose
+        lease that node has given back)."""
         cap = self.cap
         if cap is None:
             return False
+        if force:
+            cap = _NO_CAP
         try:
             with trio.fail_after(self.store.timeout_s):
                 async with self._ops.shared():

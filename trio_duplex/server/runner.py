@@ -31,6 +31,7 @@ from ..core import events
 from ..core.binary import parse_input
 from ..core.events import SESSION_INPUT, ErrorCode, EventType, Reason
 from ..core.frames import CloseCode
+from ..core.migration import Frozen
 from ..core.session import Commit, Emitted, Session, Terminal, audio_ms
 from ..core.wire import ConfigBudget, ProtocolError, encode, is_seq
 from ..engines.api import Engine, EngineSession, Event, Inbox, engine_audio_rate
@@ -174,6 +175,10 @@ class SessionRunner:
     _pcm_per_ms: int = 48
     _last_delta: Event | None = None
     """The engine's last output audio delta: the fields of a tail (with its own audio)."""
+    _freezing: bool = False
+    """``freeze`` stopped the engine: the session waits, engineless, for its end."""
+    _engine_gone: trio.Event = attrs.field(factory=trio.Event)
+    _end_decided: trio.Event = attrs.field(factory=trio.Event)
 
     def __attrs_post_init__(self) -> None:
         self._inbox = Inbox(self.max_pending_input, self.max_input_bytes, self._report_consumed)
@@ -186,7 +191,11 @@ class SessionRunner:
             self._encoder = Encoder(audio.output, rate)
             self._binary = audio.wire == "binary"
             self._pcm_per_ms = rate // 500
-            self.session.usage.audio_ms_in = self.session.usage.audio_ms_out = 0.0
+            usage = self.session.usage
+            if usage.audio_ms_in is None:  # (a session restored by a migration counts on)
+                usage.audio_ms_in = 0.0
+            if usage.audio_ms_out is None:
+                usage.audio_ms_out = 0.0
             return
         formats = self.engine.audio_formats
         if formats:  # (most engines: none, and the per-event paths test one empty dict)
@@ -194,9 +203,9 @@ class SessionRunner:
             self._audio_in = {k: v for k, v in formats.items() if k in accepts}
             self._audio_out = {k: v for k, v in formats.items() if k not in accepts}
             usage = self.session.usage
-            if self._audio_in:
+            if self._audio_in and usage.audio_ms_in is None:  # (restored: counted on)
                 usage.audio_ms_in = 0.0
-            if self._audio_out:
+            if self._audio_out and usage.audio_ms_out is None:
                 usage.audio_ms_out = 0.0
 
     # -- lifetime ----------------------------------------------------------------------
@@ -206,8 +215,15 @@ class SessionRunner:
         try:
             with self._scope:
                 reason = await self._run_engine()
+            if self._freezing and reason != Reason.ENGINE_ERROR:
+                # Stopped for a migration: the session lives on without its engine until
+                # its owner ends it (``end(Reason.MIGRATED)`` once its record is stored).
+                self._returned = True
+                self._engine_gone.set()
+                await self._end_decided.wait()
         finally:
             self._returned = True
+            self._engine_gone.set()
             if self.abandoned:  # the session ended without it long ago
                 self.owner.returned_late(self)
                 log.info(
@@ -254,7 +270,11 @@ class SessionRunner:
         self.owner.ended(self)
         terminal = session.terminal
         assert terminal is not None
-        if terminal.generation is None:  # ended detached: only a resumer can hear it
+        if terminal.reason == Reason.MIGRATED:  # its client was told to go (going_away)
+            target = None
+            if self.conn is not None:  # (finished already by its owner, normally)
+                self.conn.finish([], terminal.close_code)
+        elif terminal.generation is None:  # ended detached: only a resumer can hear it
             target = self.resumer
         elif self.conn is not None and self.conn.generation == terminal.generation:
             target = self.conn
@@ -286,6 +306,7 @@ class SessionRunner:
         """The core decided the end: cancel the engine (the ``run`` finally tears down)
         and give it ``engine_stop_timeout_s`` to return."""
         if terminal is not None:
+            self._end_decided.set()
             self.owner.decided(self, terminal)
             if not self._returned:
                 self._scope.cancel()
@@ -308,6 +329,80 @@ class SessionRunner:
 
     def end(self, reason: Reason) -> None:
         self.apply(self.session.begin_close(reason, trio.current_time()))
+
+    # -- migration (core/migration.py) -------------------------------------------------
+
+    async def freeze(self) -> Frozen | None:
+        """Stop the engine at a safe point and take its snapshot, for a migration.
+
+        Every event the engine's ``send`` returned from is journaled, and one whose
+        ``send`` raised is not (a multi-payload audio delta goes whole or not at all);
+        every event its ``receive`` returned was taken, and one whose ``receive``
+        raised was not. From its start the attached connection is fenced off: nothing
+        more it sends is taken or answered (the client sends it again after the
+        resume, from ``resume_client_seq + 1``), so the session's client-seq state and
+        its engine's queued input (``pending_input``, carried over) are exactly what the
+        client was told was received. The session stays live, without its engine, until
+        the caller ends it, with ``Reason.MIGRATED`` once the record is stored, or
+        another reason.
+
+        None: it cannot migrate (the engine did not return within
+        ``engine_stop_timeout_s``, failed, has no snapshot, or the session is ending);
+        the caller ends the session as it would have without a migration."""
+        session = self.session
+        if self._freezing or self._returned or session.terminal is not None:
+            return None
+        self._freezing = True
+        conn, fenced = self.conn, 0
+        if conn is not None:
+            conn.release_waiters()  # an engine waiting for a congested connection
+            # Fenced off from here: nothing more is taken from it, answered or acked (a
+            # heartbeat's ack would tell the client that what it sent before is safe),
+            # so the record holds exactly what the session received.
+            fenced, conn.generation = conn.generation, 0
+        self._scope.cancel()
+        with trio.move_on_after(self.owner.engine_stop_timeout_s):
+            await self._engine_gone.wait()
+        frozen = self._frozen() if self._engine_gone.is_set() else None
+        if frozen is None and conn is not None and conn.generation == 0:
+            conn.generation = fenced  # staying here after all: it hears how the session ends
+        return frozen
+
+    def _frozen(self) -> Frozen | None:
+        session = self.session
+        if session.terminal is not None:
+            return None  # failed, or the session ended meanwhile
+        snapshot = getattr(self.engine, "snapshot", None)  # (engines are duck-typed)
+        if snapshot is None:
+            return None
+        try:
+            state = snapshot()
+        except Exception as exc:  # the engine's fault: the session just cannot move
+            log.error(
+                "engine of session %s failed in snapshot",
+                session.id,
+                exc_info=exc,
+                extra={"session_id": session.id},
+            )
+            return None
+        if not isinstance(state, bytes | dict):
+            if state is not None:  # (None: this engine cannot migrate)
+                log.error(
+                    "engine of session %s: snapshot returned a %s, not bytes or a dict",
+                    session.id,
+                    type(state).__name__,
+                    extra={"session_id": session.id},
+                )
+            return None
+        # Received and not yet taken: carried over, so nothing the client was told is
+        # safe (received) is asked for again.
+        return Frozen(state, session.client_seq, tuple(self._inbox.pending()))
+
+    def restore_input(self, pending: tuple[tuple[Event, int], ...]) -> None:
+        """Queue, for the engine, the input a migrated session's old node had received
+        and its engine had not taken yet (``Frozen.pending_input``)."""
+        for event, size in pending:
+            self._inbox.put_restored(event, size)
 
     # -- attachment --------------------------------------------------------------------
 
@@ -376,10 +471,19 @@ class SessionRunner:
     async def _wait_drained(self, conn: Connection) -> None:
         # Wait only while this connection is still the session's live attachment: once
         # it is lost or replaced, output goes to the journal without waiting.
-        while (
-            conn.congested and conn.close_code is None and self.session.is_current(conn.generation)
-        ):
-            await conn.wait_drained()
+        try:
+            while (
+                conn.congested
+                and conn.close_code is None
+                and self.session.is_current(conn.generation)
+            ):
+                await conn.wait_drained()
+        except trio.Cancelled:
+            # The event was sequenced: a freeze must see the ``send`` return, or the
+            # engine would count it unsent. The scope stays cancelled: its next
+            # checkpoint raises again.
+            if not self._freezing:
+                raise
 
     async def _emit_with_audio(self, event: Event, kind: str, encoder: Encoder) -> None:
         """An engine event on a session with audio: an output delta's PCM16 is encoded

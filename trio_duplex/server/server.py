@@ -271,6 +271,10 @@ class DuplexServer:
                         conns.start_soon(self._accept, listener, conns, True)
                     task_status.started()
                     await self._shutdown.wait()
+                    if self.node is not None:  # (only imported in cluster mode)
+                        from .migration import hand_over_all
+
+                        conns.start_soon(hand_over_all, sessions, self.node, self.config)
                     await sessions.drain()
                     with trio.move_on_after(self.close_timeout_s):
                         while sessions.slots_held or self.connections:
@@ -281,8 +285,13 @@ class DuplexServer:
                     await sessions.stop()
 
     def begin_shutdown(self) -> None:
-        """Refuse new opens and resumes, warn attached clients, and start the drain."""
+        """Refuse new opens and resumes, warn attached clients, and start the drain; in a
+        cluster, hand the sessions that can migrate to other nodes (migration.py)."""
         if not self.sessions.shutting_down:
+            if self.node is not None:
+                from .migration import migratable
+
+                self.sessions.handing_over = migratable
             self.sessions.begin_shutdown()
             self._shutdown.set()
 
@@ -722,6 +731,11 @@ class DuplexServer:
         ProtocolError: its home is gone (``node_lost``), or unreachable (retryable)."""
         located = await node.locate(session_id)  # ProtocolError: the store is unreachable
         totals = self.sessions.totals
+        if located.kind == "migrated" and located.record is not None:
+            from .migration import adopt
+
+            await adopt(located.record, self.sessions, node, self.config, self._new_engine)
+            return False  # it is here now: the ordinary resume follows
         if located.kind == "lost":
             totals.count(totals.resumes, "node_lost")
             raise ProtocolError.resume_refused(

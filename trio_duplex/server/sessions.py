@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import contextvars
 import logging
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -120,6 +121,10 @@ class Sessions:
     _drain_deadline: float | None = attrs.field(default=None, init=False)
     _drained: bool = attrs.field(default=False, init=False)
     _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
+    handing_over: Callable[[SessionRunner], bool] | None = attrs.field(default=None, init=False)
+    """Cluster mode, once the drain has begun: is this session being handed to another
+    node (migration.py)? Such a session is neither warned nor ended by the drain: its
+    hand-over ends it."""
 
     def __attrs_post_init__(self) -> None:
         self.registry = Registry(self.config)
@@ -176,6 +181,10 @@ class Sessions:
     @property
     def shutting_down(self) -> bool:
         return self.registry.shutting_down
+
+    def runners(self) -> list[SessionRunner]:
+        """The runners of the sessions started and not yet ended, now."""
+        return list(self._runners.values())
 
     def runner(self, session_id: str) -> SessionRunner | None:
         """The runner of a started session that has not ended yet."""
@@ -242,6 +251,33 @@ class Sessions:
         )
         return runner
 
+    def adopt(self, session: Session, engine: Engine) -> SessionRunner:
+        """Run a session restored from another node (core/migration.py): DETACHED, with
+        no connection, its ``engine`` fresh from the factory and its state ``restore``d
+        by the caller. Its grace runs as any detached session's; a ``session.resume``
+        (``for_resume``) attaches a client. ProtocolError: refused as ``admit`` refuses
+        (full, draining), or the session is already here."""
+        self.registry.adopt(session)
+        config = self.config
+        runner = SessionRunner(
+            self,
+            session,
+            engine,
+            config.max_pending_input,
+            config.max_input_bytes,
+            config.max_config_bytes,
+        )
+        self._runners[session.id] = runner
+        assert self._nursery is not None
+        self._nursery.start_soon(runner.run)  # synchronous: no cancel point in between
+        self.reschedule(runner)
+        log.info(
+            "session %s adopted (migrated here)",
+            session.id,
+            extra={"session_id": session.id, "principal": session.principal},
+        )
+        return runner
+
     def for_resume(self, session_id: str) -> SessionRunner:
         """The runner of a resumable session (ProtocolError: none, or draining)."""
         session = self.registry.lookup_for_resume(session_id)
@@ -289,7 +325,8 @@ class Sessions:
         it hold the drain. One whose resume began before the drain may still finish it."""
         session = runner.session
         if self.shutting_down and session.state is State.DETACHED and session.resume is None:
-            runner.end(Reason.SHUTDOWN)
+            if self.handing_over is None or not self.handing_over(runner):
+                runner.end(Reason.SHUTDOWN)
 
     def _released(self, session: Session) -> None:
         for observer in self.observers:
@@ -312,6 +349,8 @@ class Sessions:
         self._drain_deadline = trio.current_time() + self.config.drain_timeout_s
         going = encode(events.going_away(round(self.config.drain_timeout_s * 1000)))
         for runner in list(self._runners.values()):
+            if self.handing_over is not None and self.handing_over(runner):
+                continue
             conn = runner.conn
             if conn is not None and runner.session.is_current(conn.generation):
                 conn.push(going)
@@ -336,12 +375,17 @@ class Sessions:
         while self._runners and not self._stopped.is_set():
             await self.wait_changed()
 
+    def going_away_ms(self) -> int:
+        """While draining: the time left until the drain ends, in ms (0 otherwise)."""
+        if self._drain_deadline is None:
+            return 0
+        return round(max(0.0, self._drain_deadline - trio.current_time()) * 1000)
+
     def going_away_frame(self) -> str | None:
         """While draining: ``session.going_away`` with the time left now."""
         if self._drain_deadline is None:
             return None
-        left = max(0.0, self._drain_deadline - trio.current_time())
-        return encode(events.going_away(round(left * 1000)))
+        return encode(events.going_away(self.going_away_ms()))
 
     # -- changes -----------------------------------------------------------------------
 

@@ -1,0 +1,169 @@
+"""Sessions that survive a deploy (issue 13): handing sessions from a draining node to
+whichever node their clients resume on. Cluster mode only.
+
+Out (``hand_over_all``, on SIGTERM): each live session whose engine can migrate
+(``engines.api.can_migrate``) is frozen at a safe point (``SessionRunner.freeze``), its
+record (``core.migration``: the engine's snapshot, the unacknowledged journal, the
+client-seq state, the credential digests) is stored for the session's resume window
+(``Store.hand_over``, which also drops the session's directory entry), its client is
+told ``session.going_away {time_left_ms, migrating: true}`` and its connection closed
+(1001), and the session ends here (``Reason.MIGRATED``: no terminal event, the session
+lives on). Sessions whose engine cannot migrate, or whose freeze or hand-over fails,
+drain as before (they end ``server_shutdown``). At most ``AT_ONCE`` are handed over
+concurrently.
+
+In (``adopt``, on a resume for a session this node does not hold): the record, taken
+from the store, becomes a DETACHED session here with a fresh engine restored from the
+snapshot; the ordinary resume then checks the token, replays and attaches. If this node
+cannot take it (full, draining, a broken record or engine), the record goes back to the
+store for another node, and the client is refused retryably.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..core import events
+from ..core.config import ServerConfig
+from ..core.events import ErrorCode, Reason
+from ..core.frames import CloseCode
+from ..core.migration import BadRecord, Record, export, restore
+from ..core.session import State
+from ..core.wire import ProtocolError, encode
+from ..engines.api import Engine, can_migrate
+from .runner import SessionRunner, settle_audio
+from .sessions import Sessions
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+    from .cluster import ClusterNode
+
+log = logging.getLogger("trio_duplex")
+
+AT_ONCE = 32
+"""Sessions frozen and handed over concurrently during a drain."""
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+"""The largest record a node adopts (a journal is bounded by ``journal_max_bytes``)."""
+
+
+def migratable(runner: SessionRunner) -> bool:
+    """Will the drain hand this session over (rather than end it)?"""
+    session = runner.session
+    return can_migrate(runner.engine) and session.state in (State.ATTACHED, State.DETACHED)
+
+
+async def hand_over_all(sessions: Sessions, node: ClusterNode, config: ServerConfig) -> None:
+    """Hand every migratable session to the cluster (see the module's docstring)."""
+    limit = trio.CapacityLimiter(AT_ONCE)
+    async with trio.open_nursery() as nursery:
+        for runner in sessions.runners():
+            if migratable(runner):
+                nursery.start_soon(_hand_over, sessions, runner, node, config, limit)
+
+
+async def _hand_over(
+    sessions: Sessions,
+    runner: SessionRunner,
+    node: ClusterNode,
+    config: ServerConfig,
+    limit: trio.CapacityLimiter,
+) -> None:
+    session = runner.session
+    async with limit:
+        while session.resume is not None:  # a resume in progress: let it finish first
+            await sessions.wait_changed()
+        if session.state not in (State.ATTACHED, State.DETACHED):
+            return  # it ended meanwhile
+        attached = runner.conn
+        if attached is not None and not session.is_current(attached.generation):
+            attached = None
+        frozen = await runner.freeze()  # (fences the attached connection off)
+        if session.terminal is not None:
+            return  # ended meanwhile (the drain's deadline, a close): nothing to move
+        if frozen is None:
+            runner.end(Reason.SHUTDOWN)
+            return
+        try:
+            record = export(session, frozen).to_bytes()
+        except ValueError as exc:  # an engine state, configuration or input not JSON
+            log.error("session %s cannot be handed over: %s", session.id, exc)
+            runner.end(Reason.SHUTDOWN)
+            return
+        if not await node.hand_over(session.id, record, config.disconnect_grace_s):
+            runner.end(Reason.SHUTDOWN)
+            return
+    if attached is not None:
+        going = encode(events.going_away(sessions.going_away_ms(), migrating=True))
+        attached.finish([going], CloseCode.GOING_AWAY)
+    sessions.totals.count(sessions.totals.resumes, "handed_over")
+    runner.end(Reason.MIGRATED)
+    log.info(
+        "session %s handed over to the cluster (%d bytes)",
+        session.id,
+        len(record),
+        extra={"session_id": session.id, "generation": session.generation},
+    )
+
+
+async def adopt(
+    record_bytes: bytes,
+    sessions: Sessions,
+    node: ClusterNode,
+    config: ServerConfig,
+    new_engine: Callable[[Mapping[str, Any]], Engine],
+) -> None:
+    """Make the handed-over session of ``record_bytes`` live here, DETACHED, for the
+    resume that found it. ProtocolError: it cannot be taken here (retryable; the record
+    is back in the store), or the record is unusable (``session_resume_expired``)."""
+    try:
+        record = Record.from_bytes(record_bytes, max_bytes=MAX_RECORD_BYTES)
+    except BadRecord as exc:
+        log.error("a handed-over session's record is unusable: %s", exc)
+        raise ProtocolError.resume_refused(
+            ErrorCode.SESSION_RESUME_EXPIRED, "the session could not be taken over"
+        ) from None
+    session_id = record.session_id
+    try:
+        config_now = dict(record.config)
+        engine = new_engine(config_now)  # ProtocolError: the engine refused (BadEvent), broke
+        engine.restore(record.engine_state)
+        settle_audio(engine, config_now)
+        leased = await node.acquire(force=True)  # a moved session keeps its place
+        try:
+            session = restore(record, config, trio.current_time())
+            runner = sessions.adopt(session, engine)  # ProtocolError: full, or draining
+            runner.restore_input(record.pending_input)
+        except BaseException:
+            if leased:
+                node.release()
+            raise
+    except BaseException as exc:
+        # Back for another node (this one may be full, or failing): within its window.
+        with trio.CancelScope(shield=True):
+            await node.hand_over(session_id, record_bytes, config.disconnect_grace_s)
+        if isinstance(exc, ProtocolError):
+            raise
+        if isinstance(exc, trio.Cancelled):
+            raise
+        log.error("session %s: could not be taken over", session_id, exc_info=exc)
+        raise ProtocolError(
+            ErrorCode.SESSION_HOME_UNREACHABLE,
+            "the session could not be taken over here; try again",
+            close_code=CloseCode.TRY_AGAIN_LATER,
+        ) from None
+    await node.claim(session.id)
+    sessions.totals.count(sessions.totals.resumes, "taken_over")
+    log.info(
+        "session %s taken over (generation %d)",
+        session.id,
+        session.generation,
+        extra={"session_id": session.id, "generation": session.generation},
+    )
+
+
+__all__ = ["AT_ONCE", "adopt", "hand_over_all", "migratable"]
