@@ -220,16 +220,30 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         redis.stop()
     # With fine ramps, they decide; the coarse one only located the knee.
-    best = {w: [r["largest"] for r in (rs[1:] if len(rs) > 1 else rs)] for w, rs in runs.items()}
+    # A ramp that failed at its first step found nothing (it is not "0"): dropped, as in
+    # scenario 3, and said.
+    best: dict[int, list[int]] = {}
+    for w, rs in runs.items():
+        deciding = rs[1:] if len(rs) > 1 else rs
+        best[w] = [r["largest"] for r in deciding if r["largest"]]
+        if len(best[w]) < len(deciding):
+            print(
+                f"--workers {w}: {len(deciding) - len(best[w])} ramp(s) failed at their first "
+                "step; dropped",
+                file=sys.stderr,
+            )
     print("| --workers | voice sessions at p99 ≤ 20 ms | ramps |")
     print("|---|---|---|")
     for w in counts:
         values = best[w]
+        if not values:
+            print(f"| {w} | none | 0 |")
+            continue
         shown = f"{sorted(values)[len(values) // 2]}" + (
             f" ({min(values)}{DASH}{max(values)})" if len(values) > 1 else ""
         )
         print(f"| {w} | {shown} | {len(values)} |")
-    if len(counts) == 2 and best[counts[0]] and min(best[counts[0]]) > 0:
+    if len(counts) == 2 and best[counts[0]] and best[counts[1]]:
         a = sorted(best[counts[0]])[len(best[counts[0]]) // 2]
         b = sorted(best[counts[1]])[len(best[counts[1]]) // 2]
         print(f"\n--workers {counts[1]} over --workers {counts[0]}: {b / a:.2f}{TIMES}")
