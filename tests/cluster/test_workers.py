@@ -170,6 +170,28 @@ async def test_sigterm_drains_every_worker_and_the_supervisor_exits_0(
     assert await store.nodes() == {}
 
 
+async def test_a_second_signal_is_passed_on_and_the_workers_exit_at_once(
+    workers: Workers,
+) -> None:
+    """Sessions of an engine that never ends keep the draining workers busy for a minute;
+    a second SIGTERM to the supervisor reaches them, and they exit now (143)."""
+    server = workers(
+        *("--engine", "tests.server.stubborn_engine:Stubborn"),
+        *("--drain-timeout", "60", "--engine-stop-timeout", "60"),
+    )
+    async with clients() as mine:
+        opened, _ = await open_many(mine, [server.url] * 10)
+        assert len(opened) == 10
+        server.proc.send_signal(signal.SIGTERM)
+        for node in ("t-w0", "t-w1"):
+            server.wait_for_line(rf"\[{node}\]: SIGTERM: draining", TIMEOUT)
+        server.proc.send_signal(signal.SIGTERM)
+        status = await trio.to_thread.run_sync(server.wait, TIMEOUT)
+    assert status == 128 + signal.SIGTERM, server.log
+    assert "second signal (SIGTERM): passed on, the workers exit now" in server.log
+    assert "exiting now, without finishing the drain" in server.log
+
+
 async def test_a_worker_that_outlives_the_drain_bound_is_killed(
     workers: Workers, store: Store
 ) -> None:
