@@ -20,10 +20,12 @@ priority than the servers (as root: servers at ``--server-nice -10``, the load g
 at ``--client-nice -5``, both ahead of anything else on the machine; otherwise 0 and 5).
 Each ramp also records what other processes took of the machine meanwhile (/proc/stat).
 Its own delay still counts in the latency it measures: each step records
-its CPU use and how late its sends were (``late_p99_ms``), and the report says how busy
-it was at the step where the ramp stopped. Both servers are measured the same way, so
-the ratio is the figure to read; the absolute counts are lower than scenario 3's, whose
-load generator had a core to itself.
+its CPU use and how late its sends were (``lateness_p99_ms``), and the report says how busy
+it was at the step where the ramp stopped. Both servers are measured the same way; but
+the load generator itself needs most of a core at 100+ sessions, so on a 2-core machine
+there is about one core of room for the server whatever the number of workers (see
+docs/benchmarks.md, "Cluster (issue 13)"): two workers can only show their worth with
+more cores than the load generator takes.
 """
 
 from __future__ import annotations
