@@ -235,6 +235,7 @@ def test_the_voice_load_drives_both_lanes_of_a_real_server() -> None:
         server.wait(10)
 
 
+@pytest.mark.integration
 def test_the_workers_benchmark_ramps_both_servers_in_cluster_mode(tmp_path: Path) -> None:
     """benchmarks.workers: its own redis-server, `serve --workers 1` and `--workers 2`, one
     step of 2 voice sessions each."""
@@ -247,3 +248,27 @@ def test_the_workers_benchmark_ramps_both_servers_in_cluster_mode(tmp_path: Path
         ((step,),) = [run["steps"] for run in runs[workers]]
         assert step["sessions"] == 2 and step["samples"] > 0, step
         assert not step["errors"] and not step["dead"], step
+
+
+@pytest.mark.integration
+def test_the_cluster_benchmark_runs_its_scenarios(tmp_path: Path) -> None:
+    """`benchmarks.cluster` (issue 13) with two sessions and a fraction of a second each,
+    against redis-server and real nodes (two echo, then three voice with a drain): it runs
+    and reports every table, nothing timed."""
+    out = tmp_path / "cluster.json"
+    stdout = _run("cluster", "--sessions", "2", "--rounds", "1", "--k", "1,3", "--seconds",
+                  "0.2", "--pings", "5", "--settle", "0.5", "--after", "0.3",
+                  "--drain-timeout", "2", "--out", str(out))  # fmt: skip
+    assert "### Resume via the home node vs relayed" in stdout
+    assert "| 3 | K-th replayed event | p99 |" in stdout and "| step of a relayed resume" in stdout
+    assert "| events/s (pipelined) |" in stdout and "| server CPU per event, both |" in stdout
+    report = json.loads(out.read_text())
+    (resume_round,) = report["resume"]["rounds"]["1"]
+    for path in ("home", "relayed"):
+        assert resume_round[path]["to_resumed"]["n"] == 2
+    (tp_round,) = report["throughput"]["rounds"]
+    assert tp_round["relayed"]["events"] > 0 and tp_round["direct"]["events"] > 0
+    assert tp_round["relayed"]["cpu_us_b"] > 0  # the relaying node was sampled
+    assert "### Migration on drain" in stdout and "| going_away → next audio frame |" in stdout
+    (drain,) = report["migrate"]
+    assert drain["sessions"] == 2 and drain["violations"] == 0

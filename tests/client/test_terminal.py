@@ -194,14 +194,15 @@ async def test_a_second_ctrl_c_detaches_and_the_session_can_be_resumed(
         await term.exited.wait()
         assert term.exit_code == 0
         command = re.search(
-            r"trio-duplex connect (\S+) --resume (\S+) --token (\S+) --last-seq (\d+)",
+            r"trio-duplex connect (\S+) --resume (\S+) --token=(\S+) --last-seq (\d+)",
             term.err.getvalue(),
         )
         assert command is not None and command.group(4) == "1"
         assert term.sim.server.slots_held == 1  # detached, inside its grace
         # And the printed command works.
         term.net.down = False
-        argv = ["--resume", command.group(2), "--token", command.group(3), "--last-seq", "1"]
+        # (--token=: a token may start with "-", which argparse takes for a flag)
+        argv = ["--resume", command.group(2), f"--token={command.group(3)}", "--last-seq", "1"]
         args = build_parser().parse_args([command.group(1), *argv])
         out, err = io.StringIO(), io.StringIO()
         lines_in, lines = trio.open_memory_channel[str](10)

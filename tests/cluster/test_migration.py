@@ -23,7 +23,8 @@ from websockets.trio.client import ClientConnection
 from trio_duplex.cluster import Store
 from trio_duplex.engines.voice import FRAME_BYTES, frame_count
 
-from ..helpers import ServerProcess
+from ..helpers import ServerProcess, Servers
+from .conftest import SECRET, RedisServer, node_flags
 from .test_relay import receive, resume, send, text, ws_to
 from .test_serve import TIMEOUT
 
@@ -142,3 +143,79 @@ async def test_sigterm_moves_streaming_voice_sessions_to_other_nodes(
     assert all(r["attachment_generation"] == 2 for r in resumed)
     assert "handed over to the cluster" in a.log
     assert set(await store.nodes()) == {"b", "c"}  # A left the cluster once drained
+
+
+@attrs.define(eq=False)
+class AnswerHolder:
+    """A TCP proxy in front of Redis that can hold Redis's answers back: the commands
+    still reach Redis and run, and the node waits for answers that do not come."""
+
+    target: int
+    holding: bool = False
+    _released: trio.Event = attrs.field(factory=trio.Event)
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(self._handle, listeners)
+
+    def release(self) -> None:
+        self.holding = False
+        self._released.set()
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        async with client, await trio.open_tcp_stream("127.0.0.1", self.target) as redis:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump, client, redis, False)
+                await self._pump(redis, client, True)
+                nursery.cancel_scope.cancel()
+
+    async def _pump(
+        self, source: trio.SocketStream, sink: trio.SocketStream, answers: bool
+    ) -> None:
+        try:
+            while data := await source.receive_some(65536):
+                if answers and self.holding:
+                    await self._released.wait()
+                await sink.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+async def test_a_hand_over_the_store_ran_but_did_not_confirm_still_sends_the_client_on(
+    servers: Servers, redis_server: RedisServer, store: Store
+) -> None:
+    """Redis runs the hand-over, but its answer comes too late for the drain: the client
+    was sent on all the same, and finds its session on another node (were it ended
+    here instead, a session the client was never told had ended would be adopted)."""
+    async with trio.open_nursery() as nursery:
+        holder = AnswerHolder(redis_server.port)
+        port = await nursery.start(holder.run)
+        through = f"redis://127.0.0.1:{port}/0"
+        a_flags = ("--cluster", through, "--cluster-secret", SECRET, "--node-id", "a")
+        b_flags = node_flags(redis_server, "b")
+        # (in a thread: the proxy A starts through runs in this one)
+        a, b = await trio.to_thread.run_sync(
+            lambda: servers.start_many(
+                (*a_flags, "--relay-port", "0", "--drain-timeout", "2"),
+                (*b_flags, "--relay-port", "0"),
+            )
+        )
+        async with ws_to(a.url) as on_a:
+            await send(on_a, {"type": "session.update", "session": {}})
+            created = await receive(on_a)
+            await send(on_a, text(1, "before"))
+            assert (await receive(on_a))["text"] == "before"
+            holder.holding = True
+            a.proc.send_signal(signal.SIGTERM)
+            going = await receive(on_a)  # after the hand-over's patience (~1.5 s)
+            assert going["type"] == "session.going_away" and going["migrating"] is True
+        await trio.to_thread.run_sync(a.wait_for_line, "did not confirm its hand-over", TIMEOUT)
+        holder.release()
+        async with ws_to(b.url) as on_b:
+            await send(on_b, resume(created, created["resume_token"], 1))
+            answer = await receive(on_b)
+            assert answer["type"] == "session.resumed", answer
+            await send(on_b, text(2, "after"))
+            assert (await receive(on_b))["text"] == "after"
+        nursery.cancel_scope.cancel()

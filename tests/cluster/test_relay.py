@@ -24,8 +24,8 @@ from trio_duplex.cluster import Store
 from trio_duplex.server.relay import HEADER, RELAY_PATH, sign, verify
 
 from ..helpers import ServerProcess
-from .conftest import SECRET
-from .test_serve import MEMBERSHIP_BOUND_S, TIMEOUT
+from .conftest import SECRET, RedisServer
+from .test_serve import MEMBERSHIP_BOUND_S, TIMEOUT, until
 
 pytestmark = pytest.mark.integration
 
@@ -253,3 +253,25 @@ async def test_with_api_keys_a_resume_token_resumes_through_any_node(
         await send(guesser, resume(created, token, 0))
         events, code = await closed_with(guesser)
         assert events[0]["code"] == "unauthorized" and code == 1008
+
+
+async def test_after_redis_comes_back_empty_a_session_is_found_from_any_node_again(
+    nodes: Callable[..., list[ServerProcess]], redis_server: RedisServer, store: Store
+) -> None:
+    a, b = nodes("ab", "--relay-port", "0")
+    async with ws_to(a.url) as on_a:
+        await send(on_a, {"type": "session.update", "session": {}})
+        created = await receive(on_a)
+        with redis_server.stopped():  # no persistence: it comes back empty
+            pass
+        session_id = created["session_id"]
+
+        async def found() -> bool:
+            return (await store.locate(session_id)).kind == "home"
+
+        # A's next heartbeat finds it lapsed, registers again and claims its sessions.
+        await until(found, MEMBERSHIP_BOUND_S, "the session claimed again by its home")
+        drop(on_a)
+    async with ws_to(b.url) as on_b:
+        await send(on_b, resume(created, created["resume_token"], 0))
+        assert (await receive(on_b))["type"] == "session.resumed"

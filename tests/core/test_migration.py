@@ -261,7 +261,8 @@ def test_to_bytes_refuses_a_state_that_is_not_json() -> None:
 
 def _valid_bytes() -> bytes:
     session, _, _ = build([("text", 1), ("audio", b"\x00\x01"), ("rotate", False)], 3)
-    return export(session, Frozen({"a": 1}, 2)).to_bytes()
+    carried = (({"type": "input_audio_buffer.append", "audio": b"\x01\x02"}, 0),)
+    return export(session, Frozen({"a": 1}, 2, carried)).to_bytes()
 
 
 VALID = _valid_bytes()
@@ -341,3 +342,48 @@ def test_from_bytes_of_records_with_a_field_changed_raises_only_bad_record(
     else:
         parent[path[-1]] = value
     _parses_or_refuses(migration.MAGIC + orjson.dumps(doc))
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def test_what_nests_too_deeply_to_serialize_again_is_refused() -> None:
+    session, _ = opened(Registry(limits()))
+    deepest = _nested(migration.MAX_DEPTH)
+    record = export(session, Frozen(deepest, 0))
+    assert Record.from_bytes(record.to_bytes(), max_bytes=MAX) == record
+    with pytest.raises(ValueError, match="nested"):
+        export(session, Frozen(_nested(migration.MAX_DEPTH + 1), 0))
+    doc = orjson.loads(record.to_bytes()[len(migration.MAGIC) :])
+    # (orjson writes at most 254 levels: the text is put together by hand)
+    head = migration.MAGIC + orjson.dumps({**doc, "config": None})[: -len(b"}")]
+    for depth in (migration.MAX_DEPTH + 1, 300, 1000):
+        body = b'{"a":' * (depth - 1) + b"{}" + b"}" * (depth - 1)
+        assert body.count(b"{") == depth
+        with pytest.raises(BadRecord, match="nested"):
+            Record.from_bytes(
+                head.replace(b'"config":null', b'"config":' + body) + b"}", max_bytes=MAX
+            )
+
+
+def test_input_the_engine_had_not_taken_travels_with_the_record() -> None:
+    registry = Registry(limits())
+    session, _ = opened(registry)
+    session.client_seq = 3
+    audio = bytes(range(256)) * 4  # decoded PCM16, as the engine gets it: bytes
+    pending = (
+        ({"type": "input_audio_buffer.append", "client_event_seq": 2, "audio": audio}, 1024),
+        ({"type": "input.text.append", "client_event_seq": 3, "text": "hé"}, 0),
+    )
+    record = export(session, Frozen({"k": 1}, 3, pending))
+    back = Record.from_bytes(record.to_bytes(), max_bytes=1 << 20)
+    assert back.pending_input == pending
+    assert back.client_seq == 3
+    with pytest.raises(ValueError):
+        attrs.evolve(record, pending_input=(({"no": "type"}, 0),))
+    with pytest.raises(ValueError):
+        attrs.evolve(record, pending_input=(({"type": "x"}, -1),))

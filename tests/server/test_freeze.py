@@ -217,6 +217,48 @@ async def test_an_audio_delta_is_sequenced_whole_or_not_at_all(
         assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) <= journal.head
 
 
+class _Broken(Tally):
+    def snapshot(self) -> dict[str, Any]:
+        raise RuntimeError("snapshot broke")
+
+
+class _Slow(Tally):
+    """Once cancelled, it takes 10 s to return (shielded)."""
+
+    async def run(self, session: EngineSession) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(10)
+
+
+async def test_a_failed_snapshot_is_logged_without_the_state_and_refuses(
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running_server(config(), _Broken, fail_after_s=60) as sim:
+        client, created = await sim.open_session()
+        runner = sim.runner(created["session_id"])
+        assert await runner.freeze() is None
+        assert created["session_id"] in caplog.text and "snapshot" in caplog.text
+        runner.end(Reason.SHUTDOWN)
+        assert (await client.receive_until_closed())[-1]["reason"] == "server_shutdown"
+
+
+async def test_an_engine_that_does_not_stop_in_time_cannot_migrate(
+    autojump_clock: MockClock,
+) -> None:
+    async with running_server(config(engine_stop_timeout_s=2.0), _Slow, fail_after_s=60) as sim:
+        client, created = await sim.open_session()
+        runner = sim.runner(created["session_id"])
+        start = trio.current_time()
+        assert await runner.freeze() is None
+        assert trio.current_time() - start == pytest.approx(2.0)
+        runner.end(Reason.SHUTDOWN)  # as before: it is abandoned, the session ends
+        assert (await client.receive_until_closed())[-1]["reason"] == "server_shutdown"
+        await trio.sleep(10)  # (its task returns late, after the session ended)
+
+
 # -- an engine's receive ---------------------------------------------------------------
 
 

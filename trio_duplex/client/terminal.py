@@ -340,7 +340,7 @@ class _Run:
         grace = session.limits.disconnect_grace_s
         self.printer.status(
             f"detached. Resume within {grace:g}s with:\n  trio-duplex connect "
-            f"{' '.join(self.args.url)} --resume {state.session_id} --token {state.resume_token} "
+            f"{' '.join(self.args.url)} --resume {state.session_id} --token={state.resume_token} "
             f"--last-seq {state.last_server_event_seq}"
         )
 

@@ -243,3 +243,17 @@ if redis.call('GET', KEYS[2]) == ARGV[1] then
 end
 return 1
 """
+
+SCRIPTS = (
+    REGISTER,
+    HEARTBEAT,
+    NODES,
+    FORGET,
+    CLAIM,
+    RELEASE,
+    ACQUIRE,
+    RELEASE_LEASE,
+    LOCATE,
+    HAND_OVER,
+)
+"""Every script, for ``Store.load_scripts``."""

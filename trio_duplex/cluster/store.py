@@ -10,6 +10,7 @@ a fresh connection (nothing here retries by itself: the caller knows what can wa
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar
@@ -121,19 +122,33 @@ class Store:
     timeout_s: float
     _scripts: dict[str, Script[str]] = attrs.field(factory=dict, init=False)
 
-    async def _bounded(self, call: Callable[[], Awaitable[T]]) -> T:
-        with trio.move_on_after(self.timeout_s):
+    async def _bounded(self, call: Callable[[], Awaitable[T]], timeout_s: float | None = None) -> T:
+        seconds = self.timeout_s if timeout_s is None else timeout_s
+        with trio.move_on_after(seconds):
             try:
                 return await call()
             except (coredis.exceptions.ConnectionError, TimeoutError, OSError) as error:
                 raise StoreUnavailable(f"Redis unreachable: {error}") from error
-        raise StoreUnavailable(f"Redis did not answer within {self.timeout_s} s")
+        raise StoreUnavailable(f"Redis did not answer within {seconds} s")
 
-    async def _run(self, script: str, keys: list[str], args: list[str | int]) -> Any:
+    async def _run(
+        self,
+        script: str,
+        keys: list[str],
+        args: list[str | int],
+        timeout_s: float | None = None,
+    ) -> Any:
         if script not in self._scripts:
             self._scripts[script] = self._client.register_script(script)
         run = self._scripts[script]
-        return await self._bounded(lambda: run(keys=keys, args=args))
+        return await self._bounded(lambda: run(keys=keys, args=args), timeout_s)
+
+    async def load_scripts(self) -> None:
+        """Load every script into Redis now: a script's first run then needs no extra
+        round trip (``NOSCRIPT``, then ``SCRIPT LOAD``), so a call whose answer comes
+        late (a hand-over during a drain) still runs in one request."""
+        for script in k.SCRIPTS:
+            await self._bounded(functools.partial(self._client.script_load, script))
 
     # -- membership ---------------------------------------------------------------------
 
@@ -219,9 +234,19 @@ class Store:
             return Located("home", node_id=str(found[1]), url=str(found[2]))
         return Located("lost", node_id=str(found[1]))
 
-    async def hand_over(self, session_id: str, node_id: str, record: bytes, ttl_s: float) -> None:
+    async def hand_over(
+        self,
+        session_id: str,
+        node_id: str,
+        record: bytes,
+        ttl_s: float,
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
         """Store a migrating session's record for ``ttl_s``, and drop ``node_id``'s directory
-        entry for it: the next resume anywhere takes the record (``locate``)."""
+        entry for it: the next resume anywhere takes the record (``locate``).
+        ``timeout_s``: this call's bound, if not the store's. A ``StoreUnavailable`` does
+        not say the record was not stored: a call given up on may still run."""
         await self._run(
             k.HAND_OVER,
             [
@@ -230,6 +255,7 @@ class Store:
                 self.keys.migration(session_id),
             ],
             [node_id, session_id, base64.b64encode(record).decode("ascii"), ttl_ms(ttl_s)],
+            timeout_s,
         )
 
     # -- admission leases ---------------------------------------------------------------

@@ -46,6 +46,10 @@ FORMAT = 1
 MAGIC = b"tdmig:"
 """What every record starts with: anything else is refused before it is parsed."""
 DIGEST_BYTES = 32  # SHA-256 (core/credentials.py)
+MAX_DEPTH = 64
+"""How deeply the configuration and a JSON engine state may nest: what parses then
+also serializes again (orjson writes at most 254 levels) and copies (``deepcopy``
+recurses)."""
 
 EngineState = bytes | dict[str, Any]
 """What ``Engine.snapshot`` returns when it can migrate: bytes, or a JSON object."""
@@ -128,8 +132,8 @@ class Record:
             raise ValueError(f"record format {self.version!r}, not {FORMAT}")
         if type(self.session_id) is not str or not 0 < len(self.session_id) <= 256:
             raise ValueError("session_id must be a string of 1 to 256 characters")
-        if type(self.config) is not dict:
-            raise ValueError("config must be an object")
+        if type(self.config) is not dict or not _shallow(self.config):
+            raise ValueError(f"config must be an object nested at most {MAX_DEPTH} deep")
         if self.principal is not None and type(self.principal) is not str:
             raise ValueError("principal must be a string or null")
         for flag in (self.config_locked, self.heard):
@@ -153,8 +157,9 @@ class Record:
                 raise ValueError(f"usage.{name} must be a non-negative float or null")
         if type(self.journal) is not JournalRecord:
             raise ValueError("journal must be a JournalRecord")
-        if type(self.engine_state) not in (bytes, dict):
-            raise ValueError("engine_state must be bytes or a JSON object")
+        state = self.engine_state
+        if type(state) is not bytes and (type(state) is not dict or not _shallow(state)):
+            raise ValueError(f"engine_state must be bytes or an object nested <= {MAX_DEPTH}")
         if type(self.pending_input) is not tuple:
             raise ValueError("pending_input must be a tuple")
         for item in self.pending_input:
@@ -163,6 +168,8 @@ class Record:
             event, size = item
             if type(event) is not dict or type(event.get("type")) is not str:
                 raise ValueError("a pending event must be an object with a string type")
+            if not _shallow(event):
+                raise ValueError(f"a pending event nests deeper than {MAX_DEPTH}")
             _count(size, "a pending event's size")
 
     def __repr__(self) -> str:
@@ -236,7 +243,8 @@ class Record:
 
 def export(session: Session, frozen: Frozen) -> Record:
     """The record of a live session frozen by its runner. ValueError while a resume of it
-    is in progress (it would move half-way), or once it has ended."""
+    is in progress (it would move half-way), once it has ended, or when its engine
+    state nests deeper than ``MAX_DEPTH``."""
     if session.resume is not None:
         raise ValueError(f"{session!r}: a resume is in progress")
     if session.state not in LIVE_STATES or session.state is State.OPENING:
@@ -305,6 +313,21 @@ def _count(value: object, name: str, *, least: int = 0, most: int | None = None)
     if type(value) is not int or value < least or (most is not None and value > most):
         bound = "" if most is None else f" and at most {most}"
         raise ValueError(f"{name} must be an integer of at least {least}{bound}")
+
+
+def _shallow(value: object) -> bool:
+    """``value`` nests lists and dicts at most ``MAX_DEPTH`` deep (checked without
+    recursion, so that any input is safe)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list | tuple):
+            if depth > MAX_DEPTH:
+                return False
+            stack.extend((child, depth + 1) for child in item)
+    return True
 
 
 def _b64(data: bytes | None) -> str | None:

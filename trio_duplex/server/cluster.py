@@ -138,6 +138,8 @@ class ClusterNode:
     """``--cluster-max-sessions``; None: no cluster-wide cap, no leases taken."""
     slots_held: Callable[[], int]
     """How many sessions hold a slot here now (the count a heartbeat sets without a cap)."""
+    session_ids: Callable[[], list[str]] = attrs.field(kw_only=True, default=list)
+    """The sessions held here now: claimed again when the node finds it had lapsed."""
     secret: str = attrs.field(repr=False, kw_only=True)
     """``--cluster-secret``: signs the resumes this node relays, checks those it gets."""
     directory_ttl_s: float = attrs.field(kw_only=True)
@@ -176,6 +178,13 @@ class ClusterNode:
                     await self.store.register(self.node_id, self.url)
                     count = self.held if self.cap is not None else self.slots_held()
                     await self.store.heartbeat(self.node_id, self.url, leases=count)
+                    # Redis came back empty, or others saw this node dead: its sessions'
+                    # directory entries are gone or read "lost". Claim them again, so
+                    # that a resume reaching another node finds them here.
+                    for session_id in self.session_ids():
+                        await self.store.claim_session(
+                            session_id, self.node_id, self.directory_ttl_s
+                        )
         except _FAILED as exc:
             self._failed(exc)
         else:
@@ -233,11 +242,14 @@ class ClusterNode:
         else:
             self._answered()
 
-    async def hand_over(self, session_id: str, record: bytes, ttl_s: float) -> bool:
-        """Store a migrating session's record for ``ttl_s`` (``Store.hand_over``). False:
-        the store did not answer (the session cannot move)."""
+    async def hand_over(
+        self, session_id: str, record: bytes, ttl_s: float, timeout_s: float
+    ) -> bool:
+        """Store a migrating session's record for ``ttl_s`` (``Store.hand_over``), waiting
+        for the store up to ``timeout_s``. False: it did not answer, and whether the
+        record was stored is not known (a call given up on may still run)."""
         try:
-            await self.store.hand_over(session_id, self.node_id, record, ttl_s)
+            await self.store.hand_over(session_id, self.node_id, record, ttl_s, timeout_s=timeout_s)
         except _FAILED as exc:
             self._failed(exc)
             return False
@@ -321,7 +333,10 @@ def _refused(message: str) -> ProtocolError:
 
 @asynccontextmanager
 async def joined(
-    config: ServerConfig, url: str, slots_held: Callable[[], int]
+    config: ServerConfig,
+    url: str,
+    slots_held: Callable[[], int],
+    session_ids: Callable[[], list[str]] = list,
 ) -> AsyncIterator[ClusterNode]:
     """Register this node in the cluster for the block (ClusterUnavailable: the store did
     not answer), heartbeating; forget it at the end (best effort, bounded)."""
@@ -334,6 +349,7 @@ async def joined(
     async with open_store(config.cluster) as store:
         try:
             await store.register(node_id, url)
+            await store.load_scripts()
         except _FAILED as exc:
             raise ClusterUnavailable(
                 f"cannot reach the cluster store {shown_url(config.cluster)}: {exc}"
@@ -345,6 +361,7 @@ async def joined(
             url,
             config.cluster_max_sessions,
             slots_held,
+            session_ids=session_ids,
             secret=config.cluster_secret,
             directory_ttl_s=config.disconnect_grace_s + NODE_TTL_S,
         )

@@ -47,6 +47,8 @@ log = logging.getLogger("trio_duplex")
 
 AT_ONCE = 32
 """Sessions frozen and handed over concurrently during a drain."""
+_MARGIN_S = 0.5
+"""Of the drain's time left, kept for telling the client and closing."""
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 """The largest record a node adopts (a journal is bounded by ``journal_max_bytes``)."""
 
@@ -92,15 +94,32 @@ async def _hand_over(
             record = export(session, frozen).to_bytes()
         except ValueError as exc:  # an engine state, configuration or input not JSON
             log.error("session %s cannot be handed over: %s", session.id, exc)
+            if attached is not None:  # not moving: it hears how the session ends
+                attached.generation = session.generation
             runner.end(Reason.SHUTDOWN)
             return
-        if not await node.hand_over(session.id, record, config.disconnect_grace_s):
-            runner.end(Reason.SHUTDOWN)
-            return
+        # Most of what is left of the drain (a loaded node reads answers late), at least
+        # the store's own bound.
+        patience = max(node.store.timeout_s, sessions.going_away_ms() / 1000 - _MARGIN_S)
+        stored = await node.hand_over(session.id, record, config.disconnect_grace_s, patience)
+        if not stored:
+            # Perhaps stored all the same (Redis may run a call given up on): the client
+            # is sent on as if it were, so that a stored record is always found. If it
+            # was not, its resume elsewhere is refused session_resume_expired: the end
+            # the drain would have given it, heard one step later.
+            log.warning(
+                "session %s: the store did not confirm its hand-over within %.1fs; its "
+                "client is sent on to resume elsewhere, which fails if it was not stored",
+                session.id,
+                patience,
+                extra={"session_id": session.id},
+            )
     if attached is not None:
         going = encode(events.going_away(sessions.going_away_ms(), migrating=True))
         attached.finish([going], CloseCode.GOING_AWAY)
-    sessions.totals.count(sessions.totals.resumes, "handed_over")
+    sessions.totals.count(
+        sessions.totals.resumes, "handed_over" if stored else "handed_over_unconfirmed"
+    )
     runner.end(Reason.MIGRATED)
     log.info(
         "session %s handed over to the cluster (%d bytes)",
@@ -145,7 +164,9 @@ async def adopt(
     except BaseException as exc:
         # Back for another node (this one may be full, or failing): within its window.
         with trio.CancelScope(shield=True):
-            await node.hand_over(session_id, record_bytes, config.disconnect_grace_s)
+            await node.hand_over(
+                session_id, record_bytes, config.disconnect_grace_s, node.store.timeout_s
+            )
         if isinstance(exc, ProtocolError):
             raise
         if isinstance(exc, trio.Cancelled):

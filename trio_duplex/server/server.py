@@ -228,7 +228,13 @@ class DuplexServer:
         from .cluster import advertise_url, joined
 
         url = advertise_url(self.config, self.scheme, port)
-        async with joined(self.config, url, lambda: self.sessions.slots_held) as node:
+        sessions = self.sessions
+        async with joined(
+            self.config,
+            url,
+            lambda: sessions.slots_held,
+            lambda: [runner.session.id for runner in sessions.runners()],
+        ) as node:
             returns = _ReturnLeases(node)
             self.node = node
             self.sessions.observers.append(returns)
@@ -271,7 +277,7 @@ class DuplexServer:
                         conns.start_soon(self._accept, listener, conns, True)
                     task_status.started()
                     await self._shutdown.wait()
-                    if self.node is not None:  # (only imported in cluster mode)
+                    if self.node is not None and self.sessions.handing_over is not None:
                         from .migration import hand_over_all
 
                         conns.start_soon(hand_over_all, sessions, self.node, self.config)
@@ -288,7 +294,8 @@ class DuplexServer:
         """Refuse new opens and resumes, warn attached clients, and start the drain; in a
         cluster, hand the sessions that can migrate to other nodes (migration.py)."""
         if not self.sessions.shutting_down:
-            if self.node is not None:
+            if self.node is not None and self.node.store_up:
+                # (With the store known down, nothing could be handed over: drain as is.)
                 from .migration import migratable
 
                 self.sessions.handing_over = migratable
