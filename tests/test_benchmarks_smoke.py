@@ -236,6 +236,21 @@ def test_the_voice_load_drives_both_lanes_of_a_real_server() -> None:
 
 
 @pytest.mark.integration
+def test_the_workers_benchmark_ramps_both_servers_in_cluster_mode(tmp_path: Path) -> None:
+    """benchmarks.workers: its own redis-server, `serve --workers 1` and `--workers 2`, one
+    step of 2 voice sessions each."""
+    out_file = tmp_path / "workers.json"
+    out = _run("workers", "--quick", "--start", "2", "--max-sessions", "2",
+               "--out", str(out_file), timeout=120)  # fmt: skip
+    assert "| 1 |" in out and "| 2 |" in out, out
+    runs = json.loads(out_file.read_text())["runs"]
+    for workers in ("1", "2"):
+        ((step,),) = [run["steps"] for run in runs[workers]]
+        assert step["sessions"] == 2 and step["samples"] > 0, step
+        assert not step["errors"] and not step["dead"], step
+
+
+@pytest.mark.integration
 def test_the_cluster_benchmark_runs_its_scenarios(tmp_path: Path) -> None:
     """`benchmarks.cluster` (issue 13) with two sessions and a fraction of a second each,
     against redis-server and real nodes (two echo, then three voice with a drain): it runs

@@ -97,6 +97,11 @@ def _serve_parser(
     p.add_argument("--engine", default="echo", help="echo, voice, or package.module:factory (echo)")
     for flag, field, meta in serve_flags():
         default: Any = field.default
+        if field.type is bool:  # a switch: --reuse-port
+            p.add_argument(
+                flag, dest=field.name, action="store_true", help=f"{meta.help} ({meta.shown})"
+            )
+            continue
         p.add_argument(
             flag,
             dest=field.name,
@@ -122,6 +127,8 @@ def _serve_parser(
         help="a TOML file of these settings, keys named like the flags (max_sessions); "
         "a flag wins over TRIO_DUPLEX_<FLAG> in the environment, which wins over the file",
     )
+    # A worker of --workers tells its supervisor it is ready on this inherited pipe.
+    p.add_argument("--ready-fd", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(func=_serve)
     return p
 
@@ -134,13 +141,27 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     _import_from_cwd()
     try:
         config = ServerConfig(**{f.name: getattr(args, f.name) for _, f, _ in serve_flags()})
+        if config.cluster is not None and config.node_id is None:
+            # Chosen here (not when joining) so that every log line can name it.
+            from .server.cluster import default_node_id
+
+            config = attrs.evolve(config, node_id=default_node_id())
         factory = load_engine_factory(args.engine)
         server = DuplexServer(config, factory)  # reads the TLS files: TLSError
     except ConfigError as exc:
         parser.error(f"{_flag_of(exc.field)} {exc.rule.replace('tls_', '--tls-')}")
     except ValueError as exc:
         parser.error(str(exc))
-    configure(args.log_level, args.log_format)
+    if config.workers > 1:
+        assert config.node_id is not None  # --workers needs --cluster
+        longest = f"{config.node_id}-w{config.workers - 1}.99999"  # room for restarts
+        if len(longest) > 128:
+            parser.error(f"--node-id is too long for the workers' ids ({longest})")
+        from .server.workers import supervise
+
+        configure(args.log_level, args.log_format, config.node_id)
+        return supervise(config, args.engine, args.serve_args, config.node_id)
+    configure(args.log_level, args.log_format, config.node_id)
     failed: list[OSError] = []
     # Everything loaded so far lives as long as the process: keep it out of the cyclic
     # collector's full passes, which otherwise walk it all (~11 ms here, a visible share
@@ -148,7 +169,9 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     gc.freeze()
     unjoined: list[str] = []
     try:
-        trio.run(_serve_until_signalled, server, args.engine)
+        ready_fd = getattr(args, "ready_fd", None)  # a worker of --workers
+        worker = () if ready_fd is None else (ready_fd,)
+        trio.run(_serve_until_signalled, server, args.engine, *worker)
     except* OSError as group:  # raised inside a nursery: it arrives in a group
         failed.extend(e for e in group.exceptions if isinstance(e, OSError))
     except* Exception as group:
@@ -193,7 +216,9 @@ def _import_from_cwd() -> None:
         sys.path.insert(0, cwd)
 
 
-async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
+async def _serve_until_signalled(
+    server: DuplexServer, engine: str, ready_fd: int | None = None
+) -> None:
     """Serve until a signal has drained the server; a second signal exits at once.
 
     Both ways out that cannot wait for trio leave through ``_exit_now``: a task that
@@ -218,14 +243,25 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
             port = await nursery.start(serve)
             host = server.config.host
             shown = f"[{host}]" if ":" in host else host
-            log.info(
-                "serving %s://%s:%d%s (engine %s)",
-                server.scheme,
-                shown,
-                port,
-                server.config.path,
-                engine,
-            )
+            if ready_fd is None:
+                log.info(
+                    "serving %s://%s:%d%s (engine %s)",
+                    server.scheme,
+                    shown,
+                    port,
+                    server.config.path,
+                    engine,
+                )
+            else:  # a worker: its supervisor says "serving" once they all are ready
+                log.info(
+                    "worker listening on %s://%s:%d%s (engine %s, the port shared)",
+                    server.scheme,
+                    shown,
+                    port,
+                    server.config.path,
+                    engine,
+                )
+                _say_ready(ready_fd)
             if server.gate.open and not _loopback(host):
                 log.warning(
                     "listening on %s with no authentication: anyone who can reach the port "
@@ -253,6 +289,16 @@ async def _serve_until_signalled(server: DuplexServer, engine: str) -> None:
                 )
                 server.begin_shutdown()
     log.info("stopped")
+
+
+def _say_ready(fd: int) -> None:
+    """Tell the supervisor (workers.py) that this worker serves: a line on its pipe."""
+    try:
+        os.write(fd, b"ready\n")
+    except OSError as exc:  # the supervisor is gone: it is its death signal's to stop us
+        log.warning("could not tell the supervisor this worker is ready: %s", exc)
+    finally:
+        os.close(fd)
 
 
 def _loopback(host: str) -> bool:
@@ -287,5 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("connect", help="interactive terminal client (see: trio-duplex connect -h)")
     args = parser.parse_args(argv)
     if args.command == "serve":
+        # --workers runs the same command line in each worker: its arguments after "serve".
+        args.serve_args = argv[argv.index("serve") + 1 :]
         layers.fill(args, os.environ)
     return int(args.func(parser, args))

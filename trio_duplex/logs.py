@@ -2,7 +2,8 @@
 
 A JSON line holds ``timestamp`` (UTC, ISO 8601), ``level``, ``logger`` and ``message``,
 and, on a line about one session, ``session_id``, ``generation`` and ``principal`` (the
-API key's name, with authentication) where they apply. The
+API key's name, with authentication) where they apply, and in cluster mode ``node_id``
+on every line (so that the workers of ``--workers`` can be told apart). The
 server passes those as ``extra`` on the log call itself rather than through a context
 variable: a session's lines are written from many tasks (its connection's, the timer
 heap's, the drain's, another connection's resume) and from no task at all (the watchdog's
@@ -22,8 +23,9 @@ from typing import Any
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error", "critical")
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+TEXT_NODE = "%(asctime)s %(levelname)s %(name)s [%(node_id)s]: %(message)s"
 
-SESSION_FIELDS = ("session_id", "generation", "principal")
+SESSION_FIELDS = ("node_id", "session_id", "generation", "principal")
 """The ``extra`` keys a log call may set, copied into a JSON line when present."""
 
 
@@ -49,11 +51,33 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
-def configure(level: str, format: str) -> None:
-    """Send every record at ``level`` (any case) or above to stderr, as ``format``."""
+class _NodeStamp(logging.Filter):
+    """Puts the node's id on every record (``node_id``)."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__()
+        self.node_id = node_id
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.node_id = self.node_id
+        return True
+
+
+def configure(level: str, format: str, node_id: str | None = None) -> None:
+    """Send every record at ``level`` (any case) or above to stderr, as ``format``.
+
+    With ``node_id`` (cluster mode) every line names the node (text: ``[ID]`` before the
+    message; JSON: a ``node_id`` key), so that the lines of the worker processes sharing
+    one stderr, or of the nodes of one log pipeline, can be told apart."""
     handler = logging.StreamHandler(sys.stderr)
-    formatter = JsonFormatter() if format == "json" else logging.Formatter(TEXT)
+    formatter = (
+        JsonFormatter()
+        if format == "json"
+        else logging.Formatter(TEXT if node_id is None else TEXT_NODE)
+    )
     handler.setFormatter(formatter)
+    if node_id is not None:
+        handler.addFilter(_NodeStamp(node_id))
     logging.basicConfig(level=level.upper(), handlers=[handler])
 
 

@@ -60,6 +60,8 @@ FLAGS = {
     "--cluster-max-sessions",
     "--cluster-secret",
     "--relay-port",
+    "--workers",
+    "--reuse-port",
     "--log-level",
     "--log-format",
     "--config",

@@ -134,6 +134,18 @@ _CLUSTER_ONLY = (
 """Flags that mean nothing without --cluster."""
 
 
+MAX_WORKERS = 256
+
+_WORKER_CONFLICTS = {
+    "metrics_port": "cannot be shared by --workers (each worker serves /metrics on its own "
+    "listener); leave it 0",
+    "advertise_url": "cannot be given with --workers (each worker advertises its own relay "
+    "listener)",
+    "relay_port": "must be 0 with --workers (each worker opens its own)",
+}
+"""Settings one port-sharing worker cannot have in common with the others."""
+
+
 _origins = _Rule(
     "must be * or an origin such as https://app.example.com (no path, no trailing /)",
     lambda value: all(_is_origin(origin) for origin in value),
@@ -370,6 +382,25 @@ class ServerConfig:
             "none",
         ),
     )
+    # Worker processes (issue 13; docs/cluster.md, "Worker processes").
+    workers: int = attrs.field(
+        default=1,
+        validator=[_at_least(1), _at_most(MAX_WORKERS)],
+        metadata=_flag(
+            "server processes sharing the port (SO_REUSEPORT), each a node of the cluster, "
+            "supervised: one that dies is restarted, SIGTERM drains them all; more than 1 "
+            "needs --cluster",
+            "N",
+        ),
+    )
+    reuse_port: bool = attrs.field(
+        default=False,
+        metadata=_flag(
+            "set SO_REUSEPORT on the listening sockets, so that several processes can "
+            "listen on one port (--workers sets it for its workers)",
+            shown="off",
+        ),
+    )
     # Not flags: WebSocket keepalive and queue depths are tuned by embedders, not operators.
     ping_interval_s: float = attrs.field(default=20.0, validator=_above(0))
     ping_timeout_s: float = attrs.field(default=20.0, validator=_above(0))
@@ -389,7 +420,19 @@ class ServerConfig:
                 if getattr(self, name) is not None:
                     value = "<hidden>" if name == "cluster_secret" else getattr(self, name)
                     raise NeedsCompanion(name, value, "needs --cluster")
-        elif self.cluster_secret is None:
+        if self.workers > 1:
+            if self.cluster is None:
+                raise NeedsCompanion(
+                    "workers",
+                    self.workers,
+                    "needs --cluster (each worker is a node of a cluster, so that a resume "
+                    "the kernel hands to another worker can reach its session)",
+                )
+            for name, rule in _WORKER_CONFLICTS.items():
+                value = getattr(self, name)
+                if value and not (name == "relay_port" and value == 0):
+                    raise NeedsCompanion(name, value, rule)
+        if self.cluster is not None and self.cluster_secret is None:
             raise NeedsCompanion(
                 "cluster",
                 self.cluster,

@@ -54,6 +54,7 @@ from . import metrics
 from .auth import OPEN, Gate, Grant, KeyRing, Verifier
 from .connection import Connection
 from .http import Endpoints, serve_internal
+from .listen import open_listeners
 from .relay import HEADER as RELAY_HEADER
 from .relay import RELAY_PATH, relay, relayable, sign, unreachable, verify
 from .runner import (
@@ -183,7 +184,9 @@ class DuplexServer:
     ) -> None:
         """Listen on ``config.host:config.port`` (and, in a cluster with ``relay_port``,
         on that port for relayed resumes); reports the bound port when ready."""
-        listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+        listeners = await open_listeners(
+            self.config.port, self.config.host, reuse_port=self.config.reuse_port
+        )
         port: int = listeners[0].socket.getsockname()[1]
         serving: Sequence[trio.abc.Listener[Any]] = listeners
         if self.ssl_context is not None:
@@ -761,6 +764,12 @@ class DuplexServer:
         conn.start_keepalive(self.sessions.timers, config.ping_interval_s, config.ping_timeout_s)
         assert located.node_id is not None
         header = sign(node.secret, node.node_id, located.node_id, session_id, time.time())
+        log.info(
+            "session %s: relaying its resume to its home node %s",
+            session_id,
+            located.node_id,
+            extra={"session_id": session_id},
+        )
         relayed = await relay(
             conn,
             encode(event),
