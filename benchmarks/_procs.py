@@ -20,7 +20,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -345,3 +346,33 @@ def machine_info() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError):
             info["node"] = None
     return info
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@contextmanager
+def redis() -> Iterator[tuple[Proc, str]]:
+    """A ``redis-server`` of the cluster benchmarks: no persistence, a free loopback port;
+    its process and ``redis://`` URL for the block, stopped after it."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise BenchError("redis-server is not installed (apt-get install -y redis-server)")
+    port = free_port()
+    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = Proc("redis-server", argv)
+    try:
+        deadline = time.monotonic() + 10
+        while not _answers_ping(port):
+            if not proc.alive() or time.monotonic() > deadline:
+                raise BenchError(f"redis-server did not answer PING\n{proc.tail()}")
+            time.sleep(0.02)  # polling a starting subprocess
+        yield proc, f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.stop()

@@ -35,8 +35,6 @@ import argparse
 import json
 import os
 import queue
-import shutil
-import socket
 import sys
 import threading
 import time
@@ -54,6 +52,7 @@ from benchmarks._procs import (
     free_port,
     install_reaper,
     machine_info,
+    redis,
     start_server,
 )
 from benchmarks._stats import Summary, fmt_num, fmt_ratio, fmt_summary, paired_ratios
@@ -64,34 +63,6 @@ SCENARIOS = ("resume", "throughput", "migrate")
 
 
 # -------------------------------------------------------------------------- processes
-def _answers_ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-@contextmanager
-def redis() -> Iterator[tuple[Proc, str]]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise BenchError("redis-server is not installed (apt-get install -y redis-server)")
-    port = free_port()
-    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = Proc("redis-server", argv)
-    try:
-        deadline = time.monotonic() + 10
-        while not _answers_ping(port):
-            if not proc.alive() or time.monotonic() > deadline:
-                raise BenchError(f"redis-server did not answer PING\n{proc.tail()}")
-            time.sleep(0.02)  # polling a starting subprocess
-        yield proc, f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.stop()
-
-
 NODE_LOG_LEVEL = os.environ.get("BENCH_NODE_LOG_LEVEL", "warning")
 NODE_LOG_DIR = os.environ.get("BENCH_NODE_LOG_DIR")  # keep each node's log there
 

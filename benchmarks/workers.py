@@ -36,8 +36,6 @@ import json
 import os
 import queue
 import re
-import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -55,6 +53,7 @@ from benchmarks._procs import (
     free_port,
     install_reaper,
     machine_info,
+    redis,
     run_client,
 )
 from benchmarks._stats import DASH, TIMES, largest_passing
@@ -80,31 +79,6 @@ class Tree(Proc):
         except psutil.Error as exc:
             raise BenchError(f"{self.name} is gone: {exc}\n{self.tail()}") from None
         return {"t": time.monotonic(), "cpu": cpu, "rss": rss}
-
-
-def start_redis() -> tuple[Proc, str]:
-    executable = shutil.which("redis-server")
-    if executable is None:
-        raise SystemExit("redis-server is needed (apt-get install -y redis-server)")
-    port = free_port()
-    argv = [executable, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    redis = Proc("redis-server", [*argv, "--appendonly", "no"])
-    deadline = time.monotonic() + 10
-    while not _answers_ping(port):
-        if not redis.alive() or time.monotonic() > deadline:
-            redis.stop()
-            raise SystemExit(f"redis-server did not answer PING:\n{redis.tail()}")
-        time.sleep(0.05)
-    return redis, f"redis://127.0.0.1:{port}/0"
-
-
-def _answers_ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 def _niced(argv: list[str], nice: int) -> list[str]:
@@ -206,9 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(w) for w in args.workers.split(",")]
     install_reaper()
     started = datetime.datetime.now(datetime.UTC)
-    redis, redis_url = start_redis()
     runs: dict[int, list[dict[str, Any]]] = {w: [] for w in counts}
-    try:
+    with redis() as (_, redis_url):
         coarse = geometric_steps(min(args.start, args.max_sessions), 1.25, args.max_sessions)
         for w in counts:
             runs[w].append({"phase": "coarse", **ramp(w, coarse, args, redis_url)})
@@ -219,8 +192,6 @@ def main(argv: list[str] | None = None) -> int:
                 start = min(max(1, int(found * 0.7)), args.max_sessions)
                 fine = geometric_steps(start, 1.07, args.max_sessions)
                 runs[w].append({"phase": "fine", **ramp(w, fine, args, redis_url)})
-    finally:
-        redis.stop()
     # With fine ramps, they decide; the coarse one only located the knee.
     # A ramp that failed at its first step found nothing (it is not "0"): dropped, as in
     # scenario 3, and said.
