@@ -275,3 +275,18 @@ async def test_after_redis_comes_back_empty_a_session_is_found_from_any_node_aga
     async with ws_to(b.url) as on_b:
         await send(on_b, resume(created, created["resume_token"], 0))
         assert (await receive(on_b))["type"] == "session.resumed"
+
+
+async def test_the_relay_s_signature_stays_out_of_a_debug_log(
+    nodes: Callable[..., list[ServerProcess]],
+) -> None:
+    a, b = nodes("ab", "--relay-port", "0", "--log-level", "debug")
+    async with ws_to(a.url) as on_a:
+        await send(on_a, {"type": "session.update", "session": {}})
+        created = await receive(on_a)
+        drop(on_a)
+    async with ws_to(b.url) as on_b:
+        await send(on_b, resume(created, created["resume_token"], 0))
+        assert (await receive(on_b))["type"] == "session.resumed"
+    assert f"{HEADER}: <redacted>" in b.log  # websockets logged the request's headers
+    assert f"{HEADER}: v1" not in b.log and SECRET not in b.log

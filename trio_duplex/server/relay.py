@@ -27,6 +27,7 @@ import hashlib
 import hmac
 import logging
 import re
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import trio
@@ -40,6 +41,18 @@ from .connection import Connection
 from .websocket import ConnectionClosed as ClientGone
 
 log = logging.getLogger("trio_duplex")
+
+
+class _Redacting(logging.LoggerAdapter[logging.Logger]):
+    """websockets logs every request header at DEBUG: not the relay's signature."""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if msg == "> %s: %s" and args and str(args[0]).lower() == HEADER.lower():
+            args = (args[0], "<redacted>")
+        super().log(level, msg, *args, **kwargs)
+
+
+_LOG = _Redacting(logging.getLogger("websockets.client"), {})
 
 RELAY_PATH = "/trio-duplex/relay"
 """Where a node takes relayed resumes (on its main listener, or on ``--relay-port``)."""
@@ -134,6 +147,7 @@ async def relay(
             close_timeout=connect_timeout_s,
             max_size=MAX_RELAYED_MESSAGE_BYTES,
             user_agent_header="trio-duplex-relay",
+            logger=_LOG,
         ) as upstream:
             connected = True
             await _copy(conn, upstream, first, write_timeout_s)
