@@ -34,7 +34,7 @@ from ..core.frames import CloseCode
 from ..core.migration import Frozen
 from ..core.session import Commit, Emitted, Session, Terminal, audio_ms
 from ..core.wire import ConfigBudget, ProtocolError, encode, is_seq
-from ..engines.api import Engine, EngineSession, Event, Inbox, engine_audio_rate
+from ..engines.api import Engine, EngineSession, Event, Inbox, UpstreamLost, engine_audio_rate
 from .connection import Connection, WriteSampler
 from .timers import Entry
 
@@ -249,6 +249,14 @@ class SessionRunner:
             await self.engine.run(handle)
         except trio.Cancelled:
             raise
+        except UpstreamLost as exc:  # not the engine's fault: no traceback
+            log.warning(
+                "session %s: upstream lost: %s",
+                self.session.id,
+                exc,
+                extra={"session_id": self.session.id},
+            )
+            return Reason.UPSTREAM_LOST
         except BaseException as exc:  # whatever an engine raises ends only its session
             if only_trio_cancellation(exc):
                 raise
