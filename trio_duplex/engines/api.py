@@ -59,7 +59,8 @@ class UpstreamLost(Exception):
     """Raised by an engine's ``run`` when the service it fronts is gone for good (the
     ``realtime-proxy`` engine's upstream WebSocket closed or failed): its session ends
     with reason ``upstream_lost``, not ``engine_error``; the message is logged at WARNING,
-    without a traceback. Raise it from ``run`` itself, outside any nursery of its own."""
+    without a traceback. Raise it from ``run`` itself, outside any nursery of its own,
+    after ``await session.wait_attached()`` so that a detached client hears it."""
 
 
 class Engine:
@@ -337,6 +338,17 @@ class EngineSession:
     principal: str | None = attrs.field(default=None, kw_only=True)
     """Who opened the session: the name of its API key (``--api-key-file``), or None
     without authentication. Per-customer quotas and logging read it."""
+    _attached: Callable[[], Awaitable[None]] | None = attrs.field(default=None, kw_only=True)
+
+    async def wait_attached(self) -> None:
+        """Return once a client is attached to the session (at once if one is). An engine
+        about to end its session for a reason the client must hear (``UpstreamLost``)
+        waits here while the client is away: the session stays resumable, and the client
+        gets its replay and then the terminal event, rather than an ended session."""
+        if self._attached is None:  # (a handle made outside a server: always attached)
+            await trio.lowlevel.checkpoint()
+            return
+        await self._attached()
 
     async def send(self, event: Event) -> None:
         kind = event.get("type")

@@ -12,7 +12,9 @@ Decisions (docs/engines.md, "The realtime proxy", says the same for users):
 
 - The upstream is connected when the session starts (after ``session.created``), within
   ``CONNECT_TIMEOUT_S``; failing that, or when the upstream connection ends or breaks at
-  any later point, the session ends with reason ``upstream_lost`` (``UpstreamLost``).
+  any later point, the session ends with reason ``upstream_lost`` (``UpstreamLost``): at
+  once if the client is attached, else once it resumes (after its replay), or it
+  expires when its grace runs out.
 - Audio: the engine's rate is 24 kHz PCM16, the upstream's format. The client's
   ``input_audio_buffer.append`` (any wire format or lane, converted by the server)
   goes up as base64 ``audio``; the upstream's ``response.output_audio.delta`` comes
@@ -22,8 +24,11 @@ Decisions (docs/engines.md, "The realtime proxy", says the same for users):
   collide with our protocol's; they reach the client as ``upstream.session.created``,
   ``upstream.session.updated`` and ``upstream.error``. Everything else goes down as it
   is (``server_event_seq`` is ours, given by the server). Up, ``client_event_seq`` is
-  dropped; the opening configuration (minus our ``audio``) and each ``session.update``
-  go up as ``session.update`` with the 24 kHz PCM16 formats set.
+  dropped; the opening configuration (minus our ``audio``, the client's wire format)
+  and each ``session.update`` go up as ``session.update`` (``type: "realtime"`` unless
+  set). The upstream's audio format is left at its default, 24 kHz PCM16 (OpenAI's).
+- The upstream's ``response.output_audio.delta`` carries its audio in ``delta``
+  (OpenAI) or ``audio`` (trio-duplex's own server as the upstream): either is read.
 - Barge-in: the client's ``response.cancel`` goes up, followed by
   ``conversation.item.truncate {item_id, content_index, audio_end_ms}`` for the item
   whose audio was playing, ``audio_end_ms`` being the audio of that item the engine
@@ -50,7 +55,6 @@ API_KEY_ENV: Final = "TRIO_DUPLEX_UPSTREAM_API_KEY"
 CONNECT_TIMEOUT_S: Final = 10.0
 RATE: Final = 24_000
 _BYTES_PER_MS: Final = RATE * 2 // 1000
-_PCM: Final = {"type": "audio/pcm", "rate": RATE}
 _RENAMED: Final = {
     "session.created": "upstream.session.created",
     "session.updated": "upstream.session.updated",
@@ -146,11 +150,14 @@ class RealtimeProxyEngine(Engine):
                     await self._up(ws, session, nursery.cancel_scope)
                     nursery.cancel_scope.cancel()  # the session is ending
         except InvalidStatus as exc:
-            raise UpstreamLost(f"upstream refused: HTTP {exc.response.status_code}") from None
+            self._lost = f"upstream refused: HTTP {exc.response.status_code}"
         except (OSError, WebSocketException, TimeoutError) as exc:
             if self._lost is None:
                 self._lost = f"upstream connection failed: {_describe(exc)}"
         if self._lost is not None:
+            # A detached client must hear why: the session waits for its resume (its
+            # grace still runs), which replays the journal, then ends.
+            await session.wait_attached()
             raise UpstreamLost(self._lost)
 
     async def _up(
@@ -190,7 +197,10 @@ class RealtimeProxyEngine(Engine):
                     continue  # not an event: nothing a client could use
                 kind = event["type"]
                 if kind == _AUDIO_DELTA:
-                    audio = base64.b64decode(event.pop("delta", ""))
+                    # OpenAI's field is ``delta``; trio-duplex's own server (an upstream
+                    # too) says ``audio``.
+                    delta = event.pop("delta", None)
+                    audio = base64.b64decode(event.get("audio", "") if delta is None else delta)
                     event["audio"] = audio
                     self._track(event, len(audio))
                 elif kind in _RENAMED:
@@ -227,9 +237,10 @@ class RealtimeProxyEngine(Engine):
 
     @staticmethod
     def _session_update(config: Mapping[str, Any]) -> Event:
-        fields = {k: v for k, v in config.items() if k != "audio"}  # ours: the wire format
+        # ``audio`` is ours (the client's wire format, settled by the server): never sent
+        # up. The upstream's own audio format is left at its default, 24 kHz PCM16.
+        fields = {k: v for k, v in config.items() if k != "audio"}
         fields.setdefault("type", "realtime")
-        fields["audio"] = {"input": {"format": _PCM}, "output": {"format": _PCM}}
         return {"type": _UPDATE, "session": fields}
 
 

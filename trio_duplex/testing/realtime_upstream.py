@@ -14,7 +14,8 @@ the proxy relies on, as that protocol's public reference describes it:
   ``frames`` frames of a ramp if none) as ``response.output_audio.delta {response_id,
   item_id, output_index, content_index, delta}`` of ``frame_bytes`` each, then
   ``response.output_audio.done`` and ``response.done {response: {status: "completed"}}``.
-  With ``hold``, a response sends its deltas and then waits for a cancel;
+  With ``hold``, a response sends its deltas and then waits for a cancel; with
+  ``close_after``, the connection is closed (cleanly) after that many responses;
 - ``response.cancel`` → ``response.done {response: {status: "cancelled"}}`` (nothing in
   progress: ``error`` ``response_cancel_not_active``);
 - ``conversation.item.truncate {item_id, content_index, audio_end_ms}`` → recorded in
@@ -55,6 +56,10 @@ class FakeRealtime:
     frame_bytes: int = FRAME_BYTES
     hold: bool = False
     refuse_status: int | None = None
+    close_after: int | None = None
+    """Close each connection (a clean close) once it has finished that many responses."""
+    closed: int = 0
+    """Connections that have ended."""
     received: list[list[Event]] = attrs.field(factory=list)
     sent: list[list[Event]] = attrs.field(factory=list)
     truncations: list[Event] = attrs.field(factory=list)
@@ -109,9 +114,10 @@ class FakeRealtime:
                 async for message in ws:
                     await conn.handle(message)
                 nursery.cancel_scope.cancel()
-        except ConnectionClosed:
-            pass
+        except* ConnectionClosed:
+            pass  # (from the reader or a response in progress: the proxy went away)
         finally:
+            self.closed += 1
             self._changed.unpark_all()
 
     def next_id(self, prefix: str) -> str:
@@ -127,6 +133,7 @@ class _Conversation:
     nursery: trio.Nursery | None = None
     buffer: bytearray = attrs.field(factory=bytearray)
     committed: bytes = b""
+    responses: int = 0
     cancelled: trio.Event | None = None
     """Set by ``response.cancel``; None while no response is in progress."""
 
@@ -214,3 +221,6 @@ class _Conversation:
         self.cancelled = None
         done = {"id": response, "status": status}
         await self.send({"type": "response.done", "response": done})
+        self.responses += 1
+        if self.responses == upstream.close_after:
+            await self.ws.aclose()
