@@ -109,10 +109,8 @@ _ws_url = _Rule(
     "must be a ws:// or wss:// URL",
     lambda value: value is None or re.fullmatch(r"wss?://[^/\s]+(/\S*)?", value) is not None,
 )
-_headers = _Rule(
-    "must be 'NAME: VALUE'",
-    lambda value: all(re.fullmatch(r"[!#-'*+.0-9A-Z^-z|~]+:.*", h) is not None for h in value),
-)
+_HEADER = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+:.*")  # an HTTP field name (token), ':'
+_headers = _Rule("must be 'NAME: VALUE'", lambda value: all(map(_HEADER.fullmatch, value)))
 _positive_or_none = _Rule("must be at least 1", lambda value: value is None or value >= 1)
 _port_or_none = _Rule(
     "must be a port from 0 to 65535", lambda value: value is None or 0 <= value <= 65535

@@ -22,8 +22,10 @@ Decisions (docs/engines.md, "The realtime proxy", says the same for users):
   it for the client's format and lane).
 - Names: the upstream's ``session.created``, ``session.updated`` and ``error`` would
   collide with our protocol's; they reach the client as ``upstream.session.created``,
-  ``upstream.session.updated`` and ``upstream.error``. Everything else goes down as it
-  is (``server_event_seq`` is ours, given by the server). Up, ``client_event_seq`` is
+  ``upstream.session.updated`` and ``upstream.error`` (so does any other event type our
+  protocol reserves, e.g. ``session.closed`` from trio-duplex's own server upstream).
+  Everything else goes down as it is (``server_event_seq`` is ours, given by the
+  server). Up, ``client_event_seq`` is
   dropped; the opening configuration (minus our ``audio``, the client's wire format)
   and each ``session.update`` go up as ``session.update`` (``type: "realtime"`` unless
   set). The upstream's audio format is left at its default, 24 kHz PCM16 (OpenAI's).
@@ -49,17 +51,16 @@ import trio
 from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.trio.client import ClientConnection, connect
 
+from ..core.events import CONTROL_EVENTS, EventType
 from .api import Engine, EngineFactory, EngineSession, Event, UpstreamLost
 
 API_KEY_ENV: Final = "TRIO_DUPLEX_UPSTREAM_API_KEY"
 CONNECT_TIMEOUT_S: Final = 10.0
 RATE: Final = 24_000
 _BYTES_PER_MS: Final = RATE * 2 // 1000
-_RENAMED: Final = {
-    "session.created": "upstream.session.created",
-    "session.updated": "upstream.session.updated",
-    "error": "upstream.error",
-}
+_RENAMED: Final = {str(kind): f"upstream.{kind}" for kind in (*CONTROL_EVENTS, EventType.UPDATED)}
+"""Upstream event types that are our protocol's own (``session.created``, ``error``, and,
+from trio-duplex's own server as the upstream, ``session.closed``...): renamed."""
 _AUDIO_DELTA: Final = "response.output_audio.delta"
 _APPEND: Final = "input_audio_buffer.append"
 _CANCEL: Final = "response.cancel"
