@@ -224,3 +224,31 @@ class _Conversation:
         self.responses += 1
         if self.responses == upstream.close_after:
             await self.ws.aclose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m trio_duplex.testing.realtime_upstream [--frames N]``: serve on a free
+    port of 127.0.0.1 (its URL on stderr) until interrupted; ``benchmarks.realtime_proxy``
+    runs it as a process of its own."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--frames", type=int, default=5, help="audio deltas per response")
+    parser.add_argument("--api-key", default=None, help="the Bearer key it requires (none)")
+    args = parser.parse_args(argv)
+    upstream = FakeRealtime(api_key=args.api_key, frames=args.frames)
+
+    async def serve_until_interrupted() -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(upstream.run)
+            print(f"fake realtime upstream on ws://127.0.0.1:{port}/v1/realtime", file=sys.stderr)
+
+    try:
+        trio.run(serve_until_interrupted)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
