@@ -3,9 +3,12 @@
     python -m benchmarks.realtime_proxy [--rounds 3] [--turns 300] [--sessions 8] [--seconds 5]
 
 Processes: the fake OpenAI Realtime upstream (``trio_duplex.testing.realtime_upstream``,
-unpaced: it answers as fast as it can) pinned to CPU 1; ``trio-duplex serve --engine
-realtime-proxy --upstream`` that fake, pinned to CPU 0; the clients in this process
-(``websockets``' trio client).
+unpaced: it answers as fast as it can) and the clients (this process, ``websockets``'
+trio client) pinned to CPU 1; ``trio-duplex serve --engine realtime-proxy --upstream``
+that fake, pinned to CPU 0, or with ``--one-cpu`` to CPU 1 as well: on a small VM, a
+message that wakes an idle CPU can wait for it for milliseconds, which the proxy's extra
+hop (CPU 1 → 0 → 1 each way) adds to the latency's tail; on one CPU the added latency is
+the proxy's own work.
 
 - Latency added per event: one client runs ``turns`` turns, each ``response.create`` then
   reading up to ``response.done`` (the upstream sends ``response.created``, one 20 ms
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import statistics
 import sys
 import time
@@ -108,7 +112,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=300, help="latency samples per run")
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=5.0, help="throughput window")
+    parser.add_argument("--one-cpu", action="store_true", help="the proxy on CPU 1 too")
     args = parser.parse_args(argv)
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
+        os.sched_setaffinity(0, {1})
     try:
         added50, added99, direct50, proxied50, rates = [], [], [], [], []
         for round_ in range(args.rounds):
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 serve = [PY, "-m", "trio_duplex", "serve", "--port", "0",
                          "--engine", "realtime-proxy", "--upstream", up_url]  # fmt: skip
-                proxy, url = start_server("proxy", pinned(serve, "0"))
+                proxy, url = start_server("proxy", pinned(serve, "1" if args.one_cpu else "0"))
                 try:
                     if measure == "latency":
                         order = [up_url, url] if round_ % 2 == 0 else [url, up_url]
@@ -135,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
                 finally:
                     proxy.stop()
                     upstream.stop()
-        print(f"realtime proxy, {args.rounds} rounds; medians over rounds (min{DASH}max)\n")
+        cpus = "proxy, upstream and clients on CPU 1" if args.one_cpu else "proxy on CPU 0"
+        print(f"realtime proxy, {args.rounds} rounds, {cpus}; medians (min{DASH}max)\n")
         print("| measure | value |")
         print("|---|---|")
         print(f"| round trip direct, p50 | {_summary(direct50, 'µs')} |")
