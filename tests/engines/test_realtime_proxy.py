@@ -191,6 +191,39 @@ async def test_barge_in_cancels_and_truncates_to_the_audio_sent(
         ]
 
 
+async def test_max_sessions_is_the_number_of_upstream_connections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with rig(monkeypatch, max_sessions=1) as r:
+        async with connect(r.url) as first, connect(r.url) as second:
+            await send(first, {"type": "response.create"})
+            await receive_until(first, "response.done")
+            await send(second, {"type": "response.create"})
+            refused = await receive(second)
+            assert refused["type"] == "error"
+            assert refused["code"] == "resource_exhausted" and refused["retryable"]
+        assert len(r.upstream.headers) == 1  # one upgrade: the refused open made none
+
+
+async def test_a_cancel_with_no_audio_sent_truncates_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    upstream = FakeRealtime(api_key=KEY, frames=0, hold=True)
+    async with rig(monkeypatch, upstream) as r, connect(r.url) as ws:
+        await send(ws, {"type": "response.create"})
+        await receive_until(ws, "response.created")
+        await send(ws, {"type": "response.cancel"})
+        done = (await receive_until(ws, "response.done"))[-1]
+        assert done["response"]["status"] == "cancelled"
+        # Sent up after the cancel (and after a truncate, were there one): once the
+        # upstream has answered it, it has read everything before it.
+        await send(ws, {"type": "session.update", "session": {"voice": "marin"}})
+        await receive_until(ws, "upstream.session.updated")
+        types = [e["type"] for e in r.upstream.received[0]]
+        assert types[-2:] == ["response.cancel", "session.update"]
+        assert r.upstream.truncations == []
+
+
 async def test_upstream_loss_ends_the_session_upstream_lost(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -166,7 +166,7 @@ class RealtimeProxyEngine(Engine):
     ) -> None:
         """Client events to the upstream, until the session ends (or the upstream does)."""
         try:
-            await ws.send(_json(self._session_update(self.config)))
+            await ws.send(_json(self._session_update(self.config)), text=True)
             while True:
                 try:
                     event = await session.receive(updates=True)
@@ -175,15 +175,15 @@ class RealtimeProxyEngine(Engine):
                 kind = event["type"]
                 if kind == _APPEND:
                     audio = event["audio"]
-                    await ws.send(_json({"type": _APPEND, "audio": _b64(audio)}))
+                    await ws.send(_json({"type": _APPEND, "audio": _b64(audio)}), text=True)
                     continue
                 if kind == _UPDATE:
-                    await ws.send(_json(self._session_update(event["session"])))
+                    await ws.send(_json(self._session_update(event["session"])), text=True)
                     continue
                 event.pop("client_event_seq", None)
-                await ws.send(_json(event))
+                await ws.send(_json(event), text=True)
                 if kind == _CANCEL and self._playing is not None:
-                    await ws.send(_json(self._truncate()))
+                    await ws.send(_json(self._truncate()), text=True)
         except (OSError, WebSocketException) as exc:
             self._lose(f"upstream connection failed: {_describe(exc)}", lost)
 
@@ -245,8 +245,8 @@ class RealtimeProxyEngine(Engine):
         return {"type": _UPDATE, "session": fields}
 
 
-def _json(event: Event) -> str:
-    return orjson.dumps(event).decode()
+def _json(event: Event) -> bytes:
+    return orjson.dumps(event)  # sent as a text message (``text=True``): UTF-8 already
 
 
 def _b64(audio: bytes | str) -> str:
