@@ -20,7 +20,7 @@ import trio
 from websockets.trio.client import ClientConnection, connect
 
 from trio_duplex import DuplexServer, ServerConfig
-from trio_duplex.client import ClientOptions, HeartbeatPolicy, ReconnectPolicy
+from trio_duplex.client import ClientOptions, HeartbeatPolicy, ReconnectPolicy, SessionEnded
 from trio_duplex.client import connect as sdk_connect
 from trio_duplex.engines.realtime_proxy import API_KEY_ENV, Upstream, parse_header, proxy_factory
 from trio_duplex.testing.realtime_upstream import FakeRealtime
@@ -237,6 +237,20 @@ async def test_upstream_loss_ends_the_session_upstream_lost(
         with trio.fail_after(10):
             while r.server.slots_held:
                 await r.server.wait_changed()
+
+
+async def test_the_sdk_client_ends_with_upstream_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with rig(monkeypatch) as r, sdk_connect(r.url) as session:
+        await session.send({"type": "response.create"})
+        async for event in session:
+            if event["type"] == "response.done":
+                break
+        r.upstream.kill()
+        closed = await session.receive()  # the terminal event, then SessionEnded
+        assert closed["type"] == "session.closed" and closed["reason"] == "upstream_lost"
+        with pytest.raises(SessionEnded) as ended:
+            await session.receive()
+        assert ended.value.event == closed
 
 
 async def test_a_refused_upstream_ends_the_session_upstream_lost(
