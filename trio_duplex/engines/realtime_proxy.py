@@ -56,6 +56,10 @@ from .api import Engine, EngineFactory, EngineSession, Event, UpstreamLost
 
 API_KEY_ENV: Final = "TRIO_DUPLEX_UPSTREAM_API_KEY"
 CONNECT_TIMEOUT_S: Final = 10.0
+CLOSE_TIMEOUT_S: Final = 2.0  # the session has ended: its upstream's close is not awaited long
+PING_INTERVAL_S: Final = 20.0
+"""Keepalive: a ping every 20 s; no pong within 20 s and the upstream is lost."""
+MAX_UPSTREAM_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 RATE: Final = 24_000
 _BYTES_PER_MS: Final = RATE * 2 // 1000
 _RENAMED: Final = {str(kind): f"upstream.{kind}" for kind in (*CONTROL_EVENTS, EventType.UPDATED)}
@@ -141,9 +145,12 @@ class RealtimeProxyEngine(Engine):
                 self.upstream.url,
                 additional_headers=self.upstream.request_headers(),
                 open_timeout=CONNECT_TIMEOUT_S,
+                close_timeout=CLOSE_TIMEOUT_S,
+                ping_interval=PING_INTERVAL_S,
+                ping_timeout=PING_INTERVAL_S,
                 compression=None,
                 proxy=None,
-                max_size=None,
+                max_size=MAX_UPSTREAM_MESSAGE_BYTES,
                 user_agent_header="trio-duplex-realtime-proxy",
             ) as ws:
                 async with trio.open_nursery() as nursery:
