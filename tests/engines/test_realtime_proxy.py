@@ -253,6 +253,26 @@ async def test_the_sdk_client_ends_with_upstream_lost(monkeypatch: pytest.Monkey
         assert ended.value.event == closed
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        b"not json",
+        json.dumps({"type": "response.output_audio.delta", "delta": "no base64!"}),
+        json.dumps({"type": "response.output_audio.delta", "delta": 7}),
+    ],
+)
+async def test_a_malformed_upstream_message_ends_the_session_upstream_lost(
+    monkeypatch: pytest.MonkeyPatch, message: str | bytes
+) -> None:
+    async with rig(monkeypatch) as r, connect(r.url) as ws:
+        await send(ws, {"type": "response.create"})
+        await receive_until(ws, "response.done")
+        await r.upstream.connections[0].send(message)
+        closed = await receive(ws)
+        assert closed["type"] == "session.closed"
+        assert closed["reason"] == "upstream_lost"
+
+
 async def test_a_refused_upstream_ends_the_session_upstream_lost(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

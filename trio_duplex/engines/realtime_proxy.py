@@ -48,7 +48,7 @@ from typing import Any, Final
 import attrs
 import orjson
 import trio
-from websockets.exceptions import InvalidStatus, WebSocketException
+from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
 from websockets.trio.client import ClientConnection, connect
 
 from ..core.events import CONTROL_EVENTS, EventType
@@ -199,7 +199,11 @@ class RealtimeProxyEngine(Engine):
     ) -> None:
         """Upstream events to the client, until the upstream connection ends."""
         try:
-            async for message in ws:
+            while True:
+                try:  # (not ``async for``: its generator, left by an error, is never closed)
+                    message = await ws.recv()
+                except ConnectionClosedOK:
+                    break
                 event = orjson.loads(message)
                 if type(event) is not dict or not isinstance(event.get("type"), str):
                     continue  # not an event: nothing a client could use
@@ -208,7 +212,9 @@ class RealtimeProxyEngine(Engine):
                     # OpenAI's field is ``delta``; trio-duplex's own server (an upstream
                     # too) says ``audio``.
                     delta = event.pop("delta", None)
-                    audio = base64.b64decode(event.get("audio", "") if delta is None else delta)
+                    audio = base64.b64decode(
+                        event.get("audio", "") if delta is None else delta, validate=True
+                    )
                     event["audio"] = audio
                     self._track(event, len(audio))
                 elif kind in _RENAMED:
@@ -217,8 +223,10 @@ class RealtimeProxyEngine(Engine):
                 await session.send(event)
             code = ws.close_code
             self._lose(f"upstream closed the connection ({code})", lost)
-        except (OSError, WebSocketException, orjson.JSONDecodeError) as exc:
+        except (OSError, WebSocketException) as exc:
             self._lose(f"upstream connection failed: {_describe(exc)}", lost)
+        except (ValueError, TypeError) as exc:  # not JSON, or a delta that is not base64
+            self._lose(f"upstream sent a malformed message: {_describe(exc)}", lost)
 
     def _lose(self, why: str, scope: trio.CancelScope) -> None:
         if self._lost is None:

@@ -16,6 +16,7 @@ the proxy relies on, as that protocol's public reference describes it:
   ``response.output_audio.done`` and ``response.done {response: {status: "completed"}}``.
   With ``hold``, a response sends its deltas and then waits for a cancel; with
   ``close_after``, the connection is closed (cleanly) after that many responses;
+  ``connections`` holds each connection, for a test to send what it likes;
 - ``response.cancel`` → ``response.done {response: {status: "cancelled"}}`` (nothing in
   progress: ``error`` ``response_cancel_not_active``);
 - ``conversation.item.truncate {item_id, content_index, audio_end_ms}`` → recorded in
@@ -64,6 +65,7 @@ class FakeRealtime:
     sent: list[list[Event]] = attrs.field(factory=list)
     truncations: list[Event] = attrs.field(factory=list)
     headers: list[Headers] = attrs.field(factory=list)
+    connections: list[ServerConnection] = attrs.field(factory=list)
     _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
@@ -106,6 +108,7 @@ class FakeRealtime:
         sent: list[Event] = []
         self.received.append(received)
         self.sent.append(sent)
+        self.connections.append(ws)
         conn = _Conversation(self, ws, received, sent)
         try:
             async with trio.open_nursery() as nursery:
