@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from .core.config import BYTES, FLAG, ConfigError, Flag, KiB, MiB, NeedsCompanion, ServerConfig
-from .engines.api import load_engine_factory
+from .engines.api import PROXY, EngineFactory, load_engine_factory
 from .logs import FORMATS, LEVELS, configure
 from .server.server import DuplexServer
 from .settings import Layers
@@ -94,7 +94,11 @@ def _serve_parser(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run a trio-duplex server", description="Run a server.")
-    p.add_argument("--engine", default="echo", help="echo, voice, or package.module:factory (echo)")
+    p.add_argument(
+        "--engine",
+        default="echo",
+        help="echo, voice, realtime-proxy (with --upstream), or package.module:factory (echo)",
+    )
     for flag, field, meta in serve_flags():
         default: Any = field.default
         if field.type is bool:  # a switch: --reuse-port
@@ -146,7 +150,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             from .server.cluster import default_node_id
 
             config = attrs.evolve(config, node_id=default_node_id())
-        factory = load_engine_factory(args.engine)
+        factory = _engine_factory(args.engine, config)
         server = DuplexServer(config, factory)  # reads the TLS files: TLSError
     except ConfigError as exc:
         parser.error(f"{_flag_of(exc.field)} {exc.rule.replace('tls_', '--tls-')}")
@@ -186,6 +190,18 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _engine_factory(engine: str, config: ServerConfig) -> EngineFactory:
+    """``--engine``'s factory; ``realtime-proxy`` is built from ``--upstream``.
+    ValueError: it cannot be loaded, or ``--upstream`` without that engine."""
+    if engine == PROXY:
+        from .engines.realtime_proxy import proxy_factory
+
+        return proxy_factory(config.upstream, config.upstream_header)
+    if config.upstream is not None or config.upstream_header:
+        raise ValueError(f"--upstream and --upstream-header need --engine {PROXY}")
+    return load_engine_factory(engine)
 
 
 def _unjoined(config: ServerConfig, group: BaseExceptionGroup[Exception]) -> list[str]:

@@ -62,6 +62,8 @@ FLAGS = {
     "--relay-port",
     "--workers",
     "--reuse-port",
+    "--upstream",
+    "--upstream-header",
     "--log-level",
     "--log-format",
     "--config",

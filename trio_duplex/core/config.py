@@ -109,6 +109,8 @@ _ws_url = _Rule(
     "must be a ws:// or wss:// URL",
     lambda value: value is None or re.fullmatch(r"wss?://[^/\s]+(/\S*)?", value) is not None,
 )
+_HEADER = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+:.*")  # an HTTP field name (token), ':'
+_headers = _Rule("must be 'NAME: VALUE'", lambda value: all(map(_HEADER.fullmatch, value)))
 _positive_or_none = _Rule("must be at least 1", lambda value: value is None or value >= 1)
 _port_or_none = _Rule(
     "must be a port from 0 to 65535", lambda value: value is None or 0 <= value <= 65535
@@ -399,6 +401,26 @@ class ServerConfig:
             "set SO_REUSEPORT on the listening sockets, so that several processes can "
             "listen on one port (--workers sets it for its workers)",
             shown="off",
+        ),
+    )
+    upstream: str | None = attrs.field(
+        default=None,
+        validator=_ws_url,
+        metadata=_flag(
+            "--engine realtime-proxy: the OpenAI-Realtime-style endpoint each session "
+            "connects to (API key from TRIO_DUPLEX_UPSTREAM_API_KEY)",
+            "URL",
+            "none",
+        ),
+    )
+    upstream_header: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_strings,
+        validator=_headers,
+        metadata=_flag(
+            "--engine realtime-proxy: a header sent to the upstream; repeatable",
+            "'NAME: VALUE'",
+            "none",
         ),
     )
     # Not flags: WebSocket keepalive and queue depths are tuned by embedders, not operators.

@@ -57,6 +57,9 @@ class Reason(enum.StrEnum):
     SHUTDOWN = "server_shutdown"
     GRACE_EXPIRED = "disconnect_grace_expired"
     IDLE_EXPIRED = "idle_ttl_expired"
+    UPSTREAM_LOST = "upstream_lost"
+    """The service an engine fronts is gone (``engines.api.UpstreamLost``; the
+    ``realtime-proxy`` engine's upstream WebSocket closed or failed). Added in issue 16."""
     MIGRATED = "migrated"
     """The session moved to another node (core/migration.py). Never sent: its node has
     already finished the connection with ``session.going_away {migrating: true}``."""

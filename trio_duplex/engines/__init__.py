@@ -1,8 +1,9 @@
 """Engines: what produces a session's output.
 
 ``api`` is the whole engine API (``Engine``, ``EngineSession``, ``BadEvent``,
-``can_migrate``); ``echo`` and ``voice`` are the built-in engines, and the examples to
-learn it from.
+``can_migrate``, ``UpstreamLost``); ``echo`` and ``voice`` are the built-in engines, and
+the examples to learn it from; ``realtime_proxy`` puts resume in front of an existing
+OpenAI-Realtime-style endpoint.
 """
 
 from .api import (
@@ -12,6 +13,7 @@ from .api import (
     EngineFactory,
     EngineSession,
     Event,
+    UpstreamLost,
     can_migrate,
     load_engine_factory,
 )
@@ -23,6 +25,7 @@ __all__ = [
     "EngineFactory",
     "EngineSession",
     "Event",
+    "UpstreamLost",
     "can_migrate",
     "load_engine_factory",
 ]

@@ -5,11 +5,12 @@ synchronous ``check`` that validates one event's fields, and ``async run(session
 ``run`` is started once the session's ``session.created`` has been delivered, lives in a
 nursery owned by the session (so it survives reconnects), and is cancelled when the
 session ends. Returning ends the session with ``engine_finished``; raising ends it with
-``engine_error``. Once cancelled it must return within the server's
-``engine_stop_timeout_s``; one that does not (it ignores cancellation) is abandoned: its
-session ends without it. In cluster mode, an engine that implements ``snapshot`` and
-``restore`` lets its sessions migrate to another node when this one drains (see
-``Engine.snapshot`` for the contract); ``can_migrate`` tells which ones do.
+``engine_error`` (``upstream_lost`` for ``UpstreamLost``). Once cancelled it must return
+within the server's ``engine_stop_timeout_s``; one that does not (it ignores
+cancellation) is abandoned: its session ends without it. In cluster mode, an engine
+that implements ``snapshot`` and ``restore`` lets its sessions migrate to another node
+when this one drains (see ``Engine.snapshot`` for the contract); ``can_migrate`` tells
+which ones do.
 
 A complete engine::
 
@@ -52,6 +53,14 @@ class BadEvent(ProtocolError):
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(ErrorCode.BAD_EVENT, message, param=param)
+
+
+class UpstreamLost(Exception):
+    """Raised by an engine's ``run`` when the service it fronts is gone for good (the
+    ``realtime-proxy`` engine's upstream WebSocket closed or failed): its session ends
+    with reason ``upstream_lost``, not ``engine_error``; the message is logged at WARNING,
+    without a traceback. Raise it from ``run`` itself, outside any nursery of its own,
+    after ``await session.wait_attached()`` so that a detached client hears it."""
 
 
 class Engine:
@@ -134,6 +143,9 @@ BUILTIN = {
 }
 """Built-in engines, by the name that ``--engine`` takes."""
 """Called with the session's initial configuration; returns that session's engine."""
+PROXY = "realtime-proxy"
+"""The built-in engine that needs the server's configuration (``--upstream``): built by
+``engines.realtime_proxy.proxy_factory``, not loaded from ``BUILTIN``."""
 
 
 _UPDATE = frozenset({EventType.UPDATE})  # a set: a member lookup per event costs ~100 ns
@@ -326,6 +338,17 @@ class EngineSession:
     principal: str | None = attrs.field(default=None, kw_only=True)
     """Who opened the session: the name of its API key (``--api-key-file``), or None
     without authentication. Per-customer quotas and logging read it."""
+    _attached: Callable[[], Awaitable[None]] | None = attrs.field(default=None, kw_only=True)
+
+    async def wait_attached(self) -> None:
+        """Return once a client is attached to the session (at once if one is). An engine
+        about to end its session for a reason the client must hear (``UpstreamLost``)
+        waits here while the client is away: the session stays resumable, and the client
+        gets its replay and then the terminal event, rather than an ended session."""
+        if self._attached is None:  # (a handle made outside a server: always attached)
+            await trio.lowlevel.checkpoint()
+            return
+        await self._attached()
 
     async def send(self, event: Event) -> None:
         kind = event.get("type")
@@ -333,8 +356,10 @@ class EngineSession:
             raise ValueError(f"an engine cannot send an event of type {kind!r}")
         await self._emit(event)
 
-    async def receive(self) -> Event:
-        """The next client event. ``session.update`` is answered here, not returned."""
+    async def receive(self, *, updates: bool = False) -> Event:
+        """The next client event. ``session.update`` is answered here (the configuration
+        updated, ``session.updated`` sent), and returned too only with ``updates``: an
+        engine that forwards its configuration elsewhere (``realtime-proxy``) needs it."""
         while True:
             inbox = self._inbox
             if inbox:  # queued: taken in a burst, at a Pace (cancelled, it takes none)
@@ -349,6 +374,8 @@ class EngineSession:
             self.config.update(update)
             # The fields it set, not the whole configuration: an update's cost is its own.
             await self.send(events.updated(self.session_id, update))
+            if updates:
+                return event
 
     def __aiter__(self) -> EngineSession:
         return self

@@ -32,9 +32,9 @@ from ..core.binary import parse_input
 from ..core.events import SESSION_INPUT, ErrorCode, EventType, Reason
 from ..core.frames import CloseCode
 from ..core.migration import Frozen
-from ..core.session import Commit, Emitted, Session, Terminal, audio_ms
+from ..core.session import Commit, Emitted, Session, State, Terminal, audio_ms
 from ..core.wire import ConfigBudget, ProtocolError, encode, is_seq
-from ..engines.api import Engine, EngineSession, Event, Inbox, engine_audio_rate
+from ..engines.api import Engine, EngineSession, Event, Inbox, UpstreamLost, engine_audio_rate
 from .connection import Connection, WriteSampler
 from .timers import Entry
 
@@ -179,6 +179,8 @@ class SessionRunner:
     """``freeze`` stopped the engine: the session waits, engineless, for its end."""
     _engine_gone: trio.Event = attrs.field(factory=trio.Event)
     _end_decided: trio.Event = attrs.field(factory=trio.Event)
+    _attaching: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    """Engines waiting in ``EngineSession.wait_attached``."""
 
     def __attrs_post_init__(self) -> None:
         self._inbox = Inbox(self.max_pending_input, self.max_input_bytes, self._report_consumed)
@@ -244,11 +246,20 @@ class SessionRunner:
             self.emit,
             audio=self.audio,
             principal=session.principal,
+            attached=self._wait_attached,
         )
         try:
             await self.engine.run(handle)
         except trio.Cancelled:
             raise
+        except UpstreamLost as exc:  # not the engine's fault: no traceback
+            log.warning(
+                "session %s: upstream lost: %s",
+                self.session.id,
+                exc,
+                extra={"session_id": self.session.id},
+            )
+            return Reason.UPSTREAM_LOST
         except BaseException as exc:  # whatever an engine raises ends only its session
             if only_trio_cancellation(exc):
                 raise
@@ -419,6 +430,13 @@ class SessionRunner:
         going_away = self.owner.going_away_frame()
         if going_away is not None:  # attached during the drain: warn it too
             conn.push(going_away)
+        self._attaching.unpark_all()
+
+    async def _wait_attached(self) -> None:
+        # (woken by every attach; a commit has set ``conn`` before it wakes anyone)
+        while self.session.state is not State.ATTACHED:
+            await self._attaching.park()
+        await trio.lowlevel.checkpoint()
 
     def connection_lost(self, conn: Connection) -> None:
         if self.session.detach(conn.generation, trio.current_time()):

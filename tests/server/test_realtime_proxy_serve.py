@@ -1,0 +1,115 @@
+"""``trio-duplex serve --engine realtime-proxy`` as a subprocess, with outside clients
+(the ``websockets`` package): against the fake OpenAI Realtime upstream running in this
+process, and chained in front of ``trio-duplex serve --engine echo`` as its upstream.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from typing import Any
+
+import pytest
+import trio
+from websockets.trio.client import ClientConnection, connect
+
+from trio_duplex.engines.realtime_proxy import API_KEY_ENV
+from trio_duplex.testing.realtime_upstream import FakeRealtime
+
+from ..helpers import Servers
+from .test_serve_cli import run_cli
+
+Event = dict[str, Any]
+KEY = "sk-from-the-environment"
+
+
+async def send(ws: ClientConnection, event: Event) -> None:
+    await ws.send(json.dumps(event))
+
+
+async def receive_until(ws: ClientConnection, kind: str) -> list[Event]:
+    got = []
+    while True:
+        got.append(json.loads(await ws.recv()))
+        if got[-1]["type"] == kind:
+            return got
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--engine", "realtime-proxy"), "--engine realtime-proxy needs --upstream"),
+        (("--engine", "echo", "--upstream", "ws://up/v1"), "need --engine realtime-proxy"),
+        (("--engine", "realtime-proxy", "--upstream", "http://up/v1"), "ws:// or wss://"),
+        (("--engine", "realtime-proxy", "--upstream-header", "no colon"), "NAME: VALUE"),
+    ],
+)
+def test_proxy_flags_refused_exit_2(args: tuple[str, ...], says: str) -> None:
+    result = run_cli("serve", *args)
+    assert result.returncode == 2, result
+    assert says in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+async def test_a_turn_and_the_upstream_lost_through_serve(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upstream = FakeRealtime(api_key=KEY, frames=4)
+    monkeypatch.setenv(API_KEY_ENV, KEY)  # the subprocess inherits it
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(upstream.run)
+            server = servers.start(
+                "--engine",
+                "realtime-proxy",
+                "--upstream",
+                f"ws://127.0.0.1:{port}/v1/realtime?model=fake",
+                "--upstream-header",
+                "X-Tenant: t1",
+            )
+            async with connect(server.url) as ws:
+                await send(ws, {"type": "response.create"})
+                got = await receive_until(ws, "response.done")
+                assert got[0]["type"] == "session.created"
+                deltas = [e for e in got if e["type"] == "response.output_audio.delta"]
+                assert len(deltas) == 4
+                assert upstream.headers[0]["Authorization"] == f"Bearer {KEY}"
+                assert upstream.headers[0]["X-Tenant"] == "t1"
+                upstream.kill()
+                closed = json.loads(await ws.recv())
+                assert closed["type"] == "session.closed"
+                assert closed["reason"] == "upstream_lost"
+            nursery.cancel_scope.cancel()
+    assert KEY not in server.log  # the key is never logged
+
+
+def test_the_proxy_in_front_of_trio_duplex_serve_itself(servers: Servers) -> None:
+    """trio-duplex's own server as the upstream: it speaks session.update, audio appends
+    and ``response.output_audio.delta`` (in ``audio``), not commit/response.create."""
+
+    async def main() -> None:
+        echo = servers.start("--engine", "echo")
+        proxy = servers.start("--engine", "realtime-proxy", "--upstream", echo.url)
+        audio = struct.pack("<480h", *range(-240, 240))
+        with trio.fail_after(30):
+            async with connect(proxy.url) as ws:
+                opening = {"type": "session.update", "session": {"instructions": "x"}}
+                await send(ws, opening)
+                got = await receive_until(ws, "upstream.session.created")
+                assert [e["type"] for e in got] == ["session.created", "upstream.session.created"]
+                assert got[1]["session"] == {"instructions": "x", "type": "realtime"}
+                append = {"type": "input_audio_buffer.append"}
+                await send(ws, {**append, "audio": base64.b64encode(audio).decode()})
+                echoed = (await receive_until(ws, "response.output_audio.delta"))[-1]
+                assert base64.b64decode(echoed["audio"]) == audio
+                # What it lacks: response.create is not an event the echo engine knows.
+                await send(ws, {"type": "response.create"})
+                error = (await receive_until(ws, "upstream.error"))[-1]
+                assert error["code"] == "unknown_event"
+                echo.interrupt()  # its drain ends its session: the proxy's upstream is gone
+                got = await receive_until(ws, "session.closed")
+                assert got[-1]["reason"] == "upstream_lost"
+                assert "upstream.session.closed" in [e["type"] for e in got]
+
+    trio.run(main)

@@ -1,0 +1,273 @@
+"""The built-in ``realtime-proxy`` engine: resume in front of an existing realtime endpoint.
+
+``trio-duplex serve --engine realtime-proxy --upstream wss://host/v1/realtime`` gives
+each session one WebSocket to an upstream that speaks the OpenAI Realtime event
+vocabulary (OpenAI's own, vLLM's ``/v1/realtime``, ...), and copies events both ways.
+The client gets what the upstream lacks: resume with replay, exactly-once, takeover,
+going-away, the binary audio lane and codecs. The upstream connection lives with the
+session, not with the client's connection: while the client is away the upstream's
+output is journaled as any engine's.
+
+Decisions (docs/engines.md, "The realtime proxy", says the same for users):
+
+- The upstream is connected when the session starts (after ``session.created``), within
+  ``CONNECT_TIMEOUT_S``; failing that, or when the upstream connection ends or breaks at
+  any later point, the session ends with reason ``upstream_lost`` (``UpstreamLost``): at
+  once if the client is attached, else once it resumes (after its replay), or it
+  expires when its grace runs out.
+- Audio: the engine's rate is 24 kHz PCM16, the upstream's format. The client's
+  ``input_audio_buffer.append`` (any wire format or lane, converted by the server)
+  goes up as base64 ``audio``; the upstream's ``response.output_audio.delta`` comes
+  down with its base64 ``delta`` decoded into our ``audio`` field (the server encodes
+  it for the client's format and lane).
+- Names: the upstream's ``session.created``, ``session.updated`` and ``error`` would
+  collide with our protocol's; they reach the client as ``upstream.session.created``,
+  ``upstream.session.updated`` and ``upstream.error`` (so does any other event type our
+  protocol reserves, e.g. ``session.closed`` from trio-duplex's own server upstream).
+  Everything else goes down as it is (``server_event_seq`` is ours, given by the
+  server). Up, ``client_event_seq`` is
+  dropped; the opening configuration (minus our ``audio``, the client's wire format)
+  and each ``session.update`` go up as ``session.update`` (``type: "realtime"`` unless
+  set). The upstream's audio format is left at its default, 24 kHz PCM16 (OpenAI's).
+- The upstream's ``response.output_audio.delta`` carries its audio in ``delta``
+  (OpenAI) or ``audio`` (trio-duplex's own server as the upstream): either is read.
+- Barge-in: the client's ``response.cancel`` goes up, followed by
+  ``conversation.item.truncate {item_id, content_index, audio_end_ms}`` for the item
+  whose audio was playing, ``audio_end_ms`` being the audio of that item the engine
+  has sent to the client (sequenced: journaled, so delivered or replayed on resume).
+- No migration (no ``snapshot``): an upstream WebSocket cannot move to another node.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+import orjson
+import trio
+from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketException
+from websockets.trio.client import ClientConnection, connect
+
+from ..core.events import CONTROL_EVENTS, EventType
+from .api import Engine, EngineFactory, EngineSession, Event, UpstreamLost
+
+API_KEY_ENV: Final = "TRIO_DUPLEX_UPSTREAM_API_KEY"
+CONNECT_TIMEOUT_S: Final = 10.0
+CLOSE_TIMEOUT_S: Final = 2.0  # the session has ended: its upstream's close is not awaited long
+PING_INTERVAL_S: Final = 20.0
+"""Keepalive: a ping every 20 s; no pong within 20 s and the upstream is lost."""
+MAX_UPSTREAM_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+RATE: Final = 24_000
+_BYTES_PER_MS: Final = RATE * 2 // 1000
+_RENAMED: Final = {str(kind): f"upstream.{kind}" for kind in (*CONTROL_EVENTS, EventType.UPDATED)}
+"""Upstream event types that are our protocol's own (``session.created``, ``error``, and,
+from trio-duplex's own server as the upstream, ``session.closed``...): renamed."""
+_AUDIO_DELTA: Final = "response.output_audio.delta"
+_APPEND: Final = "input_audio_buffer.append"
+_CANCEL: Final = "response.cancel"
+_UPDATE: Final = "session.update"
+CLIENT_EVENTS: Final = frozenset(
+    {
+        "input_audio_buffer.append",
+        "input_audio_buffer.commit",
+        "input_audio_buffer.clear",
+        "conversation.item.create",
+        "conversation.item.retrieve",
+        "conversation.item.truncate",
+        "conversation.item.delete",
+        "response.create",
+        "response.cancel",
+    }
+)
+"""The OpenAI Realtime client events the proxy forwards (``session.update`` too, which
+the server answers and the engine forwards)."""
+
+
+@attrs.frozen
+class Upstream:
+    """Where and how to connect: the URL, extra headers, and the API key (never shown)."""
+
+    url: str
+    headers: tuple[tuple[str, str], ...] = ()
+    api_key: str | None = attrs.field(default=None, repr=False)
+
+    def request_headers(self) -> list[tuple[str, str]]:
+        headers = list(self.headers)
+        if self.api_key:
+            headers.append(("Authorization", f"Bearer {self.api_key}"))
+        return headers
+
+
+def parse_header(text: str) -> tuple[str, str]:
+    """``NAME: VALUE`` (``--upstream-header``) as a pair; ValueError if it is not one."""
+    name, sep, value = text.partition(":")
+    name, value = name.strip(), value.strip()
+    if not sep or not name or any(c.isspace() for c in name):
+        raise ValueError(f"{text!r} is not 'NAME: VALUE'")
+    return name, value
+
+
+def proxy_factory(url: str | None, headers: Sequence[str] = ()) -> EngineFactory:
+    """The factory of ``--engine realtime-proxy``; the API key comes from the environment
+    (``TRIO_DUPLEX_UPSTREAM_API_KEY``) only. ValueError: no URL, or a bad header."""
+    if not url:
+        raise ValueError("--engine realtime-proxy needs --upstream URL (ws:// or wss://)")
+    if not url.startswith(("ws://", "wss://")):
+        raise ValueError(f"--upstream {url!r} is not a ws:// or wss:// URL")
+    upstream = Upstream(url, tuple(map(parse_header, headers)), os.environ.get(API_KEY_ENV))
+
+    def factory(config: Mapping[str, Any]) -> Engine:
+        return RealtimeProxyEngine(upstream, config)
+
+    return factory
+
+
+class RealtimeProxyEngine(Engine):
+    """One session's proxy to its upstream (see the module's docstring)."""
+
+    accepts = CLIENT_EVENTS
+    audio_rate: int | None = RATE
+
+    def __init__(self, upstream: Upstream, config: Mapping[str, Any] | None = None) -> None:
+        self.upstream = upstream
+        self.config = dict(config or {})
+        self._lost: str | None = None  # why the upstream is gone
+        # The item whose audio is playing: (item_id, content_index), and its bytes sent.
+        self._playing: tuple[str, int] | None = None
+        self._played = 0
+
+    async def run(self, session: EngineSession) -> None:
+        try:
+            async with connect(
+                self.upstream.url,
+                additional_headers=self.upstream.request_headers(),
+                open_timeout=CONNECT_TIMEOUT_S,
+                close_timeout=CLOSE_TIMEOUT_S,
+                ping_interval=PING_INTERVAL_S,
+                ping_timeout=PING_INTERVAL_S,
+                compression=None,
+                proxy=None,
+                max_size=MAX_UPSTREAM_MESSAGE_BYTES,
+                user_agent_header="trio-duplex-realtime-proxy",
+            ) as ws:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._down, ws, session, nursery.cancel_scope)
+                    await self._up(ws, session, nursery.cancel_scope)
+                    nursery.cancel_scope.cancel()  # the session is ending
+        except InvalidStatus as exc:
+            self._lost = f"upstream refused: HTTP {exc.response.status_code}"
+        except (OSError, WebSocketException, TimeoutError) as exc:
+            if self._lost is None:
+                self._lost = f"upstream connection failed: {_describe(exc)}"
+        if self._lost is not None:
+            # A detached client must hear why: the session waits for its resume (its
+            # grace still runs), which replays the journal, then ends.
+            await session.wait_attached()
+            raise UpstreamLost(self._lost)
+
+    async def _up(
+        self, ws: ClientConnection, session: EngineSession, lost: trio.CancelScope
+    ) -> None:
+        """Client events to the upstream, until the session ends (or the upstream does)."""
+        try:
+            await ws.send(_json(self._session_update(self.config)), text=True)
+            while True:
+                try:
+                    event = await session.receive(updates=True)
+                except trio.EndOfChannel:
+                    return
+                kind = event["type"]
+                if kind == _APPEND:
+                    audio = event["audio"]
+                    await ws.send(_json({"type": _APPEND, "audio": _b64(audio)}), text=True)
+                    continue
+                if kind == _UPDATE:
+                    await ws.send(_json(self._session_update(event["session"])), text=True)
+                    continue
+                event.pop("client_event_seq", None)
+                await ws.send(_json(event), text=True)
+                if kind == _CANCEL and self._playing is not None:
+                    await ws.send(_json(self._truncate()), text=True)
+        except (OSError, WebSocketException) as exc:
+            self._lose(f"upstream connection failed: {_describe(exc)}", lost)
+
+    async def _down(
+        self, ws: ClientConnection, session: EngineSession, lost: trio.CancelScope
+    ) -> None:
+        """Upstream events to the client, until the upstream connection ends."""
+        try:
+            while True:
+                try:  # (not ``async for``: its generator, left by an error, is never closed)
+                    message = await ws.recv()
+                except ConnectionClosedOK:
+                    break
+                event = orjson.loads(message)
+                if type(event) is not dict or not isinstance(event.get("type"), str):
+                    continue  # not an event: nothing a client could use
+                kind = event["type"]
+                if kind == _AUDIO_DELTA:
+                    # OpenAI's field is ``delta``; trio-duplex's own server (an upstream
+                    # too) says ``audio``.
+                    delta = event.pop("delta", None)
+                    audio = base64.b64decode(
+                        event.get("audio", "") if delta is None else delta, validate=True
+                    )
+                    event["audio"] = audio
+                    self._track(event, len(audio))
+                elif kind in _RENAMED:
+                    event["type"] = _RENAMED[kind]
+                event.pop("server_event_seq", None)
+                await session.send(event)
+            code = ws.close_code
+            self._lose(f"upstream closed the connection ({code})", lost)
+        except (OSError, WebSocketException) as exc:
+            self._lose(f"upstream connection failed: {_describe(exc)}", lost)
+        except (ValueError, TypeError) as exc:  # not JSON, or a delta that is not base64
+            self._lose(f"upstream sent a malformed message: {_describe(exc)}", lost)
+
+    def _lose(self, why: str, scope: trio.CancelScope) -> None:
+        if self._lost is None:
+            self._lost = why
+        scope.cancel()
+
+    def _track(self, delta: Event, size: int) -> None:
+        item = (delta.get("item_id"), delta.get("content_index", 0))
+        if not isinstance(item[0], str) or type(item[1]) is not int:
+            return
+        if item != self._playing:
+            self._playing, self._played = item, 0  # type: ignore[assignment]
+        self._played += size
+
+    def _truncate(self) -> Event:
+        assert self._playing is not None
+        (item_id, index), self._playing = self._playing, None
+        return {
+            "type": "conversation.item.truncate",
+            "item_id": item_id,
+            "content_index": index,
+            "audio_end_ms": self._played // _BYTES_PER_MS,
+        }
+
+    @staticmethod
+    def _session_update(config: Mapping[str, Any]) -> Event:
+        # ``audio`` is ours (the client's wire format, settled by the server): never sent
+        # up. The upstream's own audio format is left at its default, 24 kHz PCM16.
+        fields = {k: v for k, v in config.items() if k != "audio"}
+        fields.setdefault("type", "realtime")
+        return {"type": _UPDATE, "session": fields}
+
+
+def _json(event: Event) -> bytes:
+    return orjson.dumps(event)  # sent as a text message (``text=True``): UTF-8 already
+
+
+def _b64(audio: bytes | str) -> str:
+    return audio if isinstance(audio, str) else base64.b64encode(audio).decode("ascii")
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
