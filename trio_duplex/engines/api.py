@@ -360,6 +360,13 @@ class EngineSession:
             raise StopAsyncIteration from None
 
 
+async def run_engine(engine: Engine, session: EngineSession) -> None:
+    """Run ``engine`` for ``session``: a trio engine's ``run``; an asyncio engine's
+    (``engines/aio.py``) through its ``run_in_trio``, on an asyncio loop of its own."""
+    bridged = getattr(engine, "run_in_trio", None)
+    await (engine.run if bridged is None else bridged)(session)
+
+
 def engine_audio_rate(engine: Engine) -> int | None:
     """The engine's ``audio_rate`` (None: it knows no audio format)."""
     rate = getattr(engine, "audio_rate", None)
@@ -429,6 +436,14 @@ def engine_problem(engine: object) -> str | None:
     run = getattr(type(engine), "run", None)
     if run is Engine.run:
         return "which does not implement 'run'"
+    if callable(getattr(engine, "run_in_trio", None)):  # an asyncio engine (engines/aio.py)
+        from .aio import AsyncioEngine, bridge_problem
+
+        if run is AsyncioEngine.run:
+            return "which does not implement 'run'"
+        problem = bridge_problem()
+        if problem is not None:
+            return problem
     if not inspect.iscoroutinefunction(getattr(engine, "run", None)):
         return "whose 'run' is not an async function: not an Engine"
     snapshot = getattr(type(engine), "snapshot", Engine.snapshot)

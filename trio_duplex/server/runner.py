@@ -34,7 +34,14 @@ from ..core.frames import CloseCode
 from ..core.migration import Frozen
 from ..core.session import Commit, Emitted, Session, Terminal, audio_ms
 from ..core.wire import ConfigBudget, ProtocolError, encode, is_seq
-from ..engines.api import Engine, EngineSession, Event, Inbox, engine_audio_rate
+from ..engines.api import (
+    Engine,
+    EngineSession,
+    Event,
+    Inbox,
+    engine_audio_rate,
+    run_engine,
+)
 from .connection import Connection, WriteSampler
 from .timers import Entry
 
@@ -246,7 +253,7 @@ class SessionRunner:
             principal=session.principal,
         )
         try:
-            await self.engine.run(handle)
+            await run_engine(self.engine, handle)
         except trio.Cancelled:
             raise
         except BaseException as exc:  # whatever an engine raises ends only its session
