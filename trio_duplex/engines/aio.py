@@ -75,10 +75,23 @@ class AsyncioSession(EngineSession):
         task = asyncio.current_task()
         assert task is not None, "an AsyncioSession is awaited from the engine's asyncio task"
         requested = task.cancelling()
-        result: T = await self._loop.trio_as_future(call, *args)
+        # Cancelling this future cancels the trio call and waits for its outcome.
+        future: asyncio.Future[T] = self._loop.trio_as_future(call, *args)
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            if not future.done() or future.cancelled() or future.exception() is not None:
+                raise
+            # Done before the cancel reached it (an event taken, a send sequenced): its
+            # result stands, and the cancel is due at the engine's next await.
+            result = future.result()
+            task.uncancel()
+            task.cancel()
+            return result
         if task.cancelling() > requested:
-            # Cancelled as the trio call completed (a send the migration let finish):
-            # its result stands, and the cancel is due at the engine's next await.
+            # Cancelled while the trio call went on to complete (a send the migration
+            # stop lets finish): the same.
+            task.uncancel()
             task.cancel()
         return result
 
@@ -96,13 +109,19 @@ class AsyncioEngine(Engine):
         """What the server awaits (trio): ``run`` on an asyncio loop of the session's own."""
         import trio_asyncio  # the asyncio extra; engine_problem says so if it is missing
 
+        failure: Exception | None = None
         async with trio_asyncio.open_loop() as loop:
             try:
                 await trio_asyncio.aio_as_trio(self.run)(AsyncioSession.of(session, loop))
             except asyncio.CancelledError as exc:  # the session's end arrives as trio's
-                raise EngineCancelledItself(
+                failure = EngineCancelledItself(
                     "the asyncio engine raised CancelledError on its own"
-                ) from exc
+                )
+                failure.__cause__ = exc
+            except Exception as exc:  # raised once the loop is closed, not in its group
+                failure = exc
+        if failure is not None:
+            raise failure
 
 
 def bridge_problem() -> str | None:
