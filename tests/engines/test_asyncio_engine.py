@@ -11,14 +11,17 @@ was sequenced. All under MockClock (trio-asyncio's loop reads trio's clock).
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
 
 import pytest
 import trio
 from trio.testing import MockClock, wait_all_tasks_blocked
+from websockets.sync.client import connect
 
 from trio_duplex import ServerConfig
 from trio_duplex.core.events import Reason
@@ -27,7 +30,7 @@ from trio_duplex.engines.api import Engine, EngineFactory, EngineSession, engine
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.testing import running_server, settle
 
-from ..helpers import echo
+from ..helpers import Serve, echo
 from .asyncio_engines import STAGES, AsyncioEcho, Stages
 
 ECHOES: dict[str, EngineFactory] = {"trio": EchoEngine, "asyncio": AsyncioEcho}
@@ -304,3 +307,35 @@ async def test_the_asyncio_handle_is_an_engine_session(autojump_clock: MockClock
         assert (await client.receive())["text"] == "configured"
     (handle,) = seen
     assert isinstance(handle, AsyncioSession)
+
+
+# -- through `trio-duplex serve` ------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_an_asyncio_engine_serves_outside_clients(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[2]))
+    server = serve("--engine", "tests.engines.asyncio_engines:AsyncioEcho")
+    with (
+        connect(server.url, open_timeout=10) as first,
+        connect(server.url, open_timeout=10) as second,
+    ):
+        clients = [first, second]
+        for ws in clients:
+            ws.send(json.dumps({"type": "session.update", "session": {}}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        for n in range(3):
+            for i, ws in enumerate(clients):
+                ws.send(json.dumps(text(f"{i}:{n}")))
+        for i, ws in enumerate(clients):
+            got = [json.loads(ws.recv(timeout=10)) for _ in range(3)]
+            assert [(e["server_event_seq"], e["text"]) for e in got] == [
+                (n + 1, f"{i}:{n}") for n in range(3)
+            ]
+        clients[0].send(json.dumps({"type": "session.close"}))
+        closed = json.loads(clients[0].recv(timeout=10))
+        assert (closed["type"], closed["reason"]) == ("session.closed", "client_close")
+        clients[1].send(json.dumps(text("after")))
+        assert json.loads(clients[1].recv(timeout=10))["text"] == "after"
