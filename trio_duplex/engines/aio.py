@@ -96,6 +96,14 @@ class AsyncioSession(EngineSession):
         return result
 
 
+def _bridge_missing() -> str | None:
+    try:
+        import trio_asyncio  # noqa: F401
+    except ImportError:
+        return "an asyncio engine, which needs trio-asyncio: pip install 'trio-duplex[asyncio]'"
+    return None
+
+
 class AsyncioEngine(Engine):
     """Base class for engines written with asyncio. Subclasses set ``accepts`` (and
     ``check``, ``audio_rate``, ``snapshot``/``restore`` as trio engines do) and implement
@@ -104,6 +112,12 @@ class AsyncioEngine(Engine):
     async def run(self, session: EngineSession) -> None:
         """Asyncio-flavoured: ``session`` is an ``AsyncioSession``."""
         raise NotImplementedError
+
+    def bridge_problem(self) -> str | None:
+        """Why it cannot run (``engine_problem`` asks): None, it can."""
+        if getattr(type(self), "run", None) is AsyncioEngine.run:
+            return "which does not implement 'run'"
+        return _bridge_missing()
 
     async def run_in_trio(self, session: EngineSession) -> None:
         """What the server awaits (trio): ``run`` on an asyncio loop of the session's own."""
@@ -122,12 +136,3 @@ class AsyncioEngine(Engine):
                 failure = exc
         if failure is not None:
             raise failure
-
-
-def bridge_problem() -> str | None:
-    """Why asyncio engines cannot run here (None: they can)."""
-    try:
-        import trio_asyncio  # noqa: F401
-    except ImportError:
-        return "an asyncio engine, which needs trio-asyncio: pip install 'trio-duplex[asyncio]'"
-    return None

@@ -436,14 +436,9 @@ def engine_problem(engine: object) -> str | None:
     run = getattr(type(engine), "run", None)
     if run is Engine.run:
         return "which does not implement 'run'"
-    if callable(getattr(engine, "run_in_trio", None)):  # an asyncio engine (engines/aio.py)
-        from .aio import AsyncioEngine, bridge_problem
-
-        if run is AsyncioEngine.run:
-            return "which does not implement 'run'"
-        problem = bridge_problem()
-        if problem is not None:
-            return problem
+    bridge_problem = getattr(engine, "bridge_problem", None)  # an asyncio engine (aio.py)
+    if callable(bridge_problem) and (problem := bridge_problem()) is not None:
+        return str(problem)
     if not inspect.iscoroutinefunction(getattr(engine, "run", None)):
         return "whose 'run' is not an async function: not an Engine"
     snapshot = getattr(type(engine), "snapshot", Engine.snapshot)
