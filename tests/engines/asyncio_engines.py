@@ -99,9 +99,12 @@ class Stages(AsyncioEngine):
             if text == "receive":
                 await session.receive()
             elif text == "send":
-                while True:
+                while self.sent < 1000:  # (bounded: a cancel that is lost ends the test)
                     await session.send({"type": "response.output_text.delta", "text": "x" * 8000})
                     self.sent += 1
+                    self.at = "after-send"  # a cancel due when a send returned lands here
+                    await asyncio.sleep(0)
+                    self.at = "send"
             elif text == "sleep":
                 await asyncio.sleep(3600)
             elif text == "thread":
@@ -116,6 +119,12 @@ class Stages(AsyncioEngine):
             if self.at != "raise-cancelled":
                 self.cancelled_at = self.at
             raise
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"sent": self.sent}
+
+    def restore(self, state: bytes | dict[str, Any]) -> None:
+        raise ValueError("Stages does not go on elsewhere")
 
     async def _ignore_cancellation(self) -> None:
         while not self.wake.is_set():

@@ -280,6 +280,34 @@ async def test_a_migration_stop_leaves_a_snapshot_that_matches_what_was_sequence
         assert got == [value[:3] for value in sent[: len(got)]] and len(got) <= answered
 
 
+async def test_a_send_that_a_migration_stop_lets_finish_returns_and_the_cancel_comes_next(
+    autojump_clock: MockClock,
+) -> None:
+    # The engine waits in send for a congested connection; the freeze lets that send
+    # return (it was sequenced) and the engine must then stop at its next await.
+    made: list[Stages] = []
+
+    def factory(config: Mapping[str, Any]) -> Engine:
+        made.append(Stages(config))
+        return made[-1]
+
+    async with running_server(ServerConfig(max_output_bytes=64 * 1024), factory) as sim:
+        client, created = await sim.open_session()
+        client.transport.hold()
+        await client.send(text("send"))
+        await settle()
+        runner = sim.runner(created["session_id"])
+        start = trio.current_time()
+        frozen = await runner.freeze()
+        assert trio.current_time() == start  # stopped at once, not at the stop timeout
+        assert frozen is not None
+        assert frozen.engine_state == {"sent": runner.session.usage.events_out}
+        assert made[-1].cancelled_at == "after-send"  # at the await after that send
+        client.transport.release()
+        runner.end(Reason.MIGRATED)
+        await client.receive_until_closed()
+
+
 # -- loading -------------------------------------------------------------------------------
 
 
