@@ -52,6 +52,22 @@ def test_readme_custom_engine_runs_under_serve(
 
 
 @pytest.mark.integration
+def test_readme_asyncio_engine_runs_under_serve(
+    serve: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    (tmp_path / "aioshout.py").write_text(_readme_block("### An engine written with asyncio"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    server = serve("--engine", "aioshout:AioShout")
+    with connect(server.url, open_timeout=10) as ws:
+        ws.send(json.dumps({"type": "session.update", "session": {}}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        for word in ("hello", "again"):
+            ws.send(json.dumps({"type": "input.text.append", "text": word}))
+        answers = [json.loads(ws.recv(timeout=10)) for _ in range(2)]
+        assert [(a["server_event_seq"], a["text"]) for a in answers] == [(1, "HELLO"), (2, "AGAIN")]
+
+
+@pytest.mark.integration
 def test_readme_binary_lane_example_runs_against_serve(serve: Any) -> None:
     """The README's phone call: μ-law on the binary lane, built from the header table with
     the websockets package, against ``trio-duplex serve --engine voice`` (24 kHz PCM16)."""

@@ -387,6 +387,13 @@ class EngineSession:
             raise StopAsyncIteration from None
 
 
+async def run_engine(engine: Engine, session: EngineSession) -> None:
+    """Run ``engine`` for ``session``: a trio engine's ``run``; an asyncio engine's
+    (``engines/aio.py``) through its ``run_in_trio``, on an asyncio loop of its own."""
+    bridged = getattr(engine, "run_in_trio", None)
+    await (engine.run if bridged is None else bridged)(session)
+
+
 def engine_audio_rate(engine: Engine) -> int | None:
     """The engine's ``audio_rate`` (None: it knows no audio format)."""
     rate = getattr(engine, "audio_rate", None)
@@ -456,6 +463,9 @@ def engine_problem(engine: object) -> str | None:
     run = getattr(type(engine), "run", None)
     if run is Engine.run:
         return "which does not implement 'run'"
+    bridge_problem = getattr(engine, "bridge_problem", None)  # an asyncio engine (aio.py)
+    if callable(bridge_problem) and (problem := bridge_problem()) is not None:
+        return str(problem)
     if not inspect.iscoroutinefunction(getattr(engine, "run", None)):
         return "whose 'run' is not an async function: not an Engine"
     snapshot = getattr(type(engine), "snapshot", Engine.snapshot)

@@ -34,7 +34,15 @@ from ..core.frames import CloseCode
 from ..core.migration import Frozen
 from ..core.session import Commit, Emitted, Session, State, Terminal, audio_ms
 from ..core.wire import ConfigBudget, ProtocolError, encode, is_seq
-from ..engines.api import Engine, EngineSession, Event, Inbox, UpstreamLost, engine_audio_rate
+from ..engines.api import (
+    Engine,
+    EngineSession,
+    Event,
+    Inbox,
+    UpstreamLost,
+    engine_audio_rate,
+    run_engine,
+)
 from .connection import Connection, WriteSampler
 from .timers import Entry
 
@@ -249,7 +257,7 @@ class SessionRunner:
             attached=self._wait_attached,
         )
         try:
-            await self.engine.run(handle)
+            await run_engine(self.engine, handle)
         except trio.Cancelled:
             raise
         except UpstreamLost as exc:  # not the engine's fault: no traceback
