@@ -207,14 +207,35 @@ def run_client(
     reader thread, so the sample is taken within a millisecond of the mark).
     """
     marks: dict[str, dict[str, float]] = {}
+
+    def on_mark(mark: str) -> None:
+        if watch is not None:
+            try:
+                marks[mark] = watch.snapshot()
+            except BenchError:
+                pass  # the server died: the main loop reports it
+
+    result = run_to_result(name, argv, on_mark=on_mark, timeout=timeout, watch=watch)
+    return result, marks
+
+
+def run_to_result(
+    name: str,
+    argv: Sequence[str],
+    *,
+    on_mark: Callable[[str], None],
+    timeout: float,
+    watch: Proc | None = None,
+    echo: bool = False,
+) -> dict[str, Any]:
+    """Run a load generator to its end and return its ``@result``; ``on_mark(NAME)`` is
+    called in the reader thread at each ``@mark NAME`` line. ``watch``: a server whose
+    death ends the run; ``echo``: its other lines go to stderr."""
     result: dict[str, Any] = {}
 
     def on_line(line: str) -> None:
-        if line.startswith("@mark ") and watch is not None:
-            try:
-                marks[line[6:].strip()] = watch.snapshot()
-            except BenchError:
-                pass  # the server died: the main loop reports it
+        if line.startswith("@mark "):
+            on_mark(line[6:].strip())
 
     proc = Proc(name, argv, stdout_lines=True, on_stdout=on_line)
     deadline = time.monotonic() + timeout
@@ -233,12 +254,14 @@ def run_client(
                 break
             if line.startswith("@result "):
                 result = json.loads(line[8:])
+            elif echo and not line.startswith("@mark "):
+                print(line.rstrip(), file=sys.stderr)
         proc.popen.wait(max(1.0, deadline - time.monotonic()))
         if proc.popen.returncode != 0 or not result:
             raise BenchError(
                 f"{name} exited {proc.popen.returncode} without a result:\n{proc.tail()}"
             )
-        return result, marks
+        return result
     finally:
         proc.stop(grace=2.0)
 

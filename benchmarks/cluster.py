@@ -53,6 +53,7 @@ from benchmarks._procs import (
     install_reaper,
     machine_info,
     redis,
+    run_to_result,
     start_server,
 )
 from benchmarks._stats import Summary, fmt_num, fmt_ratio, fmt_summary, paired_ratios
@@ -127,43 +128,18 @@ def run_load(
     """Run the load generator to its end; at each ``@mark NAME`` sample every watched
     process (CPU seconds, RSS). Returns its ``@result`` and the samples by mark."""
     marks: dict[str, dict[str, dict[str, float]]] = {}
-    result: dict[str, Any] = {}
 
-    def on_line(line: str) -> None:
-        if line.startswith("@mark "):
-            sample = {}
-            for name, proc in watch.items():
-                try:
-                    sample[name] = proc.snapshot()
-                except BenchError:
-                    pass  # gone (the drained node): its figures are simply absent
-            marks[line[6:].strip()] = sample
-
-    proc = Proc("load generator", argv, stdout_lines=True, on_stdout=on_line)
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BenchError(f"the load generator ran past {timeout:.0f}s\n{proc.tail()}")
+    def on_mark(mark: str) -> None:
+        sample = {}
+        for name, proc in watch.items():
             try:
-                line = proc.stdout_q.get(timeout=min(left, 0.5))
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            if line.startswith("@result "):
-                result = json.loads(line[8:])
-            elif not line.startswith("@mark "):
-                print(line.rstrip(), file=sys.stderr)
-        proc.popen.wait(max(1.0, deadline - time.monotonic()))
-        if proc.popen.returncode != 0 or not result:
-            raise BenchError(
-                f"load generator exited {proc.popen.returncode} without a result:\n{proc.tail()}"
-            )
-        return result, marks
-    finally:
-        proc.stop(grace=2.0)
+                sample[name] = proc.snapshot()
+            except BenchError:
+                pass  # gone (the drained node): its figures are simply absent
+        marks[mark] = sample
+
+    result = run_to_result("the load generator", argv, on_mark=on_mark, timeout=timeout, echo=True)
+    return result, marks
 
 
 def load_argv(mode: str, args: argparse.Namespace, *extra: str) -> list[str]:
