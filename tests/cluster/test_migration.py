@@ -25,7 +25,7 @@ from trio_duplex.engines.voice import FRAME_BYTES, frame_count
 
 from ..helpers import ServerProcess, Servers
 from .conftest import SECRET, RedisServer, node_flags
-from .test_relay import receive, resume, send, text, ws_to
+from .test_relay import open_session, receive, resume, send, text, ws_to
 from .test_serve import TIMEOUT
 
 pytestmark = pytest.mark.integration
@@ -202,8 +202,7 @@ async def test_a_hand_over_the_store_ran_but_did_not_confirm_still_sends_the_cli
             )
         )
         async with ws_to(a.url) as on_a:
-            await send(on_a, {"type": "session.update", "session": {}})
-            created = await receive(on_a)
+            created = await open_session(on_a)
             await send(on_a, text(1, "before"))
             assert (await receive(on_a))["text"] == "before"
             holder.holding = True

@@ -68,6 +68,14 @@ async def closed_with(ws: ClientConnection) -> tuple[list[Event], int | None]:
         return seen, None if exc.rcvd is None else exc.rcvd.code
 
 
+async def open_session(ws: ClientConnection) -> Event:
+    """Open a session on ``ws`` (an empty configuration): its ``session.created``."""
+    await send(ws, {"type": "session.update", "session": {}})
+    created = await receive(ws)
+    assert created["type"] == "session.created", created
+    return created
+
+
 def drop(ws: ClientConnection) -> None:
     """Cut the TCP connection without a close frame (a phone losing its network)."""
     ws.stream.socket.close()  # type: ignore[attr-defined]
@@ -96,9 +104,7 @@ async def test_resume_on_another_node_is_relayed_with_replay_and_resend(
 ) -> None:
     a, b, _ = three
     async with ws_to(a.url) as on_a:
-        await send(on_a, {"type": "session.update", "session": {}})
-        created = await receive(on_a)
-        assert created["type"] == "session.created"
+        created = await open_session(on_a)
         await send(on_a, text(1, "one"))
         assert (await receive(on_a))["server_event_seq"] == 1
         await send(on_a, text(2, "two"))
@@ -126,8 +132,7 @@ async def test_resume_on_another_node_is_relayed_with_replay_and_resend(
 async def test_takeover_across_nodes(three: list[ServerProcess]) -> None:
     a, b, c = three
     async with ws_to(a.url) as on_a:
-        await send(on_a, {"type": "session.update", "session": {}})
-        created = await receive(on_a)
+        created = await open_session(on_a)
         drop(on_a)
     async with ws_to(b.url) as first:
         await send(first, resume(created, created["resume_token"], 0))
@@ -149,8 +154,7 @@ async def test_a_lost_home_is_refused_node_lost_within_the_bound(
 ) -> None:
     a, b, _ = three
     async with ws_to(a.url) as on_a:
-        await send(on_a, {"type": "session.update", "session": {}})
-        created = await receive(on_a)
+        created = await open_session(on_a)
     a.proc.kill()
     a.proc.wait(TIMEOUT)
     killed = trio.current_time()
@@ -202,8 +206,7 @@ async def test_a_relayed_connection_resumes_only_the_session_it_was_signed_for(
     a, _, _ = three
     relay_port = a.wait_for_line(r"registered \(advertised as ws://[^:]+:(\d+)", TIMEOUT)
     async with ws_to(a.url) as on_a:
-        await send(on_a, {"type": "session.update", "session": {}})
-        created = await receive(on_a)
+        created = await open_session(on_a)
     signed = sign(SECRET, "b", "a", "sess_other", time.time())
     relay = f"ws://127.0.0.1:{relay_port.group(1)}{RELAY_PATH}"
     async with connect(
@@ -238,8 +241,7 @@ async def test_with_api_keys_a_resume_token_resumes_through_any_node(
     keys.write_text("app:key-0123456789abcdef\n")
     a, b = nodes("ab", "--relay-port", "0", "--api-key-file", str(keys))
     async with ws_to(a.url, "key-0123456789abcdef") as on_a:
-        await send(on_a, {"type": "session.update", "session": {}})
-        created = await receive(on_a)
+        created = await open_session(on_a)
         drop(on_a)
     token = created["resume_token"]
     async with ws_to(b.url, token) as on_b:  # B knows nothing of this token: A does
@@ -260,8 +262,7 @@ async def test_after_redis_comes_back_empty_a_session_is_found_from_any_node_aga
 ) -> None:
     a, b = nodes("ab", "--relay-port", "0")
     async with ws_to(a.url) as on_a:
-        await send(on_a, {"type": "session.update", "session": {}})
-        created = await receive(on_a)
+        created = await open_session(on_a)
         with redis_server.stopped():  # no persistence: it comes back empty
             pass
         session_id = created["session_id"]
@@ -282,8 +283,7 @@ async def test_the_relay_s_signature_stays_out_of_a_debug_log(
 ) -> None:
     a, b = nodes("ab", "--relay-port", "0", "--log-level", "debug")
     async with ws_to(a.url) as on_a:
-        await send(on_a, {"type": "session.update", "session": {}})
-        created = await receive(on_a)
+        created = await open_session(on_a)
         drop(on_a)
     async with ws_to(b.url) as on_b:
         await send(on_b, resume(created, created["resume_token"], 0))

@@ -254,6 +254,16 @@ class ProtocolError(Exception):
         """A refused ``session.resume``: answered, then closed with 4001."""
         return cls(code, message, param=param, close_code=CloseCode.RESUME_REFUSED)
 
+    @classmethod
+    def home_unreachable(cls, why: str) -> ProtocolError:
+        """Cluster mode: a resume that cannot reach its session now (its node, the store,
+        a take-over in progress): ``session_home_unreachable``, retryable, close 1013."""
+        return cls(
+            ErrorCode.SESSION_HOME_UNREACHABLE,
+            f"{why}; try again",
+            close_code=CloseCode.TRY_AGAIN_LATER,
+        )
+
     @property
     def retryable(self) -> bool:
         return self.code in RETRYABLE_CODES

@@ -290,10 +290,8 @@ class ClusterNode:
             located = await self.store.locate(session_id, self.node_id)
         except _FAILED as exc:
             self._failed(exc)
-            raise ProtocolError(
-                ErrorCode.SESSION_HOME_UNREACHABLE,
-                "the cluster store is unreachable, so the session cannot be found; try again",
-                close_code=CloseCode.TRY_AGAIN_LATER,
+            raise ProtocolError.home_unreachable(
+                "the cluster store is unreachable, so the session cannot be found"
             ) from None
         self._answered()
         return located

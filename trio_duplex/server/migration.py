@@ -180,7 +180,7 @@ async def adopt(
         if isinstance(exc, ProtocolError | trio.Cancelled):
             raise
         log.error("session %s: could not be taken over", session_id, exc_info=exc)
-        raise _try_again("the session could not be taken over here") from None
+        raise ProtocolError.home_unreachable("the session could not be taken over here") from None
     # Live here, but not this node's until the store says so: were the claim to lapse
     # unconfirmed, another node could take the record over too.
     if not await node.adopted(session_id):
@@ -190,21 +190,13 @@ async def adopt(
             extra={"session_id": session_id},
         )
         runner.end(Reason.MIGRATED)  # quietly: it has no connection, and lives elsewhere
-        raise _try_again("the session is being taken over")
+        raise ProtocolError.home_unreachable("the session is being taken over")
     sessions.totals.count(sessions.totals.resumes, "taken_over")
     log.info(
         "session %s taken over (generation %d)",
         session.id,
         session.generation,
         extra={"session_id": session.id, "generation": session.generation},
-    )
-
-
-def _try_again(message: str) -> ProtocolError:
-    return ProtocolError(
-        ErrorCode.SESSION_HOME_UNREACHABLE,
-        f"{message}; try again",
-        close_code=CloseCode.TRY_AGAIN_LATER,
     )
 
 

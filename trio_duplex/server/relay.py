@@ -34,9 +34,7 @@ import trio
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.trio.client import ClientConnection, connect
 
-from ..core.events import ErrorCode
 from ..core.frames import CloseCode
-from ..core.wire import ProtocolError
 from .connection import Connection
 from .websocket import ConnectionClosed as ClientGone
 
@@ -110,14 +108,6 @@ def relay_url(advertised: str) -> str:
     and port; the path is ours)."""
     parts = urlsplit(advertised)
     return urlunsplit((parts.scheme, parts.netloc, RELAY_PATH, "", ""))
-
-
-def unreachable(home: str) -> ProtocolError:
-    return ProtocolError(
-        ErrorCode.SESSION_HOME_UNREACHABLE,
-        f"the session's node ({home}) could not be reached from this one; try again",
-        close_code=CloseCode.TRY_AGAIN_LATER,
-    )
 
 
 async def relay(
@@ -216,6 +206,5 @@ __all__ = [
     "relay_url",
     "relayable",
     "sign",
-    "unreachable",
     "verify",
 ]

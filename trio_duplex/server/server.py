@@ -56,7 +56,7 @@ from .connection import Connection
 from .http import Endpoints, serve_internal
 from .listen import open_listeners
 from .relay import HEADER as RELAY_HEADER
-from .relay import RELAY_PATH, relay, relayable, sign, unreachable, verify
+from .relay import RELAY_PATH, relay, relayable, sign, verify
 from .runner import (
     CheckFailed,
     SessionRunner,
@@ -746,11 +746,7 @@ class DuplexServer:
             )
             return False  # it is here now: the ordinary resume follows
         if located.kind == "busy":
-            raise ProtocolError(
-                ErrorCode.SESSION_HOME_UNREACHABLE,
-                "the session is being taken over by another node; try again",
-                close_code=CloseCode.TRY_AGAIN_LATER,
-            )
+            raise ProtocolError.home_unreachable("the session is being taken over by another node")
         if located.kind == "lost":
             totals.count(totals.resumes, "node_lost")
             raise ProtocolError.resume_refused(
@@ -781,7 +777,9 @@ class DuplexServer:
         )
         if not relayed:
             totals.count(totals.resumes, ErrorCode.SESSION_HOME_UNREACHABLE)
-            raise unreachable(located.node_id)
+            raise ProtocolError.home_unreachable(
+                f"the session's node ({located.node_id}) could not be reached from this one"
+            )
         totals.count(totals.resumes, "relayed")
         return True
 
