@@ -68,9 +68,11 @@ class AsyncioEcho(AsyncioEngine):
         self.unanswered = [{"type": "input.text.append", "text": t} for t in state["unanswered"]]
 
 
-STAGES = ("receive", "send", "sleep", "thread")
+STAGES = ("receive", "send", "sleep", "thread", "executor", "to_thread")
 """Where ``Stages`` can be when its session ends: its first ``receive``; a ``send`` held
-by backpressure; ``asyncio.sleep``; an asyncio Future of a thread pool's call."""
+by backpressure; ``asyncio.sleep``; an asyncio Future of a thread pool's call; the
+loop's default executor (``loop.run_in_executor(None, f)``, and ``asyncio.to_thread``,
+which uses it)."""
 
 
 @attrs.define(eq=False)
@@ -109,6 +111,10 @@ class Stages(AsyncioEngine):
                 await asyncio.sleep(3600)
             elif text == "thread":
                 await asyncio.wrap_future(self.pool.submit(self.release.wait))
+            elif text == "executor":
+                await asyncio.get_running_loop().run_in_executor(None, self.release.wait)
+            elif text == "to_thread":
+                await asyncio.to_thread(self.release.wait)
             elif text == "raise-cancelled":
                 raise asyncio.CancelledError
             elif text == "raise-value":

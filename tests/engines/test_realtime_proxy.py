@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import ClientConnection, connect
 
 from trio_duplex import DuplexServer, ServerConfig
@@ -273,16 +274,59 @@ async def test_a_malformed_upstream_message_ends_the_session_upstream_lost(
         assert closed["reason"] == "upstream_lost"
 
 
-async def test_a_refused_upstream_ends_the_session_upstream_lost(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("status", [401, 429, 503])
+async def test_an_upstream_that_refuses_refuses_the_open_retryable(
+    monkeypatch: pytest.MonkeyPatch, status: int
 ) -> None:
-    for upstream in (FakeRealtime(api_key="another key"), FakeRealtime(refuse_status=429)):
-        async with rig(monkeypatch, upstream) as r, connect(r.url) as ws:
+    if status == 401:
+        upstream = FakeRealtime(api_key="another key")
+    else:
+        upstream = FakeRealtime(api_key=KEY, refuse_status=status)
+    # Was: session.created, then session.closed {upstream_lost}: a session that never
+    # had an upstream, and a client told nothing it could retry on.
+    async with rig(monkeypatch, upstream, max_sessions=1) as r:
+        async with connect(r.url) as ws:
+            await send(ws, {"type": "response.create", "event_id": "e1"})
+            refused = await receive(ws)
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+        assert refused == {
+            "type": "error",
+            "code": "resource_exhausted",
+            "message": f"the upstream refused the session (HTTP {status}); try again",
+            "retryable": True,
+            "event_id": "e1",
+        }
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        assert r.server.slots_held == 0
+        # Once the upstream takes sessions again, so does the proxy (max_sessions=1:
+        # the refused open's slot came back).
+        upstream.refuse_status, upstream.api_key = None, KEY
+        async with connect(r.url) as ws:
             await send(ws, {"type": "response.create"})
             assert (await receive(ws))["type"] == "session.created"
-            closed = await receive(ws)
-            assert closed["type"] == "session.closed"
-            assert closed["reason"] == "upstream_lost"
+            await receive_until(ws, "response.done")
+
+
+async def test_an_upstream_that_cannot_be_reached_refuses_the_open_retryable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with trio.socket.socket() as probe:  # a port that nothing listens on
+        await probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = DuplexServer(
+        ServerConfig(host="127.0.0.1", port=0), proxy_factory(f"ws://127.0.0.1:{port}/")
+    )
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            url = f"ws://127.0.0.1:{await nursery.start(server.run_tcp)}/v1/duplex"
+            async with connect(url) as ws:
+                await send(ws, {"type": "response.create"})
+                refused = await receive(ws)
+            assert (refused["code"], refused["retryable"]) == ("resource_exhausted", True)
+            assert refused["message"] == "the upstream cannot be reached; try again"
+            assert server.slots_held == 0
+            nursery.cancel_scope.cancel()
 
 
 async def test_output_while_detached_is_journaled_and_the_loss_told_on_resume(

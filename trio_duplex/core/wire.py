@@ -264,6 +264,17 @@ class ProtocolError(Exception):
             close_code=CloseCode.TRY_AGAIN_LATER,
         )
 
+    @classmethod
+    def not_ready(cls, why: str) -> ProtocolError:
+        """A new session refused for want of capacity beyond this server's slots (an
+        engine's upstream refused, or was not ready in time): ``resource_exhausted``,
+        retryable, close 1013, as when every slot is held."""
+        return cls(
+            ErrorCode.RESOURCE_EXHAUSTED,
+            f"{why}; try again",
+            close_code=CloseCode.TRY_AGAIN_LATER,
+        )
+
     @property
     def retryable(self) -> bool:
         return self.code in RETRYABLE_CODES

@@ -19,6 +19,9 @@ The contract is a trio engine's (``engines/api.py``):
   sequenced and one that raised was not, and a ``receive`` that raised took nothing, so
   ``snapshot``/``restore`` (synchronous) work as for trio engines.
 
+``loop.run_in_executor(None, f)`` (and ``asyncio.to_thread``) is cancelled at once, as
+in asyncio: ``f`` runs to its end in its worker thread and its result is dropped.
+
 Each bridged call runs the trio ``EngineSession`` method as a trio task of the session's
 loop (trio-asyncio's ``trio_as_future``): cancelling the asyncio side cancels the trio
 call and waits for its outcome, so an event is never both taken and lost.
@@ -101,6 +104,25 @@ class AsyncioSession(EngineSession):
         return result
 
 
+def _abandoning_executor() -> Any:
+    """The loop's default executor (``run_in_executor(None, f)``, ``asyncio.to_thread``):
+    trio-asyncio's, whose await a cancel could not interrupt (it waited for ``f`` to
+    return, then lost the cancel), made to behave as asyncio's own: the await is
+    cancelled at once, and ``f`` runs to its end in its thread, its result dropped."""
+    import trio
+    import trio_asyncio
+
+    class AbandoningExecutor(trio_asyncio.TrioExecutor):  # type: ignore[misc]
+        async def submit(self, func: Callable[..., T], *args: Any) -> T:
+            if not self._running:
+                raise RuntimeError("the executor is shut down")
+            return await trio.to_thread.run_sync(
+                func, *args, limiter=self._limiter, abandon_on_cancel=True
+            )
+
+    return AbandoningExecutor()
+
+
 def _bridge_missing() -> str | None:
     try:
         import trio_asyncio  # noqa: F401
@@ -130,6 +152,7 @@ class AsyncioEngine(Engine):
 
         failure: Exception | None = None
         async with trio_asyncio.open_loop() as loop:
+            loop.set_default_executor(_abandoning_executor())
             try:
                 await trio_asyncio.aio_as_trio(self.run)(AsyncioSession.of(session, loop))
             except asyncio.CancelledError as exc:  # the session's end arrives as trio's

@@ -90,6 +90,22 @@ class Engine:
         never reaches ``run`` and never counts as received.
         """
 
+    async def prepare(self, nursery: trio.Nursery) -> None:
+        """Optional: get ready before the client hears ``session.created``.
+
+        Called once per session, after admission (the session's slot is held) and before
+        ``session.created`` is sent, then ``run``. Override it when opening a session
+        needs a resource that may refuse, e.g. an upstream connection: raise a
+        ``ProtocolError`` (``ProtocolError.not_ready``: retryable ``resource_exhausted``)
+        and the open is refused with it, the slot freed, and no session ever existed for
+        the client. Anything else it raises refuses the open as ``engine_error``.
+        ``nursery`` lives until ``run`` has returned (or the open was refused): start
+        there what must outlive this call (a connection's background tasks); it is
+        cancelled when the session's engine is gone. The server bounds the call
+        (``PREPARE_TIMEOUT_S``; then retryable ``resource_exhausted``). A session taken
+        over from another node (a migration) calls it too, after ``restore``.
+        """
+
     async def run(self, session: EngineSession) -> None:
         raise NotImplementedError
 
@@ -125,6 +141,11 @@ class Engine:
         engine's, an older version's): the session then cannot resume.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot restore a snapshot")
+
+
+def prepares(engine: Engine) -> bool:
+    """Does this engine get ready before its session opens (overrides ``prepare``)?"""
+    return getattr(type(engine), "prepare", Engine.prepare) is not Engine.prepare
 
 
 def can_migrate(engine: Engine) -> bool:

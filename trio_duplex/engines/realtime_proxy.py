@@ -10,11 +10,13 @@ output is journaled as any engine's.
 
 Decisions (docs/engines.md, "The realtime proxy", says the same for users):
 
-- The upstream is connected when the session starts (after ``session.created``), within
-  ``CONNECT_TIMEOUT_S``; failing that, or when the upstream connection ends or breaks at
-  any later point, the session ends with reason ``upstream_lost`` (``UpstreamLost``): at
-  once if the client is attached, else once it resumes (after its replay), or it
-  expires when its grace runs out.
+- The upstream is connected before the client hears ``session.created`` (``prepare``),
+  within ``CONNECT_TIMEOUT_S``: an upstream that refuses or cannot be reached refuses
+  the open with a retryable ``resource_exhausted`` (close 1013), as a full server does;
+  no session ever existed. When the upstream connection ends or breaks at any later
+  point, the session ends with reason ``upstream_lost`` (``UpstreamLost``): at once if
+  the client is attached, else once it resumes (after its replay), or it expires when
+  its grace runs out.
 - Audio: the engine's rate is 24 kHz PCM16, the upstream's format. The client's
   ``input_audio_buffer.append`` (any wire format or lane, converted by the server)
   goes up as base64 ``audio``; the upstream's ``response.output_audio.delta`` comes
@@ -41,6 +43,7 @@ Decisions (docs/engines.md, "The realtime proxy", says the same for users):
 from __future__ import annotations
 
 import base64
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -52,7 +55,10 @@ from websockets.exceptions import ConnectionClosedOK, InvalidStatus, WebSocketEx
 from websockets.trio.client import ClientConnection, connect
 
 from ..core.events import CONTROL_EVENTS, EventType
+from ..core.wire import ProtocolError
 from .api import Engine, EngineFactory, EngineSession, Event, UpstreamLost
+
+log = logging.getLogger("trio_duplex")
 
 API_KEY_ENV: Final = "TRIO_DUPLEX_UPSTREAM_API_KEY"
 CONNECT_TIMEOUT_S: Final = 10.0
@@ -134,14 +140,18 @@ class RealtimeProxyEngine(Engine):
     def __init__(self, upstream: Upstream, config: Mapping[str, Any] | None = None) -> None:
         self.upstream = upstream
         self.config = dict(config or {})
+        self._ws: ClientConnection | None = None  # connected by prepare
         self._lost: str | None = None  # why the upstream is gone
         # The item whose audio is playing: (item_id, content_index), and its bytes sent.
         self._playing: tuple[str, int] | None = None
         self._played = 0
 
-    async def run(self, session: EngineSession) -> None:
+    async def prepare(self, nursery: trio.Nursery) -> None:
+        """Connect the upstream before the client hears ``session.created``: an upstream
+        that refuses (HTTP 401, 429, 503...), cannot be reached or does not answer within
+        ``CONNECT_TIMEOUT_S`` refuses the open, retryable (``resource_exhausted``)."""
         try:
-            async with connect(
+            self._ws = await connect(
                 self.upstream.url,
                 additional_headers=self.upstream.request_headers(),
                 open_timeout=CONNECT_TIMEOUT_S,
@@ -152,16 +162,35 @@ class RealtimeProxyEngine(Engine):
                 proxy=None,
                 max_size=MAX_UPSTREAM_MESSAGE_BYTES,
                 user_agent_header="trio-duplex-realtime-proxy",
-            ) as ws:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._down, ws, session, nursery.cancel_scope)
-                    await self._up(ws, session, nursery.cancel_scope)
-                    nursery.cancel_scope.cancel()  # the session is ending
+            ).connect(nursery)
         except InvalidStatus as exc:
-            self._lost = f"upstream refused: HTTP {exc.response.status_code}"
+            status = exc.response.status_code
+            # 401/403: our key or headers are wrong, the operator's to fix (not a client's).
+            (log.error if status in (401, 403) else log.warning)(
+                "the upstream refused a session: HTTP %d", status
+            )
+            raise ProtocolError.not_ready(
+                f"the upstream refused the session (HTTP {status})"
+            ) from None
         except (OSError, WebSocketException, TimeoutError) as exc:
+            log.warning("the upstream cannot be reached: %s", _describe(exc))
+            raise ProtocolError.not_ready("the upstream cannot be reached") from None
+
+    async def run(self, session: EngineSession) -> None:
+        ws = self._ws
+        if ws is None:
+            raise RuntimeError("RealtimeProxyEngine.run without prepare")
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._down, ws, session, nursery.cancel_scope)
+                await self._up(ws, session, nursery.cancel_scope)
+                nursery.cancel_scope.cancel()  # the session is ending
+        except (OSError, WebSocketException) as exc:
             if self._lost is None:
                 self._lost = f"upstream connection failed: {_describe(exc)}"
+        finally:
+            with trio.CancelScope(shield=True):  # bounded by close_timeout
+                await ws.aclose()
         if self._lost is not None:
             # A detached client must hear why: the session waits for its resume (its
             # grace still runs), which replays the journal, then ends.

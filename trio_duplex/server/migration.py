@@ -38,7 +38,7 @@ from ..core.frames import CloseCode
 from ..core.migration import BadRecord, Record, export, restore
 from ..core.session import State
 from ..core.wire import ProtocolError, encode
-from ..engines.api import Engine, can_migrate
+from ..engines.api import Engine, can_migrate, prepares
 from .runner import SessionRunner, settle_audio
 from .sessions import Sessions
 
@@ -166,11 +166,16 @@ async def adopt(
         engine.restore(record.engine_state)
         settle_audio(engine, config_now)
         leased = await node.acquire(force=True)  # a moved session keeps its place
+        prepared = None
         try:
+            if prepares(engine):
+                prepared = await sessions.prepare(engine)  # ProtocolError: not ready
             session = restore(record, config, trio.current_time())
-            runner = sessions.adopt(session, engine)  # ProtocolError: full, or draining
+            runner = sessions.adopt(session, engine, prepared)  # ProtocolError: full, ...
             runner.restore_input(record.pending_input)
         except BaseException:
+            if prepared is not None:
+                prepared.release()
             if leased:
                 node.release()
             raise

@@ -146,6 +146,48 @@ the clock read and the bookkeeping stay off the other events' path."""
 _SAMPLE_MASK = SAMPLE_EVERY - 1
 
 
+class Prepared:
+    """What an engine's ``prepare`` started, in a nursery of its own (a task of the
+    sessions nursery, ``Sessions.prepare``): alive until the session's engine is gone
+    (``release``), whatever happens to the client's connection in between."""
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+
+    def release(self) -> None:
+        self.scope.cancel()
+
+
+async def hold_prepared(
+    engine: Engine, *, task_status: trio.TaskStatus[Prepared] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run ``engine.prepare`` in a nursery of its own, report it ready, then keep that
+    nursery (and what the engine started in it) until released. Raises what ``prepare``
+    raised, before it is reported ready; after that a failure of what it started is
+    logged, never raised: the engine's ``run`` finds out for itself."""
+    prepared = Prepared()
+    failure: BaseException | None = None
+    try:
+        with prepared.scope:
+            async with trio.open_nursery() as nursery:
+                try:
+                    await engine.prepare(nursery)
+                except trio.Cancelled:
+                    raise
+                except BaseException as exc:  # raised by start(), unwrapped
+                    failure = exc
+                    nursery.cancel_scope.cancel()
+                else:
+                    task_status.started(prepared)
+                    await trio.sleep_forever()
+    except BaseException as exc:
+        if failure is not None or only_trio_cancellation(exc):
+            raise
+        log.warning("what an engine started in its prepare failed", exc_info=exc)
+    if failure is not None:
+        raise failure
+
+
 @attrs.define(eq=False)
 class SessionRunner:
     owner: Owner
@@ -155,6 +197,8 @@ class SessionRunner:
     max_input_bytes: float = math.inf
     max_config_bytes: int = 64 * 1024
     conn: Connection | None = None
+    prepared: Prepared | None = None
+    """What the engine's ``prepare`` started: released once the engine is gone."""
     resumer: Connection | None = None
     """A resuming connection owed the terminal event of a session that ended detached."""
     timer: Entry | None = None
@@ -234,6 +278,8 @@ class SessionRunner:
         finally:
             self._returned = True
             self._engine_gone.set()
+            if self.prepared is not None:
+                self.prepared.release()
             if self.abandoned:  # the session ended without it long ago
                 self.owner.returned_late(self)
                 log.info(
@@ -741,6 +787,18 @@ def settle_audio(engine: Engine, config: dict[str, Any]) -> None:
 def _backpressure() -> ProtocolError:
     return ProtocolError(
         ErrorCode.INPUT_BACKPRESSURE, "the session's input queue is full; retry later"
+    )
+
+
+def engine_broke(where: str, exc: BaseException) -> ProtocolError:
+    """The engine failed before a session existed: no slot is held any more, and the
+    client is answered ``engine_error`` and closed 1011. The engine's fault: logged at
+    ERROR."""
+    log.error("engine failed in its %s; no session opened", where, exc_info=exc)
+    return ProtocolError(
+        ErrorCode.ENGINE_ERROR,
+        "the engine failed; no session was opened",
+        close_code=CloseCode.INTERNAL_ERROR,
     )
 
 

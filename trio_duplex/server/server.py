@@ -49,7 +49,7 @@ from ..core.frames import CloseCode
 from ..core.replay import Replay
 from ..core.session import Session, State
 from ..core.wire import LARGE, ConfigBudget, ProtocolError, decode, decode_steps, encode, is_seq
-from ..engines.api import Engine, EngineFactory
+from ..engines.api import Engine, EngineFactory, prepares
 from . import metrics
 from .auth import OPEN, Gate, Grant, KeyRing, Verifier
 from .connection import Connection
@@ -61,6 +61,7 @@ from .runner import (
     CheckFailed,
     SessionRunner,
     check_input,
+    engine_broke,
     only_trio_cancellation,
     settle_audio,
 )
@@ -588,7 +589,7 @@ class DuplexServer:
         try:
             check_input(engine, event)
         except CheckFailed as exc:
-            raise _engine_broke("check of the first message", exc.__cause__ or exc) from None
+            raise engine_broke("check of the first message", exc.__cause__ or exc) from None
         if kind == EventType.EVENT_ACK and event.get("server_event_seq") != 0:
             raise ProtocolError(
                 ErrorCode.INVALID_EVENT_ACK,
@@ -607,7 +608,7 @@ class DuplexServer:
         except BaseException as exc:  # KeyboardInterrupt, asyncio's CancelledError, ...
             if only_trio_cancellation(exc):
                 raise
-            raise _engine_broke("factory", exc) from None
+            raise engine_broke("factory", exc) from None
 
     async def _open(
         self,
@@ -633,7 +634,10 @@ class DuplexServer:
             if leased and node is not None:
                 node.release()
             raise
+        prepared = None
         try:
+            if prepares(engine):  # e.g. its upstream connected: else the open is refused
+                prepared = await sessions.prepare(engine)
             if node is not None and node.store_up:
                 # Found from any node before its client hears of it (a client that drops at
                 # once may resume elsewhere). With the store down it is resumable here only.
@@ -642,8 +646,12 @@ class DuplexServer:
             await conn.ws.send_message(encode(sessions.registry.created_event(session, token)))
         except BaseException:
             sessions.undelivered(session)
+            if prepared is not None:
+                prepared.release()
             raise
-        runner = sessions.start(session, engine, conn, opening_event=first is not None)
+        runner = sessions.start(
+            session, engine, conn, opening_event=first is not None, prepared=prepared
+        )
         if first is not None:
             runner.handle(conn, first, first_size)
         return runner
@@ -901,17 +909,6 @@ def _resume_only() -> ProtocolError:
         ErrorCode.UNAUTHORIZED,
         "this credential only resumes its own session",
         close_code=CloseCode.POLICY_VIOLATION,
-    )
-
-
-def _engine_broke(where: str, exc: BaseException) -> ProtocolError:
-    """The engine failed before a session existed: no slot was taken, and the client is
-    answered ``engine_error`` and closed 1011. The engine's fault: logged at ERROR."""
-    log.error("engine failed in its %s; no session opened", where, exc_info=exc)
-    return ProtocolError(
-        ErrorCode.ENGINE_ERROR,
-        "the engine failed; no session was opened",
-        close_code=CloseCode.INTERNAL_ERROR,
     )
 
 

@@ -35,7 +35,7 @@ from ..core.session import Commit, Registry, Session, State, Terminal, Usage
 from ..core.wire import ProtocolError, encode
 from ..engines.api import Engine
 from .connection import Connection
-from .runner import SessionRunner
+from .runner import Prepared, SessionRunner, engine_broke, hold_prepared, only_trio_cancellation
 from .timers import Timers
 
 SEND_TO_WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -79,6 +79,10 @@ class Totals:
 
 
 log = logging.getLogger("trio_duplex")
+
+PREPARE_TIMEOUT_S = 30.0
+"""The longest an engine's ``prepare`` may take (its client waits for ``session.created``
+meanwhile); then the open is refused, retryable."""
 
 
 class Observer:
@@ -214,8 +218,37 @@ class Sessions:
             extra={"session_id": session.id},
         )
 
+    async def prepare(self, engine: Engine) -> Prepared:
+        """Run ``engine.prepare`` (``Engine.prepare``) within ``PREPARE_TIMEOUT_S``, in a
+        nursery of the sessions nursery, and return the handle that keeps that nursery
+        (``start``'s or ``adopt``'s ``prepared``; else ``release`` it). ProtocolError:
+        the engine refused (with its own error), was not ready in time (retryable
+        ``resource_exhausted``), or broke (``engine_error``)."""
+        assert self._nursery is not None
+        try:
+            with trio.fail_after(PREPARE_TIMEOUT_S):
+                prepared: Prepared = await self._nursery.start(hold_prepared, engine)
+                return prepared
+        except (ProtocolError, trio.Cancelled):
+            raise
+        except trio.TooSlowError:
+            log.warning("an engine was not ready within %gs: open refused", PREPARE_TIMEOUT_S)
+            raise ProtocolError.not_ready(
+                f"the engine was not ready within {PREPARE_TIMEOUT_S:g} s"
+            ) from None
+        except BaseException as exc:
+            if only_trio_cancellation(exc):
+                raise
+            raise engine_broke("prepare", exc) from None
+
     def start(
-        self, session: Session, engine: Engine, conn: Connection, *, opening_event: bool = False
+        self,
+        session: Session,
+        engine: Engine,
+        conn: Connection,
+        *,
+        opening_event: bool = False,
+        prepared: Prepared | None = None,
     ) -> SessionRunner:
         """``session.created`` was delivered on ``conn``: run the session's engine.
         ``opening_event``: the message that opened it is handled next, as its input."""
@@ -224,6 +257,7 @@ class Sessions:
         # entry or the drain ends a session, and it has none of them yet.
         assert session.terminal is None, "a session ended before it started"
         runner = self._runner(session, engine)
+        runner.prepared = prepared
         runner.attach(conn, Commit(session.generation, None))
         self._start_runner(runner)
         self.totals.opened += 1
@@ -241,7 +275,9 @@ class Sessions:
         )
         return runner
 
-    def adopt(self, session: Session, engine: Engine) -> SessionRunner:
+    def adopt(
+        self, session: Session, engine: Engine, prepared: Prepared | None = None
+    ) -> SessionRunner:
         """Run a session restored from another node (core/migration.py): DETACHED, with
         no connection, its ``engine`` fresh from the factory and its state ``restore``d
         by the caller. Its grace runs as any detached session's; a ``session.resume``
@@ -249,6 +285,7 @@ class Sessions:
         (full, draining), or the session is already here."""
         self.registry.adopt(session)
         runner = self._runner(session, engine)
+        runner.prepared = prepared
         self._start_runner(runner)
         self.reschedule(runner)
         log.info(
