@@ -165,29 +165,34 @@ async def test_a_mid_session_update_goes_up_and_is_answered_by_both(
         }
 
 
-async def test_barge_in_cancels_and_truncates_to_the_audio_sent(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(("acked", "audio_end_ms"), [(0, 0), (1, 20), (2, 40), (3, 60)])
+async def test_barge_in_cancels_and_truncates_to_the_audio_delivered(
+    monkeypatch: pytest.MonkeyPatch, acked: int, audio_end_ms: int
 ) -> None:
+    # Was: truncated to the audio *sent* (60 ms here, whatever the client had received).
     upstream = FakeRealtime(api_key=KEY, frames=3, hold=True)
     async with rig(monkeypatch, upstream) as r, connect(r.url) as ws:
         await send(ws, {"type": "response.create"})
         got: list[Event] = []
         while sum(e["type"] == "response.output_audio.delta" for e in got) < 3:
             got.append(await receive(ws))
-        item = got[-1]["item_id"]
+        deltas = [e for e in got if e["type"] == "response.output_audio.delta"]
+        item = deltas[-1]["item_id"]
+        if acked:  # the client confirms the first ``acked`` deltas (20 ms each)
+            seq = deltas[acked - 1]["server_event_seq"]
+            await send(ws, {"type": "session.event_ack", "server_event_seq": seq})
         await send(ws, {"type": "response.cancel"})
         done = (await receive_until(ws, "response.done"))[-1]
         assert done["response"]["status"] == "cancelled"
         await r.upstream.wait_for(lambda: bool(r.upstream.truncations))
         types = [e["type"] for e in r.upstream.received[0]]
         assert types[-2:] == ["response.cancel", "conversation.item.truncate"]
-        # 3 frames of 20 ms were sent to the client
         assert r.upstream.truncations == [
             {
                 "type": "conversation.item.truncate",
                 "item_id": item,
                 "content_index": 0,
-                "audio_end_ms": 60,
+                "audio_end_ms": audio_end_ms,
             }
         ]
 

@@ -67,6 +67,7 @@ class AsyncioSession(EngineSession):
             audio=session.audio,
             principal=session.principal,
             attached=session._attached,
+            journal=session._journal,
             loop=loop,
         )
 

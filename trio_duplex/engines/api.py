@@ -43,6 +43,7 @@ from .._pace import Pace
 from ..audio import ENGINE_RATES, AudioConfig
 from ..core import events, flow
 from ..core.events import CONTROL_EVENTS, ErrorCode, EventType
+from ..core.journal import Journal
 from ..core.wire import ProtocolError
 
 Event = dict[str, Any]
@@ -360,6 +361,20 @@ class EngineSession:
     """Who opened the session: the name of its API key (``--api-key-file``), or None
     without authentication. Per-customer quotas and logging read it."""
     _attached: Callable[[], Awaitable[None]] | None = attrs.field(default=None, kw_only=True)
+    _journal: Journal | None = attrs.field(default=None, kw_only=True)
+    """The session's journal, which ``sent_seq`` and ``delivered_seq`` read."""
+
+    def sent_seq(self) -> int:
+        """The ``server_event_seq`` of the newest event sequenced in the session (0:
+        none): right after a ``send`` returns, that event's (its last frame's)."""
+        return 0 if self._journal is None else self._journal.head
+
+    def delivered_seq(self) -> int:
+        """The highest ``server_event_seq`` the client has confirmed it received (its
+        ``session.event_ack``, or a resume's ``last_received_server_event_seq``): every
+        event up to it reached the client. What was sent but not yet confirmed may still
+        be in the network, in a buffer, or lost with a connection (then replayed)."""
+        return 0 if self._journal is None else self._journal.acked_through
 
     async def wait_attached(self) -> None:
         """Return once a client is attached to the session (at once if one is). An engine

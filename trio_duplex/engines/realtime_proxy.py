@@ -35,8 +35,9 @@ Decisions (docs/engines.md, "The realtime proxy", says the same for users):
   (OpenAI) or ``audio`` (trio-duplex's own server as the upstream): either is read.
 - Barge-in: the client's ``response.cancel`` goes up, followed by
   ``conversation.item.truncate {item_id, content_index, audio_end_ms}`` for the item
-  whose audio was playing, ``audio_end_ms`` being the audio of that item the engine
-  has sent to the client (sequenced: journaled, so delivered or replayed on resume).
+  whose audio was playing, ``audio_end_ms`` being the audio of that item delivered to
+  the client: up to the newest of its deltas whose seq the client has confirmed
+  (``EngineSession.delivered_seq``: its acks, or its resume).
 - No migration (no ``snapshot``): an upstream WebSocket cannot move to another node.
 """
 
@@ -45,6 +46,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -67,6 +69,9 @@ PING_INTERVAL_S: Final = 20.0
 """Keepalive: a ping every 20 s; no pong within 20 s and the upstream is lost."""
 MAX_UPSTREAM_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 RATE: Final = 24_000
+MAX_MARKS: Final = 4096
+"""Unconfirmed audio deltas of the playing item remembered for a truncate (80 s of 20 ms
+deltas)."""
 _BYTES_PER_MS: Final = RATE * 2 // 1000
 _RENAMED: Final = {str(kind): f"upstream.{kind}" for kind in (*CONTROL_EVENTS, EventType.UPDATED)}
 """Upstream event types that are our protocol's own (``session.created``, ``error``, and,
@@ -142,9 +147,14 @@ class RealtimeProxyEngine(Engine):
         self.config = dict(config or {})
         self._ws: ClientConnection | None = None  # connected by prepare
         self._lost: str | None = None  # why the upstream is gone
-        # The item whose audio is playing: (item_id, content_index), and its bytes sent.
+        # The item whose audio is playing, (item_id, content_index); its audio bytes
+        # sent, and confirmed by the client; (seq, bytes sent through it) of each of its
+        # deltas the client has not confirmed yet (the oldest forgotten past MAX_MARKS:
+        # a truncate then errs early, never late).
         self._playing: tuple[str, int] | None = None
-        self._played = 0
+        self._sent = 0
+        self._delivered = 0
+        self._marks: deque[tuple[int, int]] = deque(maxlen=MAX_MARKS)
 
     async def prepare(self, nursery: trio.Nursery) -> None:
         """Connect the upstream before the client hears ``session.created``: an upstream
@@ -219,7 +229,7 @@ class RealtimeProxyEngine(Engine):
                 event.pop("client_event_seq", None)
                 await ws.send(_json(event), text=True)
                 if kind == _CANCEL and self._playing is not None:
-                    await ws.send(_json(self._truncate()), text=True)
+                    await ws.send(_json(self._truncate(session)), text=True)
         except (OSError, WebSocketException) as exc:
             self._lose(f"upstream connection failed: {_describe(exc)}", lost)
 
@@ -245,8 +255,12 @@ class RealtimeProxyEngine(Engine):
                         event.get("audio", "") if delta is None else delta, validate=True
                     )
                     event["audio"] = audio
-                    self._track(event, len(audio))
-                elif kind in _RENAMED:
+                    event.pop("server_event_seq", None)
+                    item = (event.get("item_id"), event.get("content_index", 0))
+                    await session.send(event)
+                    self._track(item, len(audio), session)
+                    continue
+                if kind in _RENAMED:
                     event["type"] = _RENAMED[kind]
                 event.pop("server_event_seq", None)
                 await session.send(event)
@@ -262,22 +276,33 @@ class RealtimeProxyEngine(Engine):
             self._lost = why
         scope.cancel()
 
-    def _track(self, delta: Event, size: int) -> None:
-        item = (delta.get("item_id"), delta.get("content_index", 0))
+    def _track(self, item: tuple[Any, Any], size: int, session: EngineSession) -> None:
+        """An audio delta of ``item`` was sequenced (``session.sent_seq()`` is its seq)."""
         if not isinstance(item[0], str) or type(item[1]) is not int:
             return
         if item != self._playing:
-            self._playing, self._played = item, 0  # type: ignore[assignment]
-        self._played += size
+            self._playing, self._sent, self._delivered = item, 0, 0
+            self._marks.clear()
+        self._sent += size
+        self._marks.append((session.sent_seq(), self._sent))
+        self._confirm(session.delivered_seq())
 
-    def _truncate(self) -> Event:
+    def _confirm(self, delivered_seq: int) -> None:
+        """The playing item's audio up to the client's confirmed seq is delivered."""
+        marks = self._marks
+        while marks and marks[0][0] <= delivered_seq:
+            self._delivered = marks.popleft()[1]
+
+    def _truncate(self, session: EngineSession) -> Event:
         assert self._playing is not None
+        self._confirm(session.delivered_seq())
         (item_id, index), self._playing = self._playing, None
+        self._marks.clear()
         return {
             "type": "conversation.item.truncate",
             "item_id": item_id,
             "content_index": index,
-            "audio_end_ms": self._played // _BYTES_PER_MS,
+            "audio_end_ms": self._delivered // _BYTES_PER_MS,
         }
 
     @staticmethod

@@ -301,6 +301,7 @@ class SessionRunner:
             audio=self.audio,
             principal=session.principal,
             attached=self._wait_attached,
+            journal=session.journal,
         )
         try:
             await run_engine(self.engine, handle)
