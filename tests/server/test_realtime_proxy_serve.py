@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import ClientConnection, connect
 
 from trio_duplex.engines.realtime_proxy import API_KEY_ENV
@@ -82,6 +83,38 @@ async def test_a_turn_and_the_upstream_lost_through_serve(
                 assert closed["reason"] == "upstream_lost"
             nursery.cancel_scope.cancel()
     assert KEY not in server.log  # the key is never logged
+
+
+async def test_an_upstream_out_of_capacity_refuses_the_open_through_serve(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upstream = FakeRealtime(api_key=KEY, refuse_status=503)
+    monkeypatch.setenv(API_KEY_ENV, KEY)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(upstream.run)
+            server = servers.start(
+                "--engine", "realtime-proxy", "--upstream", f"ws://127.0.0.1:{port}/v1/realtime"
+            )
+            async with connect(server.url) as ws:
+                await send(ws, {"type": "response.create"})
+                refused = json.loads(await ws.recv())
+                with pytest.raises(ConnectionClosed) as closed:
+                    await ws.recv()
+            assert (refused["type"], refused["code"], refused["retryable"]) == (
+                "error",
+                "resource_exhausted",
+                True,
+            )
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+            upstream.refuse_status = None  # capacity again: the same client gets in
+            async with connect(server.url) as ws:
+                await send(ws, {"type": "response.create"})
+                got = await receive_until(ws, "response.done")
+                assert got[0]["type"] == "session.created"
+            nursery.cancel_scope.cancel()
+    assert "the upstream refused a session: HTTP 503" in server.log
+    assert "Traceback" not in server.log
 
 
 def test_the_proxy_in_front_of_trio_duplex_serve_itself(servers: Servers) -> None:
