@@ -26,7 +26,11 @@ export function startServer(args, timeoutMs = 20000) {
   const proc = spawn(python, ["-m", "trio_duplex", "serve", "--port", "0", ...args], {
     stdio: ["ignore", "ignore", "pipe"],
   });
-  after(() => proc.kill());
+  // Stopped when this test process exits; unreferenced, so that it does not keep the
+  // process alive (node:test's after() inside a before() hook would stop it at once).
+  process.on("exit", () => proc.kill());
+  proc.unref();
+  proc.stderr.unref();
   let log = "";
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`no ready line within ${timeoutMs} ms:\n${log}`)), timeoutMs);
