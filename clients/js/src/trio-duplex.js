@@ -269,7 +269,9 @@ function limitsFrom(/** @type {any} */ value) {
 
 /** The client half of the protocol: sequence numbers both ways, the unconfirmed outbox
  * (the resend buffer), deduplication, and the ack and heartbeat policies. No I/O, no
- * clock: `now` (ms) comes in, frames (string or Uint8Array) come out of nextFrame. */
+ * clock: `now` (ms) comes in, frames (string or Uint8Array) come out of nextFrame.
+ * Exported as SessionCore for tests and diagnostics (as trio_duplex.client exports its
+ * SessionState); applications use connect(). */
 class Core {
   /**
    * @param {Record<string, any>} config
@@ -1502,3 +1504,4 @@ export async function connect(url, options = {}) {
   if (refused !== null) throw refused;
   return session;
 }
+export { Core as SessionCore };
