@@ -38,8 +38,10 @@ const T = Object.freeze({
 });
 
 /** Client events a client library sends itself (never on the application's behalf). */
+/** @type {Set<string>} */
 const MANAGED_EVENTS = new Set([T.RESUME, T.HEARTBEAT, T.EVENT_ACK, T.CLOSE]);
 /** The events that end a session: exactly one per session, and nothing after it. */
+/** @type {Set<string>} */
 const TERMINAL_EVENTS = new Set([T.CLOSED, T.EXPIRED]);
 const RESUME_REFUSALS = new Set([
   "session_resume_expired",
@@ -752,10 +754,13 @@ const NEXT = {
   [S.ENDED]: [],
   [S.FAILED]: [],
 };
+/** @type {Set<string>} */
 const OVER = new Set([S.ENDED, S.FAILED]);
 /** The supervisor connects no more. */
+/** @type {Set<string>} */
 const STOPPING = new Set([S.DETACHING, S.ENDED, S.FAILED]);
 /** send and confirm reject. */
+/** @type {Set<string>} */
 const UNUSABLE = new Set([S.CLOSING, S.DETACHING, S.ENDED, S.FAILED]);
 
 const now = () => performance.now();
@@ -861,6 +866,7 @@ export class Session extends EventTarget {
   #urls;
   #random;
   #WebSocket;
+  /** @type {string} */
   #status = S.CONNECTING;
   #public = "connecting";
   #attempting = false;
