@@ -151,7 +151,6 @@ class AttemptFailed extends Error {
 
 // -- wire helpers -----------------------------------------------------------------------
 
-const encoder = new TextEncoder();
 
 /** @param {string} text */
 function utf8Len(text) {
