@@ -12,7 +12,6 @@ TypeScript when it is missing).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -20,27 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Servers
+from tests.helpers import JS_CLIENT as CLIENT
+from tests.helpers import Servers, node_executable, run_node_tests
 
-CLIENT = Path(__file__).resolve().parents[2] / "clients" / "js"
 API_KEY = "js-test-key-0123456789"
 MAX_EVENT_BYTES = 100_000  # as clients/js/test/helpers.js expects
 
 pytestmark = pytest.mark.integration
 
 
-def _node() -> str:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed (.ci/run installs it)")
-    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True)
-    major = int(re.match(r"v(\d+)", version.stdout).group(1))  # type: ignore[union-attr]
-    assert major >= 20, f"the JS client's tests need Node >= 20, found {version.stdout.strip()}"
-    return node
-
-
 def test_node_client_against_serve(servers: Servers, tmp_path: Path) -> None:
-    node = _node()
+    node = node_executable()
     keys = tmp_path / "keys"
     keys.write_text(f"js-tests:{API_KEY}\n")
     echo, auth = servers.start_many(
@@ -56,20 +45,8 @@ def test_node_client_against_serve(servers: Servers, tmp_path: Path) -> None:
     }
     files = sorted(str(path) for path in (CLIENT / "test").glob("*.test.js"))
     assert files, "no JS test files"
-    run = subprocess.run(
-        [node, "--experimental-websocket", "--test", "--test-timeout=60000", *files],
-        cwd=CLIENT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, f"node --test failed ({run.returncode}):\n{output}"
-    # node's closing lines: every test passed, and there were tests.
-    passed = re.search(r"^# pass (\d+)$", output, re.MULTILINE)
-    assert passed is not None and int(passed.group(1)) >= 20, output
-    assert re.search(r"^# fail 0$", output, re.MULTILINE), output
+    passed, _ = run_node_tests(node, files, env)
+    assert passed >= 20, f"only {passed} JS tests passed"
 
 
 def test_typescript_checks_the_module_and_its_types() -> None:
