@@ -12,17 +12,21 @@ a free port, waits for its ``serving ws://...`` line on stderr, and always stops
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import trio
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
@@ -298,3 +302,41 @@ def state_of(sim: Simulation, session_id: str) -> str | None:
     """The session's state (``"attached"``, ...), or None once its slot is free."""
     session = sim.session(session_id)
     return None if session is None else session.state.value
+
+
+# -- the JavaScript client's tests (clients/js) under Node ---------------------------------
+
+JS_CLIENT = Path(__file__).resolve().parents[1] / "clients" / "js"
+
+
+def node_executable() -> str:
+    """Node (>= 20: its WebSocket); skips the test if there is none (.ci/run installs it)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (.ci/run installs it)")
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True)
+    match = re.match(r"v(\d+)", version.stdout)
+    assert match is not None and int(match.group(1)) >= 20, (
+        f"the JS client's tests need Node >= 20, found {version.stdout.strip()}"
+    )
+    return node
+
+
+def run_node_tests(node: str, files: Sequence[str], env: Mapping[str, str]) -> tuple[int, str]:
+    """Run ``files`` with Node's test runner (its WebSocket enabled), in clients/js;
+    fails the test with node's output unless every test passed. Returns how many did,
+    and the output."""
+    run = subprocess.run(
+        [node, "--experimental-websocket", "--test", "--test-timeout=60000", *files],
+        cwd=JS_CLIENT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, f"node --test failed ({run.returncode}):\n{output}"
+    passed = re.search(r"^# pass (\d+)$", output, re.MULTILINE)
+    assert passed is not None, output
+    assert re.search(r"^# fail 0$", output, re.MULTILINE), output
+    return int(passed.group(1)), output
