@@ -55,9 +55,9 @@ def request(port: int, head: str) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split(" ")[1]), headers, body
 
 
-def get(port: int, path: str, host: str | None = None, method: str = "GET") -> tuple[
-    int, dict[str, str], bytes
-]:
+def get(
+    port: int, path: str, host: str | None = None, method: str = "GET"
+) -> tuple[int, dict[str, str], bytes]:
     host = f"127.0.0.1:{port}" if host is None else host
     return request(port, f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n\r\n")
 
@@ -210,7 +210,7 @@ def test_the_policy_names_the_pages_websocket_origin() -> None:
 def test_without_demo_nothing_is_served(serve: Serve) -> None:
     server = serve("--engine", "voice")
     for path in ("/", "/demo/demo.js", "/demo/trio-duplex.js"):
-        status, headers, body = get(server.port, path)
+        status, headers, _ = get(server.port, path)
         assert status == 400, path  # as any path that is not the endpoint's, unchanged
         assert "content-security-policy" not in headers
     assert get(server.port, "/demo/demo.js", method="HEAD")[0] == 400

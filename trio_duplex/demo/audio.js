@@ -4,6 +4,7 @@
 export const CHUNK_MS = 20; // the microphone's chunk: one binary message per 20 ms
 export const JITTER_TARGET_MS = 80; // buffered before playback starts (and after an underrun)
 export const JITTER_MAX_MS = 2000; // the jitter buffer's bound; beyond, the oldest is dropped
+const PENDING_MAX = JITTER_MAX_MS / CHUNK_MS; // messages kept while the worklet loads
 
 export class AudioIO {
   /** @param {{inputRate: number, outputRate: number, onReport: (r: object) => void}} options */
@@ -15,6 +16,7 @@ export class AudioIO {
     this.playback = null;
     this.mic = null; // {stream, source, node}
     this.starting = null;
+    this.pending = []; // messages for the playback worklet before it exists (bounded)
   }
 
   /** Create the context and load the worklets, once; resume a suspended context (a
@@ -42,21 +44,33 @@ export class AudioIO {
     playback.connect(context.destination);
     this.context = context;
     this.playback = playback;
+    for (const [message, transfer] of this.pending.splice(0)) {
+      playback.port.postMessage(message, transfer);
+    }
   }
 
   /** Queue PCM16 samples (an ArrayBuffer, given away) for playback. */
   play(pcm) {
-    if (this.playback) this.playback.port.postMessage({ type: "audio", pcm }, [pcm]);
+    this._post({ type: "audio", pcm }, [pcm]);
   }
 
   /** Stop playback at once: empty the jitter buffer. */
   flush() {
-    if (this.playback) this.playback.port.postMessage({ type: "flush" });
+    this.pending.length = 0;
+    this._post({ type: "flush" });
   }
 
   /** The response is over: play what is left, even below the target. */
   drain() {
-    if (this.playback) this.playback.port.postMessage({ type: "drain" });
+    this._post({ type: "drain" });
+  }
+
+  _post(message, transfer = []) {
+    if (this.playback) {
+      this.playback.port.postMessage(message, transfer);
+    } else if (message.type !== "flush" && this.pending.length < PENDING_MAX) {
+      this.pending.push([message, transfer]); // until the worklet is loaded
+    }
   }
 
   /** Capture the microphone; `onChunk({pcm, level})` gets every 20 ms chunk. */
@@ -64,16 +78,28 @@ export class AudioIO {
     await this.start();
     if (this.mic) return;
     const stream = await navigator.mediaDevices.getUserMedia({
-      audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
+      // Echo cancellation keeps the engine's own voice from the speakers out of the mic
+      // (it would barge in on itself); no noise suppression or gain control, so that
+      // the level the barge-in threshold is compared with is the microphone's own.
+      audio: {
+        channelCount: 1,
+        echoCancellation: true,
+        noiseSuppression: false,
+        autoGainControl: false,
+      },
     });
     const source = this.context.createMediaStreamSource(stream);
     const node = new AudioWorkletNode(this.context, "trio-duplex-mic", {
-      numberOfOutputs: 0,
+      numberOfOutputs: 1,
+      outputChannelCount: [1],
       processorOptions: { targetRate: this.inputRate, chunkMs: CHUNK_MS },
     });
     node.port.onmessage = (message) => onChunk(message.data);
-    source.connect(node);
-    this.mic = { stream, source, node };
+    // Connected to the output through a muted gain: a browser renders only what the
+    // destination pulls (a node without outputs is not pulled everywhere).
+    const mute = new GainNode(this.context, { gain: 0 });
+    source.connect(node).connect(mute).connect(this.context.destination);
+    this.mic = { stream, source, node, mute };
   }
 
   stopMic() {
@@ -81,6 +107,7 @@ export class AudioIO {
     if (!mic) return;
     this.mic = null;
     mic.source.disconnect();
+    mic.mute.disconnect();
     mic.node.port.onmessage = null;
     for (const track of mic.stream.getTracks()) track.stop();
   }

@@ -28,6 +28,10 @@ const seen = {
   reports: 0,
   micChunks: 0,
   lastLevel: 0,
+  maxLevel: 0,
+  closed: null, // the terminal event (session.closed / session.expired), with its usage
+  states: [], // the session's states, in order (the last 1000)
+  cspViolations: [], // what the Content-Security-Policy refused (none, if the page is right)
   responses: { created: 0, done: 0, cancelled: 0 },
 };
 window.demo = seen;
@@ -141,6 +145,7 @@ function handle(event) {
   } else if (type === "error") {
     detail = `${event.code}: ${event.message}`;
   } else if (type === "session.closed" || type === "session.expired") {
+    seen.closed = event;
     detail = event.reason ?? "";
   }
   row(seq, "in", type, detail, false);
@@ -166,10 +171,11 @@ function bargeIn(why) {
 function onMicChunk({ pcm, level }) {
   seen.micChunks += 1;
   seen.lastLevel = level;
+  seen.maxLevel = Math.max(seen.maxLevel, level);
   const threshold = Number($("threshold").value);
   loud = level >= threshold ? loud + 1 : 0;
   if (loud === LOUD_CHUNKS && speaking !== null && !cancelling) bargeIn("voice");
-  if (session && session.state !== "closed" && session.state !== "failed") {
+  if (session && !["closing", "closed", "failed"].includes(session.state)) {
     session
       .sendAudio(pcm)
       .then((seq) => row(seq, "out", "input_audio_buffer.append", `${CHUNK_MS} ms`, true))
@@ -194,6 +200,10 @@ function onChange(change) {
             ? `attempt ${change.attempt} in ${Math.round(change.delayMs)} ms`
             : "";
   if (change.kind === "attached") setText("session-id", change.sessionId);
+  if (seen.states[seen.states.length - 1] !== change.state) {
+    seen.states.push(change.state);
+    if (seen.states.length > 1000) seen.states.shift();
+  }
   setText("state", change.state);
   $("state").dataset.state = change.state;
   row(null, "in", `[${change.kind}]`, detail, false);
@@ -217,6 +227,9 @@ async function main() {
   render();
 }
 
+document.addEventListener("securitypolicyviolation", (e) => {
+  if (seen.cspViolations.length < 100) seen.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`);
+});
 $("text-form").addEventListener("submit", (e) => {
   e.preventDefault();
   const text = $("text").value.trim();

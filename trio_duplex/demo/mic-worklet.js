@@ -8,7 +8,8 @@ class MicProcessor extends AudioWorkletProcessor {
     super();
     const { targetRate, chunkMs } = options.processorOptions;
     this.step = sampleRate / targetRate; // input samples per output sample
-    this.chunk = new Int16Array(Math.round((targetRate * chunkMs) / 1000));
+    this.size = Math.round((targetRate * chunkMs) / 1000);
+    this.chunk = new Int16Array(this.size);
     this.filled = 0;
     this.sum = 0;
     this.count = 0;
@@ -40,11 +41,11 @@ class MicProcessor extends AudioWorkletProcessor {
     const clamped = Math.max(-1, Math.min(1, value));
     this.energy += clamped * clamped;
     this.chunk[this.filled++] = clamped < 0 ? clamped * 0x8000 : clamped * 0x7fff;
-    if (this.filled === this.chunk.length) {
-      const level = Math.sqrt(this.energy / this.chunk.length);
+    if (this.filled === this.size) {
+      const level = Math.sqrt(this.energy / this.size);
       const pcm = this.chunk.buffer;
-      this.port.postMessage({ pcm, level }, [pcm]);
-      this.chunk = new Int16Array(this.chunk.length);
+      this.port.postMessage({ pcm, level }, [pcm]); // given away: the chunk is detached
+      this.chunk = new Int16Array(this.size);
       this.filled = 0;
       this.energy = 0;
     }

@@ -632,9 +632,10 @@ async def accept_websocket(
     request = events[0]
     assert isinstance(request, Request)
     url = urlsplit(request.path)
-    if endpoints is not None and (
-        answer := endpoints.answer(url.path, request.headers.get("Host"))
-    ) is not None:
+    if (
+        endpoints is not None
+        and (answer := endpoints.answer(url.path, request.headers.get("Host"))) is not None
+    ):
         await stream.send_all(answer)
         return None
     grant = OPEN
