@@ -189,7 +189,7 @@ def stopped_at_once(demo: Demo) -> None:
     seen = demo.seen()
     demo.until("(d, reports) => d.reports >= reports + 5", seen["reports"])
     later = demo.seen()
-    assert later["played"] == seen["played"]
+    assert later["played"] == seen["played"] == seen["playedAtFlush"] > 0
     assert later["responses"]["done"] == 0
     assert demo.number("buffered-ms") == 0
     assert demo.number("audio-played-ms") < audio_ms(LONG)

@@ -25,6 +25,7 @@ const seen = {
   buffered: 0,
   underruns: 0,
   flushes: 0,
+  playedAtFlush: 0, // what had been played when the last flush emptied the buffer
   reports: 0,
   micChunks: 0,
   lastLevel: 0,
@@ -50,6 +51,7 @@ const audio = new AudioIO({
     seen.buffered = report.buffered;
     seen.underruns = report.underruns;
     seen.flushes = report.flushes;
+    seen.playedAtFlush = report.playedAtFlush;
     seen.reports = report.reports;
     render();
   },

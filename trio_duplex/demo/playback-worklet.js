@@ -23,6 +23,7 @@ class PlaybackProcessor extends AudioWorkletProcessor {
     this.underruns = 0;
     this.overflows = 0;
     this.flushes = 0;
+    this.playedAtFlush = 0;
     this.reports = 0;
     this.sinceReport = 0;
     this.reportEvery = Math.round((sampleRate * 0.05) / 128);
@@ -38,6 +39,7 @@ class PlaybackProcessor extends AudioWorkletProcessor {
       this.playing = false;
       this.draining = false;
       this.flushes += 1;
+      this.playedAtFlush = this.played; // nothing more may play until new audio comes
       this.report();
     } else if (data.type === "drain") {
       this.draining = true;
@@ -105,6 +107,7 @@ class PlaybackProcessor extends AudioWorkletProcessor {
       underruns: this.underruns,
       overflows: this.overflows,
       flushes: this.flushes,
+      playedAtFlush: this.playedAtFlush,
       reports: this.reports,
     });
   }
