@@ -213,5 +213,5 @@ def test_speaking_into_the_microphone_barges_in(demo: Demo) -> None:
     assert demo.number("barge-ins") == 1
     rows = demo.page.get_by_test_id("timeline").locator("tr")
     cells = rows.filter(has_text="barge-in").locator("td")
-    expect(cells).to_have_text(["", "→ out", "barge-in", "voice"])
+    expect(cells).to_have_text(["", "• page", "barge-in", "voice"])
     demo.page.get_by_role("button", name="Microphone on").click()

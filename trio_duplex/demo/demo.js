@@ -88,12 +88,17 @@ function render() {
   $("mic-level").value = seen.lastLevel;
 }
 
+// in: a server event; out: a client event; local: what the client or the page did.
+const ARROWS = { in: "← in", out: "→ out", local: "• page" };
+
 function row(seq, direction, type, detail, isAudio) {
   if (isAudio && !showAudio) return;
   const body = $("timeline");
   const tr = document.createElement("tr");
-  tr.className = direction === "in" ? "in" : "out";
-  for (const text of [seq ?? "", direction === "in" ? "← in" : "→ out", type, detail ?? ""]) {
+  tr.className = direction;
+  // Server seqs as they are; client seqs (their own numbering) with a "c".
+  const number = seq == null ? "" : direction === "out" ? `c${seq}` : String(seq);
+  for (const text of [number, ARROWS[direction], type, detail ?? ""]) {
     const td = document.createElement("td");
     td.textContent = String(text);
     tr.append(td);
@@ -166,7 +171,7 @@ function bargeIn(why) {
     cancelling = true;
     send({ type: "response.cancel" }).catch(failed);
   }
-  row(null, "out", "barge-in", why, false);
+  row(null, "local", "barge-in", why, false);
   render();
 }
 
@@ -186,7 +191,7 @@ function onMicChunk({ pcm, level }) {
 }
 
 function failed(error) {
-  row(null, "in", "client error", String(error && error.message ? error.message : error), false);
+  row(null, "local", "client error", String(error && error.message ? error.message : error), false);
   render();
 }
 
@@ -208,7 +213,7 @@ function onChange(change) {
   }
   setText("state", change.state);
   $("state").dataset.state = change.state;
-  row(null, "in", `[${change.kind}]`, detail, false);
+  row(null, "local", `[${change.kind}]`, detail, false);
   render();
 }
 
