@@ -11,6 +11,7 @@ is on a page or server condition with a deadline, never a sleep.
 
 from __future__ import annotations
 
+import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trio_duplex.engines.voice import frame_count
 
-from ..helpers import ServerProcess
+from ..helpers import Serve, ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -215,3 +216,19 @@ def test_speaking_into_the_microphone_barges_in(demo: Demo) -> None:
     cells = rows.filter(has_text="barge-in").locator("td")
     expect(cells).to_have_text(["", "• page", "barge-in", "voice"])
     demo.page.get_by_role("button", name="Microphone on").click()
+
+
+def test_the_page_is_the_origin_allow_origin_names(browser: Browser, serve: Serve) -> None:
+    # Same-origin: the page's Origin header is its own, which --allow-origin may name.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    origin = f"http://127.0.0.1:{port}"
+    server = serve("--engine", "voice", "--demo", "--port", str(port), "--allow-origin", origin)
+    context = browser.new_context()
+    try:
+        demo = Demo(context.new_page(), server)
+        demo.open()
+        demo.check_clean()
+    finally:
+        context.close()

@@ -9,6 +9,7 @@ const RATE = 24000; // pcm16 both ways at the voice engine's own rate: no resamp
 const BYTES_PER_MS = (RATE * 2) / 1000;
 const TIMELINE_ROWS = 200; // the timeline keeps the last rows only
 const SEQS_KEPT = 100000; // seqs kept for the check below (and for tests), at most
+const MIC_WAITING_MAX = 50; // 1 s of microphone chunks waiting for room, at most
 const LOUD_CHUNKS = 2; // the level must pass the threshold this many chunks in a row (40 ms)
 
 const $ = (id) => document.getElementById(id);
@@ -28,6 +29,7 @@ const seen = {
   playedAtFlush: 0, // what had been played when the last flush emptied the buffer
   reports: 0,
   micChunks: 0,
+  micDropped: 0, // chunks dropped: the client had no room for a second of them
   lastLevel: 0,
   maxLevel: 0,
   closed: null, // the terminal event (session.closed / session.expired), with its usage
@@ -41,6 +43,7 @@ let session = null;
 let speaking = null; // the response being received: its id, from created to done/cancelled
 let cancelling = false; // a barge-in was sent: drop audio until response.cancelled
 let loud = 0;
+let micWaiting = 0; // sendAudio calls not resolved yet
 let showAudio = false;
 
 const audio = new AudioIO({
@@ -182,12 +185,21 @@ function onMicChunk({ pcm, level }) {
   const threshold = Number($("threshold").value);
   loud = level >= threshold ? loud + 1 : 0;
   if (loud === LOUD_CHUNKS && speaking !== null && !cancelling) bargeIn("voice");
-  if (session && !["closing", "closed", "failed"].includes(session.state)) {
-    session
-      .sendAudio(pcm)
-      .then((seq) => row(seq, "out", "input_audio_buffer.append", `${CHUNK_MS} ms`, true))
-      .catch(failed);
+  if (!session || ["closing", "closed", "failed"].includes(session.state)) return;
+  // sendAudio resolves once the client has room (its resend buffer holds ~20 s of this
+  // audio while detached); past that, live audio is dropped rather than piled up.
+  if (micWaiting >= MIC_WAITING_MAX) {
+    seen.micDropped += 1;
+    return;
   }
+  micWaiting += 1;
+  session
+    .sendAudio(pcm)
+    .then((seq) => row(seq, "out", "input_audio_buffer.append", `${CHUNK_MS} ms`, true))
+    .catch(failed)
+    .finally(() => {
+      micWaiting -= 1;
+    });
 }
 
 function failed(error) {
