@@ -801,7 +801,9 @@ class Link {
       const why = code === 1006 ? "connection lost" : `closed by the server: ${code}${event.reason ? ` ${event.reason}` : ""}`;
       this.end(why, code === 1006 ? null : code, false);
     };
-    ws.onerror = () => {}; // a close event follows
+    // Node 20's WebSocket reports a refused connection by an error alone, with no close
+    // event: an error ends the connection too (a close event that follows changes nothing).
+    ws.onerror = () => this.end(this.opened ? "connection lost" : "the WebSocket handshake failed");
   }
 
   /** The end of this connection: the first call counts. The socket is closed (a close
