@@ -287,4 +287,5 @@ $("show-audio").addEventListener("change", () => {
   showAudio = $("show-audio").checked;
 });
 
+$("timeline-limit").textContent = String(TIMELINE_ROWS);
 main().catch(failed);
