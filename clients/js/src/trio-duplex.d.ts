@@ -286,3 +286,37 @@ export declare class EventTooLarge extends ClientError {
   readonly size: number;
   readonly limit: number;
 }
+
+// -- the state machine, for tests and diagnostics ---------------------------------------
+
+/** The client side of the protocol with no I/O and no clock (as trio_duplex.client's
+ * SessionState): time comes in as `now` (ms), server events go into `onEvent`, frames
+ * come out of `nextFrame`. Applications use `connect`; its members may change. */
+export declare class SessionCore {
+  constructor(
+    config: Record<string, unknown>,
+    acks: Required<AckOptions>,
+    heartbeat: Required<HeartbeatOptions>,
+    resume: ResumeState | null,
+  );
+  readonly sessionId: string | null;
+  readonly resumeToken: string | null;
+  readonly generation: number;
+  readonly limits: Limits;
+  readonly lastReceivedSeq: number;
+  readonly confirmedSeq: number;
+  readonly rewinds: number;
+  readonly outbox: ReadonlyArray<{ seq: number; frame: string | Uint8Array; size: number }>;
+  openingFrame(): string;
+  onHandshake(
+    event: DuplexEvent,
+    now: number,
+  ): { sessionId: string; generation: number; resumed: boolean; resent: number };
+  enqueue(event: DuplexEvent): number;
+  requestConfirm(): number;
+  nextFrame(now: number): string | Uint8Array | null;
+  nextDeadline(): number;
+  heartbeatOverdue(now: number): boolean;
+  hasRoom(maxEvents: number, maxBytes: number): boolean;
+  onEvent(event: DuplexEvent, size: number, now: number): "deliver" | "duplicate" | "internal" | "end" | "replaced";
+}

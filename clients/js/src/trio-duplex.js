@@ -38,8 +38,10 @@ const T = Object.freeze({
 });
 
 /** Client events a client library sends itself (never on the application's behalf). */
+/** @type {Set<string>} */
 const MANAGED_EVENTS = new Set([T.RESUME, T.HEARTBEAT, T.EVENT_ACK, T.CLOSE]);
 /** The events that end a session: exactly one per session, and nothing after it. */
+/** @type {Set<string>} */
 const TERMINAL_EVENTS = new Set([T.CLOSED, T.EXPIRED]);
 const RESUME_REFUSALS = new Set([
   "session_resume_expired",
@@ -149,7 +151,6 @@ class AttemptFailed extends Error {
 
 // -- wire helpers -----------------------------------------------------------------------
 
-const encoder = new TextEncoder();
 
 /** @param {string} text */
 function utf8Len(text) {
@@ -269,7 +270,9 @@ function limitsFrom(/** @type {any} */ value) {
 
 /** The client half of the protocol: sequence numbers both ways, the unconfirmed outbox
  * (the resend buffer), deduplication, and the ack and heartbeat policies. No I/O, no
- * clock: `now` (ms) comes in, frames (string or Uint8Array) come out of nextFrame. */
+ * clock: `now` (ms) comes in, frames (string or Uint8Array) come out of nextFrame.
+ * Exported as SessionCore for tests and diagnostics (as trio_duplex.client exports its
+ * SessionState); applications use connect(). */
 class Core {
   /**
    * @param {Record<string, any>} config
@@ -750,10 +753,13 @@ const NEXT = {
   [S.ENDED]: [],
   [S.FAILED]: [],
 };
+/** @type {Set<string>} */
 const OVER = new Set([S.ENDED, S.FAILED]);
 /** The supervisor connects no more. */
+/** @type {Set<string>} */
 const STOPPING = new Set([S.DETACHING, S.ENDED, S.FAILED]);
 /** send and confirm reject. */
+/** @type {Set<string>} */
 const UNUSABLE = new Set([S.CLOSING, S.DETACHING, S.ENDED, S.FAILED]);
 
 const now = () => performance.now();
@@ -859,6 +865,7 @@ export class Session extends EventTarget {
   #urls;
   #random;
   #WebSocket;
+  /** @type {string} */
   #status = S.CONNECTING;
   #public = "connecting";
   #attempting = false;
@@ -1502,3 +1509,4 @@ export async function connect(url, options = {}) {
   if (refused !== null) throw refused;
   return session;
 }
+export { Core as SessionCore };

@@ -15,8 +15,7 @@ import {
   audioBytes,
   connect,
 } from "../src/trio-duplex.js";
-import { until } from "./helpers.js";
-import { echoUrl } from "./helpers.js";
+import { echoUrl, startServer, until } from "./helpers.js";
 
 let URL_;
 before(async () => {
@@ -286,4 +285,22 @@ test("an event over the server's max_event_bytes: EventTooLarge, nothing queued"
   );
   assert.equal(await session.send(text("small")), 1);
   await session.close();
+});
+
+test("a draining server: session.going_away is delivered and reported, then session.closed", async () => {
+  const { url, proc } = await startServer(["--drain-timeout", "0.5"]);
+  const changes = [];
+  const session = await connect(url, { onChange: (c) => changes.push(c) });
+  await session.send(text("before the drain"));
+  await take(session, 1);
+  proc.kill("SIGINT");
+  const away = await session.receive();
+  assert.equal(away.type, "session.going_away");
+  assert.equal(typeof away.time_left_ms, "number");
+  const going = changes.find((c) => c.kind === "going_away");
+  assert.deepEqual([going.migrating, going.timeLeftMs], [false, away.time_left_ms]);
+  const closed = await session.receive();
+  assert.deepEqual([closed.type, closed.reason], ["session.closed", "server_shutdown"]);
+  await assert.rejects(session.receive(), SessionEnded);
+  assert.equal(session.state, "closed");
 });
