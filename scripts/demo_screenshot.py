@@ -38,7 +38,7 @@ def use_the_page(page: Page, url: str) -> None:
     # The fake microphone beeps: a threshold above its beeps, so that only the button
     # barges in here (tests/browser checks the level's barge-in).
     page.get_by_label("Barge-in threshold").fill("0.5")
-    page.get_by_role("button", name="Microphone off").click()
+    page.get_by_role("button", name="Microphone").click()
     until(page, "(d) => d.micChunks >= 25")
     speak(page, "hello there this is full duplex audio over one resumable session")
     until(page, "(d) => d.lastSeq >= 60")

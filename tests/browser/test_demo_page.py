@@ -126,13 +126,13 @@ def test_the_page_opens_a_session(demo: Demo, demo_server: ServerProcess) -> Non
 
 def test_microphone_audio_reaches_the_server(demo: Demo, demo_server: ServerProcess) -> None:
     events_in = metric(demo_server, "trio_duplex_events_total", direction="in")
-    demo.page.get_by_role("button", name="Microphone off").click()
+    microphone = demo.page.get_by_role("button", name="Microphone")
+    microphone.click()
     # A second of audio, the fake microphone's tone among it (the level the page measured).
     demo.until("(d) => d.micChunks >= 50 && d.maxLevel > 0.2")
-    expect(demo.page.get_by_role("button", name="Microphone on")).to_have_attribute(
-        "aria-pressed", "true"
-    )
-    demo.page.get_by_role("button", name="Microphone on").click()  # off again
+    expect(microphone).to_have_attribute("aria-pressed", "true")
+    microphone.click()  # off again
+    expect(microphone).to_have_attribute("aria-pressed", "false")
     sent_ms = demo.number("audio-in-ms")
     assert sent_ms >= 1000
     # The server counted each 20 ms chunk as a client event...
@@ -208,14 +208,15 @@ def test_barge_in_stops_playback_at_once(demo: Demo) -> None:
 def test_speaking_into_the_microphone_barges_in(demo: Demo) -> None:
     demo.speak(LONG)
     demo.until("(d) => d.played >= 24 * 100")
-    demo.page.get_by_role("button", name="Microphone off").click()
+    microphone = demo.page.get_by_role("button", name="Microphone")
+    microphone.click()
     # The fake microphone's tone comes round within its loop (1.5 s): over the threshold.
     stopped_at_once(demo)
     assert demo.number("barge-ins") == 1
     rows = demo.page.get_by_test_id("timeline").locator("tr")
     cells = rows.filter(has_text="barge-in").locator("td")
     expect(cells).to_have_text(["", "• page", "barge-in", "voice"])
-    demo.page.get_by_role("button", name="Microphone on").click()
+    microphone.click()
 
 
 def test_the_page_is_the_origin_allow_origin_names(browser: Browser, serve: Serve) -> None:

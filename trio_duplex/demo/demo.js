@@ -261,15 +261,13 @@ $("mic").addEventListener("click", () => {
   const button = $("mic");
   if (audio.mic) {
     audio.stopMic();
-    button.setAttribute("aria-pressed", "false");
-    button.textContent = "Microphone off";
+    button.setAttribute("aria-pressed", "false"); // a toggle: its name stays, its state shows
     return;
   }
   audio
     .startMic(onMicChunk)
     .then(() => {
       button.setAttribute("aria-pressed", "true");
-      button.textContent = "Microphone on";
     })
     .catch(failed);
 });
