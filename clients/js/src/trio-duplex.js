@@ -1370,8 +1370,11 @@ export class Session extends EventTarget {
     try {
       ws = new this.#WebSocket(this.#urls.url, protocols);
     } catch (error) {
-      // A malformed URL, or a credential that cannot be a subprotocol: no retry helps.
-      throw new ServerRefused(null, `cannot open a WebSocket: ${error instanceof Error ? error.message : error}`);
+      // A malformed URL: no retry helps. (The message may quote the subprotocols, so
+      // the credential is taken out of it.)
+      let why = error instanceof Error ? error.message : String(error);
+      if (credential != null) why = why.split(credential).join("<credential>");
+      throw new ServerRefused(null, `cannot open a WebSocket: ${why}`);
     }
     const link = new Link(ws);
     this.#link = link; // (so that detach and dropConnection reach it during the handshake)
@@ -1479,6 +1482,10 @@ export async function connect(url, options = {}) {
     onChange: options.onChange ?? null,
     random: options.random ?? Math.random,
   };
+  // A subprotocol is an HTTP token: a credential with other characters cannot be sent.
+  if (opts.token !== null && (typeof opts.token !== "string" || !/^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(opts.token))) {
+    throw new TypeError("token must be a non-empty string of HTTP token characters (letters, digits, -._~ ...)");
+  }
   const policy = opts.reconnect;
   if (!(policy.maxAttempts >= 1) || !(policy.baseDelayMs > 0) || !(policy.maxDelayMs > 0)) {
     throw new RangeError("reconnect: maxAttempts >= 1, baseDelayMs > 0 and maxDelayMs > 0");

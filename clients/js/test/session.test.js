@@ -304,3 +304,13 @@ test("a draining server: session.going_away is delivered and reported, then sess
   await assert.rejects(session.receive(), SessionEnded);
   assert.equal(session.state, "closed");
 });
+
+test("options that cannot work are refused at once", async () => {
+  await assert.rejects(connect(URL_, { token: "has space" }), TypeError);
+  await assert.rejects(connect(URL_, { resume: { sessionId: "s" } }), TypeError);
+  await assert.rejects(connect(URL_, { resume: { sessionId: "s", resumeToken: "t", lastServerEventSeq: 0 }, session: {} }), TypeError);
+  await assert.rejects(connect([URL_, URL_.replace(/^ws/, "wss")]), TypeError);
+  await assert.rejects(connect([]), TypeError);
+  await assert.rejects(connect(URL_, { reconnect: { maxAttempts: 0 } }), RangeError);
+  await assert.rejects(connect("not a url"), (e) => e instanceof ServerRefused && /cannot open a WebSocket/.test(e.message));
+});
