@@ -54,6 +54,7 @@ FLAGS = {
     "--engine-stop-timeout",
     "--loop-lag-warning",
     "--metrics-port",
+    "--demo",
     "--cluster",
     "--node-id",
     "--advertise-url",

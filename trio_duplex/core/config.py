@@ -322,6 +322,14 @@ class ServerConfig:
             "main one; 0: on the main one"
         ),
     )
+    demo: bool = attrs.field(
+        default=False,
+        metadata=_flag(
+            "also serve the browser demo page at GET / and its assets at /demo/... "
+            "(docs/browser.md)",
+            shown="off",
+        ),
+    )
     # Cluster mode (issue 13; docs/cluster.md): membership and cluster-wide admission.
     cluster: str | None = attrs.field(
         default=None,
@@ -437,6 +445,9 @@ class ServerConfig:
                 ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
             )
             raise ConfigError(given, getattr(self, given), f"needs {missing} too (TLS takes both)")
+        if self.demo and (self.path == "/" or self.path.startswith("/demo/")):
+            # The page's paths are answered before any upgrade: the endpoint would be hidden.
+            raise ConfigError("path", self.path, "is taken by --demo (/ and /demo/...)")
         if self.cluster is None:
             for name in _CLUSTER_ONLY:
                 if getattr(self, name) is not None:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 import attrs
 import trio
 
+from .demo import DemoPages
+
 HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 _MAX_REQUEST_BYTES = 16384
 
@@ -46,12 +48,30 @@ class Endpoints:
     """Where ``refused`` counts (``Totals.refusals``)."""
     on_main: bool = True
     """Answer the paths on the WebSocket listener (False: ``--metrics-port`` does)."""
+    demo: DemoPages | None = None
+    """The demo page and its assets (``--demo``; demo.py), always on the main listener."""
 
-    def answer(self, path: str) -> bytes | None:
-        """The whole response for a request of ``path``, or None: not ours here."""
+    def answer(self, path: str, host: str | None = None) -> bytes | None:
+        """The whole response for a GET of ``path`` (``host``: its Host header), or None:
+        not ours here."""
+        if self.demo is not None and (page := self.demo.answer(path, host)) is not None:
+            return page
         if not self.on_main:
             return None
         return self.respond(path)
+
+    def answer_head(self, head: bytes) -> bytes:
+        """The response to a HEAD request (its whole ``head``): a GET's, without the body."""
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        host = None
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"host":
+                host = value.strip().decode("latin-1")
+        path = parts[1].decode("latin-1").split("?", 1)[0] if len(parts) == 3 else ""
+        answer = self.answer(path, host) or _NOT_FOUND
+        return answer[: answer.index(b"\r\n\r\n") + 4]
 
     def respond(self, path: str) -> bytes | None:
         if path == "/healthz":

@@ -53,6 +53,7 @@ from ..engines.api import Engine, EngineFactory, prepares
 from . import metrics
 from .auth import OPEN, Gate, Grant, KeyRing, Verifier
 from .connection import Connection
+from .demo import DemoPages
 from .http import Endpoints, serve_internal
 from .listen import open_listeners
 from .relay import HEADER as RELAY_HEADER
@@ -155,6 +156,11 @@ class DuplexServer:
             lambda: (metrics.exposition(self), metrics.CONTENT_TYPE),
             self.sessions.totals.refusals,
             on_main=not self.config.metrics_port,
+            demo=(
+                DemoPages.load(self.config.path, tls=self.ssl_context is not None)
+                if self.config.demo
+                else None
+            ),
         )
 
     def _readiness(self) -> tuple[bool, dict[str, object]]:

@@ -615,6 +615,9 @@ async def accept_websocket(
     if issue_token is not None and head.startswith(_POST_TOKENS):
         await _post(stream, head, early, issue_token, where)
         return None
+    if endpoints is not None and endpoints.demo is not None and head.startswith(b"HEAD "):
+        await stream.send_all(endpoints.answer_head(head))  # (websockets parses GETs only)
+        return None
     protocol = ServerProtocol(
         origins=_allowed_origins(origins), select_subprotocol=_select_subprotocol, logger=_quiet
     )
@@ -629,7 +632,10 @@ async def accept_websocket(
     request = events[0]
     assert isinstance(request, Request)
     url = urlsplit(request.path)
-    if endpoints is not None and (answer := endpoints.answer(url.path)) is not None:
+    if (
+        endpoints is not None
+        and (answer := endpoints.answer(url.path, request.headers.get("Host"))) is not None
+    ):
         await stream.send_all(answer)
         return None
     grant = OPEN

@@ -1,0 +1,1 @@
+../../clients/js/src/trio-duplex.js
