@@ -38,6 +38,7 @@ FRAME_BYTES: Final = SAMPLE_RATE * 2 // 50  # 20 ms of 16 kHz PCM16
 FRAME_SECONDS: Final = 0.02
 CHUNK_BYTES: Final = BYTES_PER_SECOND // 2  # the most audio one recogniser call takes
 KEEP_BYTES: Final = BYTES_PER_SECOND // 2  # audio kept before a turn, for a migration
+FIRM_GUESSES: Final = 3  # a word is firm once this many partial guesses agree on it
 MAX_QUEUED: Final = 4  # turns waiting for their response
 _STATE: Final = "speech/1"
 
@@ -96,7 +97,7 @@ class SpeechEngine(Engine):
         self._base_ms = 0.0  # session audio before the recogniser's offset 0
         self._turn_started = False  # speech_started sent for the turn going on
         self._turn_words: list[str] = []  # its words sent as transcript deltas
-        self._last_guess: list[str] = []
+        self._last_guesses: deque[list[str]] = deque(maxlen=FIRM_GUESSES)
         self._queued: deque[str] = deque()  # turns' transcripts awaiting a response
         self._speaking: _Response | None = None
         self._responses = 0
@@ -205,25 +206,29 @@ class SpeechEngine(Engine):
             self._cancel(None)
             await session.send({"type": "input_audio.transcript.done", "text": hearing.text})
             self._turn_started = False
-            self._turn_words, self._last_guess = [], []
+            self._turn_words = []
+            self._last_guesses.clear()
             self._trim(hearing.offset)
             self._queue_turn(hearing.text)
 
     def _firm_delta(self, guess: list[str]) -> str:
-        """The words that firmed up: in this guess and the last one alike, and not the
-        guess's last word (still forming); "" if none, or if they contradict the words
-        already sent (the done event's text is the final word then)."""
+        """The words that firmed up: the same in the last ``FIRM_GUESSES`` guesses (200 ms
+        apart), and not the guess's last word (still forming); "" if none, or if they
+        contradict the words already sent. These are the decoder's first pass: the done
+        event's text, from its final pass, may differ from them."""
+        self._last_guesses.append(guess[:-1])
+        if len(self._last_guesses) < FIRM_GUESSES:
+            return ""
         firm: list[str] = []
-        for new, old in zip(guess[:-1], self._last_guess, strict=False):
-            if new != old:
+        for same in zip(*self._last_guesses, strict=False):
+            if any(word != same[0] for word in same):
                 break
-            firm.append(new)
-        self._last_guess = guess
+            firm.append(same[0])
         sent = self._turn_words
         if len(firm) <= len(sent) or firm[: len(sent)] != sent:
             return ""
-        words = " ".join(firm[len(sent) :])
-        return f" {words}" if sent else words
+        new = " ".join(firm[len(sent) :])
+        return f" {new}" if sent else new
 
     def _trim(self, offset: int) -> None:
         drop = min(offset - self._replay_at, len(self._replay))
@@ -322,6 +327,7 @@ class SpeechEngine(Engine):
     ) -> None:
         clause = " ".join(clause.split())
         pcm = await synthesise(clause, self.voice, self.words_per_minute, limiter)
+        pcm += bytes(-len(pcm) % FRAME_BYTES)  # whole 20 ms frames: the tail padded with silence
         await send.send((clause, pcm))
 
     async def _reply(self, transcript: str) -> AsyncIterator[str]:
