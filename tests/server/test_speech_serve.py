@@ -12,10 +12,12 @@ import base64
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -276,15 +278,18 @@ async def test_a_neighbour_echo_session_keeps_its_frames_while_speech_is_recogni
     assert all({"open", "door"} <= set(t.split()) for t in transcripts), transcripts
 
 
+def slots_max(server: ServerProcess) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/readyz", timeout=10) as answer:
+        slots: int = json.loads(answer.read())["slots_max"]
+    return slots
+
+
 def test_speech_max_sessions_defaults_to_the_cores(servers: Servers) -> None:
     server, given = servers.start_many(
         ("--engine", "speech"), ("--engine", "speech", "--max-sessions", "3")
     )
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/readyz", timeout=10) as answer:
-        ready = json.loads(answer.read())
-    assert ready["slots_max"] == 4 * len(os.sched_getaffinity(0))
-    with urllib.request.urlopen(f"http://127.0.0.1:{given.port}/readyz", timeout=10) as answer:
-        assert json.loads(answer.read())["slots_max"] == 3
+    assert slots_max(server) == 4 * len(os.sched_getaffinity(0))
+    assert slots_max(given) == 3
 
 
 def test_without_espeak_ng_serve_says_what_to_install(tmp_path: Any) -> None:
@@ -300,3 +305,33 @@ def test_without_espeak_ng_serve_says_what_to_install(tmp_path: Any) -> None:
     assert result.returncode == 2, result
     assert "apt-get install espeak-ng" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def docs_block(after: str) -> str:
+    """The first ```python block of docs/speech.md after the line containing ``after``."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "speech.md").read_text()
+    match = re.search(r"```python\n(.*?)```", text[text.index(after) :], re.S)
+    assert match is not None, f"no python block after {after!r}"
+    return match.group(1)
+
+
+async def test_the_docs_responder_streams_its_reply_clause_by_clause(
+    servers: Servers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "assistant.py").write_text(docs_block("## Plugging in a responder"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    server = servers.start("--engine", "assistant:factory")
+    got: list[Event] = []
+    with trio.fail_after(30):
+        async with connect(server.url) as ws:
+            await open_session(ws)
+            await send(ws, {"type": "input.text.append", "text": "hello"})
+            await until(ws, "response.done", got)
+            await close(ws)
+    texts = [(i, e["text"]) for i, e in enumerate(got) if e["type"] == "response.output_text.delta"]
+    assert [t for _, t in texts] == ["Let me think.", " You said hello,", " I believe."]
+    audio = [i for i, e in enumerate(got) if e["type"] == "response.output_audio.delta"]
+    # The first clause was spoken while the responder was still producing the second.
+    assert texts[0][0] < audio[0] < texts[1][0]
+    assert is_speech(audio_of(got, "resp_1"))
+    assert slots_max(server) == 4 * len(os.sched_getaffinity(0))  # the factory's default
