@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -308,9 +309,10 @@ class SpeechEngine(Engine):
         send: trio.MemorySendChannel[tuple[str, bytes]],
         limiter: trio.CapacityLimiter,
     ) -> None:
-        async with send:
+        # aclosing: a cancelled response closes the responder's generator now, not at GC.
+        async with send, contextlib.aclosing(self._reply(transcript)) as reply:
             pending = ""
-            async for piece in self._reply(transcript):
+            async for piece in reply:
                 pending += piece
                 ready, pending = clauses(pending)
                 for clause in ready:
@@ -330,7 +332,7 @@ class SpeechEngine(Engine):
         pcm += bytes(-len(pcm) % FRAME_BYTES)  # whole 20 ms frames: the tail padded with silence
         await send.send((clause, pcm))
 
-    async def _reply(self, transcript: str) -> AsyncIterator[str]:
+    async def _reply(self, transcript: str) -> AsyncGenerator[str, None]:
         """The responder's pieces, each within ``responder_timeout_s``, up to
         ``max_reply_chars`` in all (the rest is not asked for)."""
         pieces = self.responder(transcript)
