@@ -5,11 +5,8 @@ events and decisions.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import logging
-import math
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any, Final
@@ -20,6 +17,7 @@ import trio
 from ..api import BadEvent, Engine, EngineSession, Event
 from ._capacity import check_available, default_max_sessions, shared_limiter
 from ._recognise import BYTES_PER_SECOND, SAMPLE_RATE, Heard, Hearing, Recogniser
+from ._snapshot import Speaking, State
 from ._synthesise import MAX_CLAUSE_CHARS, clauses, synthesise
 
 log = logging.getLogger("trio_duplex.engines.speech")
@@ -41,7 +39,6 @@ CHUNK_BYTES: Final = BYTES_PER_SECOND // 2  # the most audio one recogniser call
 KEEP_BYTES: Final = BYTES_PER_SECOND // 2  # audio kept before a turn, for a migration
 FIRM_GUESSES: Final = 3  # a word is firm once this many partial guesses agree on it
 MAX_QUEUED: Final = 4  # turns waiting for their response
-_STATE: Final = "speech/1"
 
 
 @attrs.define(eq=False)
@@ -191,7 +188,7 @@ class SpeechEngine(Engine):
             if self._turn_started:  # restored mid-turn: this turn was announced
                 return
             self._cancel(None)  # barge-in: the user speaks over the response
-            start_ms = self._base_ms + hearing.offset * 1000 / BYTES_PER_SECOND
+            start_ms = self._base_ms + hearing.start_s * 1000
             await session.send(
                 {"type": "input_audio_buffer.speech_started", "audio_start_ms": round(start_ms)}
             )
@@ -360,71 +357,36 @@ class SpeechEngine(Engine):
 
     def snapshot(self) -> dict[str, Any]:
         speaking = self._speaking
-        return {
-            "state": _STATE,
-            # Audio not recognised, from the last quiet point: heard again on restore.
-            "audio": base64.b64encode(bytes(self._replay) + bytes(self._buffer)).decode(),
-            "audio_at_ms": self._base_ms + self._replay_at * 1000 / BYTES_PER_SECOND,
-            "turn_started": self._turn_started,
-            "turn_words": list(self._turn_words),
-            "history": list(self.history),
-            "queued": list(self._queued),
-            "responses": self._responses,
-            "speaking": None
+        return State(
+            # From the last quiet point, and what is not recognised yet: heard again.
+            bytes(self._replay) + bytes(self._buffer),
+            self._base_ms + self._replay_at * 1000 / BYTES_PER_SECOND,
+            self._turn_started,
+            tuple(self._turn_words),
+            tuple(self.history),
+            tuple(self._queued),
+            self._responses,
+            None
             if speaking is None
-            else {
-                "response_id": speaking.response_id,
-                "transcript": speaking.transcript,
-                "created": speaking.created,
-                "said": list(speaking.said),
-            },
-        }
+            else Speaking(
+                speaking.response_id, speaking.transcript, speaking.created, tuple(speaking.said)
+            ),
+        ).write()
 
     def restore(self, state: bytes | dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("state") != _STATE:
-            raise ValueError(f"not a snapshot of the speech engine ({_STATE})")
-        try:
-            audio = base64.b64decode(_get(state, "audio", str), validate=True)
-        except binascii.Error:
-            raise ValueError("speech snapshot: 'audio' is not base64") from None
-        at_ms = _get(state, "audio_at_ms", float | int)
-        if not math.isfinite(at_ms) or at_ms < 0:
-            raise ValueError("speech snapshot: 'audio_at_ms' is not a time")
-        history = _get(state, "history", list)
-        if not all(
-            isinstance(h, dict) and h.get("role") in ("user", "assistant")
-            and isinstance(h.get("text"), str) for h in history
-        ):  # fmt: skip
-            raise ValueError("speech snapshot: 'history' is not a conversation")
-        queued, words = _get(state, "queued", list), _get(state, "turn_words", list)
-        if not all(isinstance(t, str) for t in [*queued, *words]):
-            raise ValueError("speech snapshot: 'queued' and 'turn_words' must hold texts")
-        responses = _get(state, "responses", int)
-        speaking = state.get("speaking")
+        got = State.read(state)  # all checked before anything is taken
+        speaking = got.speaking
         if speaking is not None:
-            said = _get(speaking, "said", list) if isinstance(speaking, dict) else None
-            if said is None or not all(isinstance(t, str) for t in said):
-                raise ValueError("speech snapshot: 'speaking' is not a response")
             self._speaking = _Response(
-                _get(speaking, "response_id", str),
-                _get(speaking, "transcript", str)[: self.max_turn_bytes],
-                _get(speaking, "created", bool),
-                said=said,
+                speaking.response_id, speaking.transcript, speaking.created, said=[*speaking.said]
             )
-        self._buffer = bytearray(audio)
-        self._base_ms = float(at_ms)
-        self._turn_started = _get(state, "turn_started", bool)
-        self._turn_words = words
-        self.history.extend(history)
-        self._queued = deque(queued)
-        self._responses = responses
-
-
-def _get(state: Mapping[str, Any], key: str, kind: Any) -> Any:
-    value = state.get(key)
-    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-        raise ValueError(f"speech snapshot: {key!r} has the wrong type")
-    return value
+        self._buffer = bytearray(got.audio)
+        self._base_ms = got.audio_at_ms
+        self._turn_started = got.turn_started
+        self._turn_words = list(got.turn_words)
+        self.history.extend(got.history)
+        self._queued = deque(got.queued)
+        self._responses = got.responses
 
 
 async def _send_live(session: EngineSession, event: Event) -> None:
