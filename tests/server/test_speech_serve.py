@@ -239,6 +239,23 @@ async def test_a_neighbour_echo_session_keeps_its_frames_while_speech_is_recogni
     assert all({"open", "door"} <= set(t.split()) for t in transcripts), transcripts
 
 
+async def test_a_failing_responder_ends_its_session_only(speech_server: ServerProcess) -> None:
+    with trio.fail_after(30):
+        async with connect(speech_server.url) as ws, connect(speech_server.url) as other:
+            await open_session(ws, {"engine": "broken"})
+            await open_session(other)
+            await send(ws, {"type": "input.text.append", "text": "hello"})
+            got: list[Event] = []
+            closed = await until(ws, "session.closed", got)
+            await send(other, {"type": "input.text.append", "text": "still there"})
+            said = await until(other, "response.output_text.delta", [])
+            await close(other)
+    assert closed["reason"] == "engine_error"
+    assert got[0]["type"] == "response.created"
+    assert said["text"] == "you said:"
+    speech_server.wait_for_line(r"the model failed on 'hello'", 10)  # logged, once
+
+
 def slots_max(server: ServerProcess) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/readyz", timeout=10) as answer:
         slots: int = json.loads(answer.read())["slots_max"]
