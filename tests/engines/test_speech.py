@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from trio_duplex.engines.api import Event, Inbox
+from trio_duplex.engines.api import BadEvent, Event, Inbox
 from trio_duplex.engines.speech import SpeechEngine
 from trio_duplex.engines.speech._synthesise import MAX_CLAUSE_CHARS, clauses
 
@@ -112,6 +112,14 @@ async def test_a_response_playing_at_a_migration_ends_cancelled_on_the_new_node(
     ends = [e for e in outputs if e["type"] in ("response.done", "response.cancelled")]
     assert [(e["type"], e["response_id"]) for e in ends] == [("response.cancelled", "resp_1")]
     assert outputs[-1] == ends[0]  # nothing after it
+
+
+@needs_speech
+def test_a_typed_turn_is_bounded() -> None:
+    engine = SpeechEngine()
+    engine.check({"type": "input.text.append", "text": "x" * 2000})
+    with pytest.raises(BadEvent, match="over 2000 characters"):
+        engine.check({"type": "input.text.append", "text": "x" * 2001})
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,7 @@ CHUNK_BYTES: Final = BYTES_PER_SECOND // 2  # the most audio one recogniser call
 KEEP_BYTES: Final = BYTES_PER_SECOND // 2  # audio kept before a turn, for a migration
 FIRM_GUESSES: Final = 3  # a word is firm once this many partial guesses agree on it
 MAX_QUEUED: Final = 4  # turns waiting for their response
+MAX_TYPED_CHARS: Final = 2000  # a typed turn (input.text.append)
 
 
 @attrs.define(eq=False)
@@ -107,8 +108,11 @@ class SpeechEngine(Engine):
     def check(self, event: Event) -> None:
         kind = event["type"]
         if kind == "input.text.append":
-            if not isinstance(event.get("text"), str):
+            text = event.get("text")
+            if not isinstance(text, str):
                 raise BadEvent("text must be a string", param="text")
+            if len(text) > MAX_TYPED_CHARS:  # it goes into the history and the snapshot
+                raise BadEvent(f"text is over {MAX_TYPED_CHARS} characters", param="text")
         elif kind == "response.cancel":
             if not isinstance(event.get("response_id", ""), str):
                 raise BadEvent("response_id must be a string", param="response_id")
