@@ -13,6 +13,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,25 @@ def slots_max(server: ServerProcess) -> int:
 
 def test_speech_max_sessions_defaults_to_the_cores(speech_server: ServerProcess) -> None:
     assert slots_max(speech_server) == 4 * len(os.sched_getaffinity(0))
+
+
+def test_without_pocketsphinx_serve_says_what_to_install() -> None:
+    # As if the extra were not installed: an import of None fails (the import system's
+    # own way to block a module), and serve runs as its command does.
+    code = (
+        "import sys; sys.modules['pocketsphinx'] = None; from trio_duplex.cli import main; "
+        "sys.exit(main(['serve', '--engine', 'speech', '--port', '0']))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 2, result
+    assert "pip install 'trio-duplex[speech]'" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_without_espeak_ng_serve_says_what_to_install(tmp_path: Any) -> None:
