@@ -36,11 +36,15 @@ async def _never(event: Event) -> None:
 PLAYED = 25  # audio frames of the reply (0.5 s): enough to know it is speech
 
 
-async def converse(pcm: bytes, cuts: list[Cut]) -> tuple[list[Event], list[Any]]:
-    """Speak ``pcm`` to a speech engine, migrating it at each cut, until its response
-    ends or has played ``PLAYED`` frames."""
+async def converse(
+    pcm: bytes, cuts: list[Cut], state: dict[str, Any] | None = None
+) -> tuple[list[Event], list[Any]]:
+    """Speak ``pcm`` to a speech engine (restored from ``state`` if given), migrating it
+    at each cut, until its response ends or has played ``PLAYED`` frames."""
     client = Client(deque((0, audio(f)) for f in frames(pcm)), {})
     engine = SpeechEngine()
+    if state is not None:
+        engine.restore(state)
     states: list[Any] = []
 
     async def stop_at_the_end(stop: trio.CancelScope) -> None:
@@ -120,6 +124,21 @@ def test_a_typed_turn_is_bounded() -> None:
     engine.check({"type": "input.text.append", "text": "x" * 2000})
     with pytest.raises(BadEvent, match="over 2000 characters"):
         engine.check({"type": "input.text.append", "text": "x" * 2001})
+
+
+@needs_speech
+@pytest.mark.parametrize(
+    ("finished", "ending"), [(True, "response.done"), (False, "response.cancelled")]
+)
+async def test_a_restored_response_ends_as_it_stood(finished: bool, ending: str) -> None:
+    """Played whole, only its end left: done. Still playing: cancelled (its responder
+    stayed behind)."""
+    speaking = {"response_id": "resp_3", "transcript": "hi", "created": True}
+    speaking |= {"finished": finished, "cancelled": False, "said": ["you said:", " hi."]}
+    state = json.loads(json.dumps(SpeechEngine().snapshot())) | {"speaking": speaking}
+    with trio.fail_after(30):
+        outputs, _ = await converse(b"", [], state)
+    assert outputs == [{"type": ending, "response_id": "resp_3"}]
 
 
 @pytest.mark.parametrize(

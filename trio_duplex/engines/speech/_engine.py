@@ -44,13 +44,14 @@ MAX_TYPED_CHARS: Final = 2000  # a typed turn (input.text.append)
 
 @attrs.define(eq=False)
 class _Response:
-    """The response being spoken. A restored one that was created is ended cancelled:
-    its responder (a generator, maybe a remote call) cannot move between nodes."""
+    """The response being spoken. A restored one that was created and not finished is
+    ended cancelled: its responder (a generator, maybe a remote call) cannot move."""
 
     response_id: str
     transcript: str
     created: bool = False
     cancelled: bool = False
+    finished: bool = False  # played whole (or cancelled): only its end is left to send
     said: list[str] = attrs.Factory(list)  # the text deltas sent, in order
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
 
@@ -156,7 +157,11 @@ class SpeechEngine(Engine):
     def _cancel(self, response_id: str | None) -> None:
         # Synchronous: once this returns, the speaker sends no further audio.
         speaking = self._speaking
-        if speaking is not None and response_id in (None, speaking.response_id):
+        if (
+            speaking is not None
+            and not speaking.finished
+            and response_id in (None, speaking.response_id)
+        ):
             speaking.cancelled = True
             speaking.scope.cancel()
 
@@ -266,8 +271,11 @@ class SpeechEngine(Engine):
             if not response.cancelled:
                 with response.scope:
                     await self._play(session, response, limiter)
-        else:  # restored after a migration: its responder and audio were left behind
+            # No checkpoint since the scope closed: a later cancel cannot reach this one.
+            response.finished = True
+        elif not response.finished:  # restored mid-reply: responder and audio left behind
             response.cancelled = True
+            response.finished = True
         self.history.append({"role": "assistant", "text": "".join(response.said).strip()})
         ending = "response.cancelled" if response.cancelled else "response.done"
         await session.send({"type": ending, "response_id": response_id})
@@ -373,7 +381,12 @@ class SpeechEngine(Engine):
             None
             if speaking is None
             else Speaking(
-                speaking.response_id, speaking.transcript, speaking.created, tuple(speaking.said)
+                speaking.response_id,
+                speaking.transcript,
+                speaking.created,
+                speaking.finished,
+                speaking.cancelled,
+                tuple(speaking.said),
             ),
         ).write()
 
@@ -382,7 +395,12 @@ class SpeechEngine(Engine):
         speaking = got.speaking
         if speaking is not None:
             self._speaking = _Response(
-                speaking.response_id, speaking.transcript, speaking.created, said=[*speaking.said]
+                speaking.response_id,
+                speaking.transcript,
+                speaking.created,
+                speaking.cancelled,
+                speaking.finished,
+                said=[*speaking.said],
             )
         self._buffer = bytearray(got.audio)
         self._base_ms = got.audio_at_ms

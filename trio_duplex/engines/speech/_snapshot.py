@@ -19,11 +19,14 @@ VERSION: Final = "speech/1"  # the shape of the snapshot; a restore refuses any 
 @attrs.frozen
 class Speaking:
     """The response being spoken: its id, the transcript it answers, whether
-    ``response.created`` was sent, and the text deltas sent."""
+    ``response.created`` was sent, whether only its end was left, whether it was
+    cancelled, and the text deltas sent."""
 
     response_id: str
     transcript: str
     created: bool
+    finished: bool  # played whole or cancelled: only its end was left to send
+    cancelled: bool
     said: tuple[str, ...]
 
 
@@ -93,6 +96,8 @@ def _speaking(value: object) -> Speaking | None:
         _get(value, "response_id", str),
         _get(value, "transcript", str),
         _get(value, "created", bool),
+        _get(value, "finished", bool),
+        _get(value, "cancelled", bool),
         _texts(value, "said"),
     )
 
