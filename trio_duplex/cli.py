@@ -289,6 +289,13 @@ async def _serve_until_signalled(
                     server.config.path,
                     engine,
                 )
+                if server.config.demo:
+                    log.info(
+                        "demo page at %s://%s:%d/",
+                        "https" if server.scheme == "wss" else "http",
+                        shown,
+                        port,
+                    )
             else:  # a worker: its supervisor says "serving" once they all are ready
                 log.info(
                     "worker listening on %s://%s:%d%s (engine %s, the port shared)",

@@ -207,6 +207,11 @@ def test_the_policy_names_the_pages_websocket_origin() -> None:
     assert content_security_policy(None, tls=False).endswith("connect-src 'self'")
 
 
+def test_the_log_says_where_the_page_is(demo: ServerProcess) -> None:
+    found = demo.wait_for_line(r"demo page at (http://\S+)", timeout=10)
+    assert found.group(1) == f"http://127.0.0.1:{demo.port}/"
+
+
 def test_without_demo_nothing_is_served(serve: Serve) -> None:
     server = serve("--engine", "voice")
     for path in ("/", "/demo/demo.js", "/demo/trio-duplex.js"):
