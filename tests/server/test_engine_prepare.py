@@ -13,12 +13,12 @@ import pytest
 import trio
 from trio.testing import MockClock, wait_all_tasks_blocked
 
-from trio_duplex import EngineSession, ProtocolError, ServerConfig
+from trio_duplex import EngineSession, Event, ProtocolError, ServerConfig
 from trio_duplex.core.events import ErrorCode
 from trio_duplex.engines.api import prepares
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.server.sessions import PREPARE_TIMEOUT_S
-from trio_duplex.testing import running_server
+from trio_duplex.testing import Simulation, running_server
 
 from ..helpers import echo
 
@@ -79,6 +79,18 @@ def fresh() -> None:
     Readying.mode = "ok"
 
 
+async def refused_open(sim: Simulation, close_code: int) -> Event:
+    """Open a session that is refused: its one event (an error), the close code checked,
+    and no slot held afterwards."""
+    client = await sim.connect()
+    await client.send({"type": "session.update", "session": {}})
+    events = await client.receive_until_closed()
+    assert [e["type"] for e in events] == ["error"]
+    assert client.close_code == close_code
+    assert sim.server.slots_held == 0
+    return events[0]
+
+
 def test_prepares_says_which_engines_override_prepare() -> None:
     assert prepares(Readying({}))
     assert not prepares(EchoEngine({}))
@@ -106,15 +118,9 @@ async def test_a_refusing_prepare_refuses_the_open_retryable_and_holds_no_slot(
 ) -> None:
     Readying.mode = "refuse"
     async with running_server(ServerConfig(max_sessions=1), Readying) as sim:
-        client = await sim.connect()
-        await client.send({"type": "session.update", "session": {}})
-        events = await client.receive_until_closed()
-        assert [(e["type"], e["code"], e["retryable"]) for e in events] == [
-            ("error", ErrorCode.RESOURCE_EXHAUSTED, True)
-        ]
-        assert events[0]["message"] == "the model is busy; try again"
-        assert client.close_code == 1013
-        assert sim.server.slots_held == 0
+        refused = await refused_open(sim, 1013)
+        assert (refused["code"], refused["retryable"]) == (ErrorCode.RESOURCE_EXHAUSTED, True)
+        assert refused["message"] == "the model is busy; try again"
         assert not Readying.instances[0].ran
         Readying.mode = "ok"
         again, _ = await sim.open_session()  # max_sessions=1: the slot came back
@@ -126,12 +132,7 @@ async def test_a_prepare_that_raises_refuses_the_open_as_engine_error(
 ) -> None:
     Readying.mode = "raise"
     async with running_server(ServerConfig(max_sessions=1), Readying) as sim:
-        client = await sim.connect()
-        await client.send({"type": "session.update", "session": {}})
-        events = await client.receive_until_closed()
-        assert [(e["type"], e["code"]) for e in events] == [("error", "engine_error")]
-        assert client.close_code == 1011
-        assert sim.server.slots_held == 0
+        assert (await refused_open(sim, 1011))["code"] == "engine_error"
         Readying.mode = "ok"
         bystander, _ = await sim.open_session()
         await echo(bystander)
@@ -145,17 +146,11 @@ async def test_a_prepare_that_never_finishes_is_refused_after_the_timeout(
 ) -> None:
     Readying.mode = "hang"
     async with running_server(ServerConfig(max_sessions=1), Readying) as sim:
-        client = await sim.connect()
         start = trio.current_time()
-        await client.send({"type": "session.update", "session": {}})
-        events = await client.receive_until_closed()
+        refused = await refused_open(sim, 1013)
         assert trio.current_time() - start == pytest.approx(PREPARE_TIMEOUT_S)
-        assert [(e["type"], e["code"], e["retryable"]) for e in events] == [
-            ("error", "resource_exhausted", True)
-        ]
-        assert client.close_code == 1013
+        assert (refused["code"], refused["retryable"]) == ("resource_exhausted", True)
         assert Readying.instances[0].prepare_cancelled
-        assert sim.server.slots_held == 0
 
 
 async def test_a_client_gone_during_prepare_cancels_it_and_frees_the_slot(
