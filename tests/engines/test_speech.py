@@ -158,3 +158,42 @@ def test_a_snapshot_of_another_shape_is_refused(change: dict[str, Any]) -> None:
     state = SpeechEngine().snapshot() | change
     with pytest.raises(ValueError, match="snapshot"):
         SpeechEngine().restore(state)
+
+
+# -- the recogniser's process ----------------------------------------------------------
+
+
+@needs_speech
+async def test_the_recogniser_runs_in_a_child_process_and_is_reaped() -> None:
+    # pocketsphinx holds the GIL: in a thread it stopped every session's frames
+    # (benchmarks/speech.py --gil-only). Out of process, the event loop stays free.
+    import os
+
+    from trio_duplex.engines.speech._recognise import Heard
+    from trio_duplex.engines.speech._remote import RemoteRecogniser
+
+    recogniser = await RemoteRecogniser.start(max_turn_bytes=20 * 32000)
+    process = recogniser._process
+    assert process.pid != os.getpid() and process.returncode is None
+    pcm = spoken(DOOR)
+    heard = []
+    for at in range(0, len(pcm), 16000):
+        heard += await recogniser.feed(pcm[at : at + 16000])
+    assert recogniser.fed == len(pcm)
+    kinds = [h.kind for h in heard]
+    assert kinds[0] is Heard.STARTED and kinds[-1] is Heard.DONE
+    assert "door" in heard[-1].text.split()
+    await recogniser.aclose()
+    assert process.returncode == 0  # its stdin closed: it left by itself
+
+
+@needs_speech
+async def test_a_recogniser_process_that_dies_fails_its_feed() -> None:
+    from trio_duplex.engines.speech._remote import RecogniserFailed, RemoteRecogniser
+
+    recogniser = await RemoteRecogniser.start(max_turn_bytes=32000)
+    recogniser._process.kill()
+    await recogniser._process.wait()
+    with pytest.raises(RecogniserFailed, match="process ended"):
+        await recogniser.feed(bytes(640))
+    await recogniser.aclose()

@@ -1,8 +1,8 @@
 """What the speech engine needs from the machine: its programs, and its share of the CPU.
 
-Every recogniser call and every resampling of synthesised audio runs in a worker thread
-through one ``trio.CapacityLimiter`` per server (a ``RunVar``: one per ``trio.run``),
-sized to the CPU cores this process may use: more threads than cores would only queue
+Every recogniser request (to its process) and every resampling of synthesised audio (in a
+worker thread) goes through one ``trio.CapacityLimiter`` per server (a ``RunVar``: one
+per ``trio.run``), sized to the CPU cores this process may use: more at once would only queue
 in the kernel instead of here.
 """
 
@@ -55,7 +55,7 @@ def default_max_sessions() -> int:
 
 
 def shared_limiter() -> trio.CapacityLimiter:
-    """This server's limiter of model threads: one per core."""
+    """This server's limiter of model work at once: one per core."""
     try:
         return _LIMITER.get()
     except LookupError:

@@ -16,7 +16,8 @@ import trio
 
 from ..api import BadEvent, Engine, EngineSession, Event
 from ._capacity import check_available, default_max_sessions, shared_limiter
-from ._recognise import BYTES_PER_SECOND, SAMPLE_RATE, Heard, Hearing, Recogniser
+from ._recognise import BYTES_PER_SECOND, SAMPLE_RATE, Heard, Hearing
+from ._remote import RemoteRecogniser
 from ._snapshot import Speaking, State
 from ._synthesise import MAX_CLAUSE_CHARS, clauses, synthesise
 
@@ -122,8 +123,20 @@ class SpeechEngine(Engine):
 
     async def run(self, session: EngineSession) -> None:
         limiter = shared_limiter()
-        # Loading the model takes ~0.5 s of CPU: in a worker thread, like every call.
-        recogniser = await trio.to_thread.run_sync(Recogniser, self.max_turn_bytes, limiter=limiter)
+        # The recogniser runs in a process of its own (pocketsphinx holds the GIL: in a
+        # thread it would stop every session's frames); loading its model takes ~0.5 s.
+        recogniser = await RemoteRecogniser.start(self.max_turn_bytes)
+        try:
+            await self._run(session, recogniser, limiter)
+        finally:
+            await recogniser.aclose()  # shielded: the process is always reaped
+
+    async def _run(
+        self,
+        session: EngineSession,
+        recogniser: RemoteRecogniser,
+        limiter: trio.CapacityLimiter,
+    ) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._speak, session, limiter)
             nursery.start_soon(self._listen, session, recogniser, limiter)
@@ -173,7 +186,10 @@ class SpeechEngine(Engine):
     # -- listening -------------------------------------------------------------------
 
     async def _listen(
-        self, session: EngineSession, recogniser: Recogniser, limiter: trio.CapacityLimiter
+        self,
+        session: EngineSession,
+        recogniser: RemoteRecogniser,
+        limiter: trio.CapacityLimiter,
     ) -> None:
         while True:
             if not self._buffer:
@@ -182,8 +198,10 @@ class SpeechEngine(Engine):
                 await self._audio_in.park()
                 continue
             chunk = bytes(self._buffer[:CHUNK_BYTES])
-            # Not abandoned on cancel: the decoder is this session's, one call at a time.
-            heard = await trio.to_thread.run_sync(recogniser.feed, chunk, limiter=limiter)
+            # The limiter holds the processes computing at once to the cores. A cancel
+            # here ends the session: its recogniser (its state mid-request) goes with it.
+            async with limiter:
+                heard = await recogniser.feed(chunk)
             del self._buffer[: len(chunk)]
             self._replay += chunk
             self._room.unpark_all()

@@ -1,14 +1,23 @@
-"""The recogniser: PocketSphinx's endpointer and decoder for one session, synchronous.
+"""The recogniser: PocketSphinx's endpointer and decoder for one session, in a process
+of its own.
 
-Everything here blocks (0.1-0.2 s of CPU per second of audio, 0.5 s to load the model):
-the engine calls it only from worker threads (``trio.to_thread.run_sync``), one call at a
-time per session. pocketsphinx is imported here, lazily, so that the package loads
-without the ``speech`` extra.
+``Recogniser`` is synchronous and blocks (0.1-0.2 s of CPU per second of audio, 0.5 s to
+load the model), and pocketsphinx's binding holds the GIL through its calls: in a worker
+thread it still stopped the event loop, and every other session's frames, for 6.5 ms of
+every 20 ms of audio and 0.2-0.5 s at a model load or a turn's end (measured:
+``python -m benchmarks.speech --gil-only``). So each session's recogniser runs in a child
+process (this file run as a script: ``python _recognise.py MAX_TURN_BYTES``), and the
+engine talks to it through ``_remote.RemoteRecogniser``: length-prefixed PCM on its stdin, one
+JSON line of what was heard per request on its stdout. The child imports only this file
+(attrs and pocketsphinx), never the server; it exits when its stdin closes.
+pocketsphinx is imported lazily, so that the package loads without the ``speech`` extra.
 """
 
 from __future__ import annotations
 
 import enum
+import json
+import sys
 from typing import Any, Final
 
 import attrs
@@ -105,3 +114,45 @@ class Recogniser:
     def _hypothesis(self) -> str:
         hyp = self._decoder.hyp()
         return "" if hyp is None else " ".join(str(hyp.hypstr).split())
+
+
+# -- the child process (``_remote.RemoteRecogniser`` starts it) ---------------------------
+
+MAX_REQUEST_BYTES: Final = BYTES_PER_SECOND * 4
+"""The most audio one request carries (the engine sends at most half a second)."""
+
+
+def _heard_to_json(heard: list[Hearing]) -> list[list[Any]]:
+    return [[h.kind.value, h.offset, h.text, h.start_s] for h in heard]
+
+
+def serve_stdio(max_turn_bytes: int) -> None:
+    """The child's loop: a request is a 4-byte big-endian length and that much PCM; each
+    gets one line, ``{"heard": [...], "in_turn": bool, "fed": int}``. Ready (the model
+    loaded) is the first line, ``{"ready": true}``. Returns at the end of stdin."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    recogniser = Recogniser(max_turn_bytes)
+    stdout.write(b'{"ready": true}\n')
+    stdout.flush()
+    while True:
+        head = stdin.read(4)
+        if len(head) < 4:
+            return
+        size = int.from_bytes(head, "big")
+        if size > MAX_REQUEST_BYTES:
+            raise SystemExit(f"a request of {size} bytes")
+        pcm = stdin.read(size)
+        if len(pcm) < size:
+            return
+        heard = recogniser.feed(pcm)
+        line = {
+            "heard": _heard_to_json(heard),
+            "in_turn": recogniser.in_turn,
+            "fed": recogniser.fed,
+        }
+        stdout.write(json.dumps(line).encode() + b"\n")
+        stdout.flush()
+
+
+if __name__ == "__main__":  # the child process (_remote.RemoteRecogniser.start)
+    serve_stdio(int(sys.argv[1]))
