@@ -97,7 +97,8 @@ def _serve_parser(
     p.add_argument(
         "--engine",
         default="echo",
-        help="echo, voice, realtime-proxy (with --upstream), or package.module:factory (echo)",
+        help="echo, voice, speech, realtime-proxy (with --upstream), or "
+        "package.module:factory (echo)",
     )
     for flag, field, meta in serve_flags():
         default: Any = field.default
@@ -151,6 +152,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
             config = attrs.evolve(config, node_id=default_node_id())
         factory = _engine_factory(args.engine, config)
+        config = _engine_defaults(factory, config, getattr(args, "defaulted", frozenset()))
         server = DuplexServer(config, factory)  # reads the TLS files: TLSError
     except ConfigError as exc:
         parser.error(f"{_flag_of(exc.field)} {exc.rule.replace('tls_', '--tls-')}")
@@ -201,7 +203,26 @@ def _engine_factory(engine: str, config: ServerConfig) -> EngineFactory:
         return proxy_factory(config.upstream, config.upstream_header)
     if config.upstream is not None or config.upstream_header:
         raise ValueError(f"--upstream and --upstream-header need --engine {PROXY}")
+    if engine == "speech":  # said plainly, before the factory's trial run says it less so
+        from .engines.speech import SpeechUnavailable, check_available
+
+        try:
+            check_available()
+        except SpeechUnavailable as exc:
+            raise ValueError(str(exc)) from None
     return load_engine_factory(engine)
+
+
+def _engine_defaults(
+    factory: EngineFactory, config: ServerConfig, defaulted: frozenset[str]
+) -> ServerConfig:
+    """The engine's own defaults for the settings given nowhere (flag, environment,
+    file): a factory with ``default_max_sessions()`` (``speech``: from the CPU cores)
+    sets ``--max-sessions``."""
+    default_max_sessions = getattr(factory, "default_max_sessions", None)
+    if "max_sessions" in defaulted and callable(default_max_sessions):
+        return attrs.evolve(config, max_sessions=int(default_max_sessions()))
+    return config
 
 
 def _unjoined(config: ServerConfig, group: BaseExceptionGroup[Exception]) -> list[str]:

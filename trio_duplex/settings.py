@@ -148,6 +148,7 @@ class Layers:
         path = given.get(CONFIG) or environ.get(ENV_PREFIX + CONFIG.upper())
         table = self._read(path) if path else {}
         known = {s.key for s in self.settings}
+        defaulted: set[str] = set()
         for key in table:
             if key not in known:
                 hint = key.replace("-", "_")
@@ -165,7 +166,10 @@ class Layers:
                 value = setting.from_toml(table[setting.key], source)
             else:
                 value = setting.default
+                defaulted.add(dest)
             setattr(args, dest, value)
+        # Which settings were given nowhere: an engine may have its own default for them.
+        args.defaulted = frozenset(defaulted)
 
     @staticmethod
     def _read(path: str) -> dict[str, Any]:

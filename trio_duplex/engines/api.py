@@ -140,6 +140,7 @@ EngineFactory = Callable[[Mapping[str, Any]], Engine]
 BUILTIN = {
     "echo": "trio_duplex.engines.echo:EchoEngine",
     "voice": "trio_duplex.engines.voice:VoiceEngine",
+    "speech": "trio_duplex.engines.speech:SpeechEngine",
 }
 """Built-in engines, by the name that ``--engine`` takes."""
 """Called with the session's initial configuration; returns that session's engine."""

@@ -1,0 +1,45 @@
+"""The ``speech`` engine: a real model on CPU, through the engine API (issue 15).
+
+It hears with PocketSphinx (the ``speech`` extra: ``pip install 'trio-duplex[speech]'``)
+and speaks with eSpeak NG (the ``espeak-ng`` program), both on CPU with no downloads;
+between them a *responder* (``Responder``: the final transcript in, the reply's text out,
+in pieces) says what to answer, by default ``say_back``. docs/speech.md is its guide.
+
+Client events: ``input_audio_buffer.append {audio}`` (16 kHz PCM16 to the engine, any
+format on the wire); ``input.text.append {text}``, a typed turn, answered as a spoken one;
+``response.cancel {response_id?}``, which stops the response being spoken.
+
+Server events, per turn: ``input_audio_buffer.speech_started {audio_start_ms}`` when the
+endpointer hears speech begin (any response being spoken is cancelled then: barge-in);
+``input_audio.transcript.delta {text}`` as words firm up (the deltas join into the
+transcript so far; the final one may differ); ``input_audio.transcript.done {text}`` when
+the endpointer hears the speech end. Then, per response: ``response.created
+{response_id}``; per clause ``response.output_text.delta {response_id, text}`` followed
+by its audio as ``response.output_audio.delta {response_id, audio}`` every 20 ms (640
+bytes); ``response.done {response_id}`` once the audio has played, or
+``response.cancelled {response_id}`` (no audio after it).
+"""
+
+from ._capacity import (
+    SESSIONS_PER_CORE,
+    SpeechUnavailable,
+    check_available,
+    cores,
+    default_max_sessions,
+    shared_limiter,
+)
+from ._engine import Responder, SpeechEngine, say_back
+from ._recognise import SAMPLE_RATE
+
+__all__ = [
+    "SAMPLE_RATE",
+    "SESSIONS_PER_CORE",
+    "Responder",
+    "SpeechEngine",
+    "SpeechUnavailable",
+    "check_available",
+    "cores",
+    "default_max_sessions",
+    "say_back",
+    "shared_limiter",
+]

@@ -1,0 +1,429 @@
+"""``SpeechEngine``: listens with PocketSphinx, answers through a responder, speaks with
+eSpeak NG. docs/speech.md is its guide; the module docstring of the package lists its
+events and decisions.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Final
+
+import attrs
+import trio
+
+from ..api import BadEvent, Engine, EngineSession, Event
+from ._capacity import check_available, default_max_sessions, shared_limiter
+from ._recognise import BYTES_PER_SECOND, SAMPLE_RATE, Heard, Hearing, Recogniser
+from ._synthesise import MAX_CLAUSE_CHARS, clauses, synthesise
+
+log = logging.getLogger("trio_duplex.engines.speech")
+
+Responder = Callable[[str], AsyncIterator[str]]
+"""Takes a turn's final transcript ("" if nothing was recognised) and yields the reply,
+in pieces of any size (an LLM's tokens); each clause is spoken as soon as it is whole."""
+
+
+async def say_back(transcript: str) -> AsyncIterator[str]:
+    """The default responder: says back what it heard."""
+    words = transcript.strip()
+    yield f"you said: {words}." if words else "sorry, I did not catch that."
+
+
+FRAME_BYTES: Final = SAMPLE_RATE * 2 // 50  # 20 ms of 16 kHz PCM16
+FRAME_SECONDS: Final = 0.02
+CHUNK_BYTES: Final = BYTES_PER_SECOND // 2  # the most audio one recogniser call takes
+KEEP_BYTES: Final = BYTES_PER_SECOND // 2  # audio kept before a turn, for a migration
+MAX_QUEUED: Final = 4  # turns waiting for their response
+_STATE: Final = "speech/1"
+
+
+@attrs.define(eq=False)
+class _Response:
+    """The response being spoken. A restored one that was created is ended cancelled:
+    its responder (a generator, maybe a remote call) cannot move between nodes."""
+
+    response_id: str
+    transcript: str
+    created: bool = False
+    cancelled: bool = False
+    said: list[str] = attrs.Factory(list)  # the text deltas sent, in order
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+
+
+class SpeechEngine(Engine):
+    """Hears 16 kHz PCM16, answers each turn with ``responder``'s text, spoken."""
+
+    accepts = frozenset({"input_audio_buffer.append", "input.text.append", "response.cancel"})
+    audio_rate: int | None = SAMPLE_RATE
+
+    default_max_sessions = staticmethod(default_max_sessions)
+    """``serve --engine speech`` takes its ``--max-sessions`` default from here."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None = None,
+        *,
+        responder: Responder = say_back,
+        voice: str = "en-us",
+        words_per_minute: int = 160,
+        max_buffered_s: float = 10.0,
+        max_turn_s: float = 20.0,
+        responder_timeout_s: float = 30.0,
+        max_reply_chars: int = 2000,
+        max_history: int = 64,
+    ) -> None:
+        check_available()
+        if not (max_buffered_s > 0 and max_turn_s > 0 and responder_timeout_s > 0):
+            raise ValueError("max_buffered_s, max_turn_s and responder_timeout_s must be > 0")
+        self.config = dict(config or {})
+        self.responder = responder
+        self.voice = voice
+        self.words_per_minute = words_per_minute
+        self.max_buffered_bytes = int(max_buffered_s * BYTES_PER_SECOND)
+        self.max_turn_bytes = int(max_turn_s * BYTES_PER_SECOND)
+        self.responder_timeout_s = responder_timeout_s
+        self.max_reply_chars = max_reply_chars
+        self.history: deque[dict[str, str]] = deque(maxlen=max_history)
+        """The conversation so far: ``{"role": "user" | "assistant", "text"}``."""
+        self._buffer = bytearray()  # audio taken from input, not yet recognised
+        self._replay = bytearray()  # recognised since the last quiet point (migration)
+        self._replay_at = 0  # the recogniser's offset of _replay[0]
+        self._base_ms = 0.0  # session audio before the recogniser's offset 0
+        self._turn_started = False  # speech_started sent for the turn going on
+        self._turn_words: list[str] = []  # its words sent as transcript deltas
+        self._last_guess: list[str] = []
+        self._queued: deque[str] = deque()  # turns' transcripts awaiting a response
+        self._speaking: _Response | None = None
+        self._responses = 0
+        self._input_ended = False
+        self._audio_in = trio.lowlevel.ParkingLot()
+        self._room = trio.lowlevel.ParkingLot()
+        self._turn_queued = trio.lowlevel.ParkingLot()
+
+    def check(self, event: Event) -> None:
+        kind = event["type"]
+        if kind == "input.text.append":
+            if not isinstance(event.get("text"), str):
+                raise BadEvent("text must be a string", param="text")
+        elif kind == "response.cancel":
+            if not isinstance(event.get("response_id", ""), str):
+                raise BadEvent("response_id must be a string", param="response_id")
+
+    # -- the reader ------------------------------------------------------------------
+
+    async def run(self, session: EngineSession) -> None:
+        limiter = shared_limiter()
+        # Loading the model takes ~0.5 s of CPU: in a worker thread, like every call.
+        recogniser = await trio.to_thread.run_sync(Recogniser, self.max_turn_bytes, limiter=limiter)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._speak, session, limiter)
+            nursery.start_soon(self._listen, session, recogniser, limiter)
+            while True:
+                # Full (the recogniser is behind, or turns wait): read no more input, so
+                # the server answers the client's next audio with input_backpressure.
+                while (
+                    len(self._buffer) >= self.max_buffered_bytes or len(self._queued) > MAX_QUEUED
+                ):
+                    await self._room.park()
+                try:
+                    event = await session.receive()
+                except trio.EndOfChannel:
+                    break
+                self._take(event)
+            self._input_ended = True
+            self._audio_in.unpark_all()
+            self._turn_queued.unpark_all()
+
+    def _take(self, event: Event) -> None:
+        kind = event["type"]
+        if kind == "input_audio_buffer.append":
+            self._buffer += event["audio"]
+            self._audio_in.unpark_all()
+        elif kind == "input.text.append":  # a typed turn: answered like a spoken one
+            self._cancel(None)
+            self._queue_turn(event["text"])
+        elif kind == "response.cancel":
+            self._cancel(event.get("response_id"))
+
+    def _cancel(self, response_id: str | None) -> None:
+        # Synchronous: once this returns, the speaker sends no further audio.
+        speaking = self._speaking
+        if speaking is not None and response_id in (None, speaking.response_id):
+            speaking.cancelled = True
+            speaking.scope.cancel()
+
+    def _queue_turn(self, transcript: str) -> None:
+        self.history.append({"role": "user", "text": transcript})
+        self._queued.append(transcript)
+        self._turn_queued.unpark_all()
+
+    # -- listening -------------------------------------------------------------------
+
+    async def _listen(
+        self, session: EngineSession, recogniser: Recogniser, limiter: trio.CapacityLimiter
+    ) -> None:
+        while True:
+            if not self._buffer:
+                if self._input_ended:
+                    return
+                await self._audio_in.park()
+                continue
+            chunk = bytes(self._buffer[:CHUNK_BYTES])
+            # Not abandoned on cancel: the decoder is this session's, one call at a time.
+            heard = await trio.to_thread.run_sync(recogniser.feed, chunk, limiter=limiter)
+            del self._buffer[: len(chunk)]
+            self._replay += chunk
+            self._room.unpark_all()
+            for hearing in heard:
+                await self._hear(session, hearing)
+            if not recogniser.in_turn:  # quiet: keep only what a new turn may start in
+                self._trim(recogniser.fed - KEEP_BYTES)
+
+    async def _hear(self, session: EngineSession, hearing: Hearing) -> None:
+        if hearing.kind is Heard.STARTED:
+            if self._turn_started:  # restored mid-turn: this turn was announced
+                return
+            self._cancel(None)  # barge-in: the user speaks over the response
+            start_ms = self._base_ms + hearing.offset * 1000 / BYTES_PER_SECOND
+            await session.send(
+                {"type": "input_audio_buffer.speech_started", "audio_start_ms": round(start_ms)}
+            )
+            self._turn_started = True
+        elif hearing.kind is Heard.PARTIAL:
+            delta = self._firm_delta(hearing.text.split())
+            if delta:
+                await session.send({"type": "input_audio.transcript.delta", "text": delta})
+                self._turn_words += delta.split()
+        else:
+            while len(self._queued) >= MAX_QUEUED:  # its response must have room
+                await self._room.park()
+            self._cancel(None)
+            await session.send({"type": "input_audio.transcript.done", "text": hearing.text})
+            self._turn_started = False
+            self._turn_words, self._last_guess = [], []
+            self._trim(hearing.offset)
+            self._queue_turn(hearing.text)
+
+    def _firm_delta(self, guess: list[str]) -> str:
+        """The words that firmed up: in this guess and the last one alike, and not the
+        guess's last word (still forming); "" if none, or if they contradict the words
+        already sent (the done event's text is the final word then)."""
+        firm: list[str] = []
+        for new, old in zip(guess[:-1], self._last_guess, strict=False):
+            if new != old:
+                break
+            firm.append(new)
+        self._last_guess = guess
+        sent = self._turn_words
+        if len(firm) <= len(sent) or firm[: len(sent)] != sent:
+            return ""
+        words = " ".join(firm[len(sent) :])
+        return f" {words}" if sent else words
+
+    def _trim(self, offset: int) -> None:
+        drop = min(offset - self._replay_at, len(self._replay))
+        if drop > 0:
+            del self._replay[:drop]
+            self._replay_at += drop
+
+    # -- answering -------------------------------------------------------------------
+
+    async def _speak(self, session: EngineSession, limiter: trio.CapacityLimiter) -> None:
+        while True:
+            response = self._speaking  # (restored: the one the last node had created)
+            if response is None:
+                if not self._queued:
+                    if self._input_ended:
+                        return
+                    await self._turn_queued.park()
+                    continue
+                self._responses += 1
+                response = _Response(f"resp_{self._responses}", self._queued.popleft())
+                self._speaking = response
+                self._room.unpark_all()
+            await self._respond(session, response, limiter)
+            self._speaking = None
+
+    async def _respond(
+        self, session: EngineSession, response: _Response, limiter: trio.CapacityLimiter
+    ) -> None:
+        response_id = response.response_id
+        if not response.created:
+            await session.send({"type": "response.created", "response_id": response_id})
+            response.created = True
+            if not response.cancelled:
+                with response.scope:
+                    await self._play(session, response, limiter)
+        else:  # restored after a migration: its responder and audio were left behind
+            response.cancelled = True
+        self.history.append({"role": "assistant", "text": "".join(response.said).strip()})
+        ending = "response.cancelled" if response.cancelled else "response.done"
+        await session.send({"type": ending, "response_id": response_id})
+
+    async def _play(
+        self, session: EngineSession, response: _Response, limiter: trio.CapacityLimiter
+    ) -> None:
+        send, receive = trio.open_memory_channel[tuple[str, bytes]](1)  # a clause ahead
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._synthesise, response.transcript, send, limiter)
+            start = trio.current_time()
+            index = 0  # frames sent
+            async with receive:
+                async for clause, pcm in receive:
+                    now = trio.current_time()
+                    if start + index * FRAME_SECONDS < now:  # synthesis fell behind
+                        start = now - index * FRAME_SECONDS
+                    text = clause if not response.said else " " + clause
+                    await _send_live(
+                        session,
+                        {"type": "response.output_text.delta", "response_id": response.response_id,
+                         "text": text},
+                    )  # fmt: skip
+                    response.said.append(text)
+                    for at in range(0, len(pcm), FRAME_BYTES):
+                        await trio.sleep_until(start + index * FRAME_SECONDS)
+                        await _send_live(
+                            session,
+                            {"type": "response.output_audio.delta",
+                             "response_id": response.response_id,
+                             "audio": pcm[at : at + FRAME_BYTES]},
+                        )  # fmt: skip
+                        index += 1
+            # Done when the last frame has played, not when it was sent.
+            await trio.sleep_until(start + index * FRAME_SECONDS)
+
+    async def _synthesise(
+        self,
+        transcript: str,
+        send: trio.MemorySendChannel[tuple[str, bytes]],
+        limiter: trio.CapacityLimiter,
+    ) -> None:
+        async with send:
+            pending = ""
+            async for piece in self._reply(transcript):
+                pending += piece
+                ready, pending = clauses(pending)
+                for clause in ready:
+                    await self._say(clause, send, limiter)
+            ready, rest = clauses(pending)
+            for clause in [*ready, rest] if rest.strip() else ready:
+                await self._say(clause, send, limiter)
+
+    async def _say(
+        self,
+        clause: str,
+        send: trio.MemorySendChannel[tuple[str, bytes]],
+        limiter: trio.CapacityLimiter,
+    ) -> None:
+        clause = " ".join(clause.split())
+        pcm = await synthesise(clause, self.voice, self.words_per_minute, limiter)
+        await send.send((clause, pcm))
+
+    async def _reply(self, transcript: str) -> AsyncIterator[str]:
+        """The responder's pieces, each within ``responder_timeout_s``, up to
+        ``max_reply_chars`` in all (the rest is not asked for)."""
+        pieces = self.responder(transcript)
+        left = self.max_reply_chars
+        try:
+            while left > 0:
+                with trio.fail_after(self.responder_timeout_s):
+                    try:
+                        piece = await pieces.__anext__()
+                    except StopAsyncIteration:
+                        return
+                if not isinstance(piece, str):
+                    raise TypeError(f"the responder yielded {type(piece).__name__}, not str")
+                yield piece[:left]
+                left -= len(piece)
+            log.info("reply cut at %d characters", self.max_reply_chars)
+        finally:
+            aclose = getattr(pieces, "aclose", None)
+            if aclose is not None:
+                with trio.move_on_after(1) as cleanup:
+                    cleanup.shield = True
+                    await aclose()
+
+    # -- migration -------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        speaking = self._speaking
+        return {
+            "state": _STATE,
+            # Audio not recognised, from the last quiet point: heard again on restore.
+            "audio": base64.b64encode(bytes(self._replay) + bytes(self._buffer)).decode(),
+            "audio_at_ms": self._base_ms + self._replay_at * 1000 / BYTES_PER_SECOND,
+            "turn_started": self._turn_started,
+            "turn_words": list(self._turn_words),
+            "history": list(self.history),
+            "queued": list(self._queued),
+            "responses": self._responses,
+            "speaking": None
+            if speaking is None
+            else {
+                "response_id": speaking.response_id,
+                "transcript": speaking.transcript,
+                "created": speaking.created,
+                "said": list(speaking.said),
+            },
+        }
+
+    def restore(self, state: bytes | dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("state") != _STATE:
+            raise ValueError(f"not a snapshot of the speech engine ({_STATE})")
+        try:
+            audio = base64.b64decode(_get(state, "audio", str), validate=True)
+        except binascii.Error:
+            raise ValueError("speech snapshot: 'audio' is not base64") from None
+        at_ms = _get(state, "audio_at_ms", float | int)
+        if not math.isfinite(at_ms) or at_ms < 0:
+            raise ValueError("speech snapshot: 'audio_at_ms' is not a time")
+        history = _get(state, "history", list)
+        if not all(
+            isinstance(h, dict) and h.get("role") in ("user", "assistant")
+            and isinstance(h.get("text"), str) for h in history
+        ):  # fmt: skip
+            raise ValueError("speech snapshot: 'history' is not a conversation")
+        queued, words = _get(state, "queued", list), _get(state, "turn_words", list)
+        if not all(isinstance(t, str) for t in [*queued, *words]):
+            raise ValueError("speech snapshot: 'queued' and 'turn_words' must hold texts")
+        responses = _get(state, "responses", int)
+        speaking = state.get("speaking")
+        if speaking is not None:
+            said = _get(speaking, "said", list) if isinstance(speaking, dict) else None
+            if said is None or not all(isinstance(t, str) for t in said):
+                raise ValueError("speech snapshot: 'speaking' is not a response")
+            self._speaking = _Response(
+                _get(speaking, "response_id", str),
+                _get(speaking, "transcript", str)[: self.max_turn_bytes],
+                _get(speaking, "created", bool),
+                said=said,
+            )
+        self._buffer = bytearray(audio)
+        self._base_ms = float(at_ms)
+        self._turn_started = _get(state, "turn_started", bool)
+        self._turn_words = words
+        self.history.extend(history)
+        self._queued = deque(queued)
+        self._responses = responses
+
+
+def _get(state: Mapping[str, Any], key: str, kind: Any) -> Any:
+    value = state.get(key)
+    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+        raise ValueError(f"speech snapshot: {key!r} has the wrong type")
+    return value
+
+
+async def _send_live(session: EngineSession, event: Event) -> None:
+    # A task woken by its deadline in the same batch as the cancel resumes normally and
+    # would send one more frame: check for the cancel before every send (as voice does).
+    await trio.lowlevel.checkpoint_if_cancelled()
+    await session.send(event)
+
+
+__all__ = ["MAX_CLAUSE_CHARS", "Responder", "SpeechEngine", "say_back"]
