@@ -6,7 +6,10 @@ subprocesses against a real ``trio-duplex serve``."""
 from __future__ import annotations
 
 import io
+import os
+import selectors
 import subprocess
+import time
 import wave
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import trio.testing
 from trio_duplex.client.mic import FRAME_SECONDS, TAIL_SILENCE_S, stream
 from trio_duplex.client.terminal import Printer, build_parser, run
 
+from ..speech_audio import DOOR, is_speech, needs_speech
 from .test_terminal import Screen, Serve, connect_command, out_lines, terminal
 
 Samples = np.ndarray[tuple[int], np.dtype[np.int16]]
@@ -251,3 +255,44 @@ def test_a_bad_mic_file_exits_2_through_the_command(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert done.stderr == f"* --mic: {path} has 24-bit samples; --mic takes 16-bit PCM\n"
+
+
+@pytest.mark.integration
+@needs_speech
+def test_a_conversation_with_the_speech_engine_through_mic_and_speaker(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """Issue 15's "done when": espeak-ng's sentence (22.05 kHz, as espeak-ng writes it) as
+    the microphone of ``trio-duplex connect``; the engine hears it and answers, and the
+    answer written by ``--speaker`` is speech."""
+    server = serve("--engine", "speech")
+    mic = tmp_path / "door.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(mic), DOOR], check=True, timeout=30)
+    out = tmp_path / "reply.wav"
+    argv = connect_command(server.url, "--mic", str(mic), "--speaker", str(out), "--linger", "0.3")
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        said = b""
+        deadline = time.monotonic() + 60
+        with selectors.DefaultSelector() as selector:  # stdout until the reply has ended
+            selector.register(proc.stdout, selectors.EVENT_READ)
+            while b"response.done" not in said:
+                left = deadline - time.monotonic()
+                assert left > 0, said
+                if selector.select(left):
+                    chunk = os.read(proc.stdout.fileno(), 65536)
+                    assert chunk, said
+                    said += chunk
+        proc.stdin.close()  # end of input: the client closes the session
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+        proc.wait(10)
+    lines = said.decode().splitlines()
+    (done,) = [line for line in lines if "input_audio.transcript.done" in line]
+    assert "door" in done, lines
+    assert any("response.output_text.delta" in line and "door" in line for line in lines)
+    rate, reply = read_wav(out)
+    assert rate == 16_000 and len(reply) > rate  # "you said: ...": over a second
+    assert is_speech(reply.tobytes())
