@@ -2,7 +2,8 @@
 
 ``api`` is the whole engine API (``Engine``, ``EngineSession``, ``BadEvent``,
 ``can_migrate``, ``UpstreamLost``); ``echo`` and ``voice`` are the built-in engines, and
-the examples to learn it from; ``realtime_proxy`` puts resume in front of an existing
+the examples to learn it from; ``speech`` wraps a real speech model (PocketSphinx and
+eSpeak NG, the ``speech`` extra); ``realtime_proxy`` puts resume in front of an existing
 OpenAI-Realtime-style endpoint.
 """
 

@@ -6,8 +6,9 @@ between them a *responder* (``Responder``: the final transcript in, the reply's 
 in pieces) says what to answer, by default ``say_back``. docs/speech.md is its guide.
 
 Client events: ``input_audio_buffer.append {audio}`` (16 kHz PCM16 to the engine, any
-format on the wire); ``input.text.append {text}``, a typed turn, answered as a spoken one;
-``response.cancel {response_id?}``, which stops the response being spoken.
+format on the wire); ``input.text.append {text}``, a typed turn (at most 2,000
+characters), answered as a spoken one; ``response.cancel {response_id?}``, which stops
+the response being spoken.
 
 Server events, per turn: ``input_audio_buffer.speech_started {audio_start_ms}`` when the
 endpointer hears speech begin (any response being spoken is cancelled then: barge-in);

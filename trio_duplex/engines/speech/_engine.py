@@ -5,12 +5,10 @@ events and decisions.
 
 from __future__ import annotations
 
-import base64
-import binascii
+import contextlib
 import logging
-import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -19,6 +17,7 @@ import trio
 from ..api import BadEvent, Engine, EngineSession, Event
 from ._capacity import check_available, default_max_sessions, shared_limiter
 from ._recognise import BYTES_PER_SECOND, SAMPLE_RATE, Heard, Hearing, Recogniser
+from ._snapshot import Speaking, State
 from ._synthesise import MAX_CLAUSE_CHARS, clauses, synthesise
 
 log = logging.getLogger("trio_duplex.engines.speech")
@@ -38,19 +37,21 @@ FRAME_BYTES: Final = SAMPLE_RATE * 2 // 50  # 20 ms of 16 kHz PCM16
 FRAME_SECONDS: Final = 0.02
 CHUNK_BYTES: Final = BYTES_PER_SECOND // 2  # the most audio one recogniser call takes
 KEEP_BYTES: Final = BYTES_PER_SECOND // 2  # audio kept before a turn, for a migration
+FIRM_GUESSES: Final = 3  # a word is firm once this many partial guesses agree on it
 MAX_QUEUED: Final = 4  # turns waiting for their response
-_STATE: Final = "speech/1"
+MAX_TYPED_CHARS: Final = 2000  # a typed turn (input.text.append)
 
 
 @attrs.define(eq=False)
 class _Response:
-    """The response being spoken. A restored one that was created is ended cancelled:
-    its responder (a generator, maybe a remote call) cannot move between nodes."""
+    """The response being spoken. A restored one that was created and not finished is
+    ended cancelled: its responder (a generator, maybe a remote call) cannot move."""
 
     response_id: str
     transcript: str
     created: bool = False
     cancelled: bool = False
+    finished: bool = False  # played whole (or cancelled): only its end is left to send
     said: list[str] = attrs.Factory(list)  # the text deltas sent, in order
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
 
@@ -96,7 +97,7 @@ class SpeechEngine(Engine):
         self._base_ms = 0.0  # session audio before the recogniser's offset 0
         self._turn_started = False  # speech_started sent for the turn going on
         self._turn_words: list[str] = []  # its words sent as transcript deltas
-        self._last_guess: list[str] = []
+        self._last_guesses: deque[list[str]] = deque(maxlen=FIRM_GUESSES)
         self._queued: deque[str] = deque()  # turns' transcripts awaiting a response
         self._speaking: _Response | None = None
         self._responses = 0
@@ -108,8 +109,11 @@ class SpeechEngine(Engine):
     def check(self, event: Event) -> None:
         kind = event["type"]
         if kind == "input.text.append":
-            if not isinstance(event.get("text"), str):
+            text = event.get("text")
+            if not isinstance(text, str):
                 raise BadEvent("text must be a string", param="text")
+            if len(text) > MAX_TYPED_CHARS:  # it goes into the history and the snapshot
+                raise BadEvent(f"text is over {MAX_TYPED_CHARS} characters", param="text")
         elif kind == "response.cancel":
             if not isinstance(event.get("response_id", ""), str):
                 raise BadEvent("response_id must be a string", param="response_id")
@@ -153,7 +157,11 @@ class SpeechEngine(Engine):
     def _cancel(self, response_id: str | None) -> None:
         # Synchronous: once this returns, the speaker sends no further audio.
         speaking = self._speaking
-        if speaking is not None and response_id in (None, speaking.response_id):
+        if (
+            speaking is not None
+            and not speaking.finished
+            and response_id in (None, speaking.response_id)
+        ):
             speaking.cancelled = True
             speaking.scope.cancel()
 
@@ -189,7 +197,7 @@ class SpeechEngine(Engine):
             if self._turn_started:  # restored mid-turn: this turn was announced
                 return
             self._cancel(None)  # barge-in: the user speaks over the response
-            start_ms = self._base_ms + hearing.offset * 1000 / BYTES_PER_SECOND
+            start_ms = self._base_ms + hearing.start_s * 1000
             await session.send(
                 {"type": "input_audio_buffer.speech_started", "audio_start_ms": round(start_ms)}
             )
@@ -205,25 +213,29 @@ class SpeechEngine(Engine):
             self._cancel(None)
             await session.send({"type": "input_audio.transcript.done", "text": hearing.text})
             self._turn_started = False
-            self._turn_words, self._last_guess = [], []
+            self._turn_words = []
+            self._last_guesses.clear()
             self._trim(hearing.offset)
             self._queue_turn(hearing.text)
 
     def _firm_delta(self, guess: list[str]) -> str:
-        """The words that firmed up: in this guess and the last one alike, and not the
-        guess's last word (still forming); "" if none, or if they contradict the words
-        already sent (the done event's text is the final word then)."""
+        """The words that firmed up: the same in the last ``FIRM_GUESSES`` guesses (200 ms
+        apart), and not the guess's last word (still forming); "" if none, or if they
+        contradict the words already sent. These are the decoder's first pass: the done
+        event's text, from its final pass, may differ from them."""
+        self._last_guesses.append(guess[:-1])
+        if len(self._last_guesses) < FIRM_GUESSES:
+            return ""
         firm: list[str] = []
-        for new, old in zip(guess[:-1], self._last_guess, strict=False):
-            if new != old:
+        for same in zip(*self._last_guesses, strict=False):
+            if any(word != same[0] for word in same):
                 break
-            firm.append(new)
-        self._last_guess = guess
+            firm.append(same[0])
         sent = self._turn_words
         if len(firm) <= len(sent) or firm[: len(sent)] != sent:
             return ""
-        words = " ".join(firm[len(sent) :])
-        return f" {words}" if sent else words
+        new = " ".join(firm[len(sent) :])
+        return f" {new}" if sent else new
 
     def _trim(self, offset: int) -> None:
         drop = min(offset - self._replay_at, len(self._replay))
@@ -259,8 +271,11 @@ class SpeechEngine(Engine):
             if not response.cancelled:
                 with response.scope:
                     await self._play(session, response, limiter)
-        else:  # restored after a migration: its responder and audio were left behind
+            # No checkpoint since the scope closed: a later cancel cannot reach this one.
+            response.finished = True
+        elif not response.finished:  # restored mid-reply: responder and audio left behind
             response.cancelled = True
+            response.finished = True
         self.history.append({"role": "assistant", "text": "".join(response.said).strip()})
         ending = "response.cancelled" if response.cancelled else "response.done"
         await session.send({"type": ending, "response_id": response_id})
@@ -303,9 +318,10 @@ class SpeechEngine(Engine):
         send: trio.MemorySendChannel[tuple[str, bytes]],
         limiter: trio.CapacityLimiter,
     ) -> None:
-        async with send:
+        # aclosing: a cancelled response closes the responder's generator now, not at GC.
+        async with send, contextlib.aclosing(self._reply(transcript)) as reply:
             pending = ""
-            async for piece in self._reply(transcript):
+            async for piece in reply:
                 pending += piece
                 ready, pending = clauses(pending)
                 for clause in ready:
@@ -322,9 +338,10 @@ class SpeechEngine(Engine):
     ) -> None:
         clause = " ".join(clause.split())
         pcm = await synthesise(clause, self.voice, self.words_per_minute, limiter)
+        pcm += bytes(-len(pcm) % FRAME_BYTES)  # whole 20 ms frames: the tail padded with silence
         await send.send((clause, pcm))
 
-    async def _reply(self, transcript: str) -> AsyncIterator[str]:
+    async def _reply(self, transcript: str) -> AsyncGenerator[str, None]:
         """The responder's pieces, each within ``responder_timeout_s``, up to
         ``max_reply_chars`` in all (the rest is not asked for)."""
         pieces = self.responder(transcript)
@@ -352,71 +369,46 @@ class SpeechEngine(Engine):
 
     def snapshot(self) -> dict[str, Any]:
         speaking = self._speaking
-        return {
-            "state": _STATE,
-            # Audio not recognised, from the last quiet point: heard again on restore.
-            "audio": base64.b64encode(bytes(self._replay) + bytes(self._buffer)).decode(),
-            "audio_at_ms": self._base_ms + self._replay_at * 1000 / BYTES_PER_SECOND,
-            "turn_started": self._turn_started,
-            "turn_words": list(self._turn_words),
-            "history": list(self.history),
-            "queued": list(self._queued),
-            "responses": self._responses,
-            "speaking": None
+        return State(
+            # From the last quiet point, and what is not recognised yet: heard again.
+            bytes(self._replay) + bytes(self._buffer),
+            self._base_ms + self._replay_at * 1000 / BYTES_PER_SECOND,
+            self._turn_started,
+            tuple(self._turn_words),
+            tuple(self.history),
+            tuple(self._queued),
+            self._responses,
+            None
             if speaking is None
-            else {
-                "response_id": speaking.response_id,
-                "transcript": speaking.transcript,
-                "created": speaking.created,
-                "said": list(speaking.said),
-            },
-        }
+            else Speaking(
+                speaking.response_id,
+                speaking.transcript,
+                speaking.created,
+                speaking.finished,
+                speaking.cancelled,
+                tuple(speaking.said),
+            ),
+        ).write()
 
     def restore(self, state: bytes | dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("state") != _STATE:
-            raise ValueError(f"not a snapshot of the speech engine ({_STATE})")
-        try:
-            audio = base64.b64decode(_get(state, "audio", str), validate=True)
-        except binascii.Error:
-            raise ValueError("speech snapshot: 'audio' is not base64") from None
-        at_ms = _get(state, "audio_at_ms", float | int)
-        if not math.isfinite(at_ms) or at_ms < 0:
-            raise ValueError("speech snapshot: 'audio_at_ms' is not a time")
-        history = _get(state, "history", list)
-        if not all(
-            isinstance(h, dict) and h.get("role") in ("user", "assistant")
-            and isinstance(h.get("text"), str) for h in history
-        ):  # fmt: skip
-            raise ValueError("speech snapshot: 'history' is not a conversation")
-        queued, words = _get(state, "queued", list), _get(state, "turn_words", list)
-        if not all(isinstance(t, str) for t in [*queued, *words]):
-            raise ValueError("speech snapshot: 'queued' and 'turn_words' must hold texts")
-        responses = _get(state, "responses", int)
-        speaking = state.get("speaking")
+        got = State.read(state)  # all checked before anything is taken
+        speaking = got.speaking
         if speaking is not None:
-            said = _get(speaking, "said", list) if isinstance(speaking, dict) else None
-            if said is None or not all(isinstance(t, str) for t in said):
-                raise ValueError("speech snapshot: 'speaking' is not a response")
             self._speaking = _Response(
-                _get(speaking, "response_id", str),
-                _get(speaking, "transcript", str)[: self.max_turn_bytes],
-                _get(speaking, "created", bool),
-                said=said,
+                speaking.response_id,
+                speaking.transcript,
+                speaking.created,
+                speaking.cancelled,
+                speaking.finished,
+                said=[*speaking.said],
             )
-        self._buffer = bytearray(audio)
-        self._base_ms = float(at_ms)
-        self._turn_started = _get(state, "turn_started", bool)
-        self._turn_words = words
-        self.history.extend(history)
-        self._queued = deque(queued)
-        self._responses = responses
-
-
-def _get(state: Mapping[str, Any], key: str, kind: Any) -> Any:
-    value = state.get(key)
-    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-        raise ValueError(f"speech snapshot: {key!r} has the wrong type")
-    return value
+        self._buffer = bytearray(got.audio)
+        self._base_ms = got.audio_at_ms
+        self._turn_started = got.turn_started
+        self._turn_words = list(got.turn_words)
+        self.history.extend(got.history)
+        self._queued = deque(got.queued)
+        self._responses = got.responses
 
 
 async def _send_live(session: EngineSession, event: Event) -> None:

@@ -33,6 +33,7 @@ class Hearing:
     kind: Heard
     offset: int
     text: str = ""
+    start_s: float = 0.0  # STARTED: where the speech began, in seconds of audio fed
 
 
 class Recogniser:
@@ -92,7 +93,8 @@ class Recogniser:
             self._decoder.start_utt()
             self._in_turn = True
             self._turn_bytes = 0
-            heard.append(Hearing(Heard.STARTED, offset))
+            # (The endpointer says so a window after the speech began: offset is later.)
+            heard.append(Hearing(Heard.STARTED, offset, start_s=endpointer.speech_start))
         self._decoder.process_raw(speech, False, False)
         self._turn_bytes += len(speech)
         if not endpointer.in_speech or self._turn_bytes >= self.max_turn_bytes:

@@ -1,0 +1,92 @@
+"""A speech session moved mid-sentence by a deploy (issue 15 on issue 13's migration):
+SIGTERM its node while the user is speaking, resume on another node, finish the sentence
+there, and the transcript is the one the sentence gets without a move.
+
+Real ``trio-duplex serve --engine speech`` nodes, a real redis-server, the ``websockets``
+package as the client, and a sentence espeak-ng says at test time.
+"""
+
+from __future__ import annotations
+
+import base64
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import trio
+from websockets.exceptions import ConnectionClosed
+
+from ..helpers import ServerProcess
+from ..speech_audio import FRAME, WEATHER, frames, needs_speech, spoken
+from .test_relay import open_session, receive, resume, send, ws_to
+from .test_serve import TIMEOUT
+
+pytestmark = [pytest.mark.integration, needs_speech]
+
+Event = dict[str, Any]
+
+
+def appends(pcm: bytes, first_seq: int = 1) -> list[Event]:
+    return [
+        {
+            "type": "input_audio_buffer.append",
+            "client_event_seq": seq,
+            "audio": base64.b64encode(frame).decode(),
+        }
+        for seq, frame in enumerate(frames(pcm), first_seq)
+    ]
+
+
+async def heard_until(ws: Any, kind: str, heard: list[Event]) -> Event:
+    while True:
+        event = await receive(ws)
+        if "server_event_seq" in event:
+            heard.append(event)
+        if event["type"] == kind:
+            return event
+
+
+async def test_sigterm_mid_sentence_moves_the_turn_and_loses_no_word(
+    nodes: Callable[..., list[ServerProcess]],
+) -> None:
+    a, b = nodes("ab", "--relay-port", "0", "--engine", "speech")
+    pcm = spoken(WEATHER)
+    half = len(pcm) // 2 // FRAME * FRAME
+    sent = appends(pcm)
+    with trio.fail_after(TIMEOUT * 3):
+        async with ws_to(b.url) as ws:  # the sentence without a move, for comparison
+            await open_session(ws)
+            for event in sent:
+                await send(ws, event)
+            whole = await heard_until(ws, "input_audio.transcript.done", [])
+            await send(ws, {"type": "session.close"})
+        heard: list[Event] = []
+        async with ws_to(a.url) as ws:
+            created = await open_session(ws)
+            for event in sent[: half // FRAME]:
+                await send(ws, event)
+            await heard_until(ws, "input_audio_buffer.speech_started", heard)
+            a.proc.send_signal(signal.SIGTERM)  # the deploy, mid-sentence
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    event = await receive(ws)
+                    if "server_event_seq" in event:
+                        heard.append(event)
+        assert await trio.to_thread.run_sync(a.wait, TIMEOUT * 2) == 0
+        async with ws_to(b.url) as ws:
+            await send(ws, resume(created, created["resume_token"], heard[-1]["server_event_seq"]))
+            resumed = await receive(ws)
+            assert resumed["type"] == "session.resumed", resumed
+            for event in sent[resumed["last_received_client_event_seq"] :]:
+                await send(ws, event)  # the rest of the sentence, and what A never took
+            done = await heard_until(ws, "input_audio.transcript.done", heard)
+            await heard_until(ws, "response.created", heard)
+            await send(ws, {"type": "session.close"})
+    assert "weather" in whole["text"].split()
+    assert done["text"] == whole["text"]
+    assert "handed over to the cluster" in a.log
+    seqs = [e["server_event_seq"] for e in heard]
+    assert seqs == list(range(1, len(seqs) + 1))  # none lost, none twice
+    kinds = [e["type"] for e in heard]
+    assert kinds.count("input_audio_buffer.speech_started") == 1  # not announced twice

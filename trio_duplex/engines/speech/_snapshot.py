@@ -1,0 +1,116 @@
+"""The speech engine's snapshot (migration between cluster nodes), as JSON and back.
+
+``State.read`` checks a whole snapshot before the engine takes any of it: a restore
+either takes all of it or raises ValueError and changes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from typing import Any, Final
+
+import attrs
+
+VERSION: Final = "speech/1"  # the shape of the snapshot; a restore refuses any other
+
+
+@attrs.frozen
+class Speaking:
+    """The response being spoken: its id, the transcript it answers, whether
+    ``response.created`` was sent, whether only its end was left, whether it was
+    cancelled, and the text deltas sent."""
+
+    response_id: str
+    transcript: str
+    created: bool
+    finished: bool  # played whole or cancelled: only its end was left to send
+    cancelled: bool
+    said: tuple[str, ...]
+
+
+@attrs.frozen
+class State:
+    audio: bytes  # to be heard again: from the last quiet point, and not yet recognised
+    audio_at_ms: float  # where ``audio`` starts in the session's input audio
+    turn_started: bool  # speech_started was sent for the turn going on
+    turn_words: tuple[str, ...]  # its words sent as transcript deltas
+    history: tuple[dict[str, str], ...]
+    queued: tuple[str, ...]  # transcripts awaiting their response
+    responses: int  # responses created so far (their ids: resp_1, resp_2, ...)
+    speaking: Speaking | None
+
+    def write(self) -> dict[str, Any]:
+        speaking = self.speaking
+        return {
+            "state": VERSION,
+            "audio": base64.b64encode(self.audio).decode(),
+            "audio_at_ms": self.audio_at_ms,
+            "turn_started": self.turn_started,
+            "turn_words": list(self.turn_words),
+            "history": [dict(entry) for entry in self.history],
+            "queued": list(self.queued),
+            "responses": self.responses,
+            "speaking": None if speaking is None else attrs.asdict(speaking) | {
+                "said": list(speaking.said)
+            },
+        }  # fmt: skip
+
+    @classmethod
+    def read(cls, state: object) -> State:
+        if not isinstance(state, dict) or state.get("state") != VERSION:
+            raise ValueError(f"not a snapshot of the speech engine ({VERSION})")
+        try:
+            audio = base64.b64decode(_get(state, "audio", str), validate=True)
+        except binascii.Error:
+            raise ValueError("speech snapshot: 'audio' is not base64") from None
+        at_ms = _get(state, "audio_at_ms", float | int)
+        if not math.isfinite(at_ms) or at_ms < 0:
+            raise ValueError("speech snapshot: 'audio_at_ms' is not a time")
+        history = _get(state, "history", list)
+        if not all(
+            isinstance(h, dict) and set(h) == {"role", "text"}
+            and h["role"] in ("user", "assistant") and isinstance(h["text"], str)
+            for h in history
+        ):  # fmt: skip
+            raise ValueError("speech snapshot: 'history' is not a conversation")
+        return cls(
+            audio,
+            float(at_ms),
+            _get(state, "turn_started", bool),
+            _texts(state, "turn_words"),
+            tuple(history),
+            _texts(state, "queued"),
+            _get(state, "responses", int),
+            _speaking(state.get("speaking")),
+        )
+
+
+def _speaking(value: object) -> Speaking | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("speech snapshot: 'speaking' is not a response")
+    return Speaking(
+        _get(value, "response_id", str),
+        _get(value, "transcript", str),
+        _get(value, "created", bool),
+        _get(value, "finished", bool),
+        _get(value, "cancelled", bool),
+        _texts(value, "said"),
+    )
+
+
+def _texts(state: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = _get(state, key, list)
+    if not all(isinstance(text, str) for text in value):
+        raise ValueError(f"speech snapshot: {key!r} must hold texts")
+    return tuple(value)
+
+
+def _get(state: dict[str, Any], key: str, kind: Any) -> Any:
+    value = state.get(key)
+    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+        raise ValueError(f"speech snapshot: {key!r} is missing or has the wrong type")
+    return value
