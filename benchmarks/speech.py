@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _seconds(path: str) -> float:
     with wave.open(path) as wav:
-        return wav.getnframes() / wav.getframerate()
+        return float(wav.getnframes() / wav.getframerate())
 
 
 if __name__ == "__main__":

@@ -266,12 +266,15 @@ def test_a_conversation_with_the_speech_engine_through_mic_and_speaker(
     the microphone of ``trio-duplex connect``; the engine hears it and answers, and the
     answer written by ``--speaker`` is speech."""
     server = serve("--engine", "speech")
-    mic = tmp_path / "door.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(mic), DOOR], check=True, timeout=30)
+    espeak_wav = tmp_path / "espeak.wav"
+    argv = ["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(espeak_wav), DOOR]
+    subprocess.run(argv, check=True, timeout=30)
+    rate, speech = read_wav(espeak_wav)  # 22.05 kHz: --mic resamples it
+    silence = np.zeros(rate // 2, dtype=np.int16)  # the endpointer hears the speech begin
+    mic = write_wav(tmp_path / "door.wav", np.concatenate((silence, speech)), rate)
     out = tmp_path / "reply.wav"
     argv = connect_command(server.url, "--mic", str(mic), "--speaker", str(out), "--linger", "0.3")
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    try:
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
         assert proc.stdout is not None and proc.stdin is not None
         said = b""
         deadline = time.monotonic() + 60
@@ -286,9 +289,6 @@ def test_a_conversation_with_the_speech_engine_through_mic_and_speaker(
                     said += chunk
         proc.stdin.close()  # end of input: the client closes the session
         assert proc.wait(30) == 0
-    finally:
-        proc.kill()
-        proc.wait(10)
     lines = said.decode().splitlines()
     (done,) = [line for line in lines if "input_audio.transcript.done" in line]
     assert "door" in done, lines
