@@ -145,6 +145,7 @@ def run_step(
         load = [PY, "-m", "benchmarks.clients.speech_load", url, "--sessions", str(sessions)]
         load += [x for path in utterances for x in ("--utterance", path)]
         load += ["--measure", str(args.measure), "--warmup", str(args.warmup)]
+        load += ["--tail", str(args.tail)]
         if neighbour:
             load.append("--neighbour")
         timeout = 120 + args.measure + sessions * 3
@@ -295,6 +296,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--measure", type=float, default=30.0, help="seconds per step")
     parser.add_argument("--warmup", type=float, default=4.0)
+    parser.add_argument(
+        "--tail", type=float, default=5.0, help="seconds after a window for its turns' replies"
+    )
+    parser.add_argument("--gil-repeats", type=int, default=3, help="decoders timed")
     parser.add_argument("--threshold-ms", type=float, default=20.0)
     parser.add_argument("--admission-rounds", type=int, default=2)
     parser.add_argument(
@@ -318,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
         utterances = synthesise(Path(tmp))
         seconds = [_seconds(p) for p in utterances]
         print(f"sentences: {', '.join(f'{s:.2f} s' for s in seconds)}", file=sys.stderr)
-        report["gil"] = gil_holds(utterances[0])
+        report["gil"] = gil_holds(utterances[0], args.gil_repeats)
         print(f"## PocketSphinx calls and the GIL ({started})\n")
         print(gil_table(report["gil"]) + "\n")
         if args.gil_only:

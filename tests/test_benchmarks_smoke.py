@@ -338,10 +338,13 @@ def test_the_speech_benchmark_runs_a_step_and_admission(tmp_path: Path) -> None:
     """benchmarks.speech: espeak-ng's sentences, one speech session and the echo neighbour
     on the router engine, then admission at the default --max-sessions; nothing timed."""
     out_file = tmp_path / "speech.json"
-    out = _run("speech", "--steps", "1", "--rounds", "1", "--measure", "4", "--warmup", "1",
-               "--admission-rounds", "1", "--json", str(out_file), timeout=180)  # fmt: skip
+    out = _run("speech", "--steps", "1", "--rounds", "1", "--measure", "2", "--warmup", "0.5",
+               "--tail", "0.2", "--gil-repeats", "1", "--admission-rounds", "1",
+               "--json", str(out_file), timeout=180)  # fmt: skip
     assert "## Ramp" in out and "## Admission at the default --max-sessions" in out, out
+    assert "| end_utt |" in out, out  # the GIL table
     report = json.loads(out_file.read_text())
+    assert report["gil"]["end_utt"]["max_ms"] > 0
     (step,) = report["ramp"]
     assert step["opened"] == 1 and not step["errors"] and not step["dead"], step
     assert step["neighbour_delay"]["n"] > 0, step  # the echo neighbour was answered
