@@ -149,6 +149,20 @@ async def test_typed_lines_go_beside_the_mic(
     assert len(text) == 1 and audio[0] < text[0] < audio[-1]
 
 
+async def test_a_file_cut_short_mid_sample_streams_what_it_holds(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    mic = write_wav(tmp_path / "in.wav", two_tones(16_000, 0.2), 16_000, channels=2)
+    mic.write_bytes(mic.read_bytes()[:-3])  # the header still counts the lost samples
+    out = tmp_path / "out.wav"
+    async with terminal(["--mic", str(mic), "--speaker", str(out)]) as term:
+        term.lines.close()
+    assert term.exit_code == 0, term.err.getvalue()
+    rate, received = read_wav(out)
+    assert abs(len(sound(received)) / rate - 0.2) < 0.03
+    assert "mic: end of" in term.err.getvalue()
+
+
 async def test_frames_are_sent_on_a_fixed_grid(autojump_clock: trio.abc.Clock) -> None:
     sent_at: list[float] = []
 

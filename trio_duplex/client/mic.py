@@ -74,7 +74,8 @@ class Microphone:
         chunk = max(1, self.rate * 20 // 1000)
         with wave.open(self.path, "rb") as wav:
             while data := wav.readframes(chunk):
-                samples = np.frombuffer(data, dtype="<i2")
+                whole = len(data) - len(data) % (2 * self.channels)  # a file cut mid-sample
+                samples = np.frombuffer(data[:whole], dtype="<i2")
                 if self.channels == 2:  # the mean of left and right (no clipping)
                     pairs = samples.reshape(-1, 2).astype(np.int32)
                     samples = ((pairs[:, 0] + pairs[:, 1]) // 2).astype(np.int16)

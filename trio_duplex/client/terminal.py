@@ -346,9 +346,10 @@ class _Run:
     async def speak(self, session: ClientSession) -> None:
         """Stream ``--mic``'s file as the session's input audio, in real time."""
         mic = self.mic
+        if mic is None:
+            self.mic_done.set()
+            return
         try:
-            if mic is None:
-                return
             wire = _wire_format(session.config, "input")
             self.printer.status(
                 f"mic: streaming {mic.path} ({mic.seconds:.2f} s, {mic.rate} Hz "
@@ -361,6 +362,8 @@ class _Run:
             )
         except ClientError:
             return  # the session ended or failed: show_events reports it
+        except (OSError, EOFError, wave.Error) as exc:  # the file changed since it was checked
+            self.printer.status(f"mic: cannot read {mic.path} any further: {exc}")
         finally:
             self.mic_done.set()
 
