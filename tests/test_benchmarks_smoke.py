@@ -272,3 +272,82 @@ def test_the_cluster_benchmark_runs_its_scenarios(tmp_path: Path) -> None:
     assert "### Migration on drain" in stdout and "| going_away → next audio frame |" in stdout
     (drain,) = report["migrate"]
     assert drain["sessions"] == 2 and drain["violations"] == 0
+
+
+def _speech_step(**changes: object) -> dict[str, object]:
+    step: dict[str, object] = {
+        "sessions": 2,
+        "neighbour_delay": {"n": 100, "p99_ms": 12.0},
+        "reply_frame_delay": {"n": 100, "p99_ms": 8.0},
+        "turns": 3,
+        "unanswered": 0,
+        "errors": {},
+        "refused": {},
+        "dead": 0,
+    }
+    return {**step, **changes}
+
+
+def test_the_speech_benchmark_judges_a_step() -> None:
+    from benchmarks.speech import holds
+
+    assert holds(_speech_step(), 20.0)
+    assert not holds(_speech_step(neighbour_delay={"n": 100, "p99_ms": 21.0}), 20.0)
+    assert not holds(_speech_step(reply_frame_delay={"n": 100, "p99_ms": 21.0}), 20.0)
+    assert not holds(_speech_step(reply_frame_delay={"n": 0}), 20.0)  # no reply heard
+    assert not holds(_speech_step(unanswered=1), 20.0)
+    assert not holds(_speech_step(turns=0), 20.0)
+    assert not holds(_speech_step(refused={"resource_exhausted": 1}), 20.0)
+    assert not holds(_speech_step(errors={"input_backpressure": 1}), 20.0)
+    # The baseline (the neighbour alone) is judged on the neighbour only.
+    assert holds(_speech_step(sessions=0, turns=0, reply_frame_delay={"n": 0}), 20.0)
+
+
+def test_the_speech_load_times_reply_frames_against_their_earliest() -> None:
+    import argparse
+
+    from benchmarks.clients.speech_load import Load, Session
+
+    load = Load(argparse.Namespace(utterance=[], seed=1))
+    load.window = (0.0, math.inf)
+    session = Session(load, 0, neighbour=False)
+    session.speech_end, session.awaiting_audio = 9.5, True
+    # Frames 0-4 of a reply: the third 10 ms late; the fifth 5 ms early, which moves the
+    # grid's anchor (the first frames were late, not it early).
+    for t in (10.0, 10.02, 10.05, 10.06, 10.075):
+        session.reply_frame(t)
+    delays = [d for _, d in load.reply_delays]
+    assert delays == pytest.approx([0.0, 0.0, 0.01, 0.0, 0.0])
+    ((ended, latency),) = load.turns  # end of speech → first frame, once
+    assert ended == 9.5 and latency == pytest.approx(0.5)
+    assert not session.awaiting_audio
+
+
+def test_the_speech_load_noise_is_faint_and_does_not_repeat_soon() -> None:
+    from benchmarks.clients.speech_load import FRAME_BYTES, HEADER, noise_frames
+
+    frames = noise_frames(50, 5)
+    assert len(set(frames)) == 50 and all(len(f) == len(HEADER) + FRAME_BYTES for f in frames)
+    samples = [int.from_bytes(f[i : i + 2], "little", signed=True)
+               for f in frames for i in range(len(HEADER), len(f), 2)]  # fmt: skip
+    assert max(map(abs, samples)) <= 4 and any(samples)
+
+
+@pytest.mark.integration
+def test_the_speech_benchmark_runs_a_step_and_admission(tmp_path: Path) -> None:
+    """benchmarks.speech: espeak-ng's sentences, one speech session and the echo neighbour
+    on the router engine, then admission at the default --max-sessions; nothing timed."""
+    out_file = tmp_path / "speech.json"
+    out = _run("speech", "--steps", "1", "--rounds", "1", "--measure", "2", "--warmup", "0.5",
+               "--tail", "0.2", "--gil-repeats", "1", "--admission-rounds", "1",
+               "--json", str(out_file), timeout=180)  # fmt: skip
+    assert "## Ramp" in out and "## Admission at the default --max-sessions" in out, out
+    assert "| end_utt |" in out, out  # the GIL table
+    report = json.loads(out_file.read_text())
+    assert report["gil"]["end_utt"]["max_ms"] > 0
+    (step,) = report["ramp"]
+    assert step["opened"] == 1 and not step["errors"] and not step["dead"], step
+    assert step["neighbour_delay"]["n"] > 0, step  # the echo neighbour was answered
+    (admission,) = report["admission"]
+    assert admission["sessions"] > admission["opened"] > 0, admission
+    assert set(admission["refused"]) == {"resource_exhausted"}, admission

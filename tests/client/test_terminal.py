@@ -603,5 +603,5 @@ def test_help_through_the_main_command() -> None:
         timeout=30,
     )
     assert done.returncode == 0
-    for flag in ("--json", "--resume", "--token", "--save-audio", "--linger"):
+    for flag in ("--json", "--resume", "--token", "--save-audio", "--speaker", "--mic", "--linger"):
         assert flag in done.stdout

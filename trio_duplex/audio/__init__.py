@@ -9,6 +9,7 @@ The server converts between what a client sends or receives (pcm16 at 8-48 kHz, 
 from ._codecs import MAX_CONVERTED_MS, AudioError, Decoder, Encoder
 from ._config import ENGINE_RATES, FORMATS, RATES, AudioConfig, AudioFormat, negotiate
 from ._opus import available as opus_available
+from ._resample import Resampler
 
 __all__ = [
     "ENGINE_RATES",
@@ -20,6 +21,7 @@ __all__ = [
     "AudioFormat",
     "Decoder",
     "Encoder",
+    "Resampler",
     "negotiate",
     "opus_available",
 ]

@@ -8,6 +8,9 @@ resumed) goes to stderr. At end of input the client waits until the server has r
 everything and the output has been quiet for ``--linger`` seconds, then closes the
 session. Ctrl-C closes the session cleanly; a second Ctrl-C detaches and prints how to
 resume.
+
+``--mic FILE.wav`` streams the file as the microphone (see ``mic.py``) beside the typed
+lines; ``--speaker OUT.wav`` (also spelt ``--save-audio``) writes the audio received.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from . import (
     StreamFactories,
     connect,
 )
+from .mic import FRAME_SECONDS, TAIL_SILENCE_S, MicError, Microphone, open_wav, stream
 from .transport import audio_bytes
 from .urls import parse_urls
 
@@ -87,9 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--save-audio",
+        "--speaker",
+        dest="save_audio",
         metavar="PATH",
         help="write received audio (response.output_audio.delta) to a WAV file "
         "(PCM16 at the negotiated output rate; G.711 and Opus are decoded)",
+    )
+    p.add_argument(
+        "--mic",
+        metavar="FILE.wav",
+        help="a PCM16 WAV file (mono or stereo, any rate) as the microphone: streamed in "
+        "real time as input audio (on the binary lane unless --audio-wire json), then "
+        f"{TAIL_SILENCE_S:g} s of silence; end of input waits for it",
     )
     p.add_argument(
         "--audio-wire",
@@ -243,10 +256,15 @@ class AudioSink:
 
 
 def _output_format(config: Mapping[str, Any]) -> AudioFormat:
+    return _wire_format(config, "output")
+
+
+def _wire_format(config: Mapping[str, Any], side: str) -> AudioFormat:
+    """The session's audio ``side`` ("input" or "output") as the server granted it."""
     audio = config.get("audio")
-    output = audio.get("output") if isinstance(audio, dict) else None
-    if isinstance(output, dict):
-        kind, rate = output.get("format"), output.get("rate")
+    granted = audio.get(side) if isinstance(audio, dict) else None
+    if isinstance(granted, dict):
+        kind, rate = granted.get("format"), granted.get("rate")
         if isinstance(kind, str) and kind in FORMATS and isinstance(rate, int):
             return AudioFormat(kind, rate)
     return _V1_AUDIO
@@ -257,6 +275,8 @@ def _audio_request(args: argparse.Namespace) -> dict[str, Any]:
     request: dict[str, Any] = {}
     if args.audio_wire is not None:
         request["wire"] = args.audio_wire
+    elif args.mic is not None:  # a microphone's audio goes on the binary lane
+        request["wire"] = "binary"
     side: dict[str, Any] = {}
     if args.audio_format is not None:
         side["format"] = args.audio_format
@@ -275,6 +295,8 @@ class _Run:
     args: argparse.Namespace
     printer: Printer
     audio: AudioSink | None = None
+    mic: Microphone | None = None
+    mic_done: trio.Event = attrs.field(factory=trio.Event)
     interrupts: int = 0
     exit_code: int = 0
     quiet: trio.CancelScope | None = None
@@ -308,7 +330,9 @@ class _Run:
                     await session.send(_event_for(line))
                 except ValueError as exc:  # EventTooLarge is one
                     self.printer.status(f"not sent: {exc}")
-            # End of input: let the server read it all and the answers come, then close.
+            # End of input (and of the microphone's file): let the server read it all
+            # and the answers come, then close.
+            await self.mic_done.wait()
             await session.confirm()
             # Linger: a deadline that every printed event pushes back.
             with trio.CancelScope(deadline=trio.current_time() + self.args.linger) as self.quiet:
@@ -318,6 +342,30 @@ class _Run:
                 await session.aclose()
         except ClientError:
             return  # the session ended or failed: show_events reports it
+
+    async def speak(self, session: ClientSession) -> None:
+        """Stream ``--mic``'s file as the session's input audio, in real time."""
+        mic = self.mic
+        if mic is None:
+            self.mic_done.set()
+            return
+        try:
+            wire = _wire_format(session.config, "input")
+            self.printer.status(
+                f"mic: streaming {mic.path} ({mic.seconds:.2f} s, {mic.rate} Hz "
+                f"{'stereo' if mic.channels == 2 else 'mono'}) as {wire.format} at {wire.rate} Hz"
+            )
+            sent = await stream(mic.payloads(wire), session.send_audio)
+            self.printer.status(
+                f"mic: end of {mic.path} ({sent * FRAME_SECONDS:.2f} s sent, "
+                f"the last {TAIL_SILENCE_S:g} s silence)"
+            )
+        except ClientError:
+            return  # the session ended or failed: show_events reports it
+        except (OSError, EOFError, wave.Error) as exc:  # the file changed since it was checked
+            self.printer.status(f"mic: cannot read {mic.path} any further: {exc}")
+        finally:
+            self.mic_done.set()
 
     async def watch(
         self,
@@ -419,11 +467,16 @@ async def run(
     options = ClientOptions(reconnect=policy, api_key=os.environ.get(API_KEY_VARIABLE) or None)
     shown = " ".join(urls)
     try:
+        mic = open_wav(args.mic) if args.mic else None
+    except MicError as exc:
+        printer.status(f"--mic: {exc}")
+        return 2
+    try:
         audio = AudioSink(args.save_audio) if args.save_audio else None
     except OSError as exc:
         printer.status(f"--save-audio: cannot write {args.save_audio}: {exc.strerror or exc}")
         return 2
-    state = _Run(args, printer, audio)
+    state = _Run(args, printer, audio, mic)
     try:
         async with connect(
             urls if len(urls) > 1 else urls[0],
@@ -438,6 +491,7 @@ async def run(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(state.show_events, session)
                 nursery.start_soon(state.feed, session, lines)
+                nursery.start_soon(state.speak, session)
                 nursery.start_soon(state.watch, session, interrupts, nursery)
                 await state.done.wait()
                 nursery.cancel_scope.cancel()
