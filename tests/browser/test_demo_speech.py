@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import wave
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ pytestmark = [pytest.mark.integration, needs_speech]
 
 LEAD_S = 0.5  # silence before the sentence ...
 TAIL_S = 5.5  # ... and after it: the turn ends and its reply plays whole before the loop
-KEY_WORDS = {"what", "weather"}  # of WEATHER, which is heard as "what is the weather like to do"
+KEY_WORDS = {"what", "weather"}  # WEATHER is heard as "what is the weather like to do" (or "dig")
 
 
 def write_sentence_wav(path: Path, text: str) -> None:
@@ -96,6 +97,11 @@ def test_a_spoken_sentence_is_heard_and_answered_aloud(demo: Demo) -> None:
     seen = demo.seen()
     heard = seen["heard"][0]
     assert KEY_WORDS <= set(heard.split()), heard
+    # Before it, "You said" grew word by word as the first pass firmed them up.
+    firming = seen["firming"]
+    assert firming, "no transcript.delta shown"
+    assert all(later.startswith(f"{earlier} ") for earlier, later in pairwise(firming))
+    assert "  " not in firming[-1] and firming[-1] == firming[-1].strip()
     heard_box = demo.page.get_by_test_id("heard")
     expect(heard_box).to_have_text(heard)
     expect(heard_box).to_have_attribute("data-final", "true")

@@ -26,6 +26,7 @@ const seen = {
   bargeIns: 0, // the page's own: the button, or the microphone's level
   serverBargeIns: 0, // the server's: it heard speech start (or cancelled) while a reply played
   heard: [], // every input_audio.transcript.done's text, in order (the last HEARD_KEPT)
+  firming: [], // what "You said" showed at each transcript.delta (the last HEARD_KEPT)
   droppedFrames: 0, // audio frames that arrived after a barge-in, not played
   played: 0, // source samples the playback worklet consumed
   buffered: 0,
@@ -156,8 +157,10 @@ function handle(event) {
     heardText("", false);
     detail = `at ${event.audio_start_ms} ms`;
   } else if (type === "input_audio.transcript.delta") {
-    const before = $("heard").textContent;
-    heardText(before ? `${before} ${event.text}` : event.text, false);
+    // The deltas join into the transcript so far (each later one has its leading space).
+    heardText($("heard").textContent + event.text, false);
+    seen.firming.push($("heard").textContent);
+    if (seen.firming.length > HEARD_KEPT) seen.firming.shift();
     detail = JSON.stringify(event.text);
   } else if (type === "input_audio.transcript.done") {
     heardText(event.text, true);
