@@ -28,8 +28,8 @@ def until(page: Page, predicate: str) -> None:
 
 
 def speak(page: Page, text: str) -> None:
-    page.get_by_label("Text for the voice engine to speak").fill(text)
-    page.get_by_role("button", name="Speak").click()
+    page.get_by_label("Text to send (a typed turn)").fill(text)
+    page.get_by_role("button", name="Send").click()
 
 
 def use_the_page(page: Page, url: str) -> None:

@@ -50,21 +50,26 @@ def playwright() -> Iterator[Playwright]:
         yield driver
 
 
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
-    wav = tmp_path_factory.mktemp("mic") / "mic.wav"
-    write_mic_wav(wav)
-    browser = playwright.chromium.launch(
+def launch_chromium(playwright: Playwright, microphone: Path) -> Browser:
+    """Headless Chromium whose fake microphone plays ``microphone`` (a WAV), in a loop."""
+    return playwright.chromium.launch(
         executable_path=CHROMIUM,
         headless=True,
         args=[
             "--no-sandbox",  # CI and these sessions run as root
             "--use-fake-ui-for-media-stream",  # grant the microphone without asking
             "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-audio-capture={wav}",
+            f"--use-file-for-fake-audio-capture={microphone}",
             "--autoplay-policy=no-user-gesture-required",
         ],
     )
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    wav = tmp_path_factory.mktemp("mic") / "mic.wav"
+    write_mic_wav(wav)
+    browser = launch_chromium(playwright, wav)
     try:
         yield browser
     finally:

@@ -15,19 +15,18 @@ import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, expect
 from prometheus_client.parser import text_string_to_metric_families
 
 from trio_duplex.engines.voice import frame_count
 
 from ..helpers import Serve, ServerProcess
+from .page import WAIT_MS, Demo
 
 pytestmark = pytest.mark.integration
 
-WAIT_MS = 15_000  # the deadline of every wait on the page
 SHORT = "one two three four"
 LONG = " ".join(["barge", "in", "while", "the", "engine", "speaks", "this", "long", "sentence"] * 3)
 
@@ -55,54 +54,6 @@ def until_server(check: Callable[[], bool], timeout: float = WAIT_MS / 1000) -> 
     while not check():
         assert time.monotonic() < deadline, "the server never got there"
         time.sleep(0.05)  # a poll interval of an outside process, not a wait for an outcome
-
-
-class Demo:
-    """The demo page, open on a session of its own."""
-
-    def __init__(self, page: Page, server: ServerProcess) -> None:
-        self.page = page
-        self.origin = f"http://127.0.0.1:{server.port}"
-        self.errors: list[str] = []
-        self.requests: list[str] = []
-        page.on("pageerror", lambda error: self.errors.append(str(error)))
-        page.on("console", self._console)
-        page.on("request", lambda request: self.requests.append(request.url))
-        page.on("websocket", lambda ws: self.requests.append(ws.url))
-
-    def _console(self, message: Any) -> None:
-        if message.type == "error":
-            self.errors.append(message.text)
-
-    def open(self) -> None:
-        self.page.goto(self.origin + "/")
-        expect(self.page.get_by_test_id("state")).to_have_text("attached", timeout=WAIT_MS)
-
-    def number(self, test_id: str) -> int:
-        return int(self.page.get_by_test_id(test_id).text_content() or "")
-
-    def seen(self) -> dict[str, Any]:
-        """``window.demo``: what the page saw (seqs, playback reports, states, ...)."""
-        value: dict[str, Any] = self.page.evaluate("() => window.demo")
-        return value
-
-    def until(self, predicate: str, arg: object = None) -> None:
-        """Wait until ``predicate`` (a JS function of ``window.demo`` and ``arg``) holds."""
-        self.page.wait_for_function(
-            f"(arg) => ({predicate})(window.demo, arg)", arg=arg, timeout=WAIT_MS
-        )
-
-    def speak(self, text: str) -> None:
-        self.page.get_by_label("Text for the voice engine to speak").fill(text)
-        self.page.get_by_role("button", name="Speak").click()
-
-    def check_clean(self) -> None:
-        """No script error, no CSP refusal, nothing fetched from another origin."""
-        assert self.errors == []
-        assert self.seen()["cspViolations"] == []
-        ws_origin = self.origin.replace("http://", "ws://")
-        outside = [url for url in self.requests if not url.startswith((self.origin, ws_origin))]
-        assert outside == []
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
-// The demo page: one session on the `voice` engine, with the microphone on the binary
-// lane, the engine's audio through the jitter buffer, barge-in, a resume on demand, and
-// the event timeline. Served by `trio-duplex serve --demo` (docs/browser.md).
+// The demo page: one session on the server's engine (`voice`, or `speech`: a
+// conversation), with the microphone on the binary lane, the engine's audio through the
+// jitter buffer, what was heard and the reply's text, barge-in (the page's own, and the
+// server's), a resume on demand, and the event timeline. Served by `trio-duplex serve
+// --demo` (docs/browser.md).
 
 import { audioBytes, connect } from "/demo/trio-duplex.js";
 import { AudioIO, CHUNK_MS } from "/demo/audio.js";
@@ -11,6 +13,7 @@ const TIMELINE_ROWS = 200; // the timeline keeps the last rows only
 const SEQS_KEPT = 100000; // seqs kept for the check below (and for tests), at most
 const MIC_WAITING_MAX = 50; // 1 s of microphone chunks waiting for room, at most
 const LOUD_CHUNKS = 2; // the level must pass the threshold this many chunks in a row (40 ms)
+const HEARD_KEPT = 100; // final transcripts kept for tests, at most
 
 const $ = (id) => document.getElementById(id);
 
@@ -20,7 +23,10 @@ const seen = {
   lastSeq: 0,
   gaps: 0, // a seq that was not lastSeq + 1
   duplicates: 0, // a seq at or below lastSeq
-  bargeIns: 0,
+  bargeIns: 0, // the page's own: the button, or the microphone's level
+  serverBargeIns: 0, // the server's: it heard speech start (or cancelled) while a reply played
+  heard: [], // every input_audio.transcript.done's text, in order (the last HEARD_KEPT)
+  firming: [], // what "You said" showed at each transcript.delta (the last HEARD_KEPT)
   droppedFrames: 0, // audio frames that arrived after a barge-in, not played
   played: 0, // source samples the playback worklet consumed
   buffered: 0,
@@ -87,6 +93,7 @@ function render() {
   setText("buffered-ms", Math.round(seen.buffered / (RATE / 1000)));
   setText("underruns", seen.underruns);
   setText("barge-ins", seen.bargeIns);
+  setText("server-barge-ins", seen.serverBargeIns);
   setText("dropped-frames", seen.droppedFrames);
   $("mic-level").value = seen.lastLevel;
 }
@@ -139,18 +146,38 @@ function handle(event) {
     cancelling = false;
     seen.responses.created += 1;
     detail = event.response_id;
+    $("transcript").textContent = ""; // the reply to this turn only
   } else if (type === "response.output_text.delta") {
     $("transcript").textContent += event.text;
     detail = JSON.stringify(event.text);
+  } else if (type === "input_audio_buffer.speech_started") {
+    // The engine detects turns itself, and cancels a reply the user speaks over: stop
+    // playing it now, not when its response.cancelled comes.
+    if (speaking !== null && !cancelling) serverBargeIn("speech_started");
+    heardText("", false);
+    detail = `at ${event.audio_start_ms} ms`;
+  } else if (type === "input_audio.transcript.delta") {
+    // The deltas join into the transcript so far (each later one has its leading space).
+    heardText($("heard").textContent + event.text, false);
+    seen.firming.push($("heard").textContent);
+    if (seen.firming.length > HEARD_KEPT) seen.firming.shift();
+    detail = JSON.stringify(event.text);
+  } else if (type === "input_audio.transcript.done") {
+    heardText(event.text, true);
+    seen.heard.push(event.text);
+    if (seen.heard.length > HEARD_KEPT) seen.heard.shift();
+    detail = JSON.stringify(event.text);
   } else if (type === "response.done" || type === "response.cancelled") {
-    if (event.response_id === speaking) speaking = null;
     if (type === "response.done") {
       seen.responses.done += 1;
       audio.drain();
     } else {
       seen.responses.cancelled += 1;
+      // Cancelled by the server (a typed turn over it, say): what is buffered goes too.
+      if (event.response_id === speaking && !cancelling) serverBargeIn(type);
       cancelling = false;
     }
+    if (event.response_id === speaking) speaking = null;
     detail = event.response_id;
   } else if (type === "error") {
     detail = `${event.code}: ${event.message}`;
@@ -176,6 +203,20 @@ function bargeIn(why) {
   }
   row(null, "local", "barge-in", why, false);
   render();
+}
+
+// The server stopped the reply: empty the jitter buffer, and drop the reply's frames still
+// on their way (until its response.cancelled). The page sends no response.cancel.
+function serverBargeIn(why) {
+  audio.flush();
+  seen.serverBargeIns += 1;
+  cancelling = true;
+  row(null, "local", "barge-in", `server: ${why}`, false);
+}
+
+function heardText(text, final) {
+  setText("heard", text);
+  $("heard").dataset.final = String(final);
 }
 
 function onMicChunk({ pcm, level }) {
