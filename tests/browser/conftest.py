@@ -13,6 +13,7 @@ import os
 import struct
 import wave
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -50,9 +51,11 @@ def playwright() -> Iterator[Playwright]:
         yield driver
 
 
-def launch_chromium(playwright: Playwright, microphone: Path) -> Browser:
-    """Headless Chromium whose fake microphone plays ``microphone`` (a WAV), in a loop."""
-    return playwright.chromium.launch(
+@contextmanager
+def chromium(playwright: Playwright, microphone: Path) -> Iterator[Browser]:
+    """Headless Chromium whose fake microphone plays ``microphone`` (a WAV), in a loop;
+    closed on leaving."""
+    browser = playwright.chromium.launch(
         executable_path=CHROMIUM,
         headless=True,
         args=[
@@ -63,17 +66,18 @@ def launch_chromium(playwright: Playwright, microphone: Path) -> Browser:
             "--autoplay-policy=no-user-gesture-required",
         ],
     )
+    try:
+        yield browser
+    finally:
+        browser.close()
 
 
 @pytest.fixture(scope="module")
 def browser(playwright: Playwright, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
     wav = tmp_path_factory.mktemp("mic") / "mic.wav"
     write_mic_wav(wav)
-    browser = launch_chromium(playwright, wav)
-    try:
+    with chromium(playwright, wav) as browser:
         yield browser
-    finally:
-        browser.close()
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect
 
 from ..helpers import ServerProcess
 
@@ -23,6 +25,20 @@ class Demo:
         page.on("console", self._console)
         page.on("request", lambda request: self.requests.append(request.url))
         page.on("websocket", lambda ws: self.requests.append(ws.url))
+
+    @classmethod
+    @contextmanager
+    def in_new_context(cls, browser: Browser, server: ServerProcess) -> Iterator[Demo]:
+        """The page opened in a fresh browser context; on leaving, checked clean (no
+        script error, no request elsewhere) and its context closed."""
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        try:
+            demo = cls(context.new_page(), server)
+            demo.open()
+            yield demo
+            demo.check_clean()
+        finally:
+            context.close()
 
     def _console(self, message: Any) -> None:
         if message.type == "error":

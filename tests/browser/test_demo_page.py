@@ -58,14 +58,8 @@ def until_server(check: Callable[[], bool], timeout: float = WAIT_MS / 1000) -> 
 
 @pytest.fixture
 def demo(browser: Browser, demo_server: ServerProcess) -> Iterator[Demo]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    try:
-        page = Demo(context.new_page(), demo_server)
-        page.open()
+    with Demo.in_new_context(browser, demo_server) as page:
         yield page
-        page.check_clean()
-    finally:
-        context.close()
 
 
 def test_the_page_opens_a_session(demo: Demo, demo_server: ServerProcess) -> None:

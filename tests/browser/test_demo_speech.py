@@ -23,7 +23,7 @@ from playwright.sync_api import Browser, Playwright, expect
 
 from ..helpers import Serve, ServerProcess
 from ..speech_audio import WEATHER, needs_speech
-from .conftest import MIC_RATE, launch_chromium
+from .conftest import MIC_RATE, chromium
 from .page import WAIT_MS, Demo
 
 pytestmark = [pytest.mark.integration, needs_speech]
@@ -61,11 +61,8 @@ def speaking_browser(
 ) -> Iterator[Browser]:
     wav = tmp_path_factory.mktemp("mic") / "sentence.wav"
     write_sentence_wav(wav, WEATHER)
-    browser = launch_chromium(playwright, wav)
-    try:
+    with chromium(playwright, wav) as browser:
         yield browser
-    finally:
-        browser.close()
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +72,8 @@ def speech_server(serve_module: Serve) -> ServerProcess:
 
 @pytest.fixture
 def demo(speaking_browser: Browser, speech_server: ServerProcess) -> Iterator[Demo]:
-    context = speaking_browser.new_context(viewport={"width": 1280, "height": 900})
-    try:
-        page = Demo(context.new_page(), speech_server)
-        page.open()
+    with Demo.in_new_context(speaking_browser, speech_server) as page:
         yield page
-        page.check_clean()
-    finally:
-        context.close()
 
 
 def reply(demo: Demo) -> str:
