@@ -197,3 +197,28 @@ async def test_a_recogniser_process_that_dies_fails_its_feed() -> None:
     with pytest.raises(RecogniserFailed, match="process ended"):
         await recogniser.feed(bytes(640))
     await recogniser.aclose()
+
+
+@needs_speech
+async def test_a_cancelled_synthesis_kills_its_espeak_ng_at_once() -> None:
+    import psutil
+
+    from trio_duplex.engines.speech._synthesise import synthesise
+
+    me = psutil.Process()
+
+    def espeaks() -> list[psutil.Process]:
+        return [p for p in me.children() if p.name() == "espeak-ng"]
+
+    text = "a long reply that nobody will hear to its end. " * 10000  # ~30 s of its CPU
+    with trio.fail_after(10):  # killed, it is gone at once; left to finish, this fails
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(synthesise, text, "en-us", 160, trio.CapacityLimiter(1))
+                while not espeaks():  # noqa: ASYNC110  (polls another process: its start)
+                    await trio.sleep(0.005)
+                (child,) = espeaks()
+                scope.cancel()
+    assert scope.cancelled_caught
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    assert espeaks() == []
