@@ -78,21 +78,23 @@ def test_microphone_audio_reaches_the_server(demo: Demo, demo_server: ServerProc
     expect(microphone).to_have_attribute("aria-pressed", "true")
     microphone.click()  # off again
     expect(microphone).to_have_attribute("aria-pressed", "false")
-    sent_ms = demo.number("audio-in-ms")
-    assert sent_ms >= 1000
-    # The server counted each 20 ms chunk as a client event...
-    until_server(
-        lambda: (
-            metric(demo_server, "trio_duplex_events_total", direction="in")
-            >= events_in + sent_ms // 20
-        )
-    )
-    # ... and the session's usage, in its session.closed, has every millisecond of it.
+    # The session's usage, in its session.closed, has every millisecond the page sent:
+    # its counter (rendered from the client's stats, so maybe a chunk behind when read
+    # at once: this was flaky) comes to exactly the server's figure.
     demo.page.get_by_role("button", name="Close session").click()
     demo.until("(d) => d.closed !== null")
     closed = demo.seen()["closed"]
     assert closed["type"] == "session.closed"
-    assert closed["usage"]["audio_ms_in"] == sent_ms
+    received_ms = closed["usage"]["audio_ms_in"]
+    assert received_ms >= 1000
+    expect(demo.page.get_by_test_id("audio-in-ms")).to_have_text(str(received_ms), timeout=WAIT_MS)
+    # ... and the server counted each 20 ms chunk as a client event.
+    until_server(
+        lambda: (
+            metric(demo_server, "trio_duplex_events_total", direction="in")
+            >= events_in + received_ms // 20
+        )
+    )
 
 
 def test_the_engines_audio_is_played_through_the_jitter_buffer(demo: Demo) -> None:
