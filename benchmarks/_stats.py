@@ -39,6 +39,18 @@ def percentiles(
     return {_pname(q): percentile(values, q) for q in qs}
 
 
+def ms_summary(values: Sequence[float]) -> dict[str, float]:
+    """``n``, ``p50_ms``, ``p99_ms`` and ``max_ms`` of durations in seconds (NaN for none)."""
+    if not values:
+        return {"n": 0, "p50_ms": math.nan, "p99_ms": math.nan, "max_ms": math.nan}
+    return {
+        "n": len(values),
+        "p50_ms": percentile(values, 50) * 1e3,
+        "p99_ms": percentile(values, 99) * 1e3,
+        "max_ms": max(values) * 1e3,
+    }
+
+
 def _pname(q: float) -> str:
     return "p" + (f"{q:g}".replace(".", ""))
 

@@ -16,11 +16,10 @@ import collections
 import json
 import math
 import random
-import sys
 import time
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from benchmarks._stats import percentile, percentiles
@@ -29,7 +28,6 @@ from benchmarks._workload import (
     BINARY_HEADER,
     FRAME_PERIOD_S,
     OUTPUT_AUDIO_KIND,
-    SESSION_CLOSE,
     SESSION_UPDATE,
     SESSION_UPDATE_BINARY,
     TEXT_DELTA,
@@ -42,43 +40,9 @@ from benchmarks._workload import (
     raise_nofile,
     resume,
 )
+from benchmarks.clients._aio import close_session, dial, log, open_session
 
 now = time.perf_counter
-
-
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-async def dial(url: str, max_queue: int = 64) -> ClientConnection:
-    return await connect(
-        url,
-        compression=None,
-        max_size=None,
-        ping_interval=None,  # the server pings; an idle client costs nothing on its own
-        open_timeout=30,
-        close_timeout=2,
-        max_queue=max_queue,
-    )
-
-
-async def open_session(ws: ClientConnection, update: str = SESSION_UPDATE) -> dict[str, Any]:
-    await ws.send(update)
-    created: dict[str, Any] = json.loads(await ws.recv())
-    if created.get("type") != "session.created":
-        raise RuntimeError(f"expected session.created, got {created}")
-    return created
-
-
-async def close_session(ws: ClientConnection) -> None:
-    try:
-        async with asyncio.timeout(3):
-            await ws.send(SESSION_CLOSE)
-            while json.loads(await ws.recv()).get("type") not in ("session.closed", "error"):
-                pass
-            await ws.close()
-    except (TimeoutError, ConnectionClosed):
-        ws.transport.abort()
 
 
 # ----------------------------------------------------------------- scenario 1: throughput

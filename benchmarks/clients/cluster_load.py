@@ -32,20 +32,18 @@ import collections
 import json
 import os
 import signal
-import sys
 import time
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from benchmarks._stats import percentile
+from benchmarks._stats import ms_summary
 from benchmarks._workload import (
     AUDIO_DELTA,
     BINARY_HEADER,
     OUTPUT_AUDIO_KIND,
     SESSION_CLOSE,
-    SESSION_UPDATE,
     SESSION_UPDATE_BINARY,
     TEXT,
     TEXT_DELTA,
@@ -54,13 +52,10 @@ from benchmarks._workload import (
     raise_nofile,
     resume,
 )
+from benchmarks.clients._aio import close_session, dial, log, open_session, recv_event
 
 now = time.perf_counter
 Event = dict[str, Any]
-
-
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def text_frame(seq: int) -> str:
@@ -68,64 +63,6 @@ def text_frame(seq: int) -> str:
         {"type": "input.text.append", "client_event_seq": seq, "text": TEXT},
         separators=(",", ":"),
     )
-
-
-async def dial(url: str, max_queue: int = 1024) -> ClientConnection:
-    return await connect(
-        url,
-        compression=None,
-        max_size=None,
-        ping_interval=None,
-        open_timeout=30,
-        close_timeout=2,
-        max_queue=max_queue,
-    )
-
-
-async def recv_event(ws: ClientConnection) -> Event:
-    while True:
-        message = await ws.recv()
-        if isinstance(message, bytes):
-            raise RuntimeError("unexpected binary message")
-        event: Event = json.loads(message)
-        if event["type"] != "input.consumed":  # protocol v2's flow report: not ours here
-            return event
-
-
-async def open_session(ws: ClientConnection, update: str = SESSION_UPDATE) -> Event:
-    await ws.send(update)
-    created = await recv_event(ws)
-    if created.get("type") != "session.created":
-        raise RuntimeError(f"expected session.created, got {created}")
-    return created
-
-
-async def close_session(ws: ClientConnection) -> None:
-    try:
-        async with asyncio.timeout(3):
-            await ws.send(SESSION_CLOSE)
-            while True:
-                message = await ws.recv()
-                if isinstance(message, str) and json.loads(message).get("type") in (
-                    "session.closed",
-                    "error",
-                ):
-                    break
-            await ws.close()
-    except (TimeoutError, ConnectionClosed):
-        ws.transport.abort()
-
-
-def pcts(values: list[float]) -> dict[str, float]:
-    """p50/p99/max in ms of a list of seconds (NaN for none)."""
-    if not values:
-        return {"n": 0, "p50_ms": float("nan"), "p99_ms": float("nan"), "max_ms": float("nan")}
-    return {
-        "n": len(values),
-        "p50_ms": percentile(values, 50) * 1e3,
-        "p99_ms": percentile(values, 99) * 1e3,
-        "max_ms": max(values) * 1e3,
-    }
 
 
 # ------------------------------------------------------------------------------- resume
@@ -199,7 +136,9 @@ async def resume_mode(args: argparse.Namespace) -> dict[str, Any]:
                 for path in order:
                     for key, value in (await resume_trial(args.home, paths[path], k)).items():
                         series[path][key].append(value)
-            rounds.append({p: {key: pcts(v) for key, v in s.items()} for p, s in series.items()})
+            rounds.append(
+                {p: {key: ms_summary(v) for key, v in s.items()} for p, s in series.items()}
+            )
             log(f"resume k={k} round {r + 1}: home p50 "
                 f"{rounds[-1]['home']['to_resumed']['p50_ms']:.2f} ms, relayed p50 "
                 f"{rounds[-1]['relayed']['to_resumed']['p50_ms']:.2f} ms")  # fmt: skip
@@ -332,8 +271,8 @@ async def throughput_mode(args: argparse.Namespace) -> dict[str, Any]:
                 "events": echoed,
                 "window_s": t1 - t0,
                 "events_per_s": echoed / (t1 - t0),
-                "rtt": pcts(rtts),
-                "ping": pcts(pings),
+                "rtt": ms_summary(rtts),
+                "ping": ms_summary(pings),
                 "errors": dict(errors),
                 "seq_violations": sum(s.seq_violations for s in streams),
             }
@@ -552,14 +491,14 @@ async def migrate_mode(args: argparse.Namespace) -> dict[str, Any]:
         "sigterm_to_last_resumed_ms": (max((v.t_resumed for v in ok), default=t_kill) - t_kill)
         * 1e3,
         "run_s": t_end - t_kill,
-        "going_away_to_close": pcts([v.t_closed - v.t_going_away for v in ok]),
-        "going_away_to_resumed": pcts([v.t_resumed - v.t_going_away for v in ok]),
-        "going_away_to_audio": pcts(
+        "going_away_to_close": ms_summary([v.t_closed - v.t_going_away for v in ok]),
+        "going_away_to_resumed": ms_summary([v.t_resumed - v.t_going_away for v in ok]),
+        "going_away_to_audio": ms_summary(
             [v.t_frame_after - v.t_going_away for v in ok if v.t_frame_after]
         ),
-        "resume_sent_to_resumed": pcts([v.t_resumed - v.t_resume_sent for v in ok]),
-        "audio_gap": pcts([v.t_frame_after - v.t_last_before for v in ok if v.t_frame_after]),
-        "sigterm_to_going_away": pcts([v.t_going_away - t_kill for v in ok]),
+        "resume_sent_to_resumed": ms_summary([v.t_resumed - v.t_resume_sent for v in ok]),
+        "audio_gap": ms_summary([v.t_frame_after - v.t_last_before for v in ok if v.t_frame_after]),
+        "sigterm_to_going_away": ms_summary([v.t_going_away - t_kill for v in ok]),
     }
 
 

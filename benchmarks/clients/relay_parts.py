@@ -20,20 +20,12 @@ from typing import Any
 import trio
 from websockets.trio.client import connect
 
-from benchmarks._stats import percentile
+from benchmarks._stats import ms_summary
 from benchmarks._workload import SESSION_UPDATE, emit, resume
 from trio_duplex.cluster import open_store
 from trio_duplex.server.relay import HEADER, relay_url, sign
 
 now = time.perf_counter
-
-
-def pcts(values: list[float]) -> dict[str, float]:
-    return {
-        "n": len(values),
-        "p50_ms": percentile(values, 50) * 1e3,
-        "p99_ms": percentile(values, 99) * 1e3,
-    }
 
 
 async def open_dropped(url: str) -> dict[str, Any]:
@@ -79,7 +71,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             parts["relay_connect"].append(t2 - t1)
             parts["resume"].append(t3 - t2)
             parts["public_connect"].append(t5 - t4)
-    return {key: pcts(values) for key, values in parts.items()}
+    return {key: ms_summary(values) for key, values in parts.items()}
 
 
 def main() -> None:

@@ -27,7 +27,6 @@ import collections
 import json
 import math
 import random
-import sys
 import time
 import wave
 from typing import Any
@@ -62,10 +61,6 @@ NEIGHBOUR_UPDATE = json.dumps(
     {"type": "session.update", "session": {"audio": {"wire": "binary"}, "bench_engine": "echo"}}
 )
 ACK_EVERY = 32
-
-
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def read_utterance(path: str) -> list[bytes]:
