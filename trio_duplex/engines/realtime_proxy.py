@@ -38,6 +38,12 @@ Decisions (docs/engines.md, "The realtime proxy", says the same for users):
   whose audio was playing, ``audio_end_ms`` being the audio of that item delivered to
   the client: up to the newest of its deltas whose seq the client has confirmed
   (``EngineSession.delivered_seq``: its acks, or its resume).
+- A session whose configuration a client token locked: a ``response.create`` that
+  overrides it for one response (any ``response`` field but ``conversation``,
+  ``metadata`` and ``input``) and a ``system`` or ``developer`` item (in
+  ``conversation.item.create`` or ``response.input``) are refused ``config_locked``
+  (``check_locked``), never stripped: a stripped override would answer with a response
+  the developer did not ask for, and nothing would say why.
 - No migration (no ``snapshot``): an upstream WebSocket cannot move to another node.
 """
 
@@ -58,7 +64,7 @@ from websockets.trio.client import ClientConnection, connect
 
 from ..core.events import CONTROL_EVENTS, EventType
 from ..core.wire import ProtocolError
-from .api import Engine, EngineFactory, EngineSession, Event, UpstreamLost
+from .api import ConfigLocked, Engine, EngineFactory, EngineSession, Event, UpstreamLost
 
 log = logging.getLogger("trio_duplex")
 
@@ -95,6 +101,14 @@ CLIENT_EVENTS: Final = frozenset(
 )
 """The OpenAI Realtime client events the proxy forwards (``session.update`` too, which
 the server answers and the engine forwards)."""
+_RESPONSE_UNLOCKED: Final = frozenset({"conversation", "metadata", "input"})
+"""The fields of ``response.create``'s ``response`` a locked session may set: the rest
+(``instructions``, ``tools``, ``voice``, ``modalities``, ``temperature``, ``prompt``...)
+override the session's configuration for that response, and so does any field OpenAI
+adds later until it is listed here."""
+_ROLES_UNLOCKED: Final = frozenset({"user", "assistant"})
+"""The roles of the items a locked session may add: ``system`` and ``developer`` items
+instruct the model as the configuration's ``instructions`` do."""
 
 
 @attrs.frozen
@@ -155,6 +169,26 @@ class RealtimeProxyEngine(Engine):
         self._sent = 0
         self._delivered = 0
         self._marks: deque[tuple[int, int]] = deque(maxlen=MAX_MARKS)
+
+    def check_locked(self, event: Event) -> None:
+        """A locked session (a client token's ``session``): refuse ``config_locked`` what
+        would reach the upstream as configuration all the same, a per-response override
+        or a ``system``/``developer`` item (``session.update`` the server refuses)."""
+        kind = event["type"]
+        if kind == "conversation.item.create":
+            _check_item(event.get("item"), "item")
+        elif kind == "response.create" and "response" in event:
+            response = event["response"]
+            if not isinstance(response, dict):
+                raise ConfigLocked("response")
+            for key in response:
+                if key not in _RESPONSE_UNLOCKED:
+                    raise ConfigLocked(f"response.{key}")
+            items = response.get("input", [])
+            if not isinstance(items, list):
+                raise ConfigLocked("response.input")
+            for i, item in enumerate(items):
+                _check_item(item, f"response.input[{i}]")
 
     async def prepare(self, nursery: trio.Nursery) -> None:
         """Connect the upstream before the client hears ``session.created``: an upstream
@@ -312,6 +346,14 @@ class RealtimeProxyEngine(Engine):
         fields = {k: v for k, v in config.items() if k != "audio"}
         fields.setdefault("type", "realtime")
         return {"type": _UPDATE, "session": fields}
+
+
+def _check_item(item: object, where: str) -> None:
+    """An item of a locked session: a message only as the user or the assistant."""
+    if isinstance(item, dict) and "role" in item:
+        role = item["role"]
+        if not isinstance(role, str) or role not in _ROLES_UNLOCKED:
+            raise ConfigLocked(f"{where}.role")
 
 
 def _json(event: Event) -> bytes:
