@@ -64,9 +64,15 @@ from websockets.trio.client import ClientConnection, connect
 
 from ..core.events import CONTROL_EVENTS, EventType
 from ..core.wire import ProtocolError
+from ..logs import MASK, redact, register_secret
 from .api import ConfigLocked, Engine, EngineFactory, EngineSession, Event, UpstreamLost
 
 log = logging.getLogger("trio_duplex")
+_WS_LOG = logging.getLogger("trio_duplex.realtime_proxy.upstream")
+"""The upstream connections' websockets logger: at INFO, even under ``--log-level
+debug``, since at DEBUG websockets prints every request header (the key) and every
+frame (the conversation) of every session."""
+_WS_LOG.setLevel(logging.INFO)
 
 API_KEY_ENV: Final = "TRIO_DUPLEX_UPSTREAM_API_KEY"
 CONNECT_TIMEOUT_S: Final = 10.0
@@ -113,10 +119,13 @@ instruct the model as the configuration's ``instructions`` do."""
 
 @attrs.frozen
 class Upstream:
-    """Where and how to connect: the URL, extra headers, and the API key (never shown)."""
+    """Where and how to connect: the URL, extra headers, and the API key (never shown,
+    nor the headers' values nor the URL's password: any may be a credential)."""
 
-    url: str
-    headers: tuple[tuple[str, str], ...] = ()
+    url: str = attrs.field(repr=lambda url: repr(redact(url)))
+    headers: tuple[tuple[str, str], ...] = attrs.field(
+        default=(), repr=lambda headers: repr(tuple((name, MASK) for name, _ in headers))
+    )
     api_key: str | None = attrs.field(default=None, repr=False)
 
     def request_headers(self) -> list[tuple[str, str]]:
@@ -143,6 +152,8 @@ def proxy_factory(url: str | None, headers: Sequence[str] = ()) -> EngineFactory
     if not url.startswith(("ws://", "wss://")):
         raise ValueError(f"--upstream {url!r} is not a ws:// or wss:// URL")
     upstream = Upstream(url, tuple(map(parse_header, headers)), os.environ.get(API_KEY_ENV))
+    # Header values may be credentials too (a tenant key): masked in logs like the key.
+    register_secret(upstream.api_key, *(value for _, value in upstream.headers))
 
     def factory(config: Mapping[str, Any]) -> Engine:
         return RealtimeProxyEngine(upstream, config)
@@ -206,6 +217,7 @@ class RealtimeProxyEngine(Engine):
                 proxy=None,
                 max_size=MAX_UPSTREAM_MESSAGE_BYTES,
                 user_agent_header="trio-duplex-realtime-proxy",
+                logger=_WS_LOG,
             ).connect(nursery)
         except InvalidStatus as exc:
             status = exc.response.status_code
