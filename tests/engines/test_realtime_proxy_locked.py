@@ -108,8 +108,9 @@ async def test_a_locked_session_keeps_its_configuration_from_the_upstream(
                 assert (await receive(ws))["type"] == "session.created"
                 for seq, (event, where) in enumerate(OVERRIDES, 1):
                     await send(ws, {**event, "client_event_seq": seq})
-                    while (error := await receive(ws))["type"] != "error":
-                        pass  # the upstream's session.created and session.updated
+                    with trio.fail_after(10):  # (forwarded, it would never come)
+                        while (error := await receive(ws))["type"] != "error":
+                            pass  # the upstream's session.created and session.updated
                     assert error["code"] == "config_locked", (event, error)
                     assert error["param"].startswith(where), (event, error)
                     assert error["client_event_seq"] == seq
@@ -126,7 +127,20 @@ async def test_a_locked_session_keeps_its_configuration_from_the_upstream(
                     assert event["code"] == "config_locked"
                     await receive(ws)
                 assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+            # An override as the very first message: the session opens, the event is refused.
+            offered = ["trio-duplex", f"trio-duplex.bearer.{client_token(base, LOCKED)}"]
+            async with connect(server.url, subprotocols=offered) as ws:  # type: ignore[arg-type]
+                await send(ws, OVERRIDES[0][0])
+                assert (await receive(ws))["type"] == "session.created"
+                with trio.fail_after(10):
+                    while (error := await receive(ws))["type"] != "error":
+                        pass
+                assert (error["code"], error["param"]) == ("config_locked", "response.instructions")
+            with trio.fail_after(10):
+                await upstream.wait_for(lambda: len(upstream.received) == 2)
+                await upstream.wait_for(lambda: bool(upstream.received[1]))
             nursery.cancel_scope.cancel()
+    assert upstream.received[1] == [upstream.received[0][0]]  # the opening update only
     received = upstream.received[0]
     opening = {"type": "session.update", "session": {**LOCKED, "type": "realtime"}}
     assert received[0] == opening  # the locked configuration, and then never another
