@@ -8,10 +8,12 @@ of one path and sends each a 20 ms frame every 20 ms on a random phase, a fixed 
 50 x N frames a second that the server decodes to the engine's PCM16, echoes, and
 encodes back. Server CPU (psutil: user + system) over the measured window, divided by
 the frames echoed in it, is the cost of one frame in and out, protocol and codec
-included. Paths: the binary lane with pcm16 24 kHz (passthrough), G.711 μ-law 8 kHz and
-Opus 48 kHz; and the JSON lane's pcm16 24 kHz (base64 both ways). Each round runs every
-path once, in alternating order, each against a fresh server; the ratio to passthrough is
-taken per round, and the table gives medians (min-max).
+included; a window that counted no server CPU (psutil's 10 ms ticks) has no figure
+("-"), never a 0 to divide by. Paths: the binary lane with pcm16 24 kHz
+(passthrough), G.711 μ-law 8 kHz and Opus 48 kHz; and the JSON lane's pcm16 24 kHz
+(base64 both ways). Each round runs every path once, in alternating order, each against
+a fresh server; the ratio to passthrough is taken per round, and the table gives medians
+(min-max).
 
 The codec share: the same script times the codec calls alone (``benchmarks.codecs``'s
 measure: decode + encode of one 20 ms frame, best of three) and divides by the server's
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import statistics
@@ -34,7 +37,7 @@ from websockets.asyncio.client import connect
 
 from benchmarks import codecs
 from benchmarks._procs import PY, Proc, free_port, pinned, start_server
-from benchmarks._stats import DASH, TIMES
+from benchmarks._stats import DASH, TIMES, paired_ratios
 from benchmarks._suite import duplex_flags
 from benchmarks._workload import BINARY_HEADER, INPUT_AUDIO_KIND, raise_nofile
 from trio_duplex.audio import AudioFormat, Encoder, opus_available
@@ -133,12 +136,18 @@ async def load(
     counting = False
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
-    cpu = b["cpu"] - a["cpu"]
+    return figures(echoed, b["cpu"] - a["cpu"], b["t"] - a["t"], errors)
+
+
+def figures(echoed: int, cpu: float, wall: float, errors: list[str]) -> dict[str, Any]:
+    """One run's figures. psutil counts the server's CPU in clock ticks (10 ms): a short
+    window can measure 0 ticks, and then there is no cost per frame (None), never a 0
+    that a ratio would divide by."""
     return {
         "frames": echoed,
         "server_cpu_s": cpu,
-        "us_per_frame": cpu / echoed * 1e6 if echoed else float("nan"),
-        "server_util": cpu / (b["t"] - a["t"]),
+        "us_per_frame": cpu / echoed * 1e6 if echoed and cpu > 0 else None,
+        "server_util": cpu / wall if wall > 0 else None,
         "errors": errors[:5],
     }
 
@@ -158,6 +167,10 @@ def run_one(args: argparse.Namespace, lane: str, fmt: AudioFormat) -> dict[str, 
         proc.stop()
 
 
+def shown(x: float | None, spec: str) -> str:
+    return "-" if x is None or math.isnan(x) else format(x, spec)
+
+
 def median_range(xs: list[float], digits: int = 1) -> str:
     if not xs:
         return "-"
@@ -171,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured window per run")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--nice", type=int, default=0, help="niceness of server and load")
+    parser.add_argument("--json", action="store_true", help="also print every run, as JSON")
     args = parser.parse_args(argv)
     raise_nofile()
     if args.nice:
@@ -184,8 +198,8 @@ def main(argv: list[str] | None = None) -> None:
         for name, lane, fmt in order:
             result = run_one(args, lane, fmt)
             runs[name].append(result)
-            print(f"  round {r + 1}: {name}: {result['us_per_frame']:.1f} µs/frame, "
-                  f"server {result['server_util']:.0%} busy, {result['frames']} frames"
+            print(f"  round {r + 1}: {name}: {shown(result['us_per_frame'], '.1f')} µs/frame, "
+                  f"server {shown(result['server_util'], '.0%')} busy, {result['frames']} frames"
                   + (f", errors {result['errors']}" if result["errors"] else ""),
                   file=sys.stderr, flush=True)  # fmt: skip
     base = runs[paths[0][0]]
@@ -196,15 +210,18 @@ def main(argv: list[str] | None = None) -> None:
           "(decode + encode) | codec share of the server's cost |")  # fmt: skip
     print("|---|---|---|---|---|")
     for name, _, fmt in paths:
-        per = [x["us_per_frame"] for x in runs[name]]
-        pairs = zip(runs[name], base, strict=True)
-        ratios = [x["us_per_frame"] / b["us_per_frame"] for x, b in pairs]
+        # A run whose window measured no server CPU has no figure: left out, not divided by.
+        per = [x["us_per_frame"] for x in runs[name] if x["us_per_frame"] is not None]
+        ratios = paired_ratios([x["us_per_frame"] for x in runs[name]],
+                               [b["us_per_frame"] for b in base])  # fmt: skip
         decode, encode = codecs.measure(fmt, count)
         codec = decode + encode
-        share = codec / statistics.median(per) if per else float("nan")
-        print(f"| {name} | {median_range(per)} | {median_range(ratios, 2)}{TIMES} "
-              f"| {codec:.1f} ({decode:.1f} + {encode:.1f}) | {share:.0%} |")  # fmt: skip
-    if args.rounds and "--json" in sys.argv:
+        share = codec / statistics.median(per) if per else None
+        ratio = f"{median_range(ratios, 2)}{TIMES}" if ratios else "-"
+        print(f"| {name} | {median_range(per)} | {ratio} "
+              f"| {shown(codec, '.1f')} ({shown(decode, '.1f')} + {shown(encode, '.1f')}) "
+              f"| {shown(share, '.0%')} |")  # fmt: skip
+    if args.rounds and args.json:
         print(json.dumps(runs, indent=1))
 
 

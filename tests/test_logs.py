@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from trio_duplex.logs import JsonFormatter
+from trio_duplex.logs import JsonFormatter, Redactor, register_secret
 
 from .helpers import Serve
 
@@ -63,6 +63,26 @@ def test_a_json_line_holds_a_traceback_on_one_line() -> None:
     line = JsonFormatter().format(made)
     assert "\n" not in line
     assert "RuntimeError: boom\nsecond line" in json.loads(line)["exception"]
+
+
+def test_the_redactor_masks_a_third_party_record_its_traceback_and_both_formats() -> None:
+    """On the handler, so a record of any logger (websockets.client here) is masked: its
+    message with its arguments, and its traceback, as text and as JSON."""
+    secret = "reg-" + "9f3e1c2a7b"
+    register_secret(secret)
+    try:
+        raise ValueError(f"cannot reach redis://:{secret}@127.0.0.1:1/0")
+    except ValueError:
+        info = sys.exc_info()
+    for formatter in (logging.Formatter("%(message)s"), JsonFormatter()):
+        made = logging.LogRecord(
+            "websockets.client", logging.DEBUG, __file__, 1, "> %s: %s",
+            ("Authorization", f"Bearer {secret}"), info,
+        )  # fmt: skip
+        assert Redactor().filter(made)
+        line = formatter.format(made)
+        assert secret not in line and "9f3e1c2a7b" not in line, line
+        assert "Authorization: ***" in line and "redis://:***@127.0.0.1:1/0" in line, line
 
 
 def test_version_prints_the_package_version() -> None:

@@ -11,6 +11,7 @@ import math
 import os
 import signal
 import sys
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -19,7 +20,7 @@ import trio
 
 from .core.config import BYTES, FLAG, ConfigError, Flag, KiB, MiB, NeedsCompanion, ServerConfig
 from .engines.api import PROXY, EngineFactory, load_engine_factory
-from .logs import FORMATS, LEVELS, configure
+from .logs import FORMATS, LEVELS, configure, register_key_file, register_secret
 from .server.server import DuplexServer
 from .settings import Layers
 
@@ -79,7 +80,8 @@ def _parse(field: attrs.Attribute[Any]) -> Callable[[str], Any]:
         except NeedsCompanion:  # not the value's fault: checked with the others
             pass
         except ConfigError as exc:
-            shown = "the value" if field.repr is False else repr(text)  # a secret: not echoed
+            # A secret, or a value that may hold one (a URL's password): not echoed.
+            shown = repr(text) if field.repr is True else "the value"
             raise argparse.ArgumentTypeError(f"{shown} {exc.rule}") from None
         return value
 
@@ -151,6 +153,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             from .server.cluster import default_node_id
 
             config = attrs.evolve(config, node_id=default_node_id())
+        _register_secrets(config)  # before anything can log
         factory = _engine_factory(args.engine, config)
         config = _engine_defaults(factory, config, getattr(args, "defaulted", frozenset()))
         server = DuplexServer(config, factory)  # reads the TLS files: TLSError
@@ -192,6 +195,17 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _register_secrets(config: ServerConfig) -> None:
+    """The secrets the settings hold, masked in every log line (logs.py); the proxy's
+    factory registers its upstream key and header values itself."""
+    register_secret(config.cluster_secret)
+    for url in (config.cluster, config.upstream):
+        password = None if url is None else urllib.parse.urlsplit(url).password
+        if password:
+            register_secret(password, urllib.parse.unquote(password))
+    register_key_file(config.api_key_file)
 
 
 def _engine_factory(engine: str, config: ServerConfig) -> EngineFactory:
@@ -317,6 +331,7 @@ async def _serve_until_signalled(
                     if server.config.api_key_file is None:
                         log.info("SIGHUP: no --api-key-file to re-read")
                     else:
+                        register_key_file(server.config.api_key_file)  # its new keys too
                         server.gate.reload_keys()
                     continue
                 if server.shutting_down:

@@ -10,6 +10,18 @@ heap's, the drain's, another connection's resume) and from no task at all (the w
 thread), so only the call knows which session it speaks of. No line carries a resume
 token: the server never logs one (tokens are kept as digests, ``Credentials`` repr
 redacted).
+
+No secret reaches a log line at any level, whoever logs it (our loggers, or third-party
+ones that print headers, frames and URLs at DEBUG: ``websockets.*``, ``coredis``):
+``configure`` puts a ``Redactor`` on its handler, which every record passes through. It
+replaces with ``***`` every secret registered with ``register_secret`` (the upstream key,
+``--upstream-header`` values, the cluster secret, the Redis password, the API keys of
+``--api-key-file``), and by their form: the values of the ``Authorization``,
+``Proxy-Authorization``, ``Cookie``, ``Set-Cookie`` and relay (``X-Trio-Duplex-Relay``)
+headers, ``Bearer`` credentials, the keys carried in WebSocket subprotocols
+(``trio-duplex.bearer.KEY``, ``openai-insecure-api-key.KEY``), URL passwords
+(``redis://user:***@host``), and the values of token, key, secret and password fields
+in JSON or in a query string (a relayed ``session.resume``'s ``resume_token``).
 """
 
 from __future__ import annotations
@@ -17,7 +29,11 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import re
 import sys
+import threading
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 FORMATS = ("text", "json")
@@ -27,6 +43,108 @@ TEXT_NODE = "%(asctime)s %(levelname)s %(name)s [%(node_id)s]: %(message)s"
 
 SESSION_FIELDS = ("node_id", "session_id", "generation", "principal")
 """The ``extra`` keys a log call may set, copied into a JSON line when present."""
+
+
+MASK = "***"
+MIN_SECRET_CHARS = 4
+"""A registered secret shorter than this is not searched for verbatim (it would mask
+every "abc" of every line); the forms below still catch it in a header or a URL."""
+
+_SECRET_NAMES = r"(?:resume_token|client_token|token|api_key|apikey|key|secret|password)"
+_FORMS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # Header lines, as websockets and the HTTP path print them: the whole value.
+    (
+        re.compile(
+            r"((?:Proxy-)?Authorization|Cookie|Set-Cookie|X-Trio-Duplex-Relay)"
+            r"(['\"]?+\s*+[:=,]\s*+['\"]?+)(?!<redacted>)[^\r\n'\"]+",  # (masked: kept)
+            re.IGNORECASE,
+        ),
+        rf"\1\2{MASK}",
+    ),
+    (re.compile(r"(\bBearer\s+)[^\s,;'\"]+", re.IGNORECASE), rf"\1{MASK}"),
+    # Keys in WebSocket subprotocols (ours, and the one OpenAI's browser clients use).
+    (
+        re.compile(r"((?:trio-duplex\.bearer|openai-insecure-api-key)\.)[^\s,;'\"\]]+"),
+        rf"\1{MASK}",
+    ),
+    # URL userinfo: redis://user:PASSWORD@host, redis://:PASSWORD@host.
+    (re.compile(r"([a-z][a-z0-9+.-]*://[^\s/@:'\"]*:)[^\s/@'\"]+@", re.IGNORECASE), rf"\1{MASK}@"),
+    # JSON or repr fields ("resume_token": "...", possibly cut short by a truncated log).
+    (
+        re.compile(rf"""(["']{_SECRET_NAMES}["']\s*:\s*["'])[^"']*""", re.IGNORECASE),
+        rf"\1{MASK}",
+    ),
+    (re.compile(rf"([?&]{_SECRET_NAMES}=)[^&\s'\"]+", re.IGNORECASE), rf"\1{MASK}"),
+)
+
+
+class _Secrets:
+    """The registry of known secret values, searched for verbatim in every line."""
+
+    def __init__(self) -> None:
+        self._values: set[str] = set()
+        self._lock = threading.Lock()  # the watchdog's thread logs too
+        self.pattern: re.Pattern[str] | None = None
+
+    def add(self, values: Iterable[str | None]) -> None:
+        with self._lock:
+            self._values.update(v for v in values if v and len(v) >= MIN_SECRET_CHARS)
+            longest_first = sorted(self._values, key=len, reverse=True)
+            alternatives = "|".join(map(re.escape, longest_first))
+            self.pattern = re.compile(alternatives) if alternatives else None
+
+    def __repr__(self) -> str:
+        return f"<{len(self._values)} secrets>"
+
+
+_SECRETS = _Secrets()
+
+
+def register_secret(*values: str | None) -> None:
+    """Mask these values (None and empty ones are skipped) in every log line from now on."""
+    _SECRETS.add(values)
+
+
+def register_key_file(path: str | None) -> None:
+    """Register the keys of an ``--api-key-file`` (``NAME:KEY`` lines). One that cannot be
+    read registers nothing: the server refuses it itself, naming no key."""
+    if path is None:
+        return
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return
+    lines = (line.strip() for line in text.splitlines())
+    register_secret(*(line.partition(":")[2].strip() for line in lines if ":" in line))
+
+
+def redact(text: str) -> str:
+    """``text`` with every secret it holds masked (``***``)."""
+    pattern = _SECRETS.pattern
+    if pattern is not None:
+        text = pattern.sub(MASK, text)
+    for form, replacement in _FORMS:
+        text = form.sub(replacement, text)
+    return text
+
+
+class Redactor(logging.Filter):
+    """On a handler: masks the secrets in each record's message, traceback and stack
+    (the record is changed in place, so every formatter sees the masked text)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a call whose arguments do not fit: logged as it was written
+            message = f"{record.msg} (with arguments that do not fit it)"
+        record.msg, record.args = redact(message), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -44,7 +162,9 @@ class JsonFormatter(logging.Formatter):
             value = getattr(record, key, None)
             if value is not None:
                 line[key] = value
-        if record.exc_info:
+        if record.exc_text:  # (the Redactor's, masked)
+            line["exception"] = record.exc_text
+        elif record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
@@ -76,9 +196,19 @@ def configure(level: str, format: str, node_id: str | None = None) -> None:
         else logging.Formatter(TEXT if node_id is None else TEXT_NODE)
     )
     handler.setFormatter(formatter)
+    handler.addFilter(Redactor())  # on the handler: third-party loggers' records too
     if node_id is not None:
         handler.addFilter(_NodeStamp(node_id))
     logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
-__all__ = ["FORMATS", "LEVELS", "JsonFormatter", "configure"]
+__all__ = [
+    "FORMATS",
+    "LEVELS",
+    "JsonFormatter",
+    "Redactor",
+    "configure",
+    "redact",
+    "register_key_file",
+    "register_secret",
+]

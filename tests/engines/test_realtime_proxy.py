@@ -23,7 +23,13 @@ from websockets.trio.client import ClientConnection, connect
 from trio_duplex import DuplexServer, ServerConfig
 from trio_duplex.client import ClientOptions, HeartbeatPolicy, ReconnectPolicy, SessionEnded
 from trio_duplex.client import connect as sdk_connect
-from trio_duplex.engines.realtime_proxy import API_KEY_ENV, Upstream, parse_header, proxy_factory
+from trio_duplex.engines.realtime_proxy import (
+    API_KEY_ENV,
+    RealtimeProxyEngine,
+    Upstream,
+    parse_header,
+    proxy_factory,
+)
 from trio_duplex.testing.realtime_upstream import FakeRealtime
 
 from ..client.proxy import FaultPlan, FaultyProxy
@@ -451,3 +457,19 @@ def test_the_api_key_is_never_shown_and_headers_are_checked() -> None:
     for url in (None, "", "http://up/v1"):
         with pytest.raises(ValueError, match="upstream"):
             proxy_factory(url)
+
+
+def test_no_secret_in_the_repr_of_the_upstream_its_engine_or_the_settings() -> None:
+    """Header values and URL passwords may be credentials too: never in a repr."""
+    upstream = Upstream("wss://u:pw-in-url@up/v1", (("X-Tenant-Key", "tk-in-header"),), KEY)
+    engine = RealtimeProxyEngine(upstream, {"instructions": "x"})
+    config = ServerConfig(
+        upstream="wss://u:pw-in-url@up/v1",
+        upstream_header=("X-Tenant-Key: tk-in-header",),
+        cluster="redis://:redis-pw-in-url@127.0.0.1:6379/0",
+        cluster_secret="cluster-secret-in-settings-000",
+    )
+    for shown in (repr(upstream), repr(engine), repr(config), str(config)):
+        for secret in ("pw-in-url", "tk-in-header", KEY, "cluster-secret-in-settings"):
+            assert secret not in shown, shown
+    assert "X-Tenant-Key" in repr(upstream) and "X-Tenant-Key" in repr(config)

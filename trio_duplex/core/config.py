@@ -111,6 +111,19 @@ _ws_url = _Rule(
 )
 _HEADER = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+:.*")  # an HTTP field name (token), ':'
 _headers = _Rule("must be 'NAME: VALUE'", lambda value: all(map(_HEADER.fullmatch, value)))
+_USERINFO_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^/@\s]*@")
+
+
+def _url_repr(url: str | None) -> str:
+    """A URL as a repr shows it: its password (``redis://:PASSWORD@``) masked."""
+    return repr(url if url is None else _USERINFO_PASSWORD.sub(r"\1***@", url))
+
+
+def _headers_repr(headers: tuple[str, ...]) -> str:
+    """Header names only: a value may be a credential."""
+    return repr(tuple(f"{header.partition(':')[0]}: ***" for header in headers))
+
+
 _positive_or_none = _Rule("must be at least 1", lambda value: value is None or value >= 1)
 _port_or_none = _Rule(
     "must be a port from 0 to 65535", lambda value: value is None or 0 <= value <= 65535
@@ -334,6 +347,7 @@ class ServerConfig:
     cluster: str | None = attrs.field(
         default=None,
         validator=_redis_url,
+        repr=_url_repr,
         metadata=_flag(
             "join a cluster through the Redis (>= 7) or Valkey at this URL; none: one "
             "process, no outside service",
@@ -414,6 +428,7 @@ class ServerConfig:
     upstream: str | None = attrs.field(
         default=None,
         validator=_ws_url,
+        repr=_url_repr,
         metadata=_flag(
             "--engine realtime-proxy: the OpenAI-Realtime-style endpoint each session "
             "connects to (API key from TRIO_DUPLEX_UPSTREAM_API_KEY)",
@@ -425,6 +440,7 @@ class ServerConfig:
         default=(),
         converter=_strings,
         validator=_headers,
+        repr=_headers_repr,
         metadata=_flag(
             "--engine realtime-proxy: a header sent to the upstream; repeatable",
             "'NAME: VALUE'",

@@ -1,15 +1,16 @@
 """Engines: what produces a session's output.
 
 ``api`` is the whole engine API (``Engine``, ``EngineSession``, ``BadEvent``,
-``can_migrate``, ``UpstreamLost``); ``echo`` and ``voice`` are the built-in engines, and
-the examples to learn it from; ``speech`` wraps a real speech model (PocketSphinx and
-eSpeak NG, the ``speech`` extra); ``realtime_proxy`` puts resume in front of an existing
-OpenAI-Realtime-style endpoint.
+``ConfigLocked``, ``can_migrate``, ``UpstreamLost``); ``echo`` and ``voice`` are the
+built-in engines, and the examples to learn it from; ``speech`` wraps a real speech
+model (PocketSphinx and eSpeak NG, the ``speech`` extra); ``realtime_proxy`` puts resume
+in front of an existing OpenAI-Realtime-style endpoint.
 """
 
 from .api import (
     BUILTIN,
     BadEvent,
+    ConfigLocked,
     Engine,
     EngineFactory,
     EngineSession,
@@ -22,6 +23,7 @@ from .api import (
 __all__ = [
     "BUILTIN",
     "BadEvent",
+    "ConfigLocked",
     "Engine",
     "EngineFactory",
     "EngineSession",

@@ -56,6 +56,15 @@ class BadEvent(ProtocolError):
         super().__init__(ErrorCode.BAD_EVENT, message, param=param)
 
 
+class ConfigLocked(ProtocolError):
+    """Raised by ``Engine.check_locked``: ``config_locked``, naming the field (``param``);
+    the event is refused, the connection and the session go on."""
+
+    def __init__(self, param: str) -> None:
+        message = f"the client token that opened this session locked its configuration: {param}"
+        super().__init__(ErrorCode.CONFIG_LOCKED, f"{message} cannot be set", param=param)
+
+
 class UpstreamLost(Exception):
     """Raised by an engine's ``run`` when the service it fronts is gone for good (the
     ``realtime-proxy`` engine's upstream WebSocket closed or failed): its session ends
@@ -89,6 +98,13 @@ class Engine:
 
         Runs in the connection's reader, before the event is queued, so a refused event
         never reaches ``run`` and never counts as received.
+        """
+
+    def check_locked(self, event: Event) -> None:
+        """On a session whose configuration a client token locked: called after ``check``
+        for each accepted event. Raise ``ConfigLocked`` for one that would change the
+        configuration all the same (``realtime-proxy``: a ``response.create`` override, a
+        ``system`` item). The default refuses nothing: its events carry no configuration.
         """
 
     async def prepare(self, nursery: trio.Nursery) -> None:

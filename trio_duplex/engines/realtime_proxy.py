@@ -38,6 +38,12 @@ Decisions (docs/engines.md, "The realtime proxy", says the same for users):
   whose audio was playing, ``audio_end_ms`` being the audio of that item delivered to
   the client: up to the newest of its deltas whose seq the client has confirmed
   (``EngineSession.delivered_seq``: its acks, or its resume).
+- A session whose configuration a client token locked: a ``response.create`` that
+  overrides it for one response (any ``response`` field but ``conversation``,
+  ``metadata`` and ``input``) and a ``system`` or ``developer`` item (in
+  ``conversation.item.create`` or ``response.input``) are refused ``config_locked``
+  (``check_locked``), never stripped: a stripped override would answer with a response
+  the developer did not ask for, and nothing would say why.
 - No migration (no ``snapshot``): an upstream WebSocket cannot move to another node.
 """
 
@@ -58,9 +64,15 @@ from websockets.trio.client import ClientConnection, connect
 
 from ..core.events import CONTROL_EVENTS, EventType
 from ..core.wire import ProtocolError
-from .api import Engine, EngineFactory, EngineSession, Event, UpstreamLost
+from ..logs import MASK, redact, register_secret
+from .api import ConfigLocked, Engine, EngineFactory, EngineSession, Event, UpstreamLost
 
 log = logging.getLogger("trio_duplex")
+_WS_LOG = logging.getLogger("trio_duplex.realtime_proxy.upstream")
+"""The upstream connections' websockets logger: at INFO, even under ``--log-level
+debug``, since at DEBUG websockets prints every request header (the key) and every
+frame (the conversation) of every session."""
+_WS_LOG.setLevel(logging.INFO)
 
 API_KEY_ENV: Final = "TRIO_DUPLEX_UPSTREAM_API_KEY"
 CONNECT_TIMEOUT_S: Final = 10.0
@@ -95,14 +107,25 @@ CLIENT_EVENTS: Final = frozenset(
 )
 """The OpenAI Realtime client events the proxy forwards (``session.update`` too, which
 the server answers and the engine forwards)."""
+_RESPONSE_UNLOCKED: Final = frozenset({"conversation", "metadata", "input"})
+"""The fields of ``response.create``'s ``response`` a locked session may set: the rest
+(``instructions``, ``tools``, ``voice``, ``modalities``, ``temperature``, ``prompt``...)
+override the session's configuration for that response, and so does any field OpenAI
+adds later until it is listed here."""
+_ROLES_UNLOCKED: Final = frozenset({"user", "assistant"})
+"""The roles of the items a locked session may add: ``system`` and ``developer`` items
+instruct the model as the configuration's ``instructions`` do."""
 
 
 @attrs.frozen
 class Upstream:
-    """Where and how to connect: the URL, extra headers, and the API key (never shown)."""
+    """Where and how to connect: the URL, extra headers, and the API key (never shown,
+    nor the headers' values nor the URL's password: any may be a credential)."""
 
-    url: str
-    headers: tuple[tuple[str, str], ...] = ()
+    url: str = attrs.field(repr=lambda url: repr(redact(url)))
+    headers: tuple[tuple[str, str], ...] = attrs.field(
+        default=(), repr=lambda headers: repr(tuple((name, MASK) for name, _ in headers))
+    )
     api_key: str | None = attrs.field(default=None, repr=False)
 
     def request_headers(self) -> list[tuple[str, str]]:
@@ -129,6 +152,8 @@ def proxy_factory(url: str | None, headers: Sequence[str] = ()) -> EngineFactory
     if not url.startswith(("ws://", "wss://")):
         raise ValueError(f"--upstream {url!r} is not a ws:// or wss:// URL")
     upstream = Upstream(url, tuple(map(parse_header, headers)), os.environ.get(API_KEY_ENV))
+    # Header values may be credentials too (a tenant key): masked in logs like the key.
+    register_secret(upstream.api_key, *(value for _, value in upstream.headers))
 
     def factory(config: Mapping[str, Any]) -> Engine:
         return RealtimeProxyEngine(upstream, config)
@@ -156,6 +181,26 @@ class RealtimeProxyEngine(Engine):
         self._delivered = 0
         self._marks: deque[tuple[int, int]] = deque(maxlen=MAX_MARKS)
 
+    def check_locked(self, event: Event) -> None:
+        """A locked session (a client token's ``session``): refuse ``config_locked`` what
+        would reach the upstream as configuration all the same, a per-response override
+        or a ``system``/``developer`` item (``session.update`` the server refuses)."""
+        kind = event["type"]
+        if kind == "conversation.item.create":
+            _check_item(event.get("item"), "item")
+        elif kind == "response.create" and "response" in event:
+            response = event["response"]
+            if not isinstance(response, dict):
+                raise ConfigLocked("response")
+            for key in response:
+                if key not in _RESPONSE_UNLOCKED:
+                    raise ConfigLocked(f"response.{key}")
+            items = response.get("input", [])
+            if not isinstance(items, list):
+                raise ConfigLocked("response.input")
+            for i, item in enumerate(items):
+                _check_item(item, f"response.input[{i}]")
+
     async def prepare(self, nursery: trio.Nursery) -> None:
         """Connect the upstream before the client hears ``session.created``: an upstream
         that refuses (HTTP 401, 429, 503...), cannot be reached or does not answer within
@@ -172,6 +217,7 @@ class RealtimeProxyEngine(Engine):
                 proxy=None,
                 max_size=MAX_UPSTREAM_MESSAGE_BYTES,
                 user_agent_header="trio-duplex-realtime-proxy",
+                logger=_WS_LOG,
             ).connect(nursery)
         except InvalidStatus as exc:
             status = exc.response.status_code
@@ -312,6 +358,14 @@ class RealtimeProxyEngine(Engine):
         fields = {k: v for k, v in config.items() if k != "audio"}
         fields.setdefault("type", "realtime")
         return {"type": _UPDATE, "session": fields}
+
+
+def _check_item(item: object, where: str) -> None:
+    """An item of a locked session: a message only as the user or the assistant."""
+    if isinstance(item, dict) and "role" in item:
+        role = item["role"]
+        if not isinstance(role, str) or role not in _ROLES_UNLOCKED:
+            raise ConfigLocked(f"{where}.role")
 
 
 def _json(event: Event) -> bytes:

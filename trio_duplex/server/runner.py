@@ -125,6 +125,22 @@ def check_input(engine: Engine | None, event: Event) -> None:
         )
 
 
+def check_locked(engine: Engine, event: Event) -> None:
+    """On a locked session, after ``check_input``: the engine's ``check_locked`` (an
+    override of the locked configuration: ConfigLocked); CheckFailed if it breaks."""
+    if event["type"] in _PROTOCOL_INPUT:
+        return  # session.update is refused by the runner itself
+    check = getattr(engine, "check_locked", None)
+    if check is None:
+        return
+    try:
+        check(event)
+    except ProtocolError:
+        raise
+    except BaseException as exc:
+        raise CheckFailed from exc
+
+
 # Sets, not enum members, on the per-event path: a member lookup costs ~100 ns on 3.11.
 _PROTOCOL_INPUT = frozenset({*SESSION_INPUT, EventType.EVENT_ACK, EventType.RESUME})
 _ANSWERED_HERE = frozenset({EventType.HEARTBEAT, EventType.EVENT_ACK, EventType.CLOSE})
@@ -625,6 +641,8 @@ class SessionRunner:
                 if not self._decode_audio(event, size, self._decoder):
                     return  # a resend of what was received
             check_input(self.engine, event)
+            if session.config_locked:
+                check_locked(self.engine, event)
             if kind not in _ANSWERED_HERE:  # for the engine (session.update too)
                 self._to_engine(event, kind, size)
             elif kind == EventType.HEARTBEAT:
