@@ -79,7 +79,11 @@ def _parse(field: attrs.Attribute[Any]) -> Callable[[str], Any]:
         except NeedsCompanion:  # not the value's fault: checked with the others
             pass
         except ConfigError as exc:
-            shown = "the value" if field.repr is False else repr(text)  # a secret: not echoed
+            # A secret is not echoed; a field with a repr of its own (a store URL's
+            # password hidden) is shown by it.
+            shown = "the value" if field.repr is False else repr(text)
+            if callable(field.repr):
+                shown = field.repr(text)
             raise argparse.ArgumentTypeError(f"{shown} {exc.rule}") from None
         return value
 
@@ -317,7 +321,7 @@ async def _serve_until_signalled(
                     if server.config.api_key_file is None:
                         log.info("SIGHUP: no --api-key-file to re-read")
                     else:
-                        server.gate.reload_keys()
+                        server.reload_keys()
                     continue
                 if server.shutting_down:
                     log.warning(
