@@ -21,7 +21,8 @@ KEYS = "acme: k-acme-123\n"
 def target(serve_module: Serve, tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
     keys: Path = tmp_path_factory.mktemp("keys") / "keys"
     keys.write_text(KEYS)
-    return serve_module("--api-key-file", str(keys), "--demo")
+    verifier = ("--auth", "tests.server.auth_verifier:verify")  # X-Token: good
+    return serve_module("--api-key-file", str(keys), "--demo", *verifier)
 
 
 def exchange(server: ServerProcess, request: bytes) -> bytes:
@@ -85,6 +86,14 @@ def test_two_content_lengths_or_authorizations_get_400_not_a_traceback(
     for header in ("Host: 127.0.0.1", "Authorization: Bearer k-acme-123", "Origin: http://x"):
         head = upgrade + f"{header}\r\n{header}\r\n\r\n"
         assert status_of(exchange(target, head.encode())) == 400
+    # The verifier reads X-Token once (Headers.get): sent twice, it is refused, quietly.
+    head = upgrade + "X-Token: good\r\nX-Token: good\r\n\r\n"
+    assert status_of(exchange(target, head.encode())) == 401
+    assert status_of(exchange(target, (upgrade + "X-Token: good\r\n\r\n").encode())) == 101
+    tokens = token_post("2").replace(b"Authorization: Bearer k-acme-123\r\n", b"X-Token: good\r\n")
+    assert status_of(exchange(target, tokens)) == 200
+    twice = tokens.replace(b"\r\n\r\n", b"\r\nX-Token: good\r\n\r\n")
+    assert status_of(exchange(target, twice)) == 401
     healthy(target)
 
 

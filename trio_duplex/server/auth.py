@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 import trio
-from websockets.datastructures import Headers
+from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request
 
 from ..core.config import ServerConfig
@@ -344,6 +344,8 @@ class Gate:
         assert self.verifier is not None
         try:
             who = self.verifier(headers)
+        except MultipleValuesError:  # a header it reads once was sent twice: the client's
+            return None
         except Exception as exc:  # a broken verifier refuses; the client is not told why
             log.error("the --auth verifier failed; the request is refused", exc_info=exc)
             return None
