@@ -83,6 +83,8 @@ def test_two_content_lengths_or_authorizations_get_400_not_a_traceback(
         "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
         "Sec-WebSocket-Version: 13\r\n"
     )
+    bad_target = upgrade.replace("GET /v1/duplex ", "GET //[/v1/duplex ") + "\r\n"
+    assert status_of(exchange(target, bad_target.encode())) == 400
     for header in ("Host: 127.0.0.1", "Authorization: Bearer k-acme-123", "Origin: http://x"):
         head = upgrade + f"{header}\r\n{header}\r\n\r\n"
         assert status_of(exchange(target, head.encode())) == 400
@@ -113,6 +115,9 @@ PATHS = [
     "",
     "http://evil.example/v1/duplex",
     "/v1/duplex?autostart=1",
+    "//[/v1/duplex",  # urlsplit: "Invalid IPv6 URL"
+    "http://[x/v1/duplex",
+    "/v1/duplex?%zz&&=",
 ]
 VERSIONS = ["HTTP/1.1", "HTTP/1.0", "HTTP/2", "", "HTTP/1.1 extra", "HTTP/9.9"]
 NAMES = [

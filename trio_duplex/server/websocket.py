@@ -676,7 +676,13 @@ async def accept_websocket(
         refused("bad_request")
         await stream.send_all(_TWICE)
         return None
-    url = urlsplit(request.path)
+    try:
+        url = urlsplit(request.path)
+    except ValueError:  # "//[x": an IPv6 host never closed
+        FAULTS.report(where, "400: not a valid request target")
+        refused("bad_request")
+        await stream.send_all(_answer("400 Bad Request", "not a valid request target\n"))
+        return None
     if (
         endpoints is not None
         and (answer := endpoints.answer(url.path, request.headers.get("Host"))) is not None
