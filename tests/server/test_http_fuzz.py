@@ -183,8 +183,9 @@ header_text = st.text(
 
 @st.composite
 def requests(draw: st.DrawFn) -> bytes:
-    parts = (METHODS, PATHS, VERSIONS)
-    line = " ".join(draw(st.sampled_from(choices)) for choices in parts)
+    method, version = draw(st.sampled_from(METHODS)), draw(st.sampled_from(VERSIONS))
+    path = draw(st.sampled_from(PATHS) | header_text | header_text.map(lambda t: "/" + t))
+    line = f"{method} {path} {version}"
     names = st.sampled_from(NAMES) | header_text
     values = st.sampled_from(VALUES) | header_text
     headers = draw(st.lists(st.tuples(names, values), max_size=12))
