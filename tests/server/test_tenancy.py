@@ -310,3 +310,17 @@ def test_removing_a_key_revokes_its_tokens_and_ends_its_sessions(
         assert http(server, post(b"{}", "k-acme-123"))[0] == 401
     assert "k-acme" not in server.log and issued["acme"] not in server.log
     no_errors(server)
+
+
+@pytest.mark.integration
+def test_a_client_that_expects_100_continue_gets_it_then_its_token(keyed: ServerProcess) -> None:
+    body = encode({"session": {"instructions": "x" * 20_000}}).encode()
+    head = post(body, "k-acme-123", "Expect: 100-continue")[: -len(body)]
+    with socket.create_connection(("127.0.0.1", keyed.port), timeout=10) as sock:
+        sock.sendall(head)
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"  # (curl sends on it)
+        sock.sendall(body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer

@@ -533,6 +533,8 @@ async def _post(
                 return
             left -= len(data)
     else:
+        if len(body) < length and headers.get_all("Expect") == ["100-continue"]:
+            await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")  # (curl waits 1 s else)
         while len(body) < length:
             data = await stream.receive_some(RECEIVE_SIZE)
             if not data:
