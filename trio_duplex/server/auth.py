@@ -6,10 +6,11 @@ credential, in one of two places: ``Authorization: Bearer CREDENTIAL``, or (brow
 cannot set headers on a WebSocket) an offered subprotocol
 ``trio-duplex.bearer.CREDENTIAL``. The credential is an API key, whose ``NAME`` becomes
 the session's principal; a client token (``POST /v1/client_tokens``: one use, a TTL,
-maybe a locked configuration); or the current resume token of a live session, which
-allows exactly one thing: the first message is that session's ``session.resume``. The
-verifier, if any, looks at the headers first. Anything else is refused with 401 before
-the upgrade, with nothing said about which part was wrong.
+maybe a locked configuration, bounded per principal and in bytes: tokens.py); or the
+current resume token of a live session, which allows exactly one thing: the first
+message is that session's ``session.resume``. The verifier, if any, looks at the headers
+first. Anything else is refused with 401 before the upgrade, with nothing said about
+which part was wrong.
 
 Keys are kept as SHA-256 digests and every comparison runs against every key, in
 constant time (``hmac.compare_digest``); no key is ever logged or in a ``repr``.
@@ -87,12 +88,11 @@ class KeyRing:
                 found = name
         return found
 
-    def holds(self, key: bytes) -> bool:
-        """Is ``key`` (a digest) one of these keys? Compared with every key."""
-        found = False
-        for known, _ in self._keys:
-            found |= hmac.compare_digest(key, known)
-        return found
+    def holds(self) -> Callable[[bytes], bool]:
+        """Is a digest one of these keys? For the server's own records (a client token's
+        key), never a presented credential: a set, so that a reload's revocation costs
+        one lookup per token, not one comparison per token and key."""
+        return frozenset(key for key, _ in self._keys).__contains__
 
     @property
     def names(self) -> frozenset[str]:
@@ -365,7 +365,7 @@ class Gate:
             return None
         gone = frozenset() if self.keys is None else self.keys.names - keys.names
         self.keys = keys
-        revoked = self.tokens.revoke(keys.holds)
+        revoked = self.tokens.revoke(keys.holds())
         log.info(
             "API keys reloaded from %s: %d keys; %d client tokens of removed keys revoked",
             path,
