@@ -16,6 +16,7 @@ from websockets.typing import Origin, Subprotocol
 
 from trio_duplex import ServerConfig
 from trio_duplex.cli import main
+from trio_duplex.server.http import same_origin
 from trio_duplex.testing import running_server
 
 from ..helpers import UPGRADE_HEAD as HEAD
@@ -104,6 +105,32 @@ async def test_without_allow_origin_the_origin_must_be_the_hosts(
     async with running_server(ServerConfig()) as sim:
         answer = await raw_http(sim, head.encode("utf-8"))
     assert head_of(answer)[0] == status
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "same"),
+    [
+        ("http://localhost:8765", "localhost:8765", True),
+        ("https://a.example", "a.example", True),
+        ("https://a.example", "a.example:443", True),
+        ("https://a.example:443", "a.example", True),
+        ("http://a.example", "a.example:443", False),
+        ("HTTP://A.example:80", "a.EXAMPLE", True),
+        ("http://[::1]", "[::1]", True),
+        ("http://[::1]:8765", "[::1]:8766", False),
+        ("http://[::1", "[::1", False),
+        ("http://[]", "[]", False),
+        ("http://a.example.evil", "a.example", False),
+        ("http://a@b", "a@b", False),
+        ("null", "null", False),
+        ("file://x", "x", False),
+        ("ws://x", "x", False),  # a page's origin is http(s)
+        ("http://x:", "x:", False),
+        ("http://x:123456", "x:123456", False),
+    ],
+)
+def test_the_same_origin_rule(origin: str, host: str, same: bool) -> None:
+    assert same_origin(origin, host) is same
 
 
 async def test_two_origins_or_two_hosts_get_400(

@@ -32,13 +32,13 @@ def _authority(text: str, default_port: int) -> tuple[str, int] | None:
     text = text.strip().lower()
     if text.startswith("["):
         end = text.find("]")
-        host, rest = text[: end + 1], text[end + 1 :]
         if end < 0:
             return None
+        host, rest = text[: end + 1], text[end + 1 :]
     else:
         host, colon, port = text.partition(":")
         rest = colon + port
-    if not host or any(c in host for c in "/?#@ \t\\") or (not rest and host == "[]"):
+    if host in ("", "[]") or any(c in host for c in "/?#@ \t\\"):
         return None
     if not rest:
         return host, default_port
