@@ -22,6 +22,7 @@ import hmac
 import importlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -208,6 +209,8 @@ class Gate:
     on another node; it is let through to send that resume (``Grant.elsewhere``)."""
     failures: Failures = attrs.field(factory=Failures, init=False)
     """Cluster mode: such credentials whose resume failed, by address."""
+    _refusals_quiet_until: dict[Refused, float] = attrs.field(factory=dict, init=False)
+    _refusals_left_out: dict[Refused, int] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         config = self.config
@@ -320,24 +323,32 @@ class Gate:
             config = encode(locked).encode()  # kept compact, parsed again when spent
         now = trio.current_time()
         token = self.tokens.issue(ClientToken(principal, now + ttl, config, key), now)
-        if token is Refused.PRINCIPAL_FULL:
-            count, size = self.tokens.held_by(principal)
-            log.info(
-                "client token refused to %s: it holds %d tokens, %d bytes", principal, count, size
-            )
-            return 429, b'{"error": "this key has too many client tokens outstanding"}'
-        if token is Refused.STORE_FULL:
-            log.warning(
-                "client token refused to %s: %d bytes of tokens outstanding "
-                "(--client-token-max-bytes)",
-                principal,
-                self.tokens.held_bytes,
-            )
+        if isinstance(token, Refused):
+            self._say_refused(token, principal, now)
+            if token is Refused.PRINCIPAL_FULL:
+                return 429, b'{"error": "this key has too many client tokens outstanding"}'
             return 503, b'{"error": "too many client tokens outstanding; retry later"}'
         assert isinstance(token, str)
         log.info("client token issued to %s for %gs", principal, ttl)
         expires_at = int(time.time() + ttl)
         return 200, json.dumps({"token": token, "expires_at": expires_at}).encode()
+
+    def _say_refused(self, why: Refused, principal: str, now: float) -> None:
+        """Log a refused token, at most once per ``REFUSAL_QUIET_S`` for each reason: a
+        client that retries at once must not flood the log."""
+        self._refusals_left_out[why] = self._refusals_left_out.get(why, 0) + 1
+        if now < self._refusals_quiet_until.get(why, -math.inf):
+            return
+        self._refusals_quiet_until[why] = now + REFUSAL_QUIET_S
+        more = self._refusals_left_out.pop(why) - 1
+        also = f" ({more} more refused since the last line)" if more else ""
+        if why is Refused.PRINCIPAL_FULL:
+            count, size = self.tokens.held_by(principal)
+            message = "client token refused to %s: it holds %d tokens, %d bytes%s"
+            log.info(message, principal, count, size, also)
+        else:
+            message = "client token refused to %s: %d bytes held (--client-token-max-bytes)%s"
+            log.warning(message, principal, self.tokens.held_bytes, also)
 
     def _verified(self, headers: Headers) -> str | None:
         """The ``--auth`` verifier's principal for ``headers``, or None (refused)."""
@@ -375,6 +386,8 @@ class Gate:
         return gone
 
 
+REFUSAL_QUIET_S = 10.0
+"""A refused client token is logged at most this often, for each reason."""
 RETRY_AFTER_FAILURES_S = 5
 """The ``Retry-After`` of an upgrade refused for its address's failures."""
 
