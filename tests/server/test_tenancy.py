@@ -326,3 +326,20 @@ def test_a_client_that_expects_100_continue_gets_it_then_its_token(keyed: Server
         while chunk := sock.recv(65536):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+
+
+@pytest.mark.integration
+def test_the_whole_store_full_answers_503_to_anyone(serve: Serve, tmp_path: Path) -> None:
+    (tmp_path / "keys").write_text(KEYS + "initech: k-initech-789\n")
+    share = 2 * TOKEN_OVERHEAD  # two tokens without a locked configuration
+    server = serve(
+        *("--api-key-file", str(tmp_path / "keys")),
+        *("--client-token-max-bytes-per-key", str(share)),
+        *("--client-token-max-bytes", str(2 * share)),
+    )
+    for key in ("k-acme-123", "k-globex-456"):
+        assert [http(server, post(b"{}", key))[0] for _ in range(3)] == [200, 200, 429]
+    status, headers, answer = http(server, post(b"{}", "k-initech-789"))
+    assert (status, headers["retry-after"]) == (503, "1")
+    assert json.loads(answer) == {"error": "too many client tokens outstanding; retry later"}
+    server.wait_for_line(r"WARNING .*client token refused to initech: 2048 bytes held", 10)
