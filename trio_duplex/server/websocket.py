@@ -624,13 +624,15 @@ async def accept_websocket(
     for another path gets 404, one whose Origin header is not allowed 403 (``origins``,
     ``--allow-origin``: those, or any with ``*``; none given: only the origin of the Host
     it names, http.py's ``same_origin``), before its credential is looked at; a request
-    that is not an upgrade 400, and anything that
-    is not HTTP is dropped: those return None. Bound it with a deadline. A path that
-    ``endpoints`` answers (health, metrics: http.py) gets that answer instead. With
-    ``authorize``, an upgrade it grants nothing gets 401 (auth.py); the grant is
-    returned with the WebSocket. ``path`` None: no such endpoint here (a listener for
-    relayed resumes only). With ``relay`` (cluster mode: its path, and a check of the
-    request's signature), an upgrade for that path gets the check's grant, or 403.
+    that is not an upgrade, or that repeats Host, Origin or Authorization, 400; and
+    anything that is not HTTP is dropped: those return None. Bound it with a deadline.
+    A path that ``endpoints`` answers (health, metrics: http.py) gets that answer
+    instead. With ``authorize``, an upgrade it grants nothing gets 401, and one it
+    throttles 429 (auth.py); the grant is returned with the WebSocket. A POST to the
+    token path goes to ``issue_token`` (a body of at most ``max_post_bytes``). ``path``
+    None: no such endpoint here (a listener for relayed resumes only). With ``relay``
+    (cluster mode: its path, and a check of the request's signature), an upgrade for
+    that path gets the check's grant, or 403.
     """
     where = f"a connection from {peer}" if peer else "a connection"
     refused = _uncounted if endpoints is None else endpoints.refused
