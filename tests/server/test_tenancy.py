@@ -282,7 +282,7 @@ def test_removing_a_key_revokes_its_tokens_and_ends_its_sessions(
 ) -> None:
     path = tmp_path / "keys"
     path.write_text(KEYS + "initech: k-initech-789\n")
-    server = serve("--api-key-file", str(path))
+    server = serve("--api-key-file", str(path), "--client-token-max-per-key", "2")
     with ExitStack() as stack:
         issued = {}
         for name, key in (("acme", "k-acme-123"), ("globex", "k-globex-456")):
@@ -294,10 +294,12 @@ def test_removing_a_key_revokes_its_tokens_and_ends_its_sessions(
         # initech's key is rotated (same NAME, a new key): its session is kept, its old
         # key's tokens are not.
         initech_token = json.loads(http(server, post(b"{}", "k-initech-789"))[2])["token"]
+        assert http(server, post(b"{}", "k-initech-789"))[0] == 200  # its share is full:
+        assert http(server, post(b"{}", "k-initech-789"))[0] == 429
         initech = opened(stack, server, **bearer("k-initech-789"))
         path.write_text("globex: k-globex-456\ninitech: k-initech-new\n")
         server.proc.send_signal(signal.SIGHUP)
-        server.wait_for_line(r"API keys reloaded .*: 2 keys; 2 client tokens of removed keys", 10)
+        server.wait_for_line(r"API keys reloaded .*: 2 keys; 3 client tokens of removed keys", 10)
         server.wait_for_line(r"WARNING .*API keys removed: acme; 1 of their sessions ended", 10)
         closed = json.loads(acme.recv(timeout=10))
         assert closed["type"] == "session.closed" and closed["reason"] == "credential_revoked"
@@ -309,6 +311,8 @@ def test_removing_a_key_revokes_its_tokens_and_ends_its_sessions(
             ws.send(json.dumps({"type": "input.text.append", "text": "still"}))
             assert json.loads(ws.recv(timeout=10))["text"] == "still"
         opened(stack, server, **bearer(issued["globex"]))
+        # The revoked tokens left initech's share: its new key has the whole of it.
+        assert [http(server, post(b"{}", "k-initech-new"))[0] for _ in range(3)] == [200, 200, 429]
         assert http(server, post(b"{}", "k-acme-123"))[0] == 401
     assert "k-acme" not in server.log and issued["acme"] not in server.log
     no_errors(server)
