@@ -80,8 +80,11 @@ def _parse(field: attrs.Attribute[Any]) -> Callable[[str], Any]:
         except NeedsCompanion:  # not the value's fault: checked with the others
             pass
         except ConfigError as exc:
-            # A secret, or a value that may hold one (a URL's password): not echoed.
-            shown = repr(text) if field.repr is True else "the value"
+            # A secret is not echoed; a field with a repr of its own (a URL's password
+            # hidden) is shown by it.
+            shown = "the value" if field.repr is False else repr(text)
+            if callable(field.repr):
+                shown = field.repr(given)
             raise argparse.ArgumentTypeError(f"{shown} {exc.rule}") from None
         return value
 
@@ -332,7 +335,7 @@ async def _serve_until_signalled(
                         log.info("SIGHUP: no --api-key-file to re-read")
                     else:
                         register_key_file(server.config.api_key_file)  # its new keys too
-                        server.gate.reload_keys()
+                        server.reload_keys()
                     continue
                 if server.shutting_down:
                     log.warning(

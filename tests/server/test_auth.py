@@ -331,7 +331,8 @@ async def test_a_locked_configuration_is_the_sessions_and_cannot_change(
         (post(b'{"ttl_s": 0}'), 400),
         (post(b'{"ttl_s": true}'), 400),
         (post(b'{"session": [1]}'), 400),
-        (post(b'{"session": {"x": "' + b"y" * 70_000 + b'"}}'), 400),
+        (post(b'{"session": {"x": "' + b"y" * 66_000 + b'"}}'), 400),  # config_too_large
+        (post(b'{"session": {"x": "' + b"y" * 70_000 + b'"}}'), 413),  # > first message
         (post(path="/v1/other"), 400),
     ],
 )

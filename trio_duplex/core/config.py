@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -24,6 +25,8 @@ class ConfigError(ValueError):
     """ServerConfig refused ``value`` for ``field``: it breaks ``rule``."""
 
     def __init__(self, field: str, value: object, rule: str) -> None:
+        if isinstance(value, str) and "://" in value:
+            value = redacted_url(value)  # a store URL's password is never shown
         super().__init__(f"{field} {rule}, got {value!r}")
         self.field = field
         self.value = value
@@ -101,9 +104,33 @@ _node_id = _Rule(
     f"must match {_NODE_ID.pattern}",
     lambda value: value is None or bool(_NODE_ID.fullmatch(value)),
 )
+
+
+def _is_redis_url(value: str) -> bool:
+    """``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]``, the port a number (urlsplit's own
+    ``port`` raises ValueError for anything else, which must not reach a traceback)."""
+    if re.fullmatch(r"redis://[^/\s?#]+(/\d+)?/?", value) is None:
+        return False
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        return False
+    return bool(parts.hostname) and port != 0
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password (if any) shown as ``***``: for a repr or a message."""
+    scheme, _, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")  # as urlsplit: the last @ ends the password
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}"
+
+
 _redis_url = _Rule(
-    "must be redis://HOST[:PORT][/DB]",
-    lambda value: value is None or re.fullmatch(r"redis://[^/\s]+(/\d+)?/?", value) is not None,
+    "must be redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], the port a number from 1 to 65535",
+    lambda value: value is None or _is_redis_url(value),
 )
 _ws_url = _Rule(
     "must be a ws:// or wss:// URL",
@@ -111,12 +138,11 @@ _ws_url = _Rule(
 )
 _HEADER = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+:.*")  # an HTTP field name (token), ':'
 _headers = _Rule("must be 'NAME: VALUE'", lambda value: all(map(_HEADER.fullmatch, value)))
-_USERINFO_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^/@\s]*@")
 
 
 def _url_repr(url: str | None) -> str:
     """A URL as a repr shows it: its password (``redis://:PASSWORD@``) masked."""
-    return repr(url if url is None else _USERINFO_PASSWORD.sub(r"\1***@", url))
+    return repr(None if url is None else redacted_url(url))
 
 
 def _headers_repr(headers: tuple[str, ...]) -> str:
@@ -192,9 +218,10 @@ class ServerConfig:
         converter=_strings,
         validator=_origins,
         metadata=_flag(
-            "an upgrade whose Origin header is another gets HTTP 403; repeatable, * for any",
+            "an upgrade or token request whose Origin header is another gets HTTP 403; "
+            "repeatable, * for any",
             "ORIGIN",
-            "any",
+            "the Host's own",
         ),
     )
     api_key_file: str | None = attrs.field(
@@ -218,6 +245,33 @@ class ServerConfig:
         default=600.0,
         validator=_above(0),
         metadata=_flag("longest life of a client token (POST /v1/client_tokens)", SECONDS),
+    )
+    client_token_max_bytes: int = attrs.field(
+        default=64 * MiB,
+        validator=_at_least(1),
+        metadata=_flag(
+            "client tokens outstanding on this server, in bytes (each token's locked "
+            "configuration as compact JSON, plus 512); beyond: HTTP 503",
+            BYTES,
+        ),
+    )
+    client_token_max_per_key: int = attrs.field(
+        default=1_000,
+        validator=_at_least(1),
+        metadata=_flag(
+            "client tokens outstanding for one principal (an API key's NAME, or --auth's); "
+            "beyond: HTTP 429 for it alone",
+            "N",
+        ),
+    )
+    client_token_max_bytes_per_key: int = attrs.field(
+        default=4 * MiB,
+        validator=_at_least(1),
+        metadata=_flag(
+            "client tokens outstanding for one principal, in bytes as --client-token-max-bytes "
+            "counts them, at most half of it; beyond: HTTP 429 for it alone",
+            BYTES,
+        ),
     )
     max_sessions: int = attrs.field(
         default=64, validator=_at_least(1), metadata=_flag("session slots")
@@ -456,6 +510,13 @@ class ServerConfig:
     """Frames queued for a connection before the engine's ``send`` waits."""
 
     def __attrs_post_init__(self) -> None:
+        if self.client_token_max_bytes_per_key * 2 > self.client_token_max_bytes:
+            # So that one principal at its share never leaves another none.
+            raise NeedsCompanion(
+                "client_token_max_bytes_per_key",
+                self.client_token_max_bytes_per_key,
+                f"must be at most half of --client-token-max-bytes ({self.client_token_max_bytes})",
+            )
         if (self.tls_cert is None) != (self.tls_key is None):
             given, missing = (
                 ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")

@@ -60,6 +60,9 @@ class Reason(enum.StrEnum):
     UPSTREAM_LOST = "upstream_lost"
     """The service an engine fronts is gone (``engines.api.UpstreamLost``; the
     ``realtime-proxy`` engine's upstream WebSocket closed or failed). Added in issue 16."""
+    REVOKED = "credential_revoked"
+    """The API key the session was opened with (its NAME) was removed from
+    ``--api-key-file`` and the server reloaded it (SIGHUP). Added in issue 23."""
     MIGRATED = "migrated"
     """The session moved to another node (core/migration.py). Never sent: its node has
     already finished the connection with ``session.going_away {migrating: true}``."""

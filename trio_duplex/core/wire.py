@@ -314,19 +314,29 @@ def decode(text: str | bytes) -> dict[str, Any]:
     """
     if not isinstance(text, str):
         raise ProtocolError(ErrorCode.BAD_EVENT, "binary frames are not accepted; send JSON text")
+    return _checked(decode_object(text, "an event must be a JSON object"))
+
+
+def decode_object(text: str, not_object: str = "the JSON must be an object") -> dict[str, Any]:
+    """Parse ``text`` as one JSON object under the wire's rules (no NaN or Infinity,
+    nesting at most MAX_DEPTH, no lone surrogates), without an event's own checks: the
+    decoder of every JSON body the server reads, over HTTP too (auth.py).
+
+    Raises ProtocolError(invalid_json) for text that is not JSON, ProtocolError(bad_event)
+    with ``not_object`` for JSON that is not an object, or for the rules."""
     try:
         event = _loads(text)
     except (ValueError, RecursionError):
         raise _invalid_json() from None
     if not isinstance(event, dict):
-        raise ProtocolError(ErrorCode.BAD_EVENT, "an event must be a JSON object")
+        raise ProtocolError(ErrorCode.BAD_EVENT, not_object)
     # Valid UTF-8 on the wire can still decode to a lone surrogate through a \u escape;
     # echoing such a string could never be encoded, so refuse it here. Both walks are
     # skipped by a cheap test of the text first (a nest needs that many brackets).
     surrogates = "\\ud" in text or "\\uD" in text
     if surrogates or text.count("[") + text.count("{") > MAX_DEPTH:
         _check_structure(event, surrogates)
-    return _checked(event)
+    return event
 
 
 def _checked(event: dict[str, Any]) -> dict[str, Any]:

@@ -6,10 +6,11 @@ credential, in one of two places: ``Authorization: Bearer CREDENTIAL``, or (brow
 cannot set headers on a WebSocket) an offered subprotocol
 ``trio-duplex.bearer.CREDENTIAL``. The credential is an API key, whose ``NAME`` becomes
 the session's principal; a client token (``POST /v1/client_tokens``: one use, a TTL,
-maybe a locked configuration); or the current resume token of a live session, which
-allows exactly one thing: the first message is that session's ``session.resume``. The
-verifier, if any, looks at the headers first. Anything else is refused with 401 before
-the upgrade, with nothing said about which part was wrong.
+maybe a locked configuration, bounded per principal and in bytes: tokens.py); or the
+current resume token of a live session, which allows exactly one thing: the first
+message is that session's ``session.resume``. The verifier, if any, looks at the headers
+first. Anything else is refused with 401 before the upgrade, with nothing said about
+which part was wrong.
 
 Keys are kept as SHA-256 digests and every comparison runs against every key, in
 constant time (``hmac.compare_digest``); no key is ever logged or in a ``repr``.
@@ -17,12 +18,11 @@ constant time (``hmac.compare_digest``); no key is ever logged or in a ``repr``.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import importlib
 import json
 import logging
-import secrets
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -30,11 +30,13 @@ from typing import Any
 
 import attrs
 import trio
-from websockets.datastructures import Headers
+from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request
 
 from ..core.config import ServerConfig
-from ..core.wire import ConfigBudget, ProtocolError
+from ..core.wire import ConfigBudget, ProtocolError, decode_object, encode
+from .throttle import Failures, Throttled
+from .tokens import ClientToken, ClientTokens, Refused, TokenLimits, digest
 
 log = logging.getLogger("trio_duplex")
 
@@ -45,10 +47,6 @@ BEARER_SUBPROTOCOL = "trio-duplex.bearer."
 class KeyFileError(ValueError):
     """The API key file cannot be used; the message names the file and the line, never a
     key."""
-
-
-def digest(credential: str) -> bytes:
-    return hashlib.sha256(credential.encode("utf-8", "surrogatepass")).digest()
 
 
 @attrs.define(eq=False, repr=False)
@@ -90,6 +88,16 @@ class KeyRing:
             if hmac.compare_digest(presented, key):
                 found = name
         return found
+
+    def holds(self) -> Callable[[bytes], bool]:
+        """Is a digest one of these keys? For the server's own records (a client token's
+        key), never a presented credential: a set, so that a reload's revocation costs
+        one lookup per token, not one comparison per token and key."""
+        return frozenset(key for key, _ in self._keys).__contains__
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(name for _, name in self._keys)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -159,50 +167,10 @@ def presented(headers: Mapping[str, str], offered: Iterable[str]) -> str | None:
 
 TOKENS_PATH = "/v1/client_tokens"
 """``POST`` here with an API key: a short-lived client token for a browser."""
-MAX_OUTSTANDING = 10_000
-"""Client tokens issued and not yet spent or expired, at most (then 429)."""
 
 
-@attrs.define(eq=False, repr=False)
-class ClientToken:
-    principal: str
-    deadline: float
-    """``trio.current_time()`` past which it is expired."""
-    config: dict[str, Any] | None
-    """A locked session configuration, or None."""
-
-
-@attrs.define(eq=False, repr=False)
-class ClientTokens:
-    """Short-lived, one-use client tokens, kept as SHA-256 digests (auth.py)."""
-
-    _tokens: dict[bytes, ClientToken] = attrs.field(factory=dict)
-
-    def issue(self, token: ClientToken, now: float) -> str | None:
-        """A new token for ``token``'s grant; None when MAX_OUTSTANDING are out."""
-        self._forget_expired(now)
-        if len(self._tokens) >= MAX_OUTSTANDING:
-            return None
-        plain = secrets.token_urlsafe(32)  # URL-safe: it may travel as a subprotocol
-        self._tokens[digest(plain)] = token
-        return plain
-
-    def take(self, credential: str, now: float) -> ClientToken | None:
-        """Spend ``credential`` if it is a live client token (one use)."""
-        token = self._tokens.pop(digest(credential), None)  # a dict of digests: no timing
-        if token is None or token.deadline < now:
-            return None
-        return token
-
-    def _forget_expired(self, now: float) -> None:
-        if len(self._tokens) >= MAX_OUTSTANDING // 2:
-            self._tokens = {k: t for k, t in self._tokens.items() if t.deadline >= now}
-
-    def __len__(self) -> int:
-        return len(self._tokens)
-
-    def __repr__(self) -> str:
-        return f"<ClientTokens, {len(self._tokens)} outstanding>"
+def _json_error(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
 
 
 Verifier = Callable[[Mapping[str, str]], "str | None"]
@@ -235,10 +203,24 @@ class Gate:
     """The id of the live session whose valid resume token a credential is, if any."""
     keys: KeyRing | None = None
     verifier: Verifier | None = None
-    tokens: ClientTokens = attrs.field(factory=ClientTokens)
+    tokens: ClientTokens = attrs.field(init=False)
     elsewhere: bool = False
     """Cluster mode: a credential nothing here knows may be the resume token of a session
     on another node; it is let through to send that resume (``Grant.elsewhere``)."""
+    failures: Failures = attrs.field(factory=Failures, init=False)
+    """Cluster mode: such credentials whose resume failed, by address."""
+    _refusals_quiet_until: dict[Refused, float] = attrs.field(factory=dict, init=False)
+    _refusals_left_out: dict[Refused, int] = attrs.field(factory=dict, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        config = self.config
+        self.tokens = ClientTokens(
+            TokenLimits(
+                config.client_token_max_bytes,
+                config.client_token_max_per_key,
+                config.client_token_max_bytes_per_key,
+            )
+        )
 
     @classmethod
     def of(
@@ -264,8 +246,9 @@ class Gate:
         """No authentication: neither API keys nor a verifier."""
         return self.keys is None and self.verifier is None
 
-    def authorize(self, request: Request) -> Grant | None:
-        """What the upgrade's credential allows (auth.py), or None: 401."""
+    def authorize(self, request: Request, peer: str | None = None) -> Grant | Throttled | None:
+        """What the upgrade's credential allows (auth.py), or None: 401; Throttled:
+        ``peer``'s unknown credentials failed too often (cluster mode)."""
         if self.verifier is not None:
             who = self._verified(request.headers)
             if who is not None:
@@ -275,94 +258,170 @@ class Gate:
             for header in request.headers.get_all("Sec-WebSocket-Protocol")
             for value in header.split(",")
         ]
-        credential = presented(request.headers, offered)
+        authorization = request.headers.get_all("Authorization")
+        if len(authorization) > 1:
+            return None  # which one would be meant: refused, as a bad credential
+        credential = presented({"Authorization": "".join(authorization)}, offered)
         if credential is None:
             return None
         principal = None if self.keys is None else self.keys.principal(credential)
         if principal is not None:
             return Grant(principal)
-        client = self.tokens.take(credential, trio.current_time())
+        now = trio.current_time()
+        client = self.tokens.take(credential, now)
         if client is not None:  # spent now: it opens this one session
-            return Grant(client.principal, locked=client.config)
+            return Grant(client.principal, locked=client.locked())
         session_id = self.holder_of(credential)
         if session_id is not None:
             return Grant(None, resume_of=session_id)
-        return Grant(None, elsewhere=digest(credential)) if self.elsewhere else None
+        if not self.elsewhere:
+            return None
+        if not self.failures.allows(peer, now):
+            return Throttled(RETRY_AFTER_FAILURES_S)
+        return Grant(None, elsewhere=digest(credential))
+
+    def resume_failed(self, peer: str | None) -> None:
+        """A connection let through for a credential nothing here knew (``elsewhere``)
+        did not resume: ``peer`` is a step nearer to ``Throttled``."""
+        self.failures.failed(peer, trio.current_time())
 
     def issue_token(self, headers: Headers, body: bytes) -> tuple[int, bytes]:
         """``POST /v1/client_tokens`` with an API key: a one-use token for one session,
         within ``ttl_s`` (60 s, at most ``--client-token-max-ttl``), and with ``session``
-        a configuration that session gets and cannot change."""
+        a configuration that session gets and cannot change. The answer's status and
+        JSON body (docs/protocol.md, "Client tokens")."""
         if self.open:
             return 404, b'{"error": "authentication is off: no client tokens"}'
-        credential = presented({"Authorization": headers.get("Authorization", "")}, ())
-        principal = None
+        authorization = headers.get_all("Authorization")
+        credential = None
+        if len(authorization) == 1:
+            credential = presented({"Authorization": authorization[0]}, ())
+        principal = key = None
         if credential is not None and self.keys is not None:
             principal = self.keys.principal(credential)
+            key = None if principal is None else digest(credential)
         if principal is None and self.verifier is not None:
             principal = self._verified(headers)
         if principal is None:
             return 401, b'{"error": "an API key is required"}'
-        try:
-            request = json.loads(body) if body.strip() else {}
-        except (ValueError, RecursionError):
-            return 400, b'{"error": "the body is not JSON"}'
-        if not isinstance(request, dict):
-            return 400, b'{"error": "the body must be a JSON object"}'
+        request = _body(body)
+        if isinstance(request, bytes):
+            return 400, request
         ttl = request.get("ttl_s", 60)
         most = self.config.client_token_max_ttl_s
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= most:
-            return 400, json.dumps({"error": f"ttl_s must be a number in (0, {most:g}]"}).encode()
+            return 400, _json_error(f"ttl_s must be a number in (0, {most:g}]")
         locked = request.get("session")
+        config = None
         if locked is not None:
             if not isinstance(locked, dict):
                 return 400, b'{"error": "session must be an object"}'
             try:
                 ConfigBudget.of(locked, self.config.max_config_bytes)
             except ProtocolError as exc:
-                return 400, json.dumps({"error": exc.message}).encode()
+                return 400, _json_error(exc.message)
+            config = encode(locked).encode()  # kept compact, parsed again when spent
         now = trio.current_time()
-        token = self.tokens.issue(ClientToken(principal, now + ttl, locked), now)
-        if token is None:
-            return 429, b'{"error": "too many client tokens outstanding; retry later"}'
+        token = self.tokens.issue(ClientToken(principal, now + ttl, config, key), now)
+        if isinstance(token, Refused):
+            self._say_refused(token, principal, now)
+            if token is Refused.PRINCIPAL_FULL:
+                return 429, b'{"error": "this key has too many client tokens outstanding"}'
+            return 503, b'{"error": "too many client tokens outstanding; retry later"}'
+        assert isinstance(token, str)
         log.info("client token issued to %s for %gs", principal, ttl)
         expires_at = int(time.time() + ttl)
         return 200, json.dumps({"token": token, "expires_at": expires_at}).encode()
+
+    def _say_refused(self, why: Refused, principal: str, now: float) -> None:
+        """Log a refused token, at most once per ``REFUSAL_QUIET_S`` for each reason: a
+        client that retries at once must not flood the log."""
+        self._refusals_left_out[why] = self._refusals_left_out.get(why, 0) + 1
+        if now < self._refusals_quiet_until.get(why, -math.inf):
+            return
+        self._refusals_quiet_until[why] = now + REFUSAL_QUIET_S
+        more = self._refusals_left_out.pop(why) - 1
+        also = f" ({more} more refused since the last line)" if more else ""
+        if why is Refused.PRINCIPAL_FULL:
+            count, size = self.tokens.held_by(principal)
+            message = "client token refused to %s: it holds %d tokens, %d bytes%s"
+            log.info(message, principal, count, size, also)
+        else:
+            message = "client token refused to %s: %d bytes held (--client-token-max-bytes)%s"
+            log.warning(message, principal, self.tokens.held_bytes, also)
 
     def _verified(self, headers: Headers) -> str | None:
         """The ``--auth`` verifier's principal for ``headers``, or None (refused)."""
         assert self.verifier is not None
         try:
             who = self.verifier(headers)
+        except MultipleValuesError:  # a header it reads once was sent twice: the client's
+            return None
         except Exception as exc:  # a broken verifier refuses; the client is not told why
             log.error("the --auth verifier failed; the request is refused", exc_info=exc)
             return None
         return who if isinstance(who, str) and who else None
 
-    def reload_keys(self) -> bool:
-        """Read ``--api-key-file`` again (SIGHUP); on a bad file keep the keys in use."""
+    def reload_keys(self) -> frozenset[str] | None:
+        """Read ``--api-key-file`` again (SIGHUP); on a bad file keep the keys in use
+        (None). The client tokens of every key no longer in it are revoked; returns the
+        names no longer in it (their sessions are the caller's to end)."""
         path = self.config.api_key_file
         if path is None:
-            return False
+            return None
         try:
-            self.keys = KeyRing.load(path)
+            keys = KeyRing.load(path)
         except KeyFileError as exc:
             log.error("API keys not reloaded, the old ones stay in use: %s", exc)
-            return False
-        log.info("API keys reloaded from %s: %d keys", path, len(self.keys))
-        return True
+            return None
+        gone = frozenset() if self.keys is None else self.keys.names - keys.names
+        self.keys = keys
+        revoked = self.tokens.revoke(keys.holds())
+        log.info(
+            "API keys reloaded from %s: %d keys; %d client tokens of removed keys revoked",
+            path,
+            len(keys),
+            revoked,
+        )
+        return gone
+
+
+REFUSAL_QUIET_S = 10.0
+"""A refused client token is logged at most this often, for each reason."""
+RETRY_AFTER_FAILURES_S = 5
+"""The ``Retry-After`` of an upgrade refused for its address's failures."""
+
+
+def _body(body: bytes) -> dict[str, Any] | bytes:
+    """A token request's body: the JSON object, parsed by the wire's decoder under the
+    wire's rules; else the 400's JSON answer. An empty body is ``{}``."""
+    if not body.strip():
+        return {}
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return b'{"error": "the body is not UTF-8"}'
+    try:
+        return decode_object(text, "the body must be a JSON object")
+    except ProtocolError as exc:
+        message = "the body is not JSON" if exc.code == "invalid_json" else exc.message
+        return _json_error(message)
 
 
 __all__ = [
     "BEARER_SUBPROTOCOL",
     "OPEN",
+    "RETRY_AFTER_FAILURES_S",
     "TOKENS_PATH",
     "ClientToken",
     "ClientTokens",
+    "Failures",
     "Gate",
     "Grant",
     "KeyFileError",
     "KeyRing",
+    "Throttled",
+    "digest",
     "load_verifier",
     "presented",
 ]

@@ -23,6 +23,56 @@ from .demo import DemoPages
 HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 _MAX_REQUEST_BYTES = 16384
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _authority(text: str, default_port: int) -> tuple[str, int] | None:
+    """``host[:port]`` (a name, an IPv4 address or a bracketed IPv6 one) as (host, port),
+    lower-case, the port ``default_port`` when absent; None if it is not one."""
+    text = text.strip().lower()
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            return None
+        host, rest = text[: end + 1], text[end + 1 :]
+    else:
+        host, colon, port = text.partition(":")
+        rest = colon + port
+    if host in ("", "[]") or any(c in host for c in "/?#@ \t\\"):
+        return None
+    if not rest:
+        return host, default_port
+    digits = rest[1:]
+    if rest[0] != ":" or not (digits.isascii() and digits.isdigit()) or len(digits) > 5:
+        return None
+    return host, int(digits)
+
+
+def same_origin(origin: str, host: str | None) -> bool:
+    """Is ``origin`` (an Origin header: ``scheme://host[:port]``) that of a page served
+    by the ``host`` a request names (its Host header)? Host and port are compared, the
+    port defaulting by the origin's scheme on both sides (``https://a`` is ``a:443``), so
+    that a TLS-terminating proxy in front (Host ``a``, no port) still matches."""
+    scheme, sep, authority = origin.partition("://")
+    default = _DEFAULT_PORTS.get(scheme.lower())
+    if not sep or default is None or host is None:
+        return False
+    mine = _authority(authority, default)
+    return mine is not None and mine == _authority(host, default)
+
+
+def origin_allowed(origins: list[str], hosts: list[str], allowed: tuple[str, ...]) -> bool:
+    """May a request with these Origin and Host headers (every one sent) go on? No
+    Origin (not a browser): yes. ``allowed`` (``--allow-origin``): the origin is one of
+    them, or any with ``*``. Without it: the page is this server's own (``same_origin``)."""
+    if not origins:
+        return True
+    if len(origins) > 1:
+        return False
+    if allowed:
+        return "*" in allowed or origins[0] in allowed
+    return len(hosts) == 1 and same_origin(origins[0], hosts[0])
+
 
 def response(status: str, body: bytes, content_type: str) -> bytes:
     head = (

@@ -44,7 +44,7 @@ import trio
 from websockets.http11 import Request
 
 from ..core.config import ServerConfig
-from ..core.events import ErrorCode, Event, EventType
+from ..core.events import ErrorCode, Event, EventType, Reason
 from ..core.frames import CloseCode
 from ..core.replay import Replay
 from ..core.session import Session, State
@@ -297,6 +297,25 @@ class DuplexServer:
                 with trio.CancelScope(shield=True):  # bounded by engine_stop_timeout_s
                     await sessions.stop()
 
+    def reload_keys(self) -> bool:
+        """SIGHUP: read ``--api-key-file`` again (auth.py). The client tokens of every
+        key no longer in it are revoked, and the live sessions of every NAME no longer
+        in it end now (``credential_revoked``); a NAME kept with a new key (a rotation)
+        keeps its sessions. False: no file, or a bad one (the old keys stay)."""
+        gone = self.gate.reload_keys()
+        if gone is None:
+            return False
+        ended = [r for r in self.sessions.runners() if r.session.principal in gone]
+        for runner in ended:
+            runner.end(Reason.REVOKED)
+        if gone:
+            log.warning(
+                "API keys removed: %s; %d of their sessions ended (credential_revoked)",
+                ", ".join(sorted(gone)),
+                len(ended),
+            )
+        return True
+
     def begin_shutdown(self) -> None:
         """Refuse new opens and resumes, warn attached clients, and start the drain; in a
         cluster, hand the sessions that can migrate to other nodes (migration.py)."""
@@ -448,6 +467,7 @@ class DuplexServer:
                     authorize=None if self.gate.open else self.gate.authorize,
                     issue_token=self.gate.issue_token,
                     relay=None if self.node is None else (RELAY_PATH, self._relay_grant),
+                    max_post_bytes=self.config.first_message_bytes,
                 )
             if handshake.cancelled_caught:
                 self.endpoints.refused("timeout")
@@ -559,6 +579,8 @@ class DuplexServer:
                     return await self._resume(conn, event, grant)
                 return await self._open_with(conn, event, len(text), grant)
             except ProtocolError as exc:
+                if grant.elsewhere is not None:  # an unknown credential that resumed nothing
+                    self.gate.resume_failed(conn.ws.peer)
                 totals = self.sessions.totals
                 if event.get("type") == EventType.RESUME:
                     totals.count(totals.resumes, exc.code)
