@@ -486,3 +486,18 @@ def test_listening_beyond_loopback_without_authentication_warns(serve: Serve) ->
     local.interrupt()
     assert local.wait(timeout=15) == 0
     assert "no authentication" not in local.log  # the whole log: the server has exited
+
+
+@pytest.mark.parametrize(
+    "value", ["sk-header-value-without-a-name", "X-Key sk-header-value-without-a-name"]
+)
+def test_a_malformed_upstream_header_is_refused_without_showing_it(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """A header with no ':' may be the credential alone: the error names the flag only."""
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--engine", "realtime-proxy", "--upstream-header", value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--upstream-header" in err and "must be 'NAME: VALUE'" in err, err
+    assert "sk-header-value" not in err, err

@@ -147,7 +147,8 @@ def _url_repr(url: str | None) -> str:
 
 def _headers_repr(headers: tuple[str, ...]) -> str:
     """Header names only: a value may be a credential."""
-    return repr(tuple(f"{header.partition(':')[0]}: ***" for header in headers))
+    # (One with no ':' is not a NAME at all: perhaps the value alone, so not shown.)
+    return repr(tuple(f"{h.partition(':')[0]}: ***" if ":" in h else "***" for h in headers))
 
 
 _positive_or_none = _Rule("must be at least 1", lambda value: value is None or value >= 1)
