@@ -61,6 +61,8 @@ FLAGS = {
     "--cluster-max-sessions",
     "--cluster-secret",
     "--relay-port",
+    "--cluster-ca",
+    "--cluster-redis-ca",
     "--workers",
     "--reuse-port",
     "--upstream",

@@ -101,9 +101,13 @@ _node_id = _Rule(
     f"must match {_NODE_ID.pattern}",
     lambda value: value is None or bool(_NODE_ID.fullmatch(value)),
 )
+_REDIS_URL = re.compile(
+    r"rediss?://[^/\s]+(/\d+)?/?|redis\+sentinel://[^/\s]+/[A-Za-z0-9._-]+(/\d+)?/?"
+)
 _redis_url = _Rule(
-    "must be redis://HOST[:PORT][/DB]",
-    lambda value: value is None or re.fullmatch(r"redis://[^/\s]+(/\d+)?/?", value) is not None,
+    "must be redis://HOST[:PORT][/DB], rediss://... (TLS) or "
+    "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]",
+    lambda value: value is None or _REDIS_URL.fullmatch(value) is not None,
 )
 _ws_url = _Rule(
     "must be a ws:// or wss:// URL",
@@ -132,6 +136,8 @@ _CLUSTER_ONLY = (
     "cluster_max_sessions",
     "cluster_secret",
     "relay_port",
+    "cluster_ca",
+    "cluster_redis_ca",
 )
 """Flags that mean nothing without --cluster."""
 
@@ -386,10 +392,29 @@ class ServerConfig:
         validator=_port_or_none,
         metadata=_flag(
             "a second listener, on --host, for the resumes other nodes relay to this one "
-            "(0: any free port), advertised instead of the main one; none: the main "
-            "listener takes them",
+            "(0: any free port), advertised instead of the main one, and the only one "
+            "that takes them; none: the main listener takes them",
             "PORT",
             "none",
+        ),
+    )
+    cluster_ca: str | None = attrs.field(
+        default=None,
+        metadata=_flag(
+            "the CA certificates (PEM) a relay trusts when it dials another node's wss:// "
+            "URL (a cluster's private CA); none: the system's",
+            "FILE",
+            "system CAs",
+        ),
+    )
+    cluster_redis_ca: str | None = attrs.field(
+        default=None,
+        metadata=_flag(
+            "the CA certificates (PEM) a rediss:// --cluster store's certificate is checked "
+            "against; none: the system's (the store's password: in the URL or, better, "
+            "TRIO_DUPLEX_REDIS_PASSWORD)",
+            "FILE",
+            "system CAs",
         ),
     )
     # Worker processes (issue 13; docs/cluster.md, "Worker processes").
@@ -465,6 +490,10 @@ class ServerConfig:
                 value = getattr(self, name)
                 if value and not (name == "relay_port" and value == 0):
                     raise NeedsCompanion(name, value, rule)
+        if self.cluster_redis_ca is not None and not str(self.cluster).startswith("rediss://"):
+            raise NeedsCompanion(
+                "cluster_redis_ca", self.cluster_redis_ca, "needs a rediss:// --cluster (TLS)"
+            )
         if self.cluster is not None and self.cluster_secret is None:
             raise NeedsCompanion(
                 "cluster",

@@ -45,6 +45,7 @@ from ..cluster import (
     StoreUnavailable,
     open_store,
 )
+from ..cluster.connect import PASSWORD_ENV as REDIS_PASSWORD_ENV
 from ..core.config import ServerConfig
 from ..core.events import ErrorCode
 from ..core.frames import CloseCode
@@ -371,7 +372,9 @@ async def joined(
     if logging.getLogger("coredis").level == logging.NOTSET:
         logging.getLogger("coredis").setLevel(logging.WARNING)
     node_id = config.node_id or default_node_id()
-    async with open_store(config.cluster) as store:
+    password = os.environ.get(REDIS_PASSWORD_ENV) or None
+    ca_file = config.cluster_redis_ca
+    async with open_store(config.cluster, password=password, ca_file=ca_file) as store:
         try:
             await store.register(node_id, url)
             await store.load_scripts()

@@ -574,7 +574,7 @@ async def accept_websocket(
     origins: Sequence[str] = (),
     authorize: Callable[[Request], Grant | None] | None = None,
     issue_token: Callable[[Headers, bytes], tuple[int, bytes]] | None = None,
-    relay: tuple[str, Callable[[Request], Grant | None]] | None = None,
+    relay: tuple[str, Callable[[Request], tuple[Grant, dict[str, str]] | None]] | None = None,
 ) -> tuple[WebSocket, dict[str, list[str]], Grant] | None:
     """Read the HTTP upgrade request and answer it.
 
@@ -586,7 +586,8 @@ async def accept_websocket(
     ``authorize``, an upgrade it grants nothing gets 401 (auth.py); the grant is
     returned with the WebSocket. ``path`` None: no such endpoint here (a listener for
     relayed resumes only). With ``relay`` (cluster mode: its path, and a check of the
-    request's signature), an upgrade for that path gets the check's grant, or 403.
+    request's signature), an upgrade for that path gets the check's grant and its 101
+    the check's headers (the relay's proof), or 403.
     """
     where = f"a connection from {peer}" if peer else "a connection"
     refused = _uncounted if endpoints is None else endpoints.refused
@@ -639,6 +640,7 @@ async def accept_websocket(
         await stream.send_all(answer)
         return None
     grant = OPEN
+    answer_headers: dict[str, str] = {}
     relayed = relay is not None and url.path == relay[0]
     if relay is not None and relayed:
         signed = relay[1](request)
@@ -647,7 +649,7 @@ async def accept_websocket(
             refused("relay_unsigned")
             await stream.send_all(_RELAY_FORBIDDEN)
             return None
-        grant = signed
+        grant, answer_headers = signed
     elif authorize is not None and url.path == path:
         found = authorize(request)
         if found is None:
@@ -663,6 +665,9 @@ async def accept_websocket(
         response = protocol.reject(400, "this endpoint takes WebSocket upgrade requests\n")
     elif url.path != path and not relayed:
         response = protocol.reject(404, "no such endpoint\n")
+    else:
+        for name, value in answer_headers.items():
+            response.headers[name] = value
     protocol.send_response(response)
     if response.status_code != 101:
         FAULTS.report(where, f"{response.status_code}: {response.reason_phrase}")
