@@ -323,11 +323,13 @@ async def relay(
         else:
             log.warning("relay to node %s refused: HTTP %s", home, status)
         return False
-    except (OSError, WebSocketException, TimeoutError) as exc:
+    except (OSError, WebSocketException, TimeoutError, trio.BrokenResourceError) as exc:
         if connected:  # its close went wrong: the relay is over all the same
             conn.finish([], CloseCode.GOING_AWAY)
             return True
-        log.warning("relay to node %s at %s failed: %s", home, url, str(exc) or type(exc).__name__)
+        # (A failed TLS handshake is a BrokenResourceError; its cause says why.)
+        why = str(exc) or str(exc.__cause__ or "") or type(exc).__name__
+        log.warning("relay to node %s at %s failed: %s", home, url, why)
         return False
     return True
 
