@@ -7,8 +7,10 @@
   included) against ``ca_file`` (``--cluster-redis-ca``) or else the system's CAs;
 - ``redis+sentinel://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]``: the
   Sentinels to ask where the primary of ``SERVICE`` is. Every new connection asks them,
-  and checks that what it reached is a primary (``ROLE``), so after a failover the next
-  call (the next heartbeat, at most a second later) reaches the new primary. The
+  and checks that what it reached is a primary (``ROLE``), and the store asks again
+  once a second of use (``_SentinelPool``), so within about a second of a failover its
+  calls reach the new primary; ``failovers`` says how often that happened (the node
+  then claims its sessions again: writes the old primary took last may be lost). The
   Sentinels themselves are spoken to without a password and without TLS.
 
 The password is the URL's, or ``password`` (``TRIO_DUPLEX_REDIS_PASSWORD``, which ``ps``
@@ -18,7 +20,9 @@ Redis to be up.
 
 from __future__ import annotations
 
+import math
 import ssl
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,8 +32,12 @@ import attrs
 import coredis
 from coredis.connection import TCPConnection, TCPLocation
 from coredis.connection._sentinel import SentinelManagedConnection
+from coredis.exceptions import ConnectionError as RedisConnectionError
+from coredis.exceptions import SentinelError
 from coredis.pool._sentinel import SentinelConnectionPool
 
+CHECK_INTERVAL_S = 1.0
+"""How often a Sentinel-backed store asks where the primary is (the heartbeat's pace)."""
 PASSWORD_ENV = "TRIO_DUPLEX_REDIS_PASSWORD"
 """Where ``serve --cluster`` reads the store's password from (never a flag: argv shows)."""
 
@@ -67,9 +75,43 @@ class _SentinelConnection(_ClosesBuffersOnFailure, SentinelManagedConnection):
 
 
 class _SentinelPool(SentinelConnectionPool):
+    """coredis's Sentinel pool, which asks the Sentinels only when it makes a connection:
+    after a ``SENTINEL FAILOVER`` its pooled connections stay on the old primary, which
+    takes writes (that the failover then drops) until Sentinel reconfigures it, up to
+    ten seconds later. This one also asks once per ``CHECK_INTERVAL_S`` of use, and drops
+    its connections when the answer changed; ``failovers`` counts those changes. Sentinel
+    errors are raised as ``ConnectionError``: the store calls them unavailable."""
+
+    failovers: int = 0
+    _checked_at: float = -math.inf
+
+    async def get_connection(self, **kwargs: Any) -> SentinelManagedConnection:
+        try:
+            now = time.monotonic()
+            if self.location is not None and now - self._checked_at >= CHECK_INTERVAL_S:
+                self._checked_at = now
+                await self.get_primary_location()  # drops every connection if it moved
+            return await super().get_connection(**kwargs)
+        except SentinelError as exc:  # no primary known, or a stale one reached
+            raise RedisConnectionError(f"Sentinel: {exc}") from exc
+
+    async def get_primary_location(self) -> TCPLocation:
+        before = self.location
+        location = await super().get_primary_location()
+        if before is not None and location != before:
+            self.failovers += 1
+        return location
+
     async def _construct_connection(self) -> SentinelManagedConnection:
         location = await self.get_primary_location()  # PrimaryNotFoundError
+        self._checked_at = time.monotonic()
         return _SentinelConnection(location, self.service_name, True, **self.connection_kwargs)
+
+
+def failovers(client: coredis.Redis[str]) -> int:
+    """How often the primary behind ``client`` changed (Sentinel only; else 0)."""
+    pool = client.connection_pool
+    return pool.failovers if isinstance(pool, _SentinelPool) else 0
 
 
 @attrs.frozen(repr=False)
@@ -178,4 +220,4 @@ async def redis_client(
             yield client
 
 
-__all__ = ["PASSWORD_ENV", "Target", "parse", "redis_client", "tls_context"]
+__all__ = ["PASSWORD_ENV", "Target", "failovers", "parse", "redis_client", "tls_context"]

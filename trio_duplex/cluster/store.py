@@ -22,7 +22,7 @@ import trio
 from coredis.commands.script import Script
 
 from . import keys as k
-from .connect import redis_client
+from .connect import failovers, redis_client
 from .keys import DEFAULT_PREFIX, Keys, ttl_ms
 
 T = TypeVar("T")
@@ -87,6 +87,11 @@ class Store:
     keys: Keys
     timeout_s: float
     _scripts: dict[str, Script[str]] = attrs.field(factory=dict, init=False)
+
+    @property
+    def failovers(self) -> int:
+        """How often the store's primary changed (a Sentinel failover; connect.py)."""
+        return failovers(self._client)
 
     async def _bounded(self, call: Callable[[], Awaitable[T]], timeout_s: float | None = None) -> T:
         seconds = self.timeout_s if timeout_s is None else timeout_s
