@@ -214,6 +214,19 @@ async def redis_client(
         sentinel_kwargs={"connect_timeout": timeout_s, "decode_responses": True},
         decode_responses=True,
     )
+    # Its clients of the Sentinels themselves, on connections that close their buffers.
+    sentinel.sentinels = [
+        coredis.Redis(
+            connection_pool=coredis.ConnectionPool(
+                connection_class=_TCPConnection,
+                location=TCPLocation(host, port),
+                connect_timeout=timeout_s,
+                decode_responses=True,
+            ),
+            decode_responses=True,
+        )
+        for host, port in target.locations
+    ]
     async with sentinel:
         client = sentinel.primary_for(target.service, connection_pool_class=_SentinelPool, **common)
         async with client:
