@@ -23,7 +23,7 @@ from websockets.trio.client import connect
 from benchmarks._stats import ms_summary
 from benchmarks._workload import SESSION_UPDATE, emit, resume
 from trio_duplex.cluster import open_store
-from trio_duplex.server.relay import HEADER, relay_url, sign
+from trio_duplex.server.relay import HEADER, RelayKeys, relay_url, sign
 
 now = time.perf_counter
 
@@ -49,7 +49,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             t1 = now()
             if located.kind != "home" or located.url is None or located.node_id is None:
                 raise RuntimeError(f"the store does not place {sid} at a live home: {located}")
-            header = sign(args.secret, "probe", located.node_id, sid, time.time())
+            keys = RelayKeys.derive(args.secret)
+            header = sign(keys, "probe", located.node_id, sid, time.time()).header
             async with connect(
                 relay_url(located.url),
                 additional_headers={HEADER: header},

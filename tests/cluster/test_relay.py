@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.trio.client import ClientConnection, connect
 
 from trio_duplex.cluster import Store
-from trio_duplex.server.relay import HEADER, RELAY_PATH, sign, verify
+from trio_duplex.server.relay import HEADER, RELAY_PATH, RelayKeys, ReplayCache, sign, verify
 
 from ..helpers import ServerProcess
 from .conftest import SECRET, RedisServer
@@ -186,11 +186,12 @@ async def test_the_relay_endpoint_refuses_whoever_cannot_sign(three: list[Server
         "-H",
         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
     ]
-    forged = sign("not-the-cluster-secret-0000", "b", "a", "sess_0", time.time())
-    stale = sign(SECRET, "b", "a", "sess_0", time.time() - 3600)
-    elsewhere = sign(SECRET, "b", "c", "sess_0", time.time())  # signed for another node
+    keys = RelayKeys.derive(SECRET)
+    forged = sign(RelayKeys.derive("not-the-cluster-secret-0000"), "b", "a", "sess_0", 0).header
+    stale = sign(keys, "b", "a", "sess_0", time.time() - 3600).header
+    elsewhere = sign(keys, "b", "c", "sess_0", time.time()).header  # signed for another node
     for extra in ([], ["-H", f"{HEADER}: {forged}"], ["-H", f"{HEADER}: {stale}"],
-                  ["-H", f"{HEADER}: {elsewhere}"], ["-H", f"{HEADER}: v1 b a"]):  # fmt: skip
+                  ["-H", f"{HEADER}: {elsewhere}"], ["-H", f"{HEADER}: v2 b a"]):  # fmt: skip
         answer = await trio.run_process(
             ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", *upgrade, *extra, url],
             capture_stdout=True,
@@ -207,7 +208,7 @@ async def test_a_relayed_connection_resumes_only_the_session_it_was_signed_for(
     relay_port = a.wait_for_line(r"registered \(advertised as ws://[^:]+:(\d+)", TIMEOUT)
     async with ws_to(a.url) as on_a:
         created = await open_session(on_a)
-    signed = sign(SECRET, "b", "a", "sess_other", time.time())
+    signed = sign(RelayKeys.derive(SECRET), "b", "a", "sess_other", time.time()).header
     relay = f"ws://127.0.0.1:{relay_port.group(1)}{RELAY_PATH}"
     async with connect(
         relay, additional_headers={HEADER: signed}, proxy=None, open_timeout=TIMEOUT
@@ -222,15 +223,22 @@ async def test_a_relayed_connection_resumes_only_the_session_it_was_signed_for(
 
 def test_signatures_name_sender_receiver_session_and_time() -> None:
     now = time.time()
-    value = sign(SECRET, "b", "a", "sess_1", now)
-    assert verify(SECRET, value, "a", now + 30) == "sess_1"
-    assert verify(SECRET, value, "c", now) is None  # another receiver
-    assert verify(SECRET, value, "a", now + 61) is None  # too old
-    assert verify(SECRET, value, "a", now - 61) is None  # from the future
-    assert verify("another-secret-of-16+", value, "a", now) is None
-    assert verify(SECRET, value.replace("sess_1", "sess_2"), "a", now) is None
-    assert verify(SECRET, None, "a", now) is None
-    assert verify(SECRET, "v1 b a sess_1 notanumber 00", "a", now) is None
+    keys = RelayKeys.derive(SECRET)
+    value = sign(keys, "b", "a", "sess_1", now).header
+
+    def check(k: RelayKeys, values: list[str], receiver: str, at: float) -> str | None:
+        accepted = verify(k, values, receiver, at, ReplayCache())  # a fresh cache each
+        return None if accepted is None else accepted.session_id
+
+    assert check(keys, [value], "a", now + 30) == "sess_1"
+    assert check(keys, [value], "c", now) is None  # another receiver
+    assert check(keys, [value], "a", now + 61) is None  # too old
+    assert check(keys, [value], "a", now - 61) is None  # from the future
+    assert check(RelayKeys.derive("another-secret-of-16+"), [value], "a", now) is None
+    assert check(keys, [value.replace("sess_1", "sess_2")], "a", now) is None
+    assert check(keys, [], "a", now) is None
+    assert check(keys, [value, value], "a", now) is None  # the header twice
+    assert check(keys, ["v2 b a sess_1 notanumber 00"], "a", now) is None
     assert SECRET not in value
 
 
@@ -289,4 +297,4 @@ async def test_the_relay_s_signature_stays_out_of_a_debug_log(
         await send(on_b, resume(created, created["resume_token"], 0))
         assert (await receive(on_b))["type"] == "session.resumed"
     assert f"{HEADER}: <redacted>" in b.log  # websockets logged the request's headers
-    assert f"{HEADER}: v1" not in b.log and SECRET not in b.log
+    assert f"{HEADER}: v2" not in b.log and SECRET not in b.log

@@ -36,7 +36,9 @@ def test_a_refusal_does_not_quote_the_password() -> None:
         f"redis://:{PASSWORD}@db:abc/0",  # the port is not a number: was a traceback
         f"redis://:{PASSWORD}@db:99999/0",
         f"redis://:{PASSWORD}@db:6379/zero",
-        f"rediss://:{PASSWORD}@db:6379",
+        f"http://:{PASSWORD}@db:6379",
+        f"redis://:{PASSWORD}@db:6379,db2:6379/0",  # several hosts: Sentinel only
+        f"redis+sentinel://:{PASSWORD}@db:2637x/mymaster",
         f"redis://user:{PASSWORD}@:6379",
         f"redis://:{PASSWORD}/x@db:6379",  # an unescaped / in the password
     ],

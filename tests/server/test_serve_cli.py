@@ -64,6 +64,8 @@ FLAGS = {
     "--cluster-max-sessions",
     "--cluster-secret",
     "--relay-port",
+    "--cluster-ca",
+    "--cluster-redis-ca",
     "--workers",
     "--reuse-port",
     "--upstream",

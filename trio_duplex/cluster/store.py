@@ -14,16 +14,15 @@ import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar
-from urllib.parse import unquote, urlsplit
 
 import attrs
 import coredis
 import coredis.exceptions
 import trio
 from coredis.commands.script import Script
-from coredis.connection import TCPConnection, TCPLocation
 
 from . import keys as k
+from .connect import failovers, redis_client
 from .keys import DEFAULT_PREFIX, Keys, ttl_ms
 
 T = TypeVar("T")
@@ -61,58 +60,22 @@ class Located:
         return f"Located({self.kind}, node_id={self.node_id!r})"
 
 
-class _TCPConnection(TCPConnection):
-    """coredis 6.9's connection, closing its buffers when it cannot connect.
-
-    ``BaseConnection.run`` only closes its six anyio memory streams once connected, so
-    each refused connection leaves them to the garbage collector, which warns
-    (``ResourceWarning: Unclosed <MemoryObjectSendStream>``) once per stream.
-    """
-
-    async def _connect(self) -> Any:
-        try:
-            return await super()._connect()
-        except BaseException:
-            for stream in (
-                self._write_buffer_in,
-                self._write_buffer_out,
-                self._push_message_buffer_in,
-                self._push_message_buffer_out,
-                self._streamed_message_buffer_in,
-                self._streamed_message_buffer_out,
-            ):
-                stream.close()
-            raise
-
-
-def _pool(url: str, timeout_s: float) -> coredis.ConnectionPool[_TCPConnection]:
-    parts = urlsplit(url)
-    if parts.scheme != "redis" or not parts.hostname:
-        raise ValueError(f"expected redis://HOST[:PORT][/DB], got {url!r}")
-    db = parts.path.strip("/")
-    return coredis.ConnectionPool(
-        connection_class=_TCPConnection,
-        location=TCPLocation(parts.hostname, parts.port or 6379),
-        db=int(db) if db else 0,
-        username=unquote(parts.username) if parts.username else None,
-        password=unquote(parts.password) if parts.password else None,
-        connect_timeout=timeout_s,
-        decode_responses=True,
-    )
-
-
 @asynccontextmanager
 async def open_store(
-    url: str, *, prefix: str = DEFAULT_PREFIX, timeout_s: float = DEFAULT_TIMEOUT_S
+    url: str,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    password: str | None = None,
+    ca_file: str | None = None,
 ) -> AsyncIterator[Store]:
-    """A store on the Redis at ``url`` (``redis://HOST:PORT/DB``), for the block's length.
+    """A store on the Redis at ``url`` (``redis://HOST:PORT/DB``, ``rediss://`` for TLS
+    checked against ``ca_file``, or ``redis+sentinel://HOST:PORT,.../SERVICE/DB``: see
+    connect.py), for the block's length; ``password`` wins over the URL's.
 
     Entering does not need Redis to be up: connections are made per call.
     """
-    client: coredis.Redis[str] = coredis.Redis(
-        connection_pool=_pool(url, timeout_s), decode_responses=True
-    )
-    async with client:
+    async with redis_client(url, timeout_s, password=password, ca_file=ca_file) as client:
         yield Store(client, Keys(prefix), timeout_s)
 
 
@@ -124,6 +87,11 @@ class Store:
     keys: Keys
     timeout_s: float
     _scripts: dict[str, Script[str]] = attrs.field(factory=dict, init=False)
+
+    @property
+    def failovers(self) -> int:
+        """How often the store's primary changed (a Sentinel failover; connect.py)."""
+        return failovers(self._client)
 
     async def _bounded(self, call: Callable[[], Awaitable[T]], timeout_s: float | None = None) -> T:
         seconds = self.timeout_s if timeout_s is None else timeout_s

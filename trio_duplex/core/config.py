@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
 import attrs
 
@@ -106,17 +105,28 @@ _node_id = _Rule(
 )
 
 
+_REDIS_URL = re.compile(
+    r"rediss?://[^/\s?#]+(/[0-9]+)?/?|redis\+sentinel://[^/\s?#]+/[A-Za-z0-9._-]+(/[0-9]+)?/?",
+    re.ASCII,
+)
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\[\]:,]+)(?::([0-9]{1,5}))?", re.ASCII)
+
+
 def _is_redis_url(value: str) -> bool:
-    """``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]``, the port a number (urlsplit's own
-    ``port`` raises ValueError for anything else, which must not reach a traceback)."""
-    if re.fullmatch(r"redis://[^/\s?#]+(/\d+)?/?", value) is None:
+    """One of the store's three URL forms, each host's port (if any) a number from 1 to
+    65535 (urlsplit's own ``port`` raises ValueError for anything else, which must not
+    reach a traceback)."""
+    if _REDIS_URL.fullmatch(value) is None:
         return False
-    parts = urlsplit(value)
-    try:
-        port = parts.port
-    except ValueError:
+    scheme, _, rest = value.partition("://")
+    hosts = rest.partition("/")[0].rpartition("@")[2]
+    if "," in hosts and scheme != "redis+sentinel":
         return False
-    return bool(parts.hostname) and port != 0
+    for host in hosts.split(","):
+        found = _HOST_PORT.fullmatch(host)
+        if found is None or (found[2] is not None and not 0 < int(found[2]) < 65536):
+            return False
+    return True
 
 
 def redacted_url(url: str) -> str:
@@ -129,7 +139,8 @@ def redacted_url(url: str) -> str:
 
 
 _redis_url = _Rule(
-    "must be redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], the port a number from 1 to 65535",
+    "must be redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss://... (TLS) or "
+    "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB], a port a number from 1 to 65535",
     lambda value: value is None or _is_redis_url(value),
 )
 _ws_url = _Rule(
@@ -172,6 +183,8 @@ _CLUSTER_ONLY = (
     "cluster_max_sessions",
     "cluster_secret",
     "relay_port",
+    "cluster_ca",
+    "cluster_redis_ca",
 )
 """Flags that mean nothing without --cluster."""
 
@@ -455,10 +468,29 @@ class ServerConfig:
         validator=_port_or_none,
         metadata=_flag(
             "a second listener, on --host, for the resumes other nodes relay to this one "
-            "(0: any free port), advertised instead of the main one; none: the main "
-            "listener takes them",
+            "(0: any free port), advertised instead of the main one, and the only one "
+            "that takes them; none: the main listener takes them",
             "PORT",
             "none",
+        ),
+    )
+    cluster_ca: str | None = attrs.field(
+        default=None,
+        metadata=_flag(
+            "the CA certificates (PEM) a relay trusts when it dials another node's wss:// "
+            "URL (a cluster's private CA); none: the system's",
+            "FILE",
+            "system CAs",
+        ),
+    )
+    cluster_redis_ca: str | None = attrs.field(
+        default=None,
+        metadata=_flag(
+            "the CA certificates (PEM) a rediss:// --cluster store's certificate is checked "
+            "against; none: the system's (the store's password: in the URL or, better, "
+            "TRIO_DUPLEX_REDIS_PASSWORD)",
+            "FILE",
+            "system CAs",
         ),
     )
     # Worker processes (issue 13; docs/cluster.md, "Worker processes").
@@ -543,6 +575,10 @@ class ServerConfig:
                 value = getattr(self, name)
                 if value and not (name == "relay_port" and value == 0):
                     raise NeedsCompanion(name, value, rule)
+        if self.cluster_redis_ca is not None and not str(self.cluster).startswith("rediss://"):
+            raise NeedsCompanion(
+                "cluster_redis_ca", self.cluster_redis_ca, "needs a rediss:// --cluster (TLS)"
+            )
         if self.cluster is not None and self.cluster_secret is None:
             raise NeedsCompanion(
                 "cluster",

@@ -45,6 +45,7 @@ from ..cluster import (
     StoreUnavailable,
     open_store,
 )
+from ..cluster.connect import PASSWORD_ENV as REDIS_PASSWORD_ENV
 from ..core.config import ServerConfig
 from ..core.events import ErrorCode
 from ..core.frames import CloseCode
@@ -151,6 +152,8 @@ class ClusterNode:
     store_up: bool = True
     """Did the store answer the last call? (``/readyz``, ``/metrics``)"""
     _down_since: float | None = None
+    _failovers: int = 0
+    """The store's ``failovers`` when this node last claimed its sessions."""
     _ops: _Ops = attrs.field(factory=_Ops)
     _nursery: trio.Nursery | None = None
 
@@ -170,6 +173,18 @@ class ClusterNode:
             async with self._ops.alone():
                 count = self.held if self.cap is not None else self.slots_held()
                 alive = await self.store.heartbeat(self.node_id, self.url, leases=count)
+                failovers = self.store.failovers
+                if alive and failovers != self._failovers:
+                    # A Sentinel failover: the old primary's last writes (claims of
+                    # sessions opened then) may be lost. Claim them all again.
+                    log.warning(
+                        "cluster: the store's primary changed (a failover); claiming this "
+                        "node's sessions again"
+                    )
+                    for session_id in self.session_ids():
+                        await self.store.claim_session(
+                            session_id, self.node_id, self.directory_ttl_s
+                        )
                 if not alive:
                     log.warning(
                         "cluster: node %s was seen dead (no heartbeat for its TTL, or Redis "
@@ -189,6 +204,7 @@ class ClusterNode:
         except _FAILED as exc:
             self._failed(exc)
         else:
+            self._failovers = failovers
             self._answered()
 
     def _failed(self, exc: Exception) -> None:
@@ -371,7 +387,9 @@ async def joined(
     if logging.getLogger("coredis").level == logging.NOTSET:
         logging.getLogger("coredis").setLevel(logging.WARNING)
     node_id = config.node_id or default_node_id()
-    async with open_store(config.cluster) as store:
+    password = os.environ.get(REDIS_PASSWORD_ENV) or None
+    ca_file = config.cluster_redis_ca
+    async with open_store(config.cluster, password=password, ca_file=ca_file) as store:
         try:
             await store.register(node_id, url)
             await store.load_scripts()

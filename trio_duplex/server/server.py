@@ -56,8 +56,17 @@ from .connection import Connection
 from .demo import DemoPages
 from .http import Endpoints, serve_internal
 from .listen import open_listeners
-from .relay import HEADER as RELAY_HEADER
-from .relay import RELAY_PATH, relay, relayable, sign, verify
+from .relay import (
+    PROOF_HEADER,
+    RELAY_PATH,
+    RelayKeys,
+    ReplayCache,
+    client_ssl_context,
+    relay,
+    relayable,
+    sign,
+    verify_request,
+)
 from .runner import (
     CheckFailed,
     SessionRunner,
@@ -134,6 +143,11 @@ class DuplexServer:
     """Connections of the ``--metrics-port`` listener being answered."""
     node: ClusterNode | None = attrs.field(default=None, init=False)
     """This server as a cluster node (``--cluster``), while ``run_tcp`` runs."""
+    _relay_keys: RelayKeys | None = attrs.field(default=None, init=False, repr=False)
+    """Derived from ``--cluster-secret`` (relay.py), while ``node`` is set."""
+    _relay_nonces: ReplayCache = attrs.field(factory=ReplayCache, init=False, repr=False)
+    _relay_ssl: ssl.SSLContext | None = attrs.field(default=None, init=False, repr=False)
+    """What the relay's client trusts when it dials a ``wss://`` node (``--cluster-ca``)."""
 
     def __attrs_post_init__(self) -> None:
         self._refusing = Aside(self.max_refusing, "refusing a connection")
@@ -148,6 +162,12 @@ class DuplexServer:
         self.gate = Gate.of(self.config, holder_of, self.keys, self.verifier)  # ValueError
         # In a cluster, a credential unknown here may be a session's token on another node.
         self.gate.elsewhere = self.config.cluster is not None
+        if self.config.cluster is not None:
+            self._relay_ssl = client_ssl_context(self.config.cluster_ca)  # TLSError
+            if self.config.cluster_redis_ca is not None:
+                from ..cluster.connect import tls_context
+
+                tls_context(self.config.cluster_redis_ca)  # ValueError: cannot be used
         cert, key = self.config.tls_cert, self.config.tls_key
         if self.ssl_context is None and cert is not None and key is not None:
             self.ssl_context = server_ssl_context(cert, key)
@@ -244,12 +264,14 @@ class DuplexServer:
         ) as node:
             returns = _ReturnLeases(node)
             self.node = node
+            self._relay_keys = RelayKeys.derive(node.secret)
             self.sessions.observers.append(returns)
             try:
                 yield
             finally:
                 self.sessions.observers.remove(returns)
                 self.node = None
+                self._relay_keys = None
 
     async def run(
         self,
@@ -433,15 +455,18 @@ class DuplexServer:
                     functools.partial(serve_internal, endpoints=self.endpoints),
                 )
 
-    def _relay_grant(self, request: Request) -> Grant | None:
+    def _relay_grant(self, request: Request) -> tuple[Grant, dict[str, str]] | None:
         """A relayed resume (relay.py), if another node of this cluster signed it for this
-        one: it may resume the session it names, and nothing else."""
-        node = self.node
-        if node is None:
+        one, and its nonce is new: it may resume the session it names, and nothing else;
+        the 101 proves this node holds the secret too."""
+        node, keys = self.node, self._relay_keys
+        if node is None or keys is None:
             return None
-        value = request.headers.get(RELAY_HEADER)
-        session_id = verify(node.secret, value, node.node_id, time.time())
-        return None if session_id is None else Grant(None, resume_of=session_id, relayed=True)
+        accepted = verify_request(keys, request, node.node_id, time.time(), self._relay_nonces)
+        if accepted is None:
+            return None
+        grant = Grant(None, resume_of=accepted.session_id, relayed=True)
+        return grant, {PROOF_HEADER: accepted.proof}
 
     async def _handle_stream(
         self, stream: trio.abc.Stream, ip: str | None = None, relay_only: bool = False
@@ -466,7 +491,12 @@ class DuplexServer:
                     origins=self.config.allow_origin,
                     authorize=None if self.gate.open else self.gate.authorize,
                     issue_token=self.gate.issue_token,
-                    relay=None if self.node is None else (RELAY_PATH, self._relay_grant),
+                    # With --relay-port, the relay path is served there only (404 here).
+                    relay=(
+                        (RELAY_PATH, self._relay_grant)
+                        if self.node is not None and (relay_only or self.config.relay_port is None)
+                        else None
+                    ),
                     max_post_bytes=self.config.first_message_bytes,
                 )
             if handshake.cancelled_caught:
@@ -794,8 +824,8 @@ class DuplexServer:
         config = self.config
         conn.ws.max_message_bytes = config.max_event_bytes  # the session's own bound
         conn.start_keepalive(self.sessions.timers, config.ping_interval_s, config.ping_timeout_s)
-        assert located.node_id is not None
-        header = sign(node.secret, node.node_id, located.node_id, session_id, time.time())
+        assert located.node_id is not None and self._relay_keys is not None
+        signed = sign(self._relay_keys, node.node_id, located.node_id, session_id, time.time())
         log.info(
             "session %s: relaying its resume to its home node %s",
             session_id,
@@ -807,9 +837,10 @@ class DuplexServer:
             encode(event),
             home=located.node_id,
             url=located.url,
-            header=header,
+            signed=signed,
             connect_timeout_s=config.handshake_timeout_s,
             write_timeout_s=config.write_timeout_s,
+            ssl_context=self._relay_ssl,
         )
         if not relayed:
             totals.count(totals.resumes, ErrorCode.SESSION_HOME_UNREACHABLE)

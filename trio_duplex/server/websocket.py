@@ -615,7 +615,7 @@ async def accept_websocket(
     origins: tuple[str, ...] = (),
     authorize: Callable[[Request, str | None], Grant | Throttled | None] | None = None,
     issue_token: Callable[[Headers, bytes], tuple[int, bytes]] | None = None,
-    relay: tuple[str, Callable[[Request], Grant | None]] | None = None,
+    relay: tuple[str, Callable[[Request], tuple[Grant, dict[str, str]] | None]] | None = None,
     max_post_bytes: int = MAX_POST_BYTES,
 ) -> tuple[WebSocket, dict[str, list[str]], Grant] | None:
     """Read the HTTP upgrade request and answer it.
@@ -632,7 +632,8 @@ async def accept_websocket(
     token path goes to ``issue_token`` (a body of at most ``max_post_bytes``). ``path``
     None: no such endpoint here (a listener for relayed resumes only). With ``relay``
     (cluster mode: its path, and a check of the request's signature), an upgrade for
-    that path gets the check's grant, or 403.
+    that path gets the check's grant and its 101 the check's headers (the relay's
+    proof), or 403.
     """
     where = f"a connection from {peer}" if peer else "a connection"
     refused = _uncounted if endpoints is None else endpoints.refused
@@ -702,6 +703,7 @@ async def accept_websocket(
         await stream.send_all(b"".join(protocol.data_to_send()))
         return None
     grant = OPEN
+    answer_headers: dict[str, str] = {}
     relayed = relay is not None and url.path == relay[0]
     if relay is not None and relayed:
         signed = relay[1](request)
@@ -710,7 +712,7 @@ async def accept_websocket(
             refused("relay_unsigned")
             await stream.send_all(_RELAY_FORBIDDEN)
             return None
-        grant = signed
+        grant, answer_headers = signed
     elif authorize is not None and url.path == path:
         found = authorize(request, peer)
         if isinstance(found, Throttled):
@@ -729,6 +731,9 @@ async def accept_websocket(
         response = protocol.reject(400, "this endpoint takes WebSocket upgrade requests\n")
     elif url.path != path and not relayed:
         response = protocol.reject(404, "no such endpoint\n")
+    else:
+        for name, value in answer_headers.items():
+            response.headers[name] = value
     protocol.send_response(response)
     if response.status_code != 101:
         FAULTS.report(where, f"{response.status_code}: {response.reason_phrase}")
