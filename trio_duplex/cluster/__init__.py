@@ -5,10 +5,13 @@ sessions.
 """
 
 from .keys import DEFAULT_PREFIX, Keys
+from .signed import Sealer
 from .store import (
     CLAIM_TTL_S,
     HEARTBEAT_INTERVAL_S,
+    LEASE_TTL_S,
     NODE_TTL_S,
+    ClusterRefused,
     Located,
     NotRegistered,
     Store,
@@ -20,10 +23,13 @@ __all__ = [
     "CLAIM_TTL_S",
     "DEFAULT_PREFIX",
     "HEARTBEAT_INTERVAL_S",
+    "LEASE_TTL_S",
     "NODE_TTL_S",
+    "ClusterRefused",
     "Keys",
     "Located",
     "NotRegistered",
+    "Sealer",
     "Store",
     "StoreUnavailable",
     "open_store",

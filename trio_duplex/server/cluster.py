@@ -8,12 +8,11 @@ loads neither this module nor the Redis client.
 
 Admission (``--cluster-max-sessions``): ``acquire`` takes a lease before the local
 admission, ``release`` gives it back once the session's slot is free (in a task, bounded
-by the store's timeout). Each heartbeat also *sets* the node's lease count to what it
-holds, so a release that was lost, or a Redis that came back empty, heals within a
-heartbeat. So that this count is exact, a heartbeat waits for the acquires and releases
-in flight, and holds new ones back for its own round trip (``_Ops``): an acquire counted
-by Redis but not yet here, or a release counted here but not yet by Redis, would
-otherwise be overwritten by a count one too low, and the cap overshot.
+by the store's timeout). The node's lease count in the store is a sealed value only it
+writes (the store is not trusted: a count forged lower must not let sessions in), so
+its lease calls run one at a time (``_leasing``), each setting the count it now holds;
+each heartbeat sets it too, so a release that was lost, or a Redis that came back
+empty, heals within a heartbeat.
 
 When Redis is unreachable (``StoreUnavailable``, within the store's timeout): an open
 is refused ``resource_exhausted`` (the cap is never overshot), a release is left to the
@@ -24,6 +23,7 @@ store. The outage is logged once at WARNING, and its end once.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import socket
@@ -39,6 +39,7 @@ from ..cluster import (
     CLAIM_TTL_S,
     HEARTBEAT_INTERVAL_S,
     NODE_TTL_S,
+    ClusterRefused,
     Located,
     NotRegistered,
     Store,
@@ -61,7 +62,10 @@ loading its data answers an error, for one): neither may stop the server."""
 
 log = logging.getLogger("trio_duplex")
 
-_NO_CAP = 2**62
+PRUNE_EVERY = 10
+"""Heartbeats between two prunings of the node index (``Store.prune``)."""
+
+_NO_CAP = 2**50
 """The cap a forced lease is taken under: none that a count could reach."""
 
 
@@ -95,40 +99,6 @@ def advertise_url(config: ServerConfig, scheme: str, port: int) -> str:
 
 
 @attrs.define(eq=False)
-class _Ops:
-    """Acquires and releases run together; a heartbeat that sets the lease count runs
-    alone (it waits for those in flight, and new ones wait for it)."""
-
-    running: int = 0
-    exclusive: bool = False
-    _lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
-
-    @asynccontextmanager
-    async def shared(self) -> AsyncIterator[None]:
-        while self.exclusive:
-            await self._lot.park()
-        self.running += 1
-        try:
-            yield
-        finally:
-            self.running -= 1
-            self._lot.unpark_all()
-
-    @asynccontextmanager
-    async def alone(self) -> AsyncIterator[None]:
-        while self.exclusive:
-            await self._lot.park()
-        self.exclusive = True
-        try:
-            while self.running:
-                await self._lot.park()
-            yield
-        finally:
-            self.exclusive = False
-            self._lot.unpark_all()
-
-
-@attrs.define(eq=False)
 class ClusterNode:
     """This process as a node: its id, its URL, its leases, the store's health."""
 
@@ -151,7 +121,12 @@ class ClusterNode:
     store_up: bool = True
     """Did the store answer the last call? (``/readyz``, ``/metrics``)"""
     _down_since: float | None = None
-    _ops: _Ops = attrs.field(factory=_Ops)
+    _leasing: trio.Lock = attrs.field(factory=trio.Lock)
+    """One lease call at a time (heartbeats included): each sets the count held."""
+    _sealed: dict[str, float] = attrs.field(factory=dict)
+    """When each session's directory entry was last sealed (``claim``): sealed for twice
+    the directory TTL, it is sealed again by the heartbeat once one TTL has passed."""
+    _beats: int = 0
     _nursery: trio.Nursery | None = None
 
     # -- membership ----------------------------------------------------------------------
@@ -165,31 +140,52 @@ class ClusterNode:
             next_beat = max(next_beat + HEARTBEAT_INTERVAL_S, trio.current_time())
 
     async def beat(self) -> None:
-        """One heartbeat, setting the lease count; a lapsed node registers again."""
+        """One heartbeat, setting the lease count; a lapsed node registers again, and
+        directory entries sealed a directory TTL ago are sealed again."""
         try:
-            async with self._ops.alone():
+            async with self._leasing:
                 count = self.held if self.cap is not None else self.slots_held()
                 alive = await self.store.heartbeat(self.node_id, self.url, leases=count)
                 if not alive:
                     log.warning(
-                        "cluster: node %s was seen dead (no heartbeat for its TTL, or Redis "
+                        "cluster: node %s was seen gone (no heartbeat for its TTL, or Redis "
                         "came back empty); registering it again",
                         self.node_id,
                     )
                     await self.store.register(self.node_id, self.url)
                     count = self.held if self.cap is not None else self.slots_held()
                     await self.store.heartbeat(self.node_id, self.url, leases=count)
-                    # Redis came back empty, or others saw this node dead: its sessions'
-                    # directory entries are gone or read "lost". Claim them again, so
-                    # that a resume reaching another node finds them here.
-                    for session_id in self.session_ids():
-                        await self.store.claim_session(
-                            session_id, self.node_id, self.directory_ttl_s
-                        )
+                    # Redis came back empty, or others saw this node gone: its sessions'
+                    # directory entries are gone or no longer in its index. Claim them
+                    # again, so that a resume reaching another node finds them here.
+                    self._sealed.clear()
+            await self._seal_again()
+            self._beats += 1
+            if self._beats % PRUNE_EVERY == 0:
+                await self.store.prune()
         except _FAILED as exc:
             self._failed(exc)
         else:
             self._answered()
+
+    async def _seal_again(self) -> None:
+        held = self.session_ids()
+        due = trio.current_time() - self.directory_ttl_s
+        for session_id in held:
+            if self._sealed.get(session_id, -math.inf) <= due:
+                try:
+                    await self._claim(session_id)
+                except NotRegistered:
+                    return  # lapsed meanwhile: the next heartbeat registers it again
+        if len(self._sealed) > len(held):  # forget the sessions that ended meanwhile
+            live = set(held)
+            for session_id in [s for s in self._sealed if s not in live]:
+                del self._sealed[session_id]
+
+    async def _claim(self, session_id: str) -> None:
+        sealed = trio.current_time()
+        await self.store.claim_session(session_id, self.node_id, self.directory_ttl_s)
+        self._sealed[session_id] = sealed
 
     def _failed(self, exc: Exception) -> None:
         if self.store_up:
@@ -221,7 +217,7 @@ class ClusterNode:
         """This node is the session's home, as far as the store can be told: a store that
         does not answer (within its timeout) leaves the session resumable here only."""
         try:
-            await self.store.claim_session(session_id, self.node_id, self.directory_ttl_s)
+            await self._claim(session_id)
         except _FAILED as exc:
             self._failed(exc)
         except NotRegistered:  # lapsed: the next heartbeat registers it again
@@ -236,6 +232,7 @@ class ClusterNode:
             self._nursery.start_soon(self._unclaim, session_id)
 
     async def _unclaim(self, session_id: str) -> None:
+        self._sealed.pop(session_id, None)
         try:
             await self.store.release_session(session_id, self.node_id)
         except _FAILED as exc:
@@ -263,6 +260,7 @@ class ClusterNode:
         False: not confirmed, and it will not be (the claim lapsed, or no answer in
         time): another node may take the session over; this one must not keep it."""
         deadline = trio.current_time() + CLAIM_TTL_S - self.store.timeout_s
+        self._sealed[session_id] = trio.current_time()  # (its entry is sealed by the call)
         while True:
             try:
                 done = await self.store.adopted(session_id, self.node_id, self.directory_ttl_s)
@@ -311,8 +309,10 @@ class ClusterNode:
             cap = _NO_CAP
         try:
             with trio.fail_after(self.store.timeout_s):
-                async with self._ops.shared():
-                    granted = await self.store.acquire_lease(self.node_id, cap)
+                async with self._leasing:
+                    granted = await self.store.acquire_lease(self.node_id, cap, self.held + 1)
+                    if granted:
+                        self.held += 1
         except trio.TooSlowError:
             self._failed(StoreUnavailable(f"no lease within {self.store.timeout_s}s"))
             raise _refused("the cluster store is unreachable; try again later") from None
@@ -325,7 +325,6 @@ class ClusterNode:
         self._answered()
         if not granted:
             raise _refused(f"all {cap} cluster-wide session slots are in use")
-        self.held += 1
         return True
 
     def release(self) -> None:
@@ -340,14 +339,13 @@ class ClusterNode:
 
     async def _release(self) -> None:
         try:
-            async with self._ops.shared():
-                await self.store.release_lease(self.node_id)
+            async with self._leasing:
+                self.held -= 1
+                await self.store.set_leases(self.node_id, self.held)
         except _FAILED as exc:
             self._failed(exc)
         else:
             self._answered()
-        finally:
-            self.held -= 1
 
 
 def _refused(message: str) -> ProtocolError:
@@ -371,15 +369,20 @@ async def joined(
     if logging.getLogger("coredis").level == logging.NOTSET:
         logging.getLogger("coredis").setLevel(logging.WARNING)
     node_id = config.node_id or default_node_id()
+    assert config.cluster_secret is not None  # (ServerConfig requires it with --cluster)
+    directory_ttl_s = config.disconnect_grace_s + NODE_TTL_S
     async with open_store(config.cluster) as store:
+        store.sign_with(config.cluster_secret)
         try:
+            await store.refuse_a_redis_cluster()
             await store.register(node_id, url)
             await store.load_scripts()
+        except ClusterRefused as exc:
+            raise ClusterUnavailable(f"{shown_url(config.cluster)}: {exc}") from None
         except _FAILED as exc:
             raise ClusterUnavailable(
                 f"cannot reach the cluster store {shown_url(config.cluster)}: {exc}"
             ) from None
-        assert config.cluster_secret is not None  # (ServerConfig requires it with --cluster)
         node = ClusterNode(
             store,
             node_id,
@@ -388,7 +391,7 @@ async def joined(
             slots_held,
             session_ids=session_ids,
             secret=config.cluster_secret,
-            directory_ttl_s=config.disconnect_grace_s + NODE_TTL_S,
+            directory_ttl_s=directory_ttl_s,
         )
         log.info(
             "cluster: node %s registered (advertised as %s, store %s, cap %s)",
@@ -410,7 +413,7 @@ async def joined(
         finally:
             with trio.CancelScope(shield=True):
                 try:
-                    await store.forget(node_id)
+                    await store.forget(node_id, left_ttl_s=directory_ttl_s)
                 except _FAILED as exc:
                     log.warning(
                         "cluster: could not forget node %s (%s); it lapses within its TTL",

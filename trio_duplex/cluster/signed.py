@@ -1,0 +1,85 @@
+"""Records in the shared store, sealed so that a node acts on none it did not get from
+another node of its cluster. No I/O, no clock of its own (the caller passes the time).
+
+The store is not trusted: whoever can write to Redis could otherwise point a session at
+their own URL, hand a node a session of their own making, or undercount the cluster's
+leases. So every value a node acts on is *sealed*: ``v1.EXPIRES.MAC.PAYLOAD``, where
+``MAC`` is an HMAC-SHA256, under a key derived from the cluster secret, of the key name
+the value is stored at, its expiry (wall-clock milliseconds) and its payload. A sealed
+value moved to another key, kept past its expiry, or changed in any byte does not open
+(``Sealer.open`` returns None), and the caller ignores it. The payload stays readable
+after the last ``.`` of the prefix, so that the Lua scripts, which cannot check a MAC
+(the secret never goes to Redis), can still do their bookkeeping on it: what a script
+decides on an unchecked payload can only make a node refuse (a denial of service),
+because the node checks what it then acts on.
+
+What sealing cannot stop: a sealed value replayed at the same key before it expires.
+Expiries are kept as short as each record allows (see the store's keys).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+
+import attrs
+
+VERSION = "v1"
+LABEL = b"trio-duplex store records v1"
+"""The key is HMAC-SHA256(secret, LABEL): not the secret itself, and not the relay's key."""
+CLOCK_ALLOWANCE_MS = 60_000
+"""How far ahead of a reader's clock a writer's may be (the relay allows the same): a
+sealed value opens until its expiry plus this, by the reader's clock."""
+
+_SEALED = re.compile(r"v1\.(\d{1,15})\.([0-9a-f]{64})\.(.*)", re.DOTALL)
+
+
+@attrs.frozen(repr=False)
+class Sealer:
+    """Seals and opens store values under the key derived from the cluster secret."""
+
+    _key: bytes
+
+    @classmethod
+    def of(cls, secret: str) -> Sealer:
+        if not secret:
+            raise ValueError("a sealer needs the cluster secret")
+        return cls(hmac.new(secret.encode(), LABEL, hashlib.sha256).digest())
+
+    def __repr__(self) -> str:
+        return "Sealer(<key>)"
+
+    def _mac(self, name: str, expires_ms: int, payload: str) -> str:
+        message = f"{VERSION}\n{name}\n{expires_ms}\n{payload}".encode("utf-8", "surrogatepass")
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def seal(self, name: str, payload: str, expires_ms: int) -> str:
+        """``payload`` sealed for the key ``name`` until ``expires_ms`` (wall clock)."""
+        if expires_ms < 0:
+            raise ValueError(f"an expiry cannot be negative: {expires_ms}")
+        return f"{VERSION}.{expires_ms}.{self._mac(name, expires_ms, payload)}.{payload}"
+
+    def open(self, name: str, sealed: object, now_ms: int) -> str | None:
+        """The payload of ``sealed`` if it was sealed for ``name`` and has not expired by
+        ``now_ms``, else None. The MAC is compared in constant time, whatever else."""
+        if not isinstance(sealed, str):
+            return None
+        match = _SEALED.fullmatch(sealed)
+        if match is None:
+            return None
+        expires_ms, mac, payload = int(match[1]), match[2], match[3]
+        good = hmac.compare_digest(mac, self._mac(name, expires_ms, payload))
+        if not good or now_ms > expires_ms + CLOCK_ALLOWANCE_MS:
+            return None
+        return payload
+
+
+def payload_of(sealed: str) -> str:
+    """The payload of a sealed value, unchecked (for display and tests only)."""
+    match = _SEALED.fullmatch(sealed)
+    return "" if match is None else match[3]
+
+
+LUA_PAYLOAD = r"^v1%.%d+%.%x+%.(.*)$"
+"""The Lua pattern that takes a sealed value's payload (unchecked) in a script."""
