@@ -1,0 +1,73 @@
+"""Sealed store values (``cluster/signed.py``): no Redis, no clock but the one passed."""
+
+from __future__ import annotations
+
+import pytest
+
+from trio_duplex.cluster.signed import CLOCK_ALLOWANCE_MS, Sealer, payload_of
+
+SECRET = "test-cluster-secret-0123456789"
+KEY = "trio-duplex:session:sess_1"
+NOW = 1_800_000_000_000
+
+
+def test_a_sealed_value_opens_at_its_key_until_it_expires() -> None:
+    sealer = Sealer.of(SECRET)
+    sealed = sealer.seal(KEY, "node-a", NOW + 5_000)
+    assert sealer.open(KEY, sealed, NOW) == "node-a"
+    assert sealer.open(KEY, sealed, NOW + 5_000 + CLOCK_ALLOWANCE_MS) == "node-a"
+    assert sealer.open(KEY, sealed, NOW + 5_001 + CLOCK_ALLOWANCE_MS) is None
+    assert payload_of(sealed) == "node-a"
+
+
+def test_a_value_moved_to_another_key_does_not_open() -> None:
+    sealer = Sealer.of(SECRET)
+    sealed = sealer.seal(KEY, "node-a", NOW + 5_000)
+    assert sealer.open("trio-duplex:session:sess_2", sealed, NOW) is None
+
+
+def test_another_secret_does_not_open_it() -> None:
+    sealed = Sealer.of("another-secret-0123456789").seal(KEY, "node-a", NOW + 5_000)
+    assert Sealer.of(SECRET).open(KEY, sealed, NOW) is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda s: s.replace("node-a", "node-b"),  # the payload
+        lambda s: s.replace(f".{NOW + 5_000}.", f".{NOW + 9_000_000}."),  # the expiry
+        lambda s: s[:-1],
+        lambda s: s + "x",
+        lambda s: "v2" + s[2:],
+        lambda s: s.split(".", 3)[3],  # the payload alone: what an old node wrote
+        lambda s: "",
+    ],
+)
+def test_a_changed_byte_does_not_open(change: object) -> None:
+    sealer = Sealer.of(SECRET)
+    sealed = sealer.seal(KEY, "node-a", NOW + 5_000)
+    assert callable(change)
+    assert sealer.open(KEY, change(sealed), NOW) is None
+
+
+def test_anything_but_a_string_does_not_open() -> None:
+    sealer = Sealer.of(SECRET)
+    for value in (None, b"v1.1.00.x", 7, ["v1"]):
+        assert sealer.open(KEY, value, NOW) is None
+
+
+def test_payloads_may_hold_dots_and_any_text() -> None:
+    sealer = Sealer.of(SECRET)
+    for payload in ("ws://10.0.0.1:8000/v1/duplex", "a.b.c", "", "ünï\ncode"):
+        assert sealer.open(KEY, sealer.seal(KEY, payload, NOW + 1), NOW) == payload
+
+
+def test_the_key_is_not_the_secret_and_is_never_shown() -> None:
+    sealer = Sealer.of(SECRET)
+    sealed = sealer.seal(KEY, "x", NOW)
+    assert SECRET not in repr(sealer) and SECRET not in sealed
+    assert repr(sealer) == "Sealer(<key>)"
+    with pytest.raises(ValueError):
+        Sealer.of("")
+    with pytest.raises(ValueError):
+        sealer.seal(KEY, "x", -1)
