@@ -317,6 +317,9 @@ if home then
     local presumed = tostring(redis.call('EXISTS', node .. ARGV[4]))
     return {'gone', entry, '', left, presumed}
 end
+if entry then  -- not even shaped like a sealed value: for the node to see (and log)
+    return {'gone', entry, '', '', '0'}
+end
 return {}
 """
 )
