@@ -164,3 +164,17 @@ async def test_a_redis_cluster_is_refused(redis_cluster: str, redis_server: Redi
             await store.refuse_a_redis_cluster()
     async with open_store(redis_server.url, timeout_s=TIMEOUT_S) as store:
         await store.refuse_a_redis_cluster()  # standalone: fine
+
+
+async def test_a_heartbeat_says_whether_the_node_s_leases_outlived_its_silence(
+    store: Store,
+) -> None:
+    """Real time: Redis's TTL clock (0.1 s membership, 0.3 s leases)."""
+    await store.register("a", URL_A, ttl_s=0.1, lease_ttl_s=0.3)
+    await trio.sleep(0.15)
+    beat = await store.heartbeat("a", URL_A, ttl_s=0.1, leases=1, lease_ttl_s=0.3)
+    assert (bool(beat), beat.leases_kept) == (False, True)  # lapsed, but kept its place
+    await trio.sleep(0.4)
+    beat = await store.heartbeat("a", URL_A, ttl_s=0.1, leases=1, lease_ttl_s=0.3)
+    assert (bool(beat), beat.leases_kept) == (False, False)
+    assert await store.heartbeat("a", URL_A)

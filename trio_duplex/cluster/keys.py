@@ -139,7 +139,8 @@ return 1
 
 # KEYS node, leases, sessions, nodes; ARGV node id, sealed url, ttl ms, session key
 # prefix, lease ttl ms, and optionally the node's sealed lease count.
-# Returns 1, or 0 if the node had lapsed (others saw it gone; it is a member again now).
+# Returns {1, 1}, or {0, 1} if the node had lapsed (others saw it gone; it is a member
+# again now) but its leases lived, or {0, 0} if its leases had lapsed too.
 # Refreshes the node's leases (or sets their count: the node knows how many sessions it
 # holds, so a lost release or an emptied Redis heals here), its session index, and each
 # directory entry it is still home of (an entry another node claimed since is dropped
@@ -148,6 +149,7 @@ HEARTBEAT = (
     _PAYLOAD
     + """
 local alive = redis.call('EXISTS', KEYS[1])
+local kept = redis.call('EXISTS', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('SADD', KEYS[4], ARGV[1])
 if ARGV[6] then
@@ -165,7 +167,7 @@ for i = 1, #index, 2 do
         redis.call('HDEL', KEYS[3], index[i])
     end
 end
-return alive
+return {alive, kept}
 """
 )
 

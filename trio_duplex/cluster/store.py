@@ -82,6 +82,19 @@ class Located:
         return f"Located({self.kind}, node_id={self.node_id!r})"
 
 
+@attrs.frozen
+class Beat:
+    """What a heartbeat found (``Store.heartbeat``); true if the node was a member."""
+
+    alive: bool
+    leases_kept: bool
+    """Had the node's leases lived (False: it was cut off for longer than their TTL, or
+    Redis lost them, so other nodes may have admitted sessions in their place)."""
+
+    def __bool__(self) -> bool:
+        return self.alive
+
+
 class _TCPConnection(TCPConnection):
     """coredis 6.9's connection, closing its buffers when it cannot connect.
 
@@ -304,7 +317,7 @@ class Store:
         *,
         leases: int | None = None,
         lease_ttl_s: float = LEASE_TTL_S,
-    ) -> bool:
+    ) -> Beat:
         """Keep the node a member for ``ttl_s`` more, its leases and its sessions'
         directory entries for their TTLs; with ``leases``, also set its lease count to
         that (in the same script). False if the node had lapsed (others saw it gone); it
@@ -318,8 +331,8 @@ class Store:
         ]
         if leases is not None:
             args.append(self._lease_value(node_id, leases, lease_ttl_s))
-        result = await self._run(k.HEARTBEAT, self.keys.node_keys(node_id), args)
-        return bool(result)
+        alive, kept = await self._run(k.HEARTBEAT, self.keys.node_keys(node_id), args)
+        return Beat(bool(alive), bool(kept))
 
     async def nodes(self) -> dict[str, str]:
         """Member node ids and their advertise URLs (a URL that fails its check: left

@@ -38,6 +38,7 @@ from coredis.exceptions import RedisError
 from ..cluster import (
     CLAIM_TTL_S,
     HEARTBEAT_INTERVAL_S,
+    LEASE_TTL_S,
     NODE_TTL_S,
     ClusterRefused,
     Located,
@@ -146,6 +147,15 @@ class ClusterNode:
             async with self._leasing:
                 count = self.held if self.cap is not None else self.slots_held()
                 alive = await self.store.heartbeat(self.node_id, self.url, leases=count)
+                if not alive.leases_kept and count and self.cap is not None:
+                    log.warning(
+                        "cluster: node %s's %d leases had lapsed (no heartbeat for %gs, or "
+                        "Redis lost them): other nodes may have admitted sessions in their "
+                        "place, over --cluster-max-sessions until enough sessions end",
+                        self.node_id,
+                        count,
+                        LEASE_TTL_S,
+                    )
                 if not alive:
                     log.warning(
                         "cluster: node %s was seen gone (no heartbeat for its TTL, or Redis "
