@@ -107,6 +107,9 @@ async def test_a_forged_lease_count_never_lets_a_session_in(
         await raw.set(leases, forged, px=10_000)
         assert not await a.acquire(cap=2)
         assert (await store.leases()).get("a") == 0
+    await raw.delete([leases])  # b is still a member: its count was taken away
+    assert not await a.acquire(cap=2)
+    assert (await store.leases()).get("a") == 0
     # Inflating only refuses: a count over the cap.
     await raw.set(leases, Sealer.of(SECRET).seal(leases, "999", FAR), px=10_000)
     assert not await a.acquire(cap=2)

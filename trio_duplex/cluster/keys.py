@@ -246,7 +246,8 @@ return 0
 # new count, that count, lease ttl ms, sessions suffix.
 # Sums every other node's lease count (a lapsed node's too, while its leases key lives:
 # a node that is only slow keeps its place) and this node's new count; sets the new
-# count if the sum is within the cap. A count that does not parse counts as the cap.
+# count if the sum is within the cap. A count that does not parse, or a member's that is
+# missing, counts as the cap.
 # Returns {1 granted | 0 refused | -1 not a member, id1, sealed count1, ...}: the counts
 # summed, for the node to check (a forged count must not let anyone in).
 ACQUIRE = (
@@ -271,7 +272,12 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[3])) do
             total = total + count
             out[#out + 1] = id
             out[#out + 1] = value
-        elseif redis.call('EXISTS', node) == 0 then
+        elseif redis.call('EXISTS', node) == 1 then
+            -- A member always has a count (REGISTER and HEARTBEAT set both): deleted.
+            total = total + cap
+            out[#out + 1] = id
+            out[#out + 1] = ''
+        else
             redis.call('SREM', KEYS[3], id)
             redis.call('DEL', node .. ARGV[7])
         end

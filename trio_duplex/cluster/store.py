@@ -544,7 +544,10 @@ class Store:
                 key = self.keys.leases(str(found[i]))
             except ValueError:
                 key = ""
-            held = self._open_count(key, found[i + 1]) if key else None
+            value = found[i + 1]
+            if key and value == "":
+                self.complaints("no lease count for a member node", key)
+            held = self._open_count(key, value) if key else None
             total += cap if held is None else held
         if granted and total > cap:
             await self.set_leases(node_id, count - 1, lease_ttl_s=lease_ttl_s)
