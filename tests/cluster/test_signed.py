@@ -71,3 +71,17 @@ def test_the_key_is_not_the_secret_and_is_never_shown() -> None:
         Sealer.of("")
     with pytest.raises(ValueError):
         sealer.seal(KEY, "x", -1)
+
+
+def test_a_private_value_is_encrypted_and_sealed() -> None:
+    sealer = Sealer.of(SECRET)
+    journal = b'tdmig:{"text": "what the user said"}'
+    sealed = sealer.seal_private(KEY, journal, NOW + 5_000)
+    assert b"what the user said" not in sealed.encode() and "user" not in sealed
+    assert sealer.open_private(KEY, sealed, NOW) == journal
+    assert sealer.seal_private(KEY, journal, NOW + 5_000) != sealed  # a fresh nonce each
+    assert sealer.open_private("trio-duplex:migration:other", sealed, NOW) is None
+    assert Sealer.of("another-secret-0123456789").open_private(KEY, sealed, NOW) is None
+    # Sealed right, but not encrypted with the key (or not base64): refused too.
+    assert sealer.open_private(KEY, sealer.seal(KEY, "dG9vIHNob3J0", NOW + 5), NOW) is None
+    assert sealer.open_private(KEY, sealer.seal(KEY, "not base64!", NOW + 5), NOW) is None

@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from trio_duplex.cluster import ClusterRefused, Sealer, Store, open_store
+from trio_duplex.cluster.signed import payload_of
 
 from .conftest import SECRET, TIMEOUT_S, RedisServer, _answers_ping, _free_port
 from .test_store import URL_A, URL_B, Leaser
@@ -86,9 +87,12 @@ async def test_a_hand_written_migration_record_is_not_taken(
         await raw.set(key, forged)
         assert (await store.locate("s1", "b")).kind == "unknown"
         assert not await raw.exists([store.keys.migration_claim("s1")])  # claim given back
-    await store.hand_over("s1", "a", b"tdmig:{}", ttl_s=30)  # a node's own: taken
+    journal = b'tdmig:{"text": "what the user said"}'
+    await store.hand_over("s1", "a", journal, ttl_s=30)  # a node's own: taken
+    stored = await raw.get(key)
+    assert stored is not None and b"user" not in base64.b64decode(payload_of(stored))
     found = await store.locate("s1", "b")
-    assert (found.kind, found.record) == ("migrated", b"tdmig:{}")
+    assert (found.kind, found.record) == ("migrated", journal)
 
 
 async def test_a_forged_lease_count_never_lets_a_session_in(

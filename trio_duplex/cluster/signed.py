@@ -13,21 +13,33 @@ after the last ``.`` of the prefix, so that the Lua scripts, which cannot check 
 decides on an unchecked payload can only make a node refuse (a denial of service),
 because the node checks what it then acts on.
 
+A value that must not be read either (a migration record holds a session's journal)
+is also encrypted first (``seal_private``): AES-256-GCM under a second key derived from
+the secret, a random 96-bit nonce per value, the key name as associated data.
+
 What sealing cannot stop: a sealed value replayed at the same key before it expires.
 Expiries are kept as short as each record allows (see the store's keys).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
+import os
 import re
 
 import attrs
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 VERSION = "v1"
 LABEL = b"trio-duplex store records v1"
 """The key is HMAC-SHA256(secret, LABEL): not the secret itself, and not the relay's key."""
+PRIVATE_LABEL = b"trio-duplex store encryption v1"
+"""The encryption key is HMAC-SHA256(secret, PRIVATE_LABEL)."""
+NONCE_BYTES = 12
 CLOCK_ALLOWANCE_MS = 60_000
 """How far ahead of a reader's clock a writer's may be (the relay allows the same): a
 sealed value opens until its expiry plus this, by the reader's clock."""
@@ -40,12 +52,16 @@ class Sealer:
     """Seals and opens store values under the key derived from the cluster secret."""
 
     _key: bytes
+    _private: bytes
 
     @classmethod
     def of(cls, secret: str) -> Sealer:
         if not secret:
             raise ValueError("a sealer needs the cluster secret")
-        return cls(hmac.new(secret.encode(), LABEL, hashlib.sha256).digest())
+        return cls(
+            hmac.new(secret.encode(), LABEL, hashlib.sha256).digest(),
+            hmac.new(secret.encode(), PRIVATE_LABEL, hashlib.sha256).digest(),
+        )
 
     def __repr__(self) -> str:
         return "Sealer(<key>)"
@@ -73,6 +89,25 @@ class Sealer:
         if not good or now_ms > expires_ms + CLOCK_ALLOWANCE_MS:
             return None
         return payload
+
+    def seal_private(self, name: str, data: bytes, expires_ms: int) -> str:
+        """``data`` encrypted (AES-256-GCM, the key name as associated data), then sealed."""
+        nonce = os.urandom(NONCE_BYTES)
+        sealed = AESGCM(self._private).encrypt(nonce, data, name.encode())
+        return self.seal(name, base64.b64encode(nonce + sealed).decode("ascii"), expires_ms)
+
+    def open_private(self, name: str, sealed: object, now_ms: int) -> bytes | None:
+        """What ``seal_private`` sealed for ``name``, if it opens and decrypts, else None."""
+        payload = self.open(name, sealed, now_ms)
+        if payload is None:
+            return None
+        try:
+            raw = base64.b64decode(payload, validate=True)
+            return AESGCM(self._private).decrypt(
+                raw[:NONCE_BYTES], raw[NONCE_BYTES:], name.encode()
+            )
+        except (binascii.Error, ValueError, InvalidTag):
+            return None
 
 
 def payload_of(sealed: str) -> str:

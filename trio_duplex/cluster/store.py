@@ -9,7 +9,6 @@ a fresh connection (nothing here retries by itself: the caller knows what can wa
 
 from __future__ import annotations
 
-import base64
 import functools
 import logging
 import time
@@ -439,13 +438,9 @@ class Store:
             return Located("busy")
         if kind == "migrated":
             mkey = self.keys.migration(session_id)
-            text = self._open("a migration record", mkey, found[1])
-            try:
-                record = None if text is None else base64.b64decode(text, validate=True)
-            except ValueError:
-                self.complaints("a migration record", mkey)
-                record = None
+            record = self.sealer.open_private(mkey, found[1], self._now_ms())
             if record is None:
+                self.complaints("a migration record", mkey)
                 await self.unclaim_migration(session_id, node_id)
                 return Located("unknown")
             return Located("migrated", record=record)
@@ -496,7 +491,7 @@ class Store:
         ``timeout_s``: this call's bound, if not the store's. A ``StoreUnavailable`` does
         not say the record was not stored: a call given up on may still run."""
         key = self.keys.migration(session_id)
-        sealed = self._seal(key, base64.b64encode(record).decode("ascii"), ttl_s)
+        sealed = self.sealer.seal_private(key, record, self._now_ms() + ttl_ms(ttl_s))
         await self._run(
             k.HAND_OVER,
             [
