@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from trio_duplex.cluster.signed import CLOCK_ALLOWANCE_MS, Sealer, payload_of
+from trio_duplex.cluster.signed import CLOCK_ALLOWANCE_MS, Complaints, Sealer, payload_of
 
 SECRET = "test-cluster-secret-0123456789"
 KEY = "trio-duplex:session:sess_1"
@@ -85,3 +87,19 @@ def test_a_private_value_is_encrypted_and_sealed() -> None:
     # Sealed right, but not encrypted with the key (or not base64): refused too.
     assert sealer.open_private(KEY, sealer.seal(KEY, "dG9vIHNob3J0", NOW + 5), NOW) is None
     assert sealer.open_private(KEY, sealer.seal(KEY, "not base64!", NOW + 5), NOW) is None
+
+
+def test_values_that_fail_are_logged_at_most_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    complaints = Complaints()
+    with caplog.at_level(logging.WARNING, logger="trio_duplex"):
+        for _ in range(3):
+            complaints("a directory entry", KEY)
+    assert complaints.count == 3
+    assert len(caplog.records) == 1 and KEY in caplog.records[0].getMessage()
+    caplog.clear()
+    complaints._quiet_until = 0.0  # the interval over: the next says how many went unsaid
+    with caplog.at_level(logging.WARNING, logger="trio_duplex"):
+        complaints("a lease count", KEY)
+    assert "and 2 more since" in caplog.records[0].getMessage()

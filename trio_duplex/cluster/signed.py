@@ -1,5 +1,6 @@
 """Records in the shared store, sealed so that a node acts on none it did not get from
-another node of its cluster. No I/O, no clock of its own (the caller passes the time).
+another node of its cluster. No I/O: the caller passes the time (``Complaints``, which
+logs the values that fail, rate-limits on the monotonic clock).
 
 The store is not trusted: whoever can write to Redis could otherwise point a session at
 their own URL, hand a node a session of their own making, or undercount the cluster's
@@ -27,8 +28,10 @@ import base64
 import binascii
 import hashlib
 import hmac
+import logging
 import os
 import re
+import time
 
 import attrs
 from cryptography.exceptions import InvalidTag
@@ -43,6 +46,11 @@ NONCE_BYTES = 12
 CLOCK_ALLOWANCE_MS = 60_000
 """How far ahead of a reader's clock a writer's may be (the relay allows the same): a
 sealed value opens until its expiry plus this, by the reader's clock."""
+
+COMPLAINT_INTERVAL_S = 60.0
+"""A value that fails its check is logged at most once per this interval."""
+
+log = logging.getLogger("trio_duplex")
 
 _SEALED = re.compile(r"v1\.(\d{1,15})\.([0-9a-f]{64})\.(.*)", re.DOTALL)
 
@@ -118,3 +126,32 @@ def payload_of(sealed: str) -> str:
 
 LUA_PAYLOAD = r"^v1%.%d+%.%x+%.(.*)$"
 """The Lua pattern that takes a sealed value's payload (unchecked) in a script."""
+
+
+@attrs.define(eq=False)
+class Complaints:
+    """Records that failed their check: logged at WARNING at most once per interval
+    (a store under attack, or nodes with different secrets), never with a value."""
+
+    interval_s: float = COMPLAINT_INTERVAL_S
+    count: int = 0
+    _quiet_until: float = -float("inf")
+    _unsaid: int = 0
+
+    def __call__(self, what: str, key: str) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now < self._quiet_until:
+            self._unsaid += 1
+            return
+        self._quiet_until = now + self.interval_s
+        more = f" (and {self._unsaid} more since)" if self._unsaid else ""
+        self._unsaid = 0
+        log.warning(
+            "cluster: ignored %s at %s: it fails its check (written by something other than "
+            "a node of this cluster, or by one with another --cluster-secret)%s; said at most "
+            "once a minute",
+            what,
+            key,
+            more,
+        )

@@ -26,7 +26,7 @@ from coredis.connection import TCPConnection, TCPLocation
 
 from . import keys as k
 from .keys import DEFAULT_PREFIX, Keys, check_node_id, ttl_ms
-from .signed import Sealer
+from .signed import Complaints, Sealer
 
 T = TypeVar("T")
 
@@ -45,8 +45,6 @@ LEFT_TTL_S = 60.0
 """A tombstone's TTL unless the node gives its own (its sessions' directory TTL)."""
 PRUNE_SAMPLE = 1000
 """Ids of the node index looked at by one ``prune``."""
-COMPLAINT_INTERVAL_S = 60.0
-"""A record that fails its check is logged at most once per this interval."""
 DEFAULT_TIMEOUT_S = 1.0
 CLAIM_TTL_S = 5.0
 """How long a node that took a handed-over record may take to say it has taken the
@@ -147,35 +145,6 @@ async def open_store(
     )
     async with client:
         yield Store(client, Keys(prefix), timeout_s)
-
-
-@attrs.define(eq=False)
-class Complaints:
-    """Records that failed their check: logged at WARNING at most once per interval
-    (a store under attack, or nodes with different secrets), never with a value."""
-
-    interval_s: float = COMPLAINT_INTERVAL_S
-    count: int = 0
-    _quiet_until: float = -float("inf")
-    _unsaid: int = 0
-
-    def __call__(self, what: str, key: str) -> None:
-        self.count += 1
-        now = time.monotonic()
-        if now < self._quiet_until:
-            self._unsaid += 1
-            return
-        self._quiet_until = now + self.interval_s
-        more = f" (and {self._unsaid} more since)" if self._unsaid else ""
-        self._unsaid = 0
-        log.warning(
-            "cluster: ignored %s at %s: it fails its check (written by something other than "
-            "a node of this cluster, or by one with another --cluster-secret)%s; said at most "
-            "once a minute",
-            what,
-            key,
-            more,
-        )
 
 
 @attrs.define(eq=False)

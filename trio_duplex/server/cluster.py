@@ -2,9 +2,12 @@
 
 ``ClusterNode`` is this process as one node of the cluster. ``joined`` opens the shared
 store (``trio_duplex.cluster``), registers the node, and keeps it alive with a heartbeat
-every second (TTL 3 s) until the block ends, when it forgets the node, so that its
-leases are free at once. It is only imported with ``--cluster``: without it the server
-loads neither this module nor the Redis client.
+every second (membership TTL 3 s, leases 10 s: a node that is only slow keeps its place)
+until the block ends, when it forgets the node, so that its leases are free at once and
+its sessions read as lost. Each heartbeat also seals its sessions' directory entries
+again as their seals age, and every tenth prunes the store's node index. It is only
+imported with ``--cluster``: without it the server loads neither this module nor the
+Redis client.
 
 Admission (``--cluster-max-sessions``): ``acquire`` takes a lease before the local
 admission, ``release`` gives it back once the session's slot is free (in a task, bounded
@@ -111,7 +114,8 @@ class ClusterNode:
     slots_held: Callable[[], int]
     """How many sessions hold a slot here now (the count a heartbeat sets without a cap)."""
     session_ids: Callable[[], list[str]] = attrs.field(kw_only=True, default=list)
-    """The sessions held here now: claimed again when the node finds it had lapsed."""
+    """The sessions held here now (none while draining): claimed again when the node
+    finds it had lapsed, and as their entries' seals age."""
     secret: str = attrs.field(repr=False, kw_only=True)
     """``--cluster-secret``: signs the resumes this node relays, checks those it gets."""
     directory_ttl_s: float = attrs.field(kw_only=True)

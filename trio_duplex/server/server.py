@@ -240,7 +240,8 @@ class DuplexServer:
             self.config,
             url,
             lambda: sessions.slots_held,
-            lambda: [runner.session.id for runner in sessions.runners()],
+            # (None while draining: a handed-over session's entry must stay dropped.)
+            lambda: [] if sessions.shutting_down else [r.session.id for r in sessions.runners()],
         ) as node:
             returns = _ReturnLeases(node)
             self.node = node
