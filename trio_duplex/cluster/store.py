@@ -242,7 +242,10 @@ class Store:
         """ClusterRefused if Redis runs in cluster mode: the scripts read keys they do not
         declare, which a sharded Redis does not allow (and each node's keys would be on
         other shards)."""
-        info = await self._bounded(functools.partial(self._client.info, "cluster"))
+        try:
+            info = await self._bounded(functools.partial(self._client.info, "cluster"))
+        except coredis.exceptions.ResponseError:
+            return  # INFO not allowed (ACLs): a cluster would refuse the scripts instead
         if str(info.get("cluster_enabled", "0")) == "1":
             raise ClusterRefused(
                 "the cluster store is a Redis Cluster (cluster_enabled:1); --cluster needs a "
