@@ -150,7 +150,8 @@ def redis_cluster(tmp_path: Path) -> Iterator[str]:
         [
             *(executable, "--port", str(port), "--bind", "127.0.0.1"),
             *("--save", "", "--appendonly", "no", "--dir", str(tmp_path)),
-            *("--cluster-enabled", "yes"),
+            # Its bus on a free port of its own (the default, port + 10000, may not be).
+            *("--cluster-enabled", "yes", "--cluster-port", str(_free_port())),
         ],
         stdout=subprocess.DEVNULL,
     )
