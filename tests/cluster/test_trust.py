@@ -223,6 +223,8 @@ async def test_a_paused_home_is_not_lost_and_the_cap_holds(
         for ws in (w1, w2):
             await open_session(ws)
         created = await open_session(w3)
+        await send(w3, text(1, "heard"))  # (a client never heard from waits 5 s only)
+        assert (await receive(w3))["text"] == "heard"
         drop(w3)
         a.proc.send_signal(signal.SIGSTOP)
         paused = trio.current_time()
