@@ -207,6 +207,37 @@ async def test_one_session_whose_export_fails_does_not_stop_the_drain(
     assert "Traceback" not in a.log and "RecursionError" in a.log
 
 
+async def test_a_hand_over_that_raises_ends_its_session_alone(
+    nodes: Callable[..., list[ServerProcess]],
+) -> None:
+    """With no resume window (``--disconnect-grace 0``) the store refuses the record's
+    TTL (ValueError, inside the hand-over): each session ends ``server_shutdown``, and the
+    drain finishes, exit 0, with one line per session and no traceback."""
+    (a,) = nodes("a", "--disconnect-grace", "0")
+    ends: list[tuple[list[Event], int | None]] = []
+
+    async def one(ready: trio.Event) -> None:
+        async with ws_to(a.url) as ws:
+            await open_session(ws)
+            ready.set()
+            ends.append(await closed_with(ws))
+
+    async with trio.open_nursery() as nursery:
+        ready = [trio.Event() for _ in range(2)]
+        for flag in ready:
+            nursery.start_soon(one, flag)
+        with trio.fail_after(TIMEOUT):
+            for flag in ready:
+                await flag.wait()
+        a.proc.send_signal(signal.SIGTERM)
+    assert await trio.to_thread.run_sync(a.wait, TIMEOUT * 2) == 0
+    assert [(e[-1]["type"], e[-1].get("reason")) for e, _ in ends] == [
+        ("session.closed", "server_shutdown")
+    ] * 2, ends
+    assert a.log.count("could not be handed over (ValueError") == 2, a.log
+    assert "Traceback" not in a.log
+
+
 # -- a slow home is not a dead home ------------------------------------------------------
 
 

@@ -76,7 +76,34 @@ async def hand_over_all(sessions: Sessions, node: ClusterNode, config: ServerCon
     async with trio.open_nursery() as nursery:
         for runner in sessions.runners():
             if migratable(runner):
-                nursery.start_soon(_hand_over, sessions, runner, node, config, limit)
+                nursery.start_soon(_hand_over_or_end, sessions, runner, node, config, limit)
+
+
+async def _hand_over_or_end(
+    sessions: Sessions,
+    runner: SessionRunner,
+    node: ClusterNode,
+    config: ServerConfig,
+    limit: trio.CapacityLimiter,
+) -> None:
+    """``_hand_over``; whatever it raises ends this session alone (one line, no
+    traceback), never the drain of the others."""
+    try:
+        await _hand_over(sessions, runner, node, config, limit)
+    except Exception as exc:
+        session = runner.session
+        log.error(
+            "session %s could not be handed over (%s: %s); it ends server_shutdown",
+            session.id,
+            type(exc).__name__,
+            str(exc)[:200],
+            extra={"session_id": session.id},
+        )
+        conn = runner.conn
+        if conn is not None and conn.generation == 0:  # fenced by the freeze: unfence
+            conn.generation = session.generation
+        if session.terminal is None:
+            runner.end(Reason.SHUTDOWN)
 
 
 async def _hand_over(
