@@ -41,6 +41,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     parts: dict[str, list[float]] = {k: [] for k in ("locate", "relay_connect", "resume",
                                                       "public_connect")}  # fmt: skip
     async with open_store(args.store) as store:
+        store.sign_with(args.secret)  # (the store's records are sealed with it)
         for _ in range(args.sessions):
             created = await open_dropped(args.home)
             sid = created["session_id"]

@@ -17,6 +17,7 @@ from trio_duplex.cluster import Store, open_store
 
 from ..helpers import Serve, ServerProcess, Servers
 
+SECRET = "test-cluster-secret-0123456789"
 STARTUP_S = 5.0
 TIMEOUT_S = 0.5
 
@@ -95,6 +96,7 @@ async def store(redis_server: RedisServer) -> AsyncIterator[Store]:
     async with coredis.Redis.from_url(redis_server.url, decode_responses=True) as raw:
         await raw.flushdb()
     async with open_store(redis_server.url, timeout_s=TIMEOUT_S) as store:
+        store.sign_with(SECRET)
         yield store
 
 
@@ -103,9 +105,6 @@ async def raw(redis_server: RedisServer) -> AsyncIterator[coredis.Redis[str]]:
     """A plain client, to look at (or tamper with) keys behind the store's back."""
     async with coredis.Redis.from_url(redis_server.url, decode_responses=True) as client:
         yield client
-
-
-SECRET = "test-cluster-secret-0123456789"
 
 
 def node_flags(redis_server: RedisServer, name: str) -> tuple[str, ...]:

@@ -10,16 +10,52 @@ from __future__ import annotations
 import os
 import signal
 
+import attrs
 import coredis
 import pytest
 import trio
 
-from trio_duplex.cluster import Keys, NotRegistered, Store, StoreUnavailable, open_store
+from trio_duplex.cluster import (
+    LEASE_TTL_S,
+    Keys,
+    NotRegistered,
+    Store,
+    StoreUnavailable,
+    open_store,
+)
 
-from .conftest import TIMEOUT_S, RedisServer
+from .conftest import SECRET, TIMEOUT_S, RedisServer
 
 URL_A = "ws://10.0.0.1:8000"
 URL_B = "ws://10.0.0.2:8000"
+
+
+@attrs.define(eq=False)
+class Leaser:
+    """A node's lease calls as ``ClusterNode`` makes them: one at a time, each setting the
+    count the node holds."""
+
+    store: Store
+    node_id: str
+    held: int = 0
+    lease_ttl_s: float = LEASE_TTL_S
+    lock: trio.Lock = attrs.field(factory=trio.Lock)
+
+    async def acquire(self, cap: int) -> bool:
+        async with self.lock:
+            granted = await self.store.acquire_lease(
+                self.node_id, cap, self.held + 1, lease_ttl_s=self.lease_ttl_s
+            )
+            self.held += granted
+            return granted
+
+    async def release(self) -> bool:
+        async with self.lock:
+            if not self.held:
+                return False
+            self.held -= 1
+            await self.store.set_leases(self.node_id, self.held, lease_ttl_s=self.lease_ttl_s)
+            return True
 
 
 def test_keys_are_under_the_prefix() -> None:
@@ -44,7 +80,7 @@ async def test_every_key_is_under_the_prefix_and_expires(
 ) -> None:
     await store.register("a", URL_A)
     await store.claim_session("s1", "a", ttl_s=30)
-    assert await store.acquire_lease("a", cap=5)
+    assert await store.acquire_lease("a", cap=5, count=1)
     names = await raw.keys("*")
     assert names and all(name.startswith("trio-duplex:") for name in names)
     # The node index is the only key without a TTL: it holds ids, pruned by nodes().
@@ -71,18 +107,25 @@ async def test_heartbeat_keeps_a_node_alive_past_its_ttl(store: Store) -> None:
     assert await store.nodes() == {"a": URL_A}
 
 
-async def test_a_silent_node_is_gone_within_its_ttl_with_its_leases(store: Store) -> None:
-    """Real time: Redis's TTL clock. Its sessions' homes read as lost, its leases return."""
-    await store.register("a", URL_A, ttl_s=0.3)
+async def test_a_silent_node_is_presumed_alive_until_its_leases_expire(store: Store) -> None:
+    """Real time: Redis's TTL clock. Once its membership lapses its sessions' homes read
+    as stalled (retryable) and its leases still count; once its leases expire too, its
+    sessions are lost and its leases are back."""
+    await store.register("a", URL_A, ttl_s=0.3, lease_ttl_s=0.8)
     await store.register("b", URL_B, ttl_s=30)
     await store.claim_session("s1", "a", ttl_s=30)
-    assert await store.acquire_lease("a", cap=2)
-    assert await store.acquire_lease("a", cap=2)
-    assert not await store.acquire_lease("b", cap=2)
+    a, b = Leaser(store, "a", lease_ttl_s=0.8), Leaser(store, "b")
+    assert await a.acquire(cap=2)
+    assert await a.acquire(cap=2)
+    assert not await b.acquire(cap=2)
     await trio.sleep(0.4)
     assert await store.nodes() == {"b": URL_B}
-    assert await store.home_of("s1") == "a"  # a home not in nodes(): "node lost"
-    assert await store.acquire_lease("b", cap=2)
+    assert (await store.locate("s1", "b")).kind == "stalled"
+    assert not await b.acquire(cap=2)  # a slow node keeps its place
+    await trio.sleep(0.5)
+    located = await store.locate("s1", "b")
+    assert (located.kind, located.node_id) == ("lost", "a")
+    assert await b.acquire(cap=2)
     assert await store.leases() == {"b": 1}
 
 
@@ -96,10 +139,10 @@ async def test_a_lapsed_node_hears_so_from_its_heartbeat(store: Store) -> None:
 
 async def test_register_starts_a_node_afresh(store: Store) -> None:
     await store.register("a", URL_A)
-    assert await store.acquire_lease("a", cap=1)
+    assert await store.acquire_lease("a", cap=1, count=1)
     await store.register("a", URL_A)
     assert await store.leases() == {"a": 0}
-    assert await store.acquire_lease("a", cap=1)
+    assert await store.acquire_lease("a", cap=1, count=1)
 
 
 async def test_claim_home_release(store: Store) -> None:
@@ -172,7 +215,7 @@ async def test_a_node_not_alive_cannot_claim_or_lease(store: Store) -> None:
     with pytest.raises(NotRegistered):
         await store.claim_session("s1", "ghost", ttl_s=30)
     with pytest.raises(NotRegistered):
-        await store.acquire_lease("ghost", cap=10)
+        await store.acquire_lease("ghost", cap=10, count=1)
     assert await store.home_of("s1") is None
 
 
@@ -203,16 +246,17 @@ async def test_a_session_claimed_elsewhere_leaves_its_old_home(
 async def test_leases_up_to_the_cap_then_back(store: Store) -> None:
     await store.register("a", URL_A)
     await store.register("b", URL_B)
-    assert await store.acquire_lease("a", cap=3)
-    assert await store.acquire_lease("b", cap=3)
-    assert await store.acquire_lease("a", cap=3)
-    assert not await store.acquire_lease("b", cap=3)
+    a, b = Leaser(store, "a"), Leaser(store, "b")
+    assert await a.acquire(cap=3)
+    assert await b.acquire(cap=3)
+    assert await a.acquire(cap=3)
+    assert not await b.acquire(cap=3)
     assert await store.leases() == {"a": 2, "b": 1}
-    assert await store.release_lease("a")
-    assert await store.acquire_lease("b", cap=3)
-    assert await store.release_lease("b")
-    assert await store.release_lease("b")
-    assert not await store.release_lease("b")
+    assert await a.release()
+    assert await b.acquire(cap=3)
+    assert await b.release()
+    assert await b.release()
+    assert not await b.release()
     assert await store.leases() == {"a": 1, "b": 0}
 
 
@@ -220,8 +264,9 @@ async def test_a_heartbeat_can_set_the_lease_count(store: Store, raw: coredis.Re
     """The node knows how many sessions it holds: a lost release, or a Redis that came
     back empty, heals at its next heartbeat."""
     await store.register("a", URL_A)
+    a = Leaser(store, "a")
     for _ in range(3):
-        assert await store.acquire_lease("a", cap=10)
+        assert await a.acquire(cap=10)
     assert await store.heartbeat("a", URL_A, leases=1)
     assert await store.leases() == {"a": 1}
     assert await raw.pttl(store.keys.leases("a")) > 0
@@ -237,10 +282,10 @@ async def test_a_heartbeat_can_set_the_lease_count(store: Store, raw: coredis.Re
 async def test_forget_returns_a_node_s_leases_at_once(store: Store) -> None:
     await store.register("a", URL_A)
     await store.register("b", URL_B)
-    assert await store.acquire_lease("a", cap=1)
-    assert not await store.acquire_lease("b", cap=1)
+    assert await store.acquire_lease("a", cap=1, count=1)
+    assert not await store.acquire_lease("b", cap=1, count=1)
     await store.forget("a")
-    assert await store.acquire_lease("b", cap=1)
+    assert await store.acquire_lease("b", cap=1, count=1)
 
 
 async def test_concurrent_acquires_never_overshoot(redis_server: RedisServer, store: Store) -> None:
@@ -249,10 +294,12 @@ async def test_concurrent_acquires_never_overshoot(redis_server: RedisServer, st
 
     async def node(name: str) -> None:
         async with open_store(redis_server.url, timeout_s=5) as mine:
+            mine.sign_with(SECRET)
             await mine.register(name, f"ws://{name}")
+            leaser = Leaser(mine, name)
 
             async def one() -> None:
-                if await mine.acquire_lease(name, cap=40):
+                if await leaser.acquire(cap=40):
                     granted.append(name)
 
             async with trio.open_nursery() as nursery:
@@ -277,8 +324,8 @@ async def _all_unavailable(store: Store) -> None:
         lambda: store.claim_session("s1", "a", ttl_s=30),
         lambda: store.home_of("s1"),
         lambda: store.release_session("s1", "a"),
-        lambda: store.acquire_lease("a", cap=10),
-        lambda: store.release_lease("a"),
+        lambda: store.acquire_lease("a", cap=10, count=1),
+        lambda: store.set_leases("a", 0),
         store.leases,
     ]
     failed: list[int] = []

@@ -9,8 +9,9 @@ a fresh connection (nothing here retries by itself: the caller knows what can wa
 
 from __future__ import annotations
 
-import base64
 import functools
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar
@@ -23,15 +24,26 @@ from coredis.commands.script import Script
 
 from . import keys as k
 from .connect import failovers, redis_client
-from .keys import DEFAULT_PREFIX, Keys, ttl_ms
+from .keys import DEFAULT_PREFIX, Keys, check_node_id, ttl_ms
+from .signed import Complaints, Sealer
 
 T = TypeVar("T")
+
+log = logging.getLogger("trio_duplex")
 
 # Membership defaults: a heartbeat every second refreshing a 3 s TTL. A node that stops is
 # gone at most 3 s after its last heartbeat (the issue asks for <= 5 s), and a live node
 # survives two missed heartbeats (a Redis hiccup of up to ~2 s) without being declared dead.
 NODE_TTL_S = 3.0
 HEARTBEAT_INTERVAL_S = 1.0
+LEASE_TTL_S = 10.0
+"""How long a node's leases (and the presumption that it is alive) outlive its last
+heartbeat: a node paused or cut off from the store for less than this keeps its place
+under the cap, and its sessions are not declared lost (``node_lost``) before it."""
+LEFT_TTL_S = 60.0
+"""A tombstone's TTL unless the node gives its own (its sessions' directory TTL)."""
+PRUNE_SAMPLE = 1000
+"""Ids of the node index looked at by one ``prune``."""
 DEFAULT_TIMEOUT_S = 1.0
 CLAIM_TTL_S = 5.0
 """How long a node that took a handed-over record may take to say it has taken the
@@ -46,11 +58,17 @@ class NotRegistered(Exception):
     """The node is not alive in the store (never registered, forgotten, or lapsed)."""
 
 
+class ClusterRefused(Exception):
+    """The store is a Redis Cluster (sharded), which the scripts cannot run on."""
+
+
 @attrs.frozen(repr=False)
 class Located:
     """Where a session is (``Store.locate``)."""
 
-    kind: Literal["migrated", "home", "busy", "lost", "unknown"]
+    kind: Literal["migrated", "home", "busy", "stalled", "lost", "unknown"]
+    """``stalled``: its home is no member now but presumed alive (its leases live, it has
+    not left): slow or cut off, not gone. ``lost``: it left, or lapsed past the bound."""
     node_id: str | None = None
     url: str | None = None
     record: bytes | None = None
@@ -58,6 +76,19 @@ class Located:
 
     def __repr__(self) -> str:
         return f"Located({self.kind}, node_id={self.node_id!r})"
+
+
+@attrs.frozen
+class Beat:
+    """What a heartbeat found (``Store.heartbeat``); true if the node was a member."""
+
+    alive: bool
+    leases_kept: bool
+    """Had the node's leases lived (False: it was cut off for longer than their TTL, or
+    Redis lost them, so other nodes may have admitted sessions in their place)."""
+
+    def __bool__(self) -> bool:
+        return self.alive
 
 
 @asynccontextmanager
@@ -81,12 +112,66 @@ async def open_store(
 
 @attrs.define(eq=False)
 class Store:
-    """Typed calls over one coredis client; see ``keys.py`` for what each key holds."""
+    """Typed calls over one coredis client; see ``keys.py`` for what each key holds.
+
+    Every value a node acts on is sealed on its way in and checked on its way out
+    (``signed.py``): one that fails is ignored as if it were not there, and logged
+    (``complaints``). ``sign_with`` gives the store its cluster secret."""
 
     _client: coredis.Redis[str]
     keys: Keys
     timeout_s: float
     _scripts: dict[str, Script[str]] = attrs.field(factory=dict, init=False)
+    _sealer: Sealer | None = attrs.field(default=None, init=False, repr=False)
+    wall_clock: Callable[[], float] = attrs.field(default=time.time, init=False)
+    """Seconds since the epoch: what seals expire by (every node's clock, within
+    ``signed.CLOCK_ALLOWANCE_MS``)."""
+    complaints: Complaints = attrs.field(factory=Complaints, init=False)
+
+    def sign_with(self, secret: str) -> None:
+        """Seal and check values under a key derived from ``secret`` (the cluster's)."""
+        self._sealer = Sealer.of(secret)
+
+    # -- sealing --------------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return int(self.wall_clock() * 1000)
+
+    @property
+    def sealer(self) -> Sealer:
+        if self._sealer is None:
+            raise RuntimeError("the store has no cluster secret (Store.sign_with)")
+        return self._sealer
+
+    def _seal(self, key: str, payload: str, ttl_s: float) -> str:
+        return self.sealer.seal(key, payload, self._now_ms() + ttl_ms(ttl_s))
+
+    def _open(self, what: str, key: str, sealed: object) -> str | None:
+        if sealed is None or sealed == "":
+            return None
+        payload = self.sealer.open(key, sealed, self._now_ms())
+        if payload is None:
+            self.complaints(what, key)
+        return payload
+
+    def _open_count(self, key: str, sealed: object) -> int | None:
+        payload = self._open("a lease count", key, sealed)
+        if payload is None:
+            return None
+        if not payload.isascii() or not payload.isdigit():
+            self.complaints("a lease count", key)
+            return None
+        return int(payload)
+
+    def _open_home(self, key: str, sealed: object) -> str | None:
+        home = self._open("a directory entry", key, sealed)
+        try:
+            return None if home is None else check_node_id(home)
+        except ValueError:
+            self.complaints("a directory entry", key)
+            return None
+
+    # -- I/O ------------------------------------------------------------------------------
 
     @property
     def failovers(self) -> int:
@@ -121,58 +206,145 @@ class Store:
         for script in k.SCRIPTS:
             await self._bounded(functools.partial(self._client.script_load, script))
 
+    async def refuse_a_redis_cluster(self) -> None:
+        """ClusterRefused if Redis runs in cluster mode: the scripts read keys they do not
+        declare, which a sharded Redis does not allow (and each node's keys would be on
+        other shards)."""
+        try:
+            info = await self._bounded(functools.partial(self._client.info, "cluster"))
+        except coredis.exceptions.ResponseError:
+            return  # INFO not allowed (ACLs): a cluster would refuse the scripts instead
+        if str(info.get("cluster_enabled", "0")) == "1":
+            raise ClusterRefused(
+                "the cluster store is a Redis Cluster (cluster_enabled:1); --cluster needs a "
+                "standalone Redis or Valkey (a primary, with replicas or Sentinel if wanted)"
+            )
+
     # -- membership ---------------------------------------------------------------------
 
-    async def register(self, node_id: str, url: str, ttl_s: float = NODE_TTL_S) -> None:
-        """A node starts: it is alive for ``ttl_s`` with no leases and no sessions."""
-        await self._run(k.REGISTER, self.keys.node_keys(node_id), [node_id, url, ttl_ms(ttl_s)])
+    def _lease_value(self, node_id: str, count: int, lease_ttl_s: float) -> str:
+        if count < 0:
+            raise ValueError(f"a lease count cannot be negative: {count}")
+        return self._seal(self.keys.leases(node_id), str(count), lease_ttl_s)
+
+    async def register(
+        self,
+        node_id: str,
+        url: str,
+        ttl_s: float = NODE_TTL_S,
+        *,
+        lease_ttl_s: float = LEASE_TTL_S,
+    ) -> None:
+        """A node starts: a member for ``ttl_s``, with no leases and no sessions."""
+        await self._run(
+            k.REGISTER,
+            self.keys.node_keys(node_id),
+            [
+                node_id,
+                self._seal(self.keys.node(node_id), url, ttl_s),
+                ttl_ms(ttl_s),
+                ttl_ms(lease_ttl_s),
+                self._lease_value(node_id, 0, lease_ttl_s),
+            ],
+        )
 
     async def heartbeat(
-        self, node_id: str, url: str, ttl_s: float = NODE_TTL_S, *, leases: int | None = None
-    ) -> bool:
-        """Keep the node, its leases and its sessions' directory entries alive for ``ttl_s``
-        more; with ``leases``, also set its lease count to that (in the same script).
-        False if the node had lapsed (others saw it dead); it is alive again now."""
-        args: list[str | int] = [node_id, url, ttl_ms(ttl_s), self.keys.session_prefix]
+        self,
+        node_id: str,
+        url: str,
+        ttl_s: float = NODE_TTL_S,
+        *,
+        leases: int | None = None,
+        lease_ttl_s: float = LEASE_TTL_S,
+    ) -> Beat:
+        """Keep the node a member for ``ttl_s`` more, its leases and its sessions'
+        directory entries for their TTLs; with ``leases``, also set its lease count to
+        that (in the same script). False if the node had lapsed (others saw it gone); it
+        is a member again now."""
+        args: list[str | int] = [
+            node_id,
+            self._seal(self.keys.node(node_id), url, ttl_s),
+            ttl_ms(ttl_s),
+            self.keys.session_prefix,
+            ttl_ms(lease_ttl_s),
+        ]
         if leases is not None:
-            if leases < 0:
-                raise ValueError(f"a lease count cannot be negative: {leases}")
-            args.append(leases)
-        result = await self._run(k.HEARTBEAT, self.keys.node_keys(node_id), args)
-        return bool(result)
+            args.append(self._lease_value(node_id, leases, lease_ttl_s))
+        alive, kept = await self._run(k.HEARTBEAT, self.keys.node_keys(node_id), args)
+        return Beat(bool(alive), bool(kept))
 
     async def nodes(self) -> dict[str, str]:
-        """Live node ids and their advertise URLs."""
+        """Member node ids and their advertise URLs (a URL that fails its check: left
+        out). Prunes the index of ids whose node and leases are both gone."""
         flat = await self._run(
             k.NODES,
             [self.keys.nodes],
             [self.keys.node_prefix, k.LEASES_SUFFIX, k.SESSIONS_SUFFIX],
         )
-        return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+        found: dict[str, str] = {}
+        for i in range(0, len(flat), 2):
+            try:
+                key = self.keys.node(str(flat[i]))
+            except ValueError:
+                continue
+            url = self._open("a node's URL", key, flat[i + 1])
+            if url is not None:
+                found[str(flat[i])] = url
+        return found
 
-    async def forget(self, node_id: str) -> None:
-        """The node leaves at once: its leases go back; its sessions' homes become lost."""
-        await self._run(k.FORGET, self.keys.node_keys(node_id), [node_id])
+    async def prune(self, sample: int = PRUNE_SAMPLE) -> int:
+        """Remove from the node index ids (of a random ``sample``) whose node and leases
+        have both expired: every crash and restart adds an id. How many were removed."""
+        removed = await self._run(
+            k.PRUNE,
+            [self.keys.nodes],
+            [self.keys.node_prefix, k.LEASES_SUFFIX, k.SESSIONS_SUFFIX, sample],
+        )
+        return int(removed)
+
+    async def forget(self, node_id: str, *, left_ttl_s: float = LEFT_TTL_S) -> None:
+        """The node leaves cleanly, now: its leases go back at once, and for ``left_ttl_s``
+        (its sessions' directory TTL) a tombstone says its sessions are lost."""
+        key = self.keys.left(node_id)
+        await self._run(
+            k.FORGET,
+            self.keys.node_keys(node_id),
+            [node_id, self._seal(key, "left", left_ttl_s), ttl_ms(left_ttl_s)],
+        )
 
     # -- session directory --------------------------------------------------------------
 
-    async def claim_session(self, session_id: str, node_id: str, ttl_s: float) -> None:
+    def _entry(self, session_id: str, node_id: str, ttl_s: float) -> str:
+        # Sealed for twice the entry's TTL: the home seals it again once half is gone
+        # (``ClusterNode``), and meanwhile its heartbeat refreshes the key's own TTL.
+        return self._seal(self.keys.session(session_id), check_node_id(node_id), 2 * ttl_s)
+
+    async def claim_session(
+        self, session_id: str, node_id: str, ttl_s: float, *, lease_ttl_s: float = LEASE_TTL_S
+    ) -> None:
         """``node_id`` is the session's home; the entry lives ``ttl_s`` past the home's last
-        heartbeat (choose it as the session's resume window). Raises NotRegistered if
-        the node is not alive."""
+        heartbeat (choose it as the session's resume window), and its seal ``2 * ttl_s``
+        from now: claim it again before ``ttl_s`` has passed. NotRegistered: the node is
+        not a member."""
         claimed = await self._run(
             k.CLAIM,
             [self.keys.node(node_id), self.keys.sessions(node_id), self.keys.session(session_id)],
-            [node_id, session_id, ttl_ms(ttl_s)],
+            [
+                session_id,
+                self._entry(session_id, node_id, ttl_s),
+                ttl_ms(ttl_s),
+                ttl_ms(lease_ttl_s),
+            ],
         )
         if not claimed:
             raise NotRegistered(node_id)
 
     async def home_of(self, session_id: str) -> str | None:
-        """The session's home node id (alive or not: compare with ``nodes()``), or None."""
+        """The session's home node id (member or not: compare with ``nodes()``), or None
+        (none, or an entry that fails its check)."""
         key = self.keys.session(session_id)
-        home: str | None = await self._bounded(lambda: self._client.get(key))
-        return home
+        sealed: str | None = await self._bounded(lambda: self._client.get(key))
+        return self._open_home(key, sealed)
 
     async def release_session(self, session_id: str, node_id: str) -> bool:
         """Drop the entry if ``node_id`` is still its home; True if it was."""
@@ -186,34 +358,43 @@ class Store:
     async def locate(
         self, session_id: str, node_id: str, claim_ttl_s: float = CLAIM_TTL_S
     ) -> Located:
-        """Where a session that ``node_id`` does not hold is: at a live home, handed over
+        """Where a session that ``node_id`` does not hold is: at a member home, handed over
         (its record, now claimed by ``node_id`` for ``claim_ttl_s``: take it over and say
         so with ``adopted``, or give it back with ``unclaim_migration``), being taken over
-        by another node (``busy``), at a dead home, or nowhere. Takes nothing: an answer
-        lost to a timeout loses no session."""
+        by another node (``busy``), at a home presumed alive but no member (``stalled``),
+        at a home that left or lapsed past the bound (``lost``), or nowhere. A value that
+        fails its check counts as absent. Takes nothing: an answer lost to a timeout
+        loses no session."""
+        key = self.keys.session(session_id)
         found = await self._run(
             k.LOCATE,
-            [
-                self.keys.session(session_id),
-                self.keys.migration(session_id),
-                self.keys.migration_claim(session_id),
-            ],
-            [self.keys.node_prefix, node_id, ttl_ms(claim_ttl_s)],
+            [key, self.keys.migration(session_id), self.keys.migration_claim(session_id)],
+            [self.keys.node_prefix, node_id, ttl_ms(claim_ttl_s), k.LEASES_SUFFIX, k.LEFT_SUFFIX],
         )
         if not found:
             return Located("unknown")
         kind = str(found[0])
-        if kind == "migrated":
-            try:
-                record = base64.b64decode(str(found[1]), validate=True)
-            except ValueError:
-                return Located("unknown")
-            return Located("migrated", record=record)
-        if kind == "home":
-            return Located("home", node_id=str(found[1]), url=str(found[2]))
         if kind == "busy":
             return Located("busy")
-        return Located("lost", node_id=str(found[1]))
+        if kind == "migrated":
+            mkey = self.keys.migration(session_id)
+            record = self.sealer.open_private(mkey, found[1], self._now_ms())
+            if record is None:
+                self.complaints("a migration record", mkey)
+                await self.unclaim_migration(session_id, node_id)
+                return Located("unknown")
+            return Located("migrated", record=record)
+        home = self._open_home(key, found[1])
+        if home is None:
+            return Located("unknown")
+        if kind == "home":
+            url = self._open("a node's URL", self.keys.node(home), found[2])
+            if url is not None:
+                return Located("home", node_id=home, url=url)
+            return Located("stalled", node_id=home)  # a member, but its URL fails
+        if self._open("a tombstone", self.keys.left(home), found[3]) == "left":
+            return Located("lost", node_id=home)
+        return Located("stalled" if str(found[4]) == "1" else "lost", node_id=home)
 
     async def adopted(self, session_id: str, node_id: str, ttl_s: float) -> bool:
         """``node_id`` has taken the handed-over session over: it is now its home (directory
@@ -228,7 +409,7 @@ class Store:
                 self.keys.node(node_id),
                 self.keys.sessions(node_id),
             ],
-            [node_id, session_id, ttl_ms(ttl_s)],
+            [node_id, session_id, ttl_ms(ttl_s), self._entry(session_id, node_id, ttl_s)],
         )
         return bool(done)
 
@@ -249,41 +430,89 @@ class Store:
         entry for it: the next resume anywhere takes the record (``locate``).
         ``timeout_s``: this call's bound, if not the store's. A ``StoreUnavailable`` does
         not say the record was not stored: a call given up on may still run."""
+        key = self.keys.migration(session_id)
+        sealed = self.sealer.seal_private(key, record, self._now_ms() + ttl_ms(ttl_s))
         await self._run(
             k.HAND_OVER,
             [
                 self.keys.sessions(node_id),
                 self.keys.session(session_id),
-                self.keys.migration(session_id),
+                key,
                 self.keys.migration_claim(session_id),
             ],
-            [node_id, session_id, base64.b64encode(record).decode("ascii"), ttl_ms(ttl_s)],
+            [node_id, session_id, sealed, ttl_ms(ttl_s)],
             timeout_s,
         )
 
     # -- admission leases ---------------------------------------------------------------
 
-    async def acquire_lease(self, node_id: str, cap: int) -> bool:
-        """Take one of ``cap`` cluster-wide leases, atomically; False at the cap."""
-        granted = await self._run(
+    async def acquire_lease(
+        self, node_id: str, cap: int, count: int, *, lease_ttl_s: float = LEASE_TTL_S
+    ) -> bool:
+        """Set ``node_id``'s lease count to ``count`` (one more than it holds) if the
+        cluster's leases stay within ``cap``, atomically; False: they would not. The
+        counts the script summed are checked after: if one fails (forged, or sealed with
+        another secret), the node's count goes back to ``count - 1`` and the answer is
+        False, so a forged count can refuse sessions but never let one in. The caller
+        runs one lease call at a time per node (its count is the truth)."""
+        if count < 1:
+            raise ValueError(f"an acquire sets a count of at least 1: {count}")
+        found = await self._run(
             k.ACQUIRE,
             [self.keys.node(node_id), self.keys.leases(node_id), self.keys.nodes],
-            [self.keys.node_prefix, k.LEASES_SUFFIX, cap],
+            [
+                self.keys.node_prefix,
+                k.LEASES_SUFFIX,
+                cap,
+                self._lease_value(node_id, count, lease_ttl_s),
+                count,
+                ttl_ms(lease_ttl_s),
+                k.SESSIONS_SUFFIX,
+            ],
         )
+        granted = int(found[0])
         if granted == -1:
             raise NotRegistered(node_id)
+        total = count
+        for i in range(1, len(found), 2):
+            try:
+                key = self.keys.leases(str(found[i]))
+            except ValueError:
+                key = ""
+            value = found[i + 1]
+            if key and value == "":
+                self.complaints("no lease count for a member node", key)
+            held = self._open_count(key, value) if key else None
+            total += cap if held is None else held
+        if granted and total > cap:
+            await self.set_leases(node_id, count - 1, lease_ttl_s=lease_ttl_s)
+            return False
         return bool(granted)
 
-    async def release_lease(self, node_id: str) -> bool:
-        """Give one lease back; False if the node held none (e.g. it had lapsed)."""
-        released = await self._run(k.RELEASE_LEASE, [self.keys.leases(node_id)], [])
-        return bool(released)
+    async def set_leases(
+        self, node_id: str, count: int, *, lease_ttl_s: float = LEASE_TTL_S
+    ) -> None:
+        """Set the node's lease count (a release: one less than it held)."""
+        key = self.keys.leases(node_id)
+        value = self._lease_value(node_id, count, lease_ttl_s)
+        await self._bounded(lambda: self._client.set(key, value, px=ttl_ms(lease_ttl_s)))
 
     async def leases(self) -> dict[str, int]:
-        """Leases held per live node (a snapshot, for metrics and tests)."""
-        live = await self.nodes()
-        names = [self.keys.leases(node_id) for node_id in live]
+        """Leases held per node whose leases live (members and lapsed nodes presumed
+        alive), checked (one that fails is left out): a snapshot for metrics and tests."""
+        ids = sorted(await self._bounded(lambda: self._client.smembers(self.keys.nodes)))
+        names = []
+        for node_id in ids:
+            try:
+                names.append(self.keys.leases(node_id))
+            except ValueError:
+                continue
         if not names:
             return {}
         counts = await self._bounded(lambda: self._client.mget(names))
-        return {node_id: int(c or 0) for node_id, c in zip(live, counts, strict=True)}
+        found: dict[str, int] = {}
+        for name, sealed in zip(names, counts, strict=True):
+            held = None if sealed is None else self._open_count(name, sealed)
+            if held is not None:
+                found[name[len(self.keys.node_prefix) : -len(k.LEASES_SUFFIX)]] = held
+        return found

@@ -2,18 +2,20 @@
 
 ``ClusterNode`` is this process as one node of the cluster. ``joined`` opens the shared
 store (``trio_duplex.cluster``), registers the node, and keeps it alive with a heartbeat
-every second (TTL 3 s) until the block ends, when it forgets the node, so that its
-leases are free at once. It is only imported with ``--cluster``: without it the server
-loads neither this module nor the Redis client.
+every second (membership TTL 3 s, leases 10 s: a node that is only slow keeps its place)
+until the block ends, when it forgets the node, so that its leases are free at once and
+its sessions read as lost. Each heartbeat also seals its sessions' directory entries
+again as their seals age, and every tenth prunes the store's node index. It is only
+imported with ``--cluster``: without it the server loads neither this module nor the
+Redis client.
 
 Admission (``--cluster-max-sessions``): ``acquire`` takes a lease before the local
 admission, ``release`` gives it back once the session's slot is free (in a task, bounded
-by the store's timeout). Each heartbeat also *sets* the node's lease count to what it
-holds, so a release that was lost, or a Redis that came back empty, heals within a
-heartbeat. So that this count is exact, a heartbeat waits for the acquires and releases
-in flight, and holds new ones back for its own round trip (``_Ops``): an acquire counted
-by Redis but not yet here, or a release counted here but not yet by Redis, would
-otherwise be overwritten by a count one too low, and the cap overshot.
+by the store's timeout). The node's lease count in the store is a sealed value only it
+writes (the store is not trusted: a count forged lower must not let sessions in), so
+its lease calls run one at a time (``_leasing``), each setting the count it now holds;
+each heartbeat sets it too, so a release that was lost, or a Redis that came back
+empty, heals within a heartbeat.
 
 When Redis is unreachable (``StoreUnavailable``, within the store's timeout): an open
 is refused ``resource_exhausted`` (the cap is never overshot), a release is left to the
@@ -24,6 +26,7 @@ store. The outage is logged once at WARNING, and its end once.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import socket
@@ -38,7 +41,9 @@ from coredis.exceptions import RedisError
 from ..cluster import (
     CLAIM_TTL_S,
     HEARTBEAT_INTERVAL_S,
+    LEASE_TTL_S,
     NODE_TTL_S,
+    ClusterRefused,
     Located,
     NotRegistered,
     Store,
@@ -62,7 +67,10 @@ loading its data answers an error, for one): neither may stop the server."""
 
 log = logging.getLogger("trio_duplex")
 
-_NO_CAP = 2**62
+PRUNE_EVERY = 10
+"""Heartbeats between two prunings of the node index (``Store.prune``)."""
+
+_NO_CAP = 2**50
 """The cap a forced lease is taken under: none that a count could reach."""
 
 
@@ -96,40 +104,6 @@ def advertise_url(config: ServerConfig, scheme: str, port: int) -> str:
 
 
 @attrs.define(eq=False)
-class _Ops:
-    """Acquires and releases run together; a heartbeat that sets the lease count runs
-    alone (it waits for those in flight, and new ones wait for it)."""
-
-    running: int = 0
-    exclusive: bool = False
-    _lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
-
-    @asynccontextmanager
-    async def shared(self) -> AsyncIterator[None]:
-        while self.exclusive:
-            await self._lot.park()
-        self.running += 1
-        try:
-            yield
-        finally:
-            self.running -= 1
-            self._lot.unpark_all()
-
-    @asynccontextmanager
-    async def alone(self) -> AsyncIterator[None]:
-        while self.exclusive:
-            await self._lot.park()
-        self.exclusive = True
-        try:
-            while self.running:
-                await self._lot.park()
-            yield
-        finally:
-            self.exclusive = False
-            self._lot.unpark_all()
-
-
-@attrs.define(eq=False)
 class ClusterNode:
     """This process as a node: its id, its URL, its leases, the store's health."""
 
@@ -141,7 +115,8 @@ class ClusterNode:
     slots_held: Callable[[], int]
     """How many sessions hold a slot here now (the count a heartbeat sets without a cap)."""
     session_ids: Callable[[], list[str]] = attrs.field(kw_only=True, default=list)
-    """The sessions held here now: claimed again when the node finds it had lapsed."""
+    """The sessions held here now (none while draining): claimed again when the node
+    finds it had lapsed, and as their entries' seals age."""
     secret: str = attrs.field(repr=False, kw_only=True)
     """``--cluster-secret``: signs the resumes this node relays, checks those it gets."""
     directory_ttl_s: float = attrs.field(kw_only=True)
@@ -154,7 +129,12 @@ class ClusterNode:
     _down_since: float | None = None
     _failovers: int = 0
     """The store's ``failovers`` when this node last claimed its sessions."""
-    _ops: _Ops = attrs.field(factory=_Ops)
+    _leasing: trio.Lock = attrs.field(factory=trio.Lock)
+    """One lease call at a time (heartbeats included): each sets the count held."""
+    _sealed: dict[str, float] = attrs.field(factory=dict)
+    """When each session's directory entry was last sealed (``claim``): sealed for twice
+    the directory TTL, it is sealed again by the heartbeat once one TTL has passed."""
+    _beats: int = 0
     _nursery: trio.Nursery | None = None
 
     # -- membership ----------------------------------------------------------------------
@@ -168,44 +148,71 @@ class ClusterNode:
             next_beat = max(next_beat + HEARTBEAT_INTERVAL_S, trio.current_time())
 
     async def beat(self) -> None:
-        """One heartbeat, setting the lease count; a lapsed node registers again."""
+        """One heartbeat, setting the lease count; a lapsed node registers again, and
+        directory entries sealed a directory TTL ago are sealed again."""
         try:
-            async with self._ops.alone():
+            async with self._leasing:
                 count = self.held if self.cap is not None else self.slots_held()
                 alive = await self.store.heartbeat(self.node_id, self.url, leases=count)
                 failovers = self.store.failovers
+                if not alive.leases_kept and count and self.cap is not None:
+                    log.warning(
+                        "cluster: node %s's %d leases had lapsed (no heartbeat for %gs, or "
+                        "Redis lost them): other nodes may have admitted sessions in their "
+                        "place, over --cluster-max-sessions until enough sessions end",
+                        self.node_id,
+                        count,
+                        LEASE_TTL_S,
+                    )
                 if alive and failovers != self._failovers:
                     # A Sentinel failover: the old primary's last writes (claims of
-                    # sessions opened then) may be lost. Claim them all again.
+                    # sessions opened then) may be lost. Seal them all again, below.
                     log.warning(
                         "cluster: the store's primary changed (a failover); claiming this "
                         "node's sessions again"
                     )
-                    for session_id in self.session_ids():
-                        await self.store.claim_session(
-                            session_id, self.node_id, self.directory_ttl_s
-                        )
+                    self._sealed.clear()
                 if not alive:
                     log.warning(
-                        "cluster: node %s was seen dead (no heartbeat for its TTL, or Redis "
+                        "cluster: node %s was seen gone (no heartbeat for its TTL, or Redis "
                         "came back empty); registering it again",
                         self.node_id,
                     )
                     await self.store.register(self.node_id, self.url)
                     count = self.held if self.cap is not None else self.slots_held()
                     await self.store.heartbeat(self.node_id, self.url, leases=count)
-                    # Redis came back empty, or others saw this node dead: its sessions'
-                    # directory entries are gone or read "lost". Claim them again, so
-                    # that a resume reaching another node finds them here.
-                    for session_id in self.session_ids():
-                        await self.store.claim_session(
-                            session_id, self.node_id, self.directory_ttl_s
-                        )
+                    # Redis came back empty, or others saw this node gone: its sessions'
+                    # directory entries are gone or no longer in its index. Claim them
+                    # again, so that a resume reaching another node finds them here.
+                    self._sealed.clear()
+            await self._seal_again()
+            self._beats += 1
+            if self._beats % PRUNE_EVERY == 0:
+                await self.store.prune()
         except _FAILED as exc:
             self._failed(exc)
         else:
             self._failovers = failovers
             self._answered()
+
+    async def _seal_again(self) -> None:
+        held = self.session_ids()
+        due = trio.current_time() - self.directory_ttl_s
+        for session_id in held:
+            if self._sealed.get(session_id, -math.inf) <= due:
+                try:
+                    await self._claim(session_id)
+                except NotRegistered:
+                    return  # lapsed meanwhile: the next heartbeat registers it again
+        if len(self._sealed) > len(held):  # forget the sessions that ended meanwhile
+            live = set(held)
+            for session_id in [s for s in self._sealed if s not in live]:
+                del self._sealed[session_id]
+
+    async def _claim(self, session_id: str) -> None:
+        sealed = trio.current_time()
+        await self.store.claim_session(session_id, self.node_id, self.directory_ttl_s)
+        self._sealed[session_id] = sealed
 
     def _failed(self, exc: Exception) -> None:
         if self.store_up:
@@ -237,7 +244,7 @@ class ClusterNode:
         """This node is the session's home, as far as the store can be told: a store that
         does not answer (within its timeout) leaves the session resumable here only."""
         try:
-            await self.store.claim_session(session_id, self.node_id, self.directory_ttl_s)
+            await self._claim(session_id)
         except _FAILED as exc:
             self._failed(exc)
         except NotRegistered:  # lapsed: the next heartbeat registers it again
@@ -252,6 +259,7 @@ class ClusterNode:
             self._nursery.start_soon(self._unclaim, session_id)
 
     async def _unclaim(self, session_id: str) -> None:
+        self._sealed.pop(session_id, None)
         try:
             await self.store.release_session(session_id, self.node_id)
         except _FAILED as exc:
@@ -279,6 +287,7 @@ class ClusterNode:
         False: not confirmed, and it will not be (the claim lapsed, or no answer in
         time): another node may take the session over; this one must not keep it."""
         deadline = trio.current_time() + CLAIM_TTL_S - self.store.timeout_s
+        self._sealed[session_id] = trio.current_time()  # (its entry is sealed by the call)
         while True:
             try:
                 done = await self.store.adopted(session_id, self.node_id, self.directory_ttl_s)
@@ -327,8 +336,10 @@ class ClusterNode:
             cap = _NO_CAP
         try:
             with trio.fail_after(self.store.timeout_s):
-                async with self._ops.shared():
-                    granted = await self.store.acquire_lease(self.node_id, cap)
+                async with self._leasing:
+                    granted = await self.store.acquire_lease(self.node_id, cap, self.held + 1)
+                    if granted:
+                        self.held += 1
         except trio.TooSlowError:
             self._failed(StoreUnavailable(f"no lease within {self.store.timeout_s}s"))
             raise _refused("the cluster store is unreachable; try again later") from None
@@ -341,7 +352,6 @@ class ClusterNode:
         self._answered()
         if not granted:
             raise _refused(f"all {cap} cluster-wide session slots are in use")
-        self.held += 1
         return True
 
     def release(self) -> None:
@@ -356,14 +366,13 @@ class ClusterNode:
 
     async def _release(self) -> None:
         try:
-            async with self._ops.shared():
-                await self.store.release_lease(self.node_id)
+            async with self._leasing:
+                self.held -= 1
+                await self.store.set_leases(self.node_id, self.held)
         except _FAILED as exc:
             self._failed(exc)
         else:
             self._answered()
-        finally:
-            self.held -= 1
 
 
 def _refused(message: str) -> ProtocolError:
@@ -387,17 +396,22 @@ async def joined(
     if logging.getLogger("coredis").level == logging.NOTSET:
         logging.getLogger("coredis").setLevel(logging.WARNING)
     node_id = config.node_id or default_node_id()
+    assert config.cluster_secret is not None  # (ServerConfig requires it with --cluster)
+    directory_ttl_s = config.disconnect_grace_s + NODE_TTL_S
     password = os.environ.get(REDIS_PASSWORD_ENV) or None
     ca_file = config.cluster_redis_ca
     async with open_store(config.cluster, password=password, ca_file=ca_file) as store:
+        store.sign_with(config.cluster_secret)
         try:
+            await store.refuse_a_redis_cluster()
             await store.register(node_id, url)
             await store.load_scripts()
+        except ClusterRefused as exc:
+            raise ClusterUnavailable(f"{shown_url(config.cluster)}: {exc}") from None
         except _FAILED as exc:
             raise ClusterUnavailable(
                 f"cannot reach the cluster store {shown_url(config.cluster)}: {exc}"
             ) from None
-        assert config.cluster_secret is not None  # (ServerConfig requires it with --cluster)
         node = ClusterNode(
             store,
             node_id,
@@ -406,7 +420,7 @@ async def joined(
             slots_held,
             session_ids=session_ids,
             secret=config.cluster_secret,
-            directory_ttl_s=config.disconnect_grace_s + NODE_TTL_S,
+            directory_ttl_s=directory_ttl_s,
         )
         log.info(
             "cluster: node %s registered (advertised as %s, store %s, cap %s)",
@@ -428,7 +442,7 @@ async def joined(
         finally:
             with trio.CancelScope(shield=True):
                 try:
-                    await store.forget(node_id)
+                    await store.forget(node_id, left_ttl_s=directory_ttl_s)
                 except _FAILED as exc:
                     log.warning(
                         "cluster: could not forget node %s (%s); it lapses within its TTL",

@@ -9,19 +9,23 @@ client-seq state, the credential digests) is stored for the session's resume win
 told ``session.going_away {time_left_ms, migrating: true}`` and its connection closed
 (1001), and the session ends here (``Reason.MIGRATED``: no terminal event, the session
 lives on). Sessions whose engine cannot migrate, or whose freeze or hand-over fails,
-drain as before (they end ``server_shutdown``). Every engine is stopped at once; at
-most ``AT_ONCE`` records are written concurrently. A hand-over the store does not
+drain as before (they end ``server_shutdown``): one session whose export fails, however
+it fails, ends alone, in one log line, and the others move. Every engine is stopped at
+once; at most ``AT_ONCE`` records are written concurrently. A hand-over the store does not
 confirm in time is not known to have failed (a call given up on may still run): its
 client is sent on all the same.
 
 In (``adopt``, on a resume for a session this node does not hold): the record, read
-from the store and claimed by this node for a few seconds (``Store.locate``), becomes a
-DETACHED session here with a fresh engine restored from the snapshot; once the store
-confirms (``Store.adopted``: this node is its home, the record gone, in one step) the
-ordinary resume checks the token, replays and attaches. Nothing is ever taken from the
-store by a call whose answer could be lost: if this node cannot take the session (full,
-draining, a broken engine) or the store does not confirm, the claim is given back or
-lapses, and the client is refused retryably (another node, or this one later, takes it).
+from the store (sealed by a node of this cluster: ``Store.locate`` checks it) and claimed
+by this node for a few seconds, is first checked against the resume's token, in constant
+time: a resume without a token of the session takes nothing and restores nothing. Then
+it becomes a DETACHED session here with a fresh engine restored from the snapshot; once
+the store confirms (``Store.adopted``: this node is its home, the record gone, in one
+step) the ordinary resume checks the token again, replays and attaches. Nothing is
+ever taken from the store by a call whose answer could be lost: if this node cannot
+take the session (full, draining, a broken engine) or the store does not confirm, the
+claim is given back or lapses, and the client is refused retryably (another node, or
+this one later, takes it).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import trio
 
 from ..core import events
 from ..core.config import ServerConfig
+from ..core.credentials import Credentials
 from ..core.events import ErrorCode, Reason
 from ..core.frames import CloseCode
 from ..core.migration import BadRecord, Record, export, restore
@@ -71,7 +76,34 @@ async def hand_over_all(sessions: Sessions, node: ClusterNode, config: ServerCon
     async with trio.open_nursery() as nursery:
         for runner in sessions.runners():
             if migratable(runner):
-                nursery.start_soon(_hand_over, sessions, runner, node, config, limit)
+                nursery.start_soon(_hand_over_or_end, sessions, runner, node, config, limit)
+
+
+async def _hand_over_or_end(
+    sessions: Sessions,
+    runner: SessionRunner,
+    node: ClusterNode,
+    config: ServerConfig,
+    limit: trio.CapacityLimiter,
+) -> None:
+    """``_hand_over``; whatever it raises ends this session alone (one line, no
+    traceback), never the drain of the others."""
+    try:
+        await _hand_over(sessions, runner, node, config, limit)
+    except Exception as exc:
+        session = runner.session
+        log.error(
+            "session %s could not be handed over (%s: %s); it ends server_shutdown",
+            session.id,
+            type(exc).__name__,
+            str(exc)[:200],
+            extra={"session_id": session.id},
+        )
+        conn = runner.conn
+        if conn is not None and conn.generation == 0:  # fenced by the freeze: unfence
+            conn.generation = session.generation
+        if session.terminal is None:
+            runner.end(Reason.SHUTDOWN)
 
 
 async def _hand_over(
@@ -101,8 +133,15 @@ async def _hand_over(
     async with limit:
         try:
             record = export(session, frozen).to_bytes()
-        except ValueError as exc:  # an engine state, configuration or input not JSON
-            log.error("session %s cannot be handed over: %s", session.id, exc)
+        except Exception as exc:  # (not JSON, too deep, an engine state that breaks...)
+            # One session's failure ends that session alone: the drain goes on.
+            log.error(
+                "session %s cannot be handed over (%s: %s); it ends server_shutdown",
+                session.id,
+                type(exc).__name__,
+                str(exc)[:200],
+                extra={"session_id": session.id},
+            )
             if attached is not None:  # not moving: it hears how the session ends
                 attached.generation = session.generation
             runner.end(Reason.SHUTDOWN)
@@ -141,6 +180,7 @@ async def _hand_over(
 async def adopt(
     session_id: str,
     record_bytes: bytes,
+    token: str,
     sessions: Sessions,
     node: ClusterNode,
     config: ServerConfig,
@@ -150,7 +190,8 @@ async def adopt(
     store, by ``locate``) live here, DETACHED, for the resume that found it; then tell
     the store, which makes this node its home and drops the record in one step.
     ProtocolError: it cannot be taken here (retryable: the claim is given back, or
-    lapses, for another node), or the record is unusable (``session_resume_expired``)."""
+    lapses, for another node), ``token`` is not the session's (``invalid_resume_token``:
+    nothing was taken), or the record is unusable (``session_resume_expired``)."""
     try:
         record = Record.from_bytes(record_bytes, max_bytes=MAX_RECORD_BYTES)
         if record.session_id != session_id:
@@ -160,6 +201,13 @@ async def adopt(
         raise ProtocolError.resume_refused(
             ErrorCode.SESSION_RESUME_EXPIRED, "the session could not be taken over"
         ) from None
+    # Before anything is restored or leased: only the session's own client moves it.
+    if not Credentials.from_digests(record.current_digest, record.pending_digest).check(token):
+        with trio.CancelScope(shield=True):
+            await node.unclaim_migration(session_id)
+        raise ProtocolError.resume_refused(
+            ErrorCode.INVALID_RESUME_TOKEN, "the resume token is not valid"
+        )
     try:
         config_now = dict(record.config)
         engine = new_engine(config_now)  # ProtocolError: the engine refused (BadEvent), broke

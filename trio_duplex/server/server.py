@@ -260,7 +260,8 @@ class DuplexServer:
             self.config,
             url,
             lambda: sessions.slots_held,
-            lambda: [runner.session.id for runner in sessions.runners()],
+            # (None while draining: a handed-over session's entry must stay dropped.)
+            lambda: [] if sessions.shutting_down else [r.session.id for r in sessions.runners()],
         ) as node:
             returns = _ReturnLeases(node)
             self.node = node
@@ -807,12 +808,24 @@ class DuplexServer:
         if located.kind == "migrated" and located.record is not None:
             from .migration import adopt
 
+            token = event.get("resume_token")  # (a string: _resume checked)
             await adopt(
-                session_id, located.record, self.sessions, node, self.config, self._new_engine
+                session_id,
+                located.record,
+                str(token),
+                self.sessions,
+                node,
+                self.config,
+                self._new_engine,
             )
             return False  # it is here now: the ordinary resume follows
         if located.kind == "busy":
             raise ProtocolError.home_unreachable("the session is being taken over by another node")
+        if located.kind == "stalled":  # slow or cut off, not gone: the client tries again
+            totals.count(totals.resumes, ErrorCode.SESSION_HOME_UNREACHABLE)
+            raise ProtocolError.home_unreachable(
+                f"the session's node ({located.node_id}) is not answering the cluster"
+            )
         if located.kind == "lost":
             totals.count(totals.resumes, "node_lost")
             raise ProtocolError.resume_refused(
