@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import attrs
-import coredis
 import pytest
 import trio
 import trio.testing
@@ -28,6 +27,7 @@ from websockets.http11 import Request, Response
 from websockets.trio.client import connect
 from websockets.trio.server import ServerConnection, serve
 
+from trio_duplex.cluster import Store
 from trio_duplex.server.connection import Connection
 from trio_duplex.server.relay import (
     HEADER,
@@ -237,17 +237,19 @@ def relay_port(node: ServerProcess) -> int:
 
 @pytest.mark.integration
 async def test_a_forged_directory_entry_gets_no_resume_token(
-    two: list[ServerProcess], raw: coredis.Redis[str]
+    two: list[ServerProcess], store: Store
 ) -> None:
+    """The store's seals (signed.py) already make a node ignore an entry written without
+    the cluster secret; here the forged entries are sealed as a member would seal them
+    (as if the store's check were bypassed), so that what holds is the relay's own
+    check: the home it dials must prove it holds the secret before it hears anything."""
     a, b = two
     async with ws_to(a.url) as on_a:
         created = await open_session(on_a)
     async with fake_home(no_proof) as evil:
-        # What an attacker who can write to the store does: the session's home is a
-        # node whose URL is theirs.
-        await raw.set("trio-duplex:node:evil", evil.url, px=60_000)
-        await raw.sadd("trio-duplex:nodes", ["evil"])
-        await raw.set(f"trio-duplex:session:{created['session_id']}", "evil", px=60_000)
+        # The session's home is a node whose URL is the attacker's.
+        await store.register("evil", evil.url, ttl_s=60)
+        await store.claim_session(created["session_id"], "evil", 60)
         async with ws_to(b.url) as on_b:
             await send(on_b, resume(created, created["resume_token"], 0))
             events, code = await closed_with(on_b)

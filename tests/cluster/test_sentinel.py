@@ -26,6 +26,7 @@ import trio
 
 from trio_duplex.cluster import StoreUnavailable, open_store
 from trio_duplex.cluster.connect import CHECK_INTERVAL_S
+from trio_duplex.cluster.signed import Sealer
 from trio_duplex.core.config import ConfigError, NeedsCompanion, ServerConfig
 
 from ..helpers import Servers
@@ -144,6 +145,7 @@ async def _refreshed_on(port: int, key: str, setup: Replicated) -> None:
 
 async def test_the_store_follows_a_failover(replicated: Replicated) -> None:
     async with open_store(replicated.url, timeout_s=1.0) as store:
+        store.sign_with(SECRET)
         await store.register("n1", "ws://n1:1/v1/duplex")
         await until(lambda: _sentinel_sees_the_replica(replicated), TIMEOUT, "the replica seen")
         async with replicated.client(replicated.sentinel) as sentinel:
@@ -179,6 +181,7 @@ async def test_the_store_follows_a_failover_after_the_primary_is_killed(
     replicated: Replicated,
 ) -> None:
     async with open_store(replicated.url, timeout_s=0.5) as store:
+        store.sign_with(SECRET)
         await store.register("n1", "ws://n1:1/v1/duplex")
 
         async def replicated_n1() -> bool:
@@ -227,7 +230,9 @@ async def test_a_failover_while_sessions_stream_and_resume_loses_nothing(
 
         async def on_the_replica() -> bool:  # (replication is asynchronous)
             async with replicated.client(replicated.replica) as replica:
-                return await replica.get(key) == "a"
+                value = await replica.get(key)  # (sealed: signed.py)
+                now_ms = int(time.time() * 1000)
+                return value is not None and Sealer.of(SECRET).open(key, value, now_ms) == "a"
 
         await until(on_the_replica, TIMEOUT, "the directory entry replicated")
 
@@ -290,12 +295,13 @@ async def test_a_failover_while_sessions_stream_and_resume_loses_nothing(
     assert "Traceback" not in a.log + b.log
     # Its home claimed its sessions again: on seeing the primary change, or (if its
     # last refresh before the failover had not reached the replica) on finding it lapsed.
-    assert "the store's primary changed" in a.log or "was seen dead" in a.log, a.log
+    assert "the store's primary changed" in a.log or "was seen gone" in a.log, a.log
 
 
 async def test_with_no_sentinel_answering_the_store_is_unavailable_and_leaks_nothing() -> None:
     url = f"redis+sentinel://127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}/{SERVICE}/0"
     async with open_store(url, timeout_s=0.5) as store:
+        store.sign_with(SECRET)
         for _ in range(2):  # (coredis's own connections warned here, at collection)
             with pytest.raises(StoreUnavailable, match="No primary found"):
                 await store.nodes()

@@ -107,15 +107,18 @@ async def test_the_store_speaks_tls_to_redis_checked_against_the_ca(
     tls_redis: str, pki: Pki, tmp_path: Path
 ) -> None:
     async with open_store(tls_redis, ca_file=pki.ca, password=PASSWORD, timeout_s=2) as store:
+        store.sign_with(SECRET)
         await store.register("n1", "ws://n1:1/v1/duplex")
         assert await store.nodes() == {"n1": "ws://n1:1/v1/duplex"}
         await store.forget("n1")
     other = make_pki(tmp_path, "other")  # a CA that did not sign the server's certificate
     async with open_store(tls_redis, ca_file=other.ca, password=PASSWORD, timeout_s=2) as store:
+        store.sign_with(SECRET)
         with pytest.raises(StoreUnavailable):
             await store.nodes()
     plain = tls_redis.replace("rediss://", "redis://")  # no TLS: the server never answers
     async with open_store(plain, password=PASSWORD, timeout_s=0.5) as store:
+        store.sign_with(SECRET)
         with pytest.raises(StoreUnavailable):
             await store.nodes()
 
@@ -148,6 +151,7 @@ async def test_serve_joins_through_rediss_with_the_password_from_the_environment
     )
     node.wait_for_line(r"node tls-node registered", TIMEOUT)
     async with open_store(tls_redis, ca_file=pki.ca, password=PASSWORD) as store:
+        store.sign_with(SECRET)
         assert "tls-node" in await store.nodes()
     cmdline = await trio.Path(f"/proc/{node.proc.pid}/cmdline").read_bytes()
     assert PASSWORD.encode() not in cmdline and PASSWORD not in node.log

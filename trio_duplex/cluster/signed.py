@@ -52,7 +52,7 @@ COMPLAINT_INTERVAL_S = 60.0
 
 log = logging.getLogger("trio_duplex")
 
-_SEALED = re.compile(r"v1\.(\d{1,15})\.([0-9a-f]{64})\.(.*)", re.DOTALL)
+_SEALED = re.compile(r"v1\.([0-9]{1,15})\.([0-9a-f]{64})\.(.*)", re.DOTALL)
 
 
 @attrs.frozen(repr=False)
