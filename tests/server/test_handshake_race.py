@@ -109,6 +109,7 @@ async def assert_freed_at_once(sim: Simulation, raw: RawClient, session: Session
     assert probe(sim).reasons(session.id) == ["session_created_undelivered"]
     assert session.state is State.CLOSED
     assert sim.server.slots_held == 0
+    assert sim.server.sessions.runners() == []  # no engine ran
     assert [e["type"] for e in await raw.receive_until_closed()] == []
     await sim.open_session()  # max_sessions=1: admitted, not resource_exhausted
     assert trio.current_time() == start
