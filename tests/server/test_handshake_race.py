@@ -35,6 +35,8 @@ from wsproto.events import AcceptConnection, CloseConnection, Ping, Pong, Reques
 from trio_duplex import EngineSession, ServerConfig
 from trio_duplex.core.session import Session, State
 from trio_duplex.engines.echo import EchoEngine
+from trio_duplex.server.sessions import PREPARE_TIMEOUT_S
+from trio_duplex.server.websocket import OPENING_READ_AHEAD, RECEIVE_SIZE
 from trio_duplex.testing import FaultyStream, Probe, Simulation, running_server, settle
 
 from ..helpers import RawClient, RawWs, Serve
@@ -284,6 +286,29 @@ async def test_input_sent_while_the_engine_prepares_is_kept_in_order(
         assert created["type"] == "session.created"
         echoed = [(await raw.receive())["text"] for _ in range(3)]
         assert echoed == ["one", big, "three"]
+
+
+async def test_reading_during_the_open_is_bounded(autojump_clock: MockClock, raw_ws: RawWs) -> None:
+    """A client that floods while its engine prepares: reading pauses once about
+    ``OPENING_READ_AHEAD`` characters of messages wait; the rest stays in the transport."""
+    async with running_server(ServerConfig(max_sessions=1), Gated) as sim:
+        raw = await raw_ws(sim)
+        transport = sim.listener.streams[-1]
+        await raw.send(UPDATE)
+        await settle()
+        event = {"type": "input.text.append", "text": "x" * 1000}
+        sent = 0
+        while sent < 4 * OPENING_READ_AHEAD:
+            frame = raw.frame(json.dumps(event))
+            await raw.send_bytes(frame)
+            sent += len(frame)
+        await settle()
+        assert transport.inbound is not None
+        read = sent - transport.inbound.pending
+        assert OPENING_READ_AHEAD <= read <= OPENING_READ_AHEAD + RECEIVE_SIZE
+        await trio.sleep(PREPARE_TIMEOUT_S)  # then the open is refused, and all is freed
+        await settle()
+        assert sim.server.slots_held == 0
 
 
 # -- over real sockets -------------------------------------------------------------------

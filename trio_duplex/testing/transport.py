@@ -35,6 +35,11 @@ class Inbound(trio.abc.ReceiveStream):
         self._data += data
         self._arrived.unpark_all()
 
+    @property
+    def pending(self) -> int:
+        """Bytes sent by the client and not read by the server yet."""
+        return len(self._data)
+
     def put_eof(self) -> None:
         self._eof = True
         self._arrived.unpark_all()
