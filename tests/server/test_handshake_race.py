@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import pytest
 import trio
-from trio.testing import MockClock
+from trio.testing import MockClock, wait_all_tasks_blocked
 from websockets.sync.client import connect
 from wsproto.events import AcceptConnection, CloseConnection, Ping, Pong, Request
 
@@ -36,8 +36,9 @@ from trio_duplex import EngineSession, ServerConfig
 from trio_duplex.core.session import Session, State
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.server.sessions import PREPARE_TIMEOUT_S
-from trio_duplex.server.websocket import OPENING_READ_AHEAD, RECEIVE_SIZE
+from trio_duplex.server.websocket import OPENING_READ_AHEAD, RECEIVE_SIZE, WebSocket
 from trio_duplex.testing import FaultyStream, Probe, Simulation, running_server, settle
+from trio_duplex.testing.transport import MemoryListener
 
 from ..helpers import RawClient, RawWs, Serve
 
@@ -309,6 +310,25 @@ async def test_reading_during_the_open_is_bounded(autojump_clock: MockClock, raw
         await trio.sleep(PREPARE_TIMEOUT_S)  # then the open is refused, and all is freed
         await settle()
         assert sim.server.slots_held == 0
+
+
+async def test_a_message_the_opening_read_takes_as_it_stops_is_not_left_behind(
+    autojump_clock: MockClock,
+) -> None:
+    """The opening read is told to stop just as its wait for data has been woken: it
+    still takes that data, and the session's reader, waiting for it to finish, must look
+    at what it took before reading on (else the message waits for the next one)."""
+    _, transport = await MemoryListener.create().connect()
+    assert transport.inbound is not None
+    ws = WebSocket(transport, max_message_bytes=1024)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            ws.start_watching()
+            nursery.start_soon(ws.watch, lambda: None)
+            await wait_all_tasks_blocked()  # the watch waits for data
+            transport.inbound.put(_frame(0x1, b"hello"))  # wakes it (it has not run yet)
+            ws.stop_watching()
+            assert await ws.get_message() == "hello"
 
 
 # -- over real sockets -------------------------------------------------------------------

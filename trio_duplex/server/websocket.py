@@ -255,6 +255,7 @@ class WebSocket:
     async def _receive(self) -> None:
         if self._watched is not None:  # (only while a session opens: see ``watch``)
             await self._watched.wait()
+            return  # it may have read messages on its way out: the caller looks again
         try:
             data = await self.stream.receive_some(RECEIVE_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
