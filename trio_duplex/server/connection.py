@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Protocol
 
@@ -117,6 +117,14 @@ class Connection:
                 except Exception:  # the peer may already be gone; nothing left to save
                     pass
             conn._drop_outbox()  # frames it never sent are freed now, not at a collection
+
+    def watch_opening(self, gone: Callable[[], None]) -> None:
+        """While a session opens on this connection, keep reading it (``WebSocket.watch``)
+        and call ``gone`` as soon as the peer's end (close frame, FIN, reset) arrives.
+        ``ws.stop_watching()`` ends it."""
+        if self._nursery is not None:
+            self.ws.start_watching()
+            self._nursery.start_soon(self.ws.watch, gone)
 
     def start_keepalive(self, timers: Timers, interval: float, patience: float) -> None:
         """Ping every ``interval``; no pong within ``patience`` ends the connection."""

@@ -694,16 +694,36 @@ class DuplexServer:
                 node.release()
             raise
         prepared = None
+        ws = conn.ws
+        first_bytes, ws.max_message_bytes = ws.max_message_bytes, self.config.max_event_bytes
+        # The handshake rule: resumable only once session.created is handed to the
+        # transport, by a client still there. Until then the connection is read, and a
+        # close frame, FIN or reset arriving before that write has completed (during
+        # the prepare, the claim or the write) leaves the session undelivered.
+        opening = trio.CancelScope()
+        conn.watch_opening(opening.cancel)
         try:
-            if prepares(engine):  # e.g. its upstream connected: else the open is refused
-                prepared = await sessions.prepare(engine)
-            if node is not None and node.store_up:
-                # Found from any node before its client hears of it (a client that drops at
-                # once may resume elsewhere). With the store down it is resumable here only.
-                await node.claim(session.id)
-            # The handshake rule: resumable only once this send has completed.
-            await conn.ws.send_message(encode(sessions.registry.created_event(session, token)))
+            with opening:
+                if prepares(engine):  # e.g. its upstream connected: else the open is refused
+                    prepared = await sessions.prepare(engine)
+                if node is not None and node.store_up:
+                    # Found from any node before its client hears of it (a client that drops
+                    # at once may resume elsewhere). With the store down it is resumable here
+                    # only.
+                    await node.claim(session.id)
+                ws.reply_now(ws.read_now())  # what the socket holds already
+                if ws.peer_gone:
+                    raise _gone_while_opening()
+                await ws.send_message(encode(sessions.registry.created_event(session, token)))
+            # Nothing is awaited from here to ``start``: what had arrived by the time the
+            # write completed is looked at once more.
+            ws.stop_watching()
+            ws.reply_now(ws.read_now())
+            if ws.peer_gone or opening.cancelled_caught:
+                raise _gone_while_opening()
         except BaseException:
+            ws.stop_watching()
+            ws.max_message_bytes = first_bytes
             sessions.undelivered(session)
             if prepared is not None:
                 prepared.release()
@@ -711,6 +731,8 @@ class DuplexServer:
         runner = sessions.start(
             session, engine, conn, opening_event=first is not None, prepared=prepared
         )
+        if ws.unsent:  # a pong reply_now could not finish
+            conn.start_pump()
         if first is not None:
             runner.handle(conn, first, first_size)
         return runner
@@ -964,6 +986,10 @@ def _peer_ip(stream: trio.abc.Stream) -> str | None:
             address: str = peer[0]
             return address
     return None
+
+
+def _gone_while_opening() -> ConnectionClosed:
+    return ConnectionClosed(CloseCode.ABNORMAL, "the client left before session.created")
 
 
 def _config_locked() -> ProtocolError:

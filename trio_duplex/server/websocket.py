@@ -18,6 +18,11 @@ A write the peer does not take within ``write_timeout`` (it stopped reading, and
 socket's buffers are full) ends the connection like any failed write: nothing queued for
 a peer that does not read waits for ever.
 
+While a session opens on the connection (its engine prepares, its ``session.created``
+is written) ``watch`` reads in a task of its own, and ``read_now`` reads what the socket
+holds without awaiting, so that a client gone before ``session.created`` was handed over
+is seen (the handshake rule, docs/protocol.md). Neither runs once the session is open.
+
 Closing follows RFC 6455 for a server: after sending a close it reads until the client's
 close, after receiving one it echoes it; then it half-closes the stream (the server ends
 the TCP connection first), and the caller closes it.
@@ -33,6 +38,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, runtime_checkable
 from urllib.parse import parse_qs, urlsplit
 
 import trio
@@ -60,6 +66,8 @@ from .http import Endpoints, origin_allowed
 from .throttle import Throttled
 
 RECEIVE_SIZE = 65536
+OPENING_READ_AHEAD = RECEIVE_SIZE
+"""While a session opens, reading pauses once messages of this many characters wait."""
 _MAX_REQUEST_BYTES = 16384
 
 # websockets logs each handshake at INFO; that is the server's business to say.
@@ -93,6 +101,14 @@ class State(enum.Enum):
 
 _READABLE = frozenset({State.OPEN, State.CLOSING})
 _WRITABLE = frozenset({State.OPEN, State.READ_ENDED})
+
+
+@runtime_checkable
+class ReadsNow(Protocol):
+    """A stream that can be read without awaiting (as the testing transport can)."""
+
+    def receive_now(self, max_bytes: int) -> bytes | bytearray | None:
+        """At most ``max_bytes`` of what has arrived; b"" at the end; None: nothing yet."""
 
 
 class DirectWrite:
@@ -150,6 +166,8 @@ class WebSocket:
         "_readable",
         "_reader",
         "_turn",
+        "_watch_scope",
+        "_watched",
         "_writable",
         "_writing",
         "fault_reported",
@@ -185,6 +203,8 @@ class WebSocket:
         self._direct = DirectWrite(stream)
         self._pongs: dict[bytes, trio.Event] = {}
         self._pings_sent = 0
+        self._watched: trio.Event | None = None  # set once ``watch`` has returned
+        self._watch_scope: trio.CancelScope | None = None
 
     def __repr__(self) -> str:
         peer = "" if self.peer is None else f" from {self.peer}"
@@ -236,6 +256,9 @@ class WebSocket:
         return message
 
     async def _receive(self) -> None:
+        if self._watched is not None:  # (only while a session opens: see ``watch``)
+            await self._watched.wait()
+            return  # it may have read messages on its way out: the caller looks again
         try:
             data = await self.stream.receive_some(RECEIVE_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -285,6 +308,106 @@ class WebSocket:
                 replies.append(close_frame(error.code, error.reason))
             self._set(State.CLOSED)
         return replies
+
+    # -- while a session opens ----------------------------------------------------------
+
+    @property
+    def peer_gone(self) -> bool:
+        """Has the peer closed (a close frame, or a framing error of its own), ended its
+        half (FIN) or broken the connection, as read so far?"""
+        return self.state is not State.OPEN
+
+    def start_watching(self) -> None:
+        """A session starts opening on this connection: ``watch`` is about to run (in a
+        task of its own), and ``stop_watching`` may end it even before it has begun."""
+        self._watched = trio.Event()
+        self._watch_scope = trio.CancelScope()
+
+    async def watch(self, gone: Callable[[], None]) -> None:
+        """Read on while a session opens (its engine prepares, its ``session.created`` is
+        written), so that the peer's end is seen as it arrives: call ``gone`` then, and
+        return. Pings are answered; messages are kept for ``get_message``, and reading
+        pauses once ``OPENING_READ_AHEAD`` characters of them wait. Call
+        ``start_watching`` first; ``stop_watching`` ends it, and until it has returned
+        ``get_message`` waits for it."""
+        watched, scope = self._watched, self._watch_scope
+        assert watched is not None and scope is not None, "start_watching first"
+        fd = self._direct.fd
+        try:
+            with scope:
+                while not self.peer_gone:
+                    if self._ahead() >= OPENING_READ_AHEAD:
+                        await trio.sleep_forever()  # until stopped: the rest waits in the kernel
+                    if fd >= 0:
+                        await trio.lowlevel.wait_readable(fd)
+                        replies = self.read_now()
+                    else:
+                        replies = self._took(await self.stream.receive_some(RECEIVE_SIZE))
+                    if self.peer_gone:
+                        gone()  # first: a session.created write under way is cut
+                    if replies or self.state is State.CLOSED:
+                        # Shielded: a reply cut half-way would break the connection. (The
+                        # write timeout still bounds it.)
+                        with trio.CancelScope(shield=True):
+                            await self._write_out(replies, eof=self.state is State.CLOSED)
+                gone()
+        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            self._lost()
+            gone()
+        finally:
+            self._watched = self._watch_scope = None
+            watched.set()
+
+    def stop_watching(self) -> None:
+        """End ``watch`` (a reply it is writing is finished first). Never awaits."""
+        if self._watch_scope is not None:
+            self._watch_scope.cancel()
+
+    def read_now(self) -> list[bytes]:
+        """Read what the socket holds now, without awaiting (a socket's descriptor,
+        or a stream with ``receive_now``; elsewhere nothing): the peer's end that already
+        arrived is seen before a write.
+        Returns the frames it calls for (pongs, a close); see ``reply_now``."""
+        if self.peer_gone:
+            return []
+        fd = self._direct.fd
+        try:
+            if fd >= 0:
+                data: bytes | bytearray | None = os.read(fd, RECEIVE_SIZE)
+            elif isinstance(self.stream, ReadsNow):
+                data = self.stream.receive_now(RECEIVE_SIZE)
+            else:
+                return []  # (TLS: only what ``watch`` has read counts)
+        except BlockingIOError:
+            return []
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):  # reset
+            self._lost()
+            return []
+        return [] if data is None else self._took(data)
+
+    def reply_now(self, replies: list[bytes]) -> None:
+        """Write ``replies`` (from ``read_now``) without awaiting: directly when the socket
+        is free, else after what is being written (``unsent`` then says so)."""
+        if not replies:
+            return
+        frames = b"".join(replies)
+        direct = self._direct
+        if self._writing or direct.tail or direct.fd < 0:
+            direct.tail += frames  # taken first by the next write (DirectWrite's invariant)
+        elif not direct.write(frames):
+            self._lost()
+
+    def _took(self, data: bytes | bytearray) -> list[bytes]:
+        """``data`` was read: parse it (EOF if empty), as ``_receive`` does."""
+        if not data:
+            self._set(State.CLOSED if self.state is State.CLOSING else State.READ_ENDED)
+            return []
+        if self._next >= len(self._messages):
+            self._messages, self._next = [], 0
+        return self._absorb(data)
+
+    def _ahead(self) -> int:
+        return sum(map(len, self._messages[self._next :]))
 
     # -- writing -----------------------------------------------------------------------
 
@@ -351,6 +474,8 @@ class WebSocket:
             if self.state is State.OPEN:
                 self._set(State.CLOSING)
                 await self._write_out([close_frame(code, reason)], eof=False)
+            elif self._direct.tail and not self.broken:  # a reply_now the socket left
+                await self._write(b"")
             while self.state is State.CLOSING:
                 await self._receive()
                 self._next = len(self._messages)  # closing: what comes now is dropped

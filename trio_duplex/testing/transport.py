@@ -19,12 +19,86 @@ class TransportFault(trio.BrokenResourceError):
 
 
 @attrs.define(eq=False)
+class Inbound(trio.abc.ReceiveStream):
+    """The client-to-server bytes of one connection. Like a socket's receive buffer it
+    can also be read without awaiting (``receive_now``): the server looks there for a
+    peer that is gone before it writes ``session.created`` (WebSocket.read_now)."""
+
+    _data: bytearray = attrs.field(factory=bytearray)
+    _eof: bool = False
+    _closed: bool = False
+    _arrived: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    def put(self, data: bytes | bytearray) -> None:
+        if self._closed:
+            raise trio.BrokenResourceError("the server closed its end")
+        self._data += data
+        self._arrived.unpark_all()
+
+    @property
+    def pending(self) -> int:
+        """Bytes sent by the client and not read by the server yet."""
+        return len(self._data)
+
+    def put_eof(self) -> None:
+        self._eof = True
+        self._arrived.unpark_all()
+
+    def receive_now(self, max_bytes: int | None = None) -> bytes | bytearray | None:
+        """What has arrived, at most ``max_bytes``; b"" at the end; None: nothing yet."""
+        if self._closed:
+            raise trio.ClosedResourceError
+        if not self._data:
+            return b"" if self._eof else None
+        size = len(self._data) if max_bytes is None else max_bytes
+        chunk = self._data[:size]
+        del self._data[:size]
+        return chunk
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        await trio.lowlevel.checkpoint()
+        while (data := self.receive_now(max_bytes)) is None:
+            await self._arrived.park()  # (another reader may take what woke us: look again)
+        return data
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._data = bytearray()
+        self._arrived.unpark_all()
+        await trio.lowlevel.checkpoint()
+
+
+def _client_to_server(inbound: Inbound) -> trio.testing.MemorySendStream:
+    sent = trio.testing.MemorySendStream()
+
+    def move() -> None:
+        while True:
+            try:
+                data = sent.get_data_nowait()
+            except trio.WouldBlock:
+                return
+            if not data:  # the client closed its end: EOF, after what it sent
+                inbound.put_eof()
+                return
+            inbound.put(data)
+
+    async def moved() -> None:
+        move()
+
+    sent.send_all_hook = moved
+    sent.close_hook = move
+    return sent
+
+
+@attrs.define(eq=False)
 class FaultyStream(trio.abc.Stream):
     """A stream whose sends can be held, failed or cut, for race tests."""
 
     inner: trio.abc.Stream
     peer: trio.StapledStream[Any, Any] | None = None
     """The client's end, when the listener made both."""
+    inbound: Inbound | None = None
+    """What the peer sent, when the listener made both (``receive_now`` reads it)."""
     fail_sends: bool = False
     """Every send from now on raises (the read half keeps working)."""
     gate: trio.Event | None = None
@@ -114,6 +188,14 @@ class FaultyStream(trio.abc.Stream):
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
 
+    def receive_now(self, max_bytes: int | None = None) -> bytes | bytearray | None:
+        """What the peer sent, without awaiting (None: nothing now, or reads stalled)."""
+        if self._reads_ended:
+            return b""
+        if self.inbound is None or self._read_gate is not None:
+            return None
+        return self.inbound.receive_now(max_bytes)
+
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._reads_ended:
             await trio.lowlevel.checkpoint()
@@ -150,8 +232,11 @@ class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
         await trio.lowlevel.checkpoint()
 
     async def connect(self) -> tuple[trio.abc.Stream, FaultyStream]:
-        client, server = trio.testing.memory_stream_pair()
-        faulty = FaultyStream(server, peer=client)
+        inbound = Inbound()
+        to_client, from_server = trio.testing.memory_stream_one_way_pair()
+        client = trio.StapledStream(_client_to_server(inbound), from_server)
+        server = trio.StapledStream(to_client, inbound)
+        faulty = FaultyStream(server, peer=client, inbound=inbound)
         self.streams.append(faulty)
         await self._send.send(faulty)
         return client, faulty
