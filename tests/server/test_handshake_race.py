@@ -244,6 +244,42 @@ async def test_gone_after_created_was_written_is_resumable(
         assert (await client.receive_until_closed())[-1]["type"] == "session.closed"
 
 
+@pytest.mark.parametrize("how", ["fin", "close_frame"])
+async def test_gone_the_moment_created_is_in_is_resumable(
+    autojump_clock: MockClock, raw_ws: RawWs, how: str
+) -> None:
+    """The client reads session.created and leaves at once, before the server's task
+    runs on from its write (a client is another process: it does not wait for that).
+    That end came after the delivery: the session is resumable with the token the
+    client holds. (Real sockets showed it: a client that read session.created and
+    dropped was told session_resume_expired on its resume, about one run in two of
+    tests/cluster/test_relay.py's api-key test, when the server looked at the socket
+    once more after its write.)"""
+    config = ServerConfig(max_sessions=1)
+    async with running_server(config) as sim:
+        raw = await raw_ws(sim)
+        transport = sim.listener.streams[-1]
+        assert transport.inbound is not None
+        inbound = transport.inbound
+        transport.after_send = (
+            transport.end_reads
+            if how == "fin"
+            else lambda: inbound.put(raw.ws.send(CloseConnection(code=1000)))
+        )
+        await raw.send(UPDATE)
+        created = await raw.receive()
+        assert created["type"] == "session.created"
+        await settle()
+        session = only_session(sim)
+        assert session.state is State.DETACHED, probe(sim).reasons(session.id)
+        assert sim.server.slots_held == 1
+        assert session.grace_deadline == trio.current_time() + config.unconfirmed_grace_s
+        client, answer = await sim.resume(created["session_id"], created["resume_token"])
+        assert answer["type"] == "session.resumed"
+        await client.send({"type": "session.close"})
+        assert (await client.receive_until_closed())[-1]["type"] == "session.closed"
+
+
 # -- what the opening read must not disturb ----------------------------------------------
 
 

@@ -699,7 +699,11 @@ class DuplexServer:
         # The handshake rule: resumable only once session.created is handed to the
         # transport, by a client still there. Until then the connection is read, and a
         # close frame, FIN or reset arriving before that write has completed (during
-        # the prepare, the claim or the write) leaves the session undelivered.
+        # the prepare, the claim or the write) leaves the session undelivered. One seen
+        # after it, even before this task runs on, may have come after the client read
+        # session.created: that session is delivered, and detaches as on any loss. (So
+        # nothing looks at the socket after the write; and a stream's send_all yields
+        # once more after its last byte, shielded: the cancel can no longer land.)
         opening = trio.CancelScope()
         conn.watch_opening(opening.cancel)
         try:
@@ -715,11 +719,8 @@ class DuplexServer:
                 if ws.peer_gone:
                     raise _gone_while_opening()
                 await ws.send_message(encode(sessions.registry.created_event(session, token)))
-            # Nothing is awaited from here to ``start``: what had arrived by the time the
-            # write completed is looked at once more.
             ws.stop_watching()
-            ws.reply_now(ws.read_now())
-            if ws.peer_gone or opening.cancelled_caught:
+            if opening.cancelled_caught:  # the end came while the write was under way
                 raise _gone_while_opening()
         except BaseException:
             ws.stop_watching()

@@ -7,6 +7,7 @@ per ``connect()``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -107,6 +108,10 @@ class FaultyStream(trio.abc.Stream):
     sends_completed: int = 0
     held: int = 0
     """Sends waiting at the gate right now."""
+    after_send: Callable[[], None] | None = None
+    """Called once, synchronously, as the next send completes (then cleared): what the
+    peer does the moment the bytes are in, before the sender runs on (another process,
+    as a real client is, does not wait for the sender's next step)."""
     _passes: int = 0
     _reads_ended: bool = False
     _read_gate: trio.Event | None = None
@@ -132,6 +137,9 @@ class FaultyStream(trio.abc.Stream):
             raise TransportFault("send made to fail by the test")
         await self.inner.send_all(data)
         self.sends_completed += 1
+        after, self.after_send = self.after_send, None
+        if after is not None:
+            after()
 
     def hold(self, after: int = 0) -> trio.Event:
         """Hold every send from now on, but the first ``after``, until the returned Event
