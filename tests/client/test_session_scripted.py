@@ -180,6 +180,71 @@ async def test_a_refused_open_is_raised_at_connect(autojump_clock: trio.abc.Cloc
     assert caught.value.code == "bad_event" and not caught.value.retryable
 
 
+class StuckReads(trio.abc.Stream):
+    """A client stream to a peer wedged for good once ``stuck``: nothing more arrives,
+    and once the client has tried to close it, nothing more it sends is taken (as with a
+    dead NAT, or a proxy that stopped forwarding while the socket's buffers are full):
+    websockets' closing handshake then waits on a send that never completes."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.stuck = False
+        self.closing = False
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self.stuck:
+            await trio.sleep_forever()
+        return await self.inner.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self.stuck and self.closing:
+            await trio.sleep_forever()
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        self.closing = True
+        if not self.stuck:
+            await self.inner.aclose()
+
+
+async def test_a_lost_connection_whose_close_hangs_is_left_within_the_close_timeout(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The heartbeat finds the connection dead, and leaving it would wait for a reader
+    that never ends: the client leaves it after ``transport_close_timeout`` and resumes
+    (it hung for good before)."""
+    streams: list[StuckReads] = []
+
+    async def script(ws: WebSocketConnection, n: int) -> None:
+        await receive_json(ws)
+        if n == 0:
+            streams[0].stuck = True  # the client reads session.created, then nothing
+            await send_json(ws, created())
+            await trio.sleep_forever()  # no heartbeat_ack: the client gives up on it
+        await send_json(ws, resumed(0), {"type": "session.closed", "reason": "engine_finished"})
+        await ws.get_message()
+
+    async with scripted_server(script) as open_stream:
+
+        async def opener() -> trio.abc.Stream:
+            stream = StuckReads(await open_stream())
+            streams.append(stream)
+            return stream
+
+        with trio.fail_after(60):
+            async with connect(URL, open_stream=opener, options=FAST) as session:
+                start = trio.current_time()
+                assert [e["type"] async for e in session] == ["session.closed"]
+    # Given up on within a heartbeat's interval and timeout, left within the close timeout.
+    took = trio.current_time() - start
+    beat, close = FAST.heartbeat, FAST.transport_close_timeout
+    assert len(streams) == 2
+    assert beat.timeout + close <= took <= beat.interval + beat.timeout + close + 1, took
+
+
 def test_a_benign_websockets_race_is_not_logged_as_an_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

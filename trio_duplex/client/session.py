@@ -471,37 +471,46 @@ class ClientSession:
         """One connection: open it, handshake, then pump until it is lost."""
         deadline = trio.current_time() + self._options.open_timeout
         attached = False
+        loss: _Loss | None = None
+        # Bounds the close once the connection is lost: websockets' reader, held by its
+        # flow control (messages nobody reads any more), never sees the stream end, and
+        # leaving the connection waits for it (seen: a client hung for good after a
+        # heartbeat timeout, in tests/cluster/test_client_cluster.py, 1 run in ~10).
+        closing = trio.CancelScope()
         try:
-            async with self._websocket(deadline) as ws:
-                with trio.fail_at(deadline):
-                    await ws.send(self._core.opening_frame())
-                    reply = await self._first_answer(ws)
-                try:
-                    change = self._core.on_handshake(reply, trio.current_time())
-                except ServerRefused as exc:
-                    if exc.retryable:
-                        draining = exc.code == ErrorCode.SERVER_SHUTTING_DOWN
-                        raise _AttemptFailed(str(exc), draining=draining) from None
-                    raise
-                attached = True
-                self._urls.attached()
-                first_attach = self._status is _Status.CONNECTING
-                self._attach()
-                self._notify_progress()
-                log.info(
-                    "session %s: attached, generation %d%s",
-                    change.session_id,
-                    change.generation,
-                    " (resumed)" if change.resumed else "",
-                )
-                self._change(change)
-                if first_attach:
-                    self._scope.shield = True
-                    task_status.started(None)
-                loss = await self._pump(ws)
-                if loss.abort:
-                    await trio.aclose_forcefully(ws.stream)
-                return loss
+            with closing:
+                async with self._websocket(deadline) as ws:
+                    with trio.fail_at(deadline):
+                        await ws.send(self._core.opening_frame())
+                        reply = await self._first_answer(ws)
+                    try:
+                        change = self._core.on_handshake(reply, trio.current_time())
+                    except ServerRefused as exc:
+                        if exc.retryable:
+                            draining = exc.code == ErrorCode.SERVER_SHUTTING_DOWN
+                            raise _AttemptFailed(str(exc), draining=draining) from None
+                        raise
+                    attached = True
+                    self._urls.attached()
+                    first_attach = self._status is _Status.CONNECTING
+                    self._attach()
+                    self._notify_progress()
+                    log.info(
+                        "session %s: attached, generation %d%s",
+                        change.session_id,
+                        change.generation,
+                        " (resumed)" if change.resumed else "",
+                    )
+                    self._change(change)
+                    if first_attach:
+                        self._scope.shield = True
+                        task_status.started(None)
+                    loss = await self._pump(ws)
+                    closing.deadline = trio.current_time() + self._options.transport_close_timeout
+                    if loss.abort:
+                        await trio.aclose_forcefully(ws.stream)
+            assert loss is not None  # (the close's bound is set only once it is)
+            return loss
         except InvalidURI as exc:
             raise ServerRefused(None, f"invalid URL: {exc}") from exc
         except trio.BrokenResourceError as exc:
