@@ -9,8 +9,9 @@ node acts on none that does not open (the store is not trusted, see docs/cluster
   nor its leases are left (``PRUNE``, ``ACQUIRE``);
 * ``{p}node:{id}`` -- sealed: the node's advertise URL, PX node TTL: the node is a
   *member* (relays go to it) while this key exists;
-* ``{p}node:{id}:leases`` -- sealed: the node's admission lease count, PX lease TTL (>
-  node TTL): the node is *presumed alive* while this key exists, and its leases count;
+* ``{p}node:{id}:leases`` -- sealed: the node's admission lease count and its version
+  (``leases.py``), PX lease TTL (> node TTL), its seal as long by Redis's clock: the node
+  is *presumed alive* while this key exists, and its leases count;
 * ``{p}node:{id}:sessions`` -- a hash session id -> directory TTL (ms) of the sessions the
   node is home of, PX lease TTL: what its heartbeat refreshes;
 * ``{p}node:{id}:left`` -- sealed: the node left cleanly (``FORGET``), PX a directory
@@ -22,7 +23,11 @@ node acts on none that does not open (the store is not trusted, see docs/cluster
   base64), PX the session's resume window, until a node has taken it over (``ADOPTED``);
 * ``{p}migration:{sid}:claim`` -- the node taking it over, PX a few seconds: one at a
   time, and a node that took the record but never said so frees it by expiring. Not
-  sealed: it is a lock, and a forged one only makes a resume wait (``busy``).
+  sealed: it is a lock, and a forged one only makes a resume wait (``busy``);
+* ``{p}migrations`` -- a set of the session ids handed over: an index of the records,
+  each of which holds one lease *in transit* (``ACQUIRE`` counts it) until it is adopted
+  (the adopting node's count takes it over in the same step) or expires; pruned of an id
+  once its record is gone.
 
 The scripts find other nodes' keys from the ``nodes`` set at run time, which a standalone
 Redis (or Valkey) allows and a Redis *Cluster* does not: ``serve`` refuses one at start.
@@ -36,6 +41,7 @@ import re
 
 import attrs
 
+from .leases import LUA_COUNT
 from .signed import LUA_PAYLOAD
 
 DEFAULT_PREFIX = "trio-duplex:"
@@ -99,6 +105,14 @@ class Keys:
 
     def migration_claim(self, session_id: str) -> str:
         return f"{self.migration(session_id)}:claim"
+
+    @property
+    def migration_prefix(self) -> str:
+        return f"{self.prefix}migration:"
+
+    @property
+    def migrations(self) -> str:
+        return f"{self.prefix}migrations"
 
     def node_keys(self, node_id: str) -> list[str]:
         """KEYS for the per-node scripts: node, leases, sessions, nodes, left."""
@@ -167,7 +181,8 @@ for i = 1, #index, 2 do
         redis.call('HDEL', KEYS[3], index[i])
     end
 end
-return {alive, kept}
+local now = redis.call('TIME')
+return {alive, kept, now[1], now[2]}
 """
 )
 
@@ -216,6 +231,11 @@ redis.call('SET', KEYS[5], ARGV[2], 'PX', ARGV[3])
 return 1
 """
 
+# Redis's own clock: {seconds, microseconds}.
+TIME = """
+return redis.call('TIME')
+"""
+
 # KEYS node, sessions, session; ARGV session id, sealed entry, ttl ms, lease ttl ms.
 # Returns 0 if the node is not a member (a lapsed node cannot become anyone's home).
 CLAIM = """
@@ -242,44 +262,90 @@ return 0
 """
 )
 
-# KEYS node, leases, nodes; ARGV node key prefix, leases suffix, cap, the node's sealed
-# new count, that count, lease ttl ms, sessions suffix.
+# KEYS node, leases, nodes, migrations; ARGV node key prefix, leases suffix, cap, the
+# node's sealed new count, that count, lease ttl ms, sessions suffix, migration key
+# prefix, the session id whose record this lease takes over (adoption) or '', left
+# suffix, then pairs: id, count of the peers the node remembers.
 # Sums every other node's lease count (a lapsed node's too, while its leases key lives:
-# a node that is only slow keeps its place) and this node's new count; sets the new
-# count if the sum is within the cap. A count that does not parse, or a member's that is
-# missing, counts as the cap.
-# Returns {1 granted | 0 refused | -1 not a member, id1, sealed count1, ...}: the counts
-# summed, for the node to check (a forged count must not let anyone in).
+# a node that is only slow keeps its place), one per handed-over record (a lease in
+# transit; but the one being adopted, whose lease this is), the remembered count of each
+# remembered peer no longer found (unless it left a tombstone), and this node's new
+# count; sets the new count if the sum is within the cap. A count that does not parse,
+# or a member's that is missing, counts as the cap.
+# Returns {1 granted | 0 refused | -1 not a member, Redis seconds, microseconds, leases
+# in transit, n, then n pairs id, sealed count (or '' for a member without one), then
+# pairs id, sealed tombstone (or '' if none) of the remembered peers not found}: for the
+# node to check (a forged, replayed or deleted count must not let anyone in).
 ACQUIRE = (
     _PAYLOAD
+    + f"""
+local function count_of(value)
+    local p = payload(value)
+    if not p then
+        return nil
+    end
+    return tonumber(string.match(p, '{LUA_COUNT}'))
+end
+"""
     + """
 if redis.call('PTTL', KEYS[1]) <= 0 then
     return {-1}
 end
 local cap = tonumber(ARGV[3])
 local total = tonumber(ARGV[5])
-local out = {0}
+local now = redis.call('TIME')
+local out = {0, now[1], now[2], 0, 0}
+local found = {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[3])) do
     local node = ARGV[1] .. id
     local key = node .. ARGV[2]
     if key ~= KEYS[2] then
         local value = redis.call('GET', key)
         if value then
-            local count = tonumber(payload(value))
+            local count = count_of(value)
             if count == nil or count < 0 then
                 count = cap
             end
             total = total + count
             out[#out + 1] = id
             out[#out + 1] = value
+            found[id] = true
         elseif redis.call('EXISTS', node) == 1 then
             -- A member always has a count (REGISTER and HEARTBEAT set both): deleted.
             total = total + cap
             out[#out + 1] = id
             out[#out + 1] = ''
+            found[id] = true
         else
             redis.call('SREM', KEYS[3], id)
             redis.call('DEL', node .. ARGV[7])
+        end
+    end
+end
+out[5] = (#out - 5) / 2
+local transit = 0
+for _, sid in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+    if sid ~= ARGV[9] then
+        if redis.call('EXISTS', ARGV[8] .. sid) == 1 then
+            transit = transit + 1
+        else
+            redis.call('SREM', KEYS[4], sid)
+        end
+    end
+end
+out[4] = transit
+total = total + transit
+for i = 11, #ARGV, 2 do
+    local id = ARGV[i]
+    if not found[id] then
+        local left = redis.call('GET', ARGV[1] .. id .. ARGV[10])
+        if left then
+            out[#out + 1] = id
+            out[#out + 1] = left
+        else
+            total = total + tonumber(ARGV[i + 1])
+            out[#out + 1] = id
+            out[#out + 1] = ''
         end
     end
 end
@@ -332,8 +398,8 @@ return {}
 """
 )
 
-# KEYS session, migration, claim, node, sessions; ARGV node id, session id, ttl ms,
-# sealed entry.
+# KEYS session, migration, claim, node, sessions, migrations; ARGV node id, session id,
+# ttl ms, sealed entry.
 # This node has taken the handed-over session over: it becomes its home and the record
 # goes, at once. Returns 1 (done now, or already), 0 (its claim lapsed: another node may
 # have it). Idempotent, so that a call whose answer was lost can be made again.
@@ -348,6 +414,7 @@ if redis.call('GET', KEYS[3]) ~= ARGV[1] or redis.call('PTTL', KEYS[4]) <= 0 the
     return 0
 end
 redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('SREM', KEYS[6], ARGV[2])
 redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[3])
 redis.call('HSET', KEYS[5], ARGV[2], ARGV[3])
 return 1
@@ -362,14 +429,16 @@ end
 return 1
 """
 
-# KEYS sessions, session, migration, claim; ARGV node id, session id, sealed record, ttl
-# ms. A draining node hands a session over: the record is stored for the session's
-# resume window (any claim on an older one dropped) and the directory entry, if still
-# this node's, goes, so that a resume finds the record, not a home that refuses it.
+# KEYS sessions, session, migration, claim, migrations; ARGV node id, session id, sealed
+# record, ttl ms. A draining node hands a session over: the record is stored for the
+# session's resume window (any claim on an older one dropped), indexed (it holds a lease
+# in transit until then), and the directory entry, if still this node's, goes, so that
+# a resume finds the record, not a home that refuses it.
 HAND_OVER = (
     _PAYLOAD
     + """
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+redis.call('SADD', KEYS[5], ARGV[2])
 redis.call('DEL', KEYS[4])
 redis.call('HDEL', KEYS[1], ARGV[2])
 if payload(redis.call('GET', KEYS[2])) == ARGV[1] then
@@ -392,5 +461,6 @@ SCRIPTS = (
     ADOPTED,
     UNCLAIM_MIGRATION,
     HAND_OVER,
+    TIME,
 )
 """Every script, for ``Store.load_scripts``."""
