@@ -45,7 +45,9 @@ def test_a_peer_s_older_value_is_refused_and_a_vanished_one_counts_until_it_expi
     assert peers.vanished("p", now_ms=1_001) == 0  # expired: forgotten
     assert peers.remembered(now_ms=0, exclude="n") == []
     peers.check("p", 3, version=30, expires_ms=5_000, now_ms=0)
-    peers.left("p")
+    assert not peers.left("p", version=29)  # an earlier process's tombstone
+    assert peers.vanished("p", now_ms=0) == 3
+    assert peers.left("p", version=31)
     assert peers.vanished("p", now_ms=0) == 0
 
 
@@ -139,6 +141,37 @@ async def test_a_member_that_left_frees_its_leases_at_once(store: Store) -> None
     await store.forget("p")
     assert await n.acquire(cap)
     assert await n.acquire(cap)
+
+
+async def test_an_earlier_process_s_tombstone_does_not_free_its_successor(
+    store: Store, raw: coredis.Redis[str]
+) -> None:
+    """p left (its tombstone), came back with the same id and holds 2 of a cap of 2; its
+    keys deleted and the old tombstone played back must not free p's place."""
+    cap = 2
+    await store.register("p", URL_A)
+    await store.register("n", URL_B)
+    await store.forget("p")
+    tombstone = await raw.get(store.keys.left("p"))
+    assert tombstone is not None
+    await store.register("p", URL_A)
+    p, n = Leaser(store, "p"), Leaser(store, "n")
+    assert await p.acquire(cap)
+    assert await p.acquire(cap)
+    assert not await n.acquire(cap)
+    await raw.delete([store.keys.node("p"), store.keys.leases("p")])
+    await raw.srem(store.keys.nodes, ["p"])
+    await raw.set(store.keys.left("p"), tombstone, px=10_000)
+    assert not await n.acquire(cap)
+
+
+async def test_a_lapsed_node_registers_again_with_its_count(store: Store) -> None:
+    """A node seen gone registers again holding what it holds: never a count of 0 that
+    another node could admit against in between."""
+    await store.register("p", URL_A, leases=2)
+    await store.register("n", URL_B)
+    assert await store.leases() == {"n": 0, "p": 2}
+    assert not await Leaser(store, "n").acquire(2)
 
 
 # -- a deploy at the cap ----------------------------------------------------------------------

@@ -140,7 +140,7 @@ end
 """
 
 # KEYS node, leases, sessions, nodes, left; ARGV node id, sealed url, ttl ms, lease ttl
-# ms, sealed lease count (0).
+# ms, sealed lease count (0, or what a lapsed node holds).
 # A fresh start of the node: whatever leases and sessions an earlier process of the same
 # id left are dropped (that process's sessions died with it), and so is its tombstone.
 REGISTER = """
@@ -153,8 +153,9 @@ return 1
 
 # KEYS node, leases, sessions, nodes; ARGV node id, sealed url, ttl ms, session key
 # prefix, lease ttl ms, and optionally the node's sealed lease count.
-# Returns {1, 1}, or {0, 1} if the node had lapsed (others saw it gone; it is a member
-# again now) but its leases lived, or {0, 0} if its leases had lapsed too.
+# Returns {1, 1, ...}, or {0, 1, ...} if the node had lapsed (others saw it gone; it is a
+# member again now) but its leases lived, or {0, 0, ...} if its leases had lapsed too;
+# then Redis's TIME (seconds, microseconds).
 # Refreshes the node's leases (or sets their count: the node knows how many sessions it
 # holds, so a lost release or an emptied Redis heals here), its session index, and each
 # directory entry it is still home of (an entry another node claimed since is dropped

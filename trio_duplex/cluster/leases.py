@@ -15,7 +15,7 @@ Each node remembers, for each peer it has read, the newest value it has seen (it
 count, version and expiry). A value older than that is a replay and counts as the cap;
 a peer whose value has vanished since (its key deleted, or its id taken out of the node
 index) still counts at its last count until that value's expiry, unless its sealed
-tombstone says it left.
+tombstone says it left after that value was written (a tombstone carries a version too).
 """
 
 from __future__ import annotations
@@ -80,9 +80,15 @@ class Peers:
             return 0
         return seen.count
 
-    def left(self, node_id: str) -> None:
-        """``node_id``'s tombstone was seen: it holds nothing."""
+    def left(self, node_id: str, version: int) -> bool:
+        """``node_id``'s tombstone, written at ``version``, was found: it holds nothing
+        (and is forgotten), unless the count seen of it is newer (a tombstone of an
+        earlier process of the same id, played again)."""
+        seen = self._seen.get(node_id)
+        if seen is not None and seen.version > version:
+            return False
         self._seen.pop(node_id, None)
+        return True
 
     def remembered(self, now_ms: int, exclude: str) -> list[tuple[str, int]]:
         """The peers (but ``exclude``) whose last value has not expired by ``now_ms``, with

@@ -191,6 +191,15 @@ class Store:
             return None
         return count
 
+    def _left_at(self, node_id: str, sealed: object) -> int | None:
+        """The version of ``node_id``'s tombstone (``left.VERSION``: newer than every count
+        the process that left wrote), if it opens, else None."""
+        payload = self._open("a tombstone", self.keys.left(node_id), sealed)
+        word, _, version = (payload or "").partition(".")
+        if word != "left" or not version.isascii() or not version.isdigit():
+            return None
+        return int(version)
+
     def _open_home(self, key: str, sealed: object) -> str | None:
         home = self._open("a directory entry", key, sealed)
         try:
@@ -273,8 +282,10 @@ class Store:
         ttl_s: float = NODE_TTL_S,
         *,
         lease_ttl_s: float = LEASE_TTL_S,
+        leases: int = 0,
     ) -> None:
-        """A node starts: a member for ``ttl_s``, with no leases and no sessions."""
+        """A node starts: a member for ``ttl_s``, with no sessions and ``leases`` leases (a
+        lapsed node registering again says what it holds in the same step)."""
         await self._sync_clock()
         await self._run(
             k.REGISTER,
@@ -284,7 +295,7 @@ class Store:
                 self._seal(self.keys.node(node_id), url, ttl_s),
                 ttl_ms(ttl_s),
                 ttl_ms(lease_ttl_s),
-                self._lease_value(node_id, 0, lease_ttl_s),
+                self._lease_value(node_id, leases, lease_ttl_s),
             ],
         )
 
@@ -355,7 +366,11 @@ class Store:
         await self._run(
             k.FORGET,
             self.keys.node_keys(node_id),
-            [node_id, self._seal(key, "left", left_ttl_s), ttl_ms(left_ttl_s)],
+            [
+                node_id,
+                self._seal(key, f"left.{self._next_version()}", left_ttl_s),
+                ttl_ms(left_ttl_s),
+            ],
         )
 
     # -- session directory --------------------------------------------------------------
@@ -438,7 +453,7 @@ class Store:
             if url is not None:
                 return Located("home", node_id=home, url=url)
             return Located("stalled", node_id=home)  # a member, but its URL fails
-        if self._open("a tombstone", self.keys.left(home), found[3]) == "left":
+        if self._left_at(home, found[3]) is not None:
             return Located("lost", node_id=home)
         return Located("stalled" if str(found[4]) == "1" else "lost", node_id=home)
 
@@ -558,9 +573,8 @@ class Store:
             total += cap if held is None else held
         for i in range(listed, len(found), 2):
             peer, left = str(found[i]), found[i + 1]
-            if left != "" and self._open("a tombstone", self.keys.left(peer), left) == "left":
-                self.peers.left(peer)
-            else:
+            version = self._left_at(peer, left)
+            if version is None or not self.peers.left(peer, version):
                 total += self.peers.vanished(peer, redis_ms)
         if granted and total > cap:
             await self.set_leases(node_id, count - 1, lease_ttl_s=lease_ttl_s)

@@ -177,8 +177,9 @@ class ClusterNode:
                         "came back empty); registering it again",
                         self.node_id,
                     )
-                    await self.store.register(self.node_id, self.url)
+                    # (with its count: a count of 0 in between would let others in)
                     count = self.held if self.cap is not None else self.slots_held()
+                    await self.store.register(self.node_id, self.url, leases=count)
                     await self.store.heartbeat(self.node_id, self.url, leases=count)
                     # Redis came back empty, or others saw this node gone: its sessions'
                     # directory entries are gone or no longer in its index. Claim them
