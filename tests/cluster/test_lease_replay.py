@@ -91,7 +91,12 @@ async def test_a_fresh_node_refuses_a_count_older_than_a_lease_ttl(
     assert older is not None
     p.lease_ttl_s = 30
     assert await p.acquire(cap)
-    await trio.sleep(0.4)  # past the older value's expiry, by Redis's clock
+    expires_ms = int(older.split(".")[1])
+
+    async def expired() -> bool:  # by Redis's clock
+        return (await raw.time()).timestamp() * 1000 > expires_ms
+
+    await until(expired, 2.0, "the older count's seal expired")
     await raw.set(key, older, px=10_000)
     async with open_store(redis_server.url, timeout_s=TIMEOUT_S) as fresh:
         fresh.sign_with(SECRET)
