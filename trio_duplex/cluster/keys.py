@@ -14,8 +14,8 @@ node acts on none that does not open (the store is not trusted, see docs/cluster
   is *presumed alive* while this key exists, and its leases count;
 * ``{p}node:{id}:sessions`` -- a hash session id -> directory TTL (ms) of the sessions the
   node is home of, PX lease TTL: what its heartbeat refreshes;
-* ``{p}node:{id}:left`` -- sealed: the node left cleanly (``FORGET``), PX a directory
-  TTL: its sessions are lost at once;
+* ``{p}node:{id}:left`` -- sealed: the node left cleanly (``FORGET``; ``left.VERSION``,
+  newer than every count it wrote), PX a directory TTL: its sessions are lost at once;
 * ``{p}session:{sid}`` -- sealed: the session's home node id, PX directory TTL, which is
   refreshed by the home's heartbeat and so outlives a dead home by at most that TTL: long
   enough to answer a resume with "node lost" rather than "unknown";

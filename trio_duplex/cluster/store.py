@@ -135,7 +135,8 @@ class Store:
     allowance): what lease seals expire by."""
     _version: int = attrs.field(default=0, init=False)
     _own: dict[str, int] = attrs.field(factory=dict, init=False)
-    """The lease count last written per node id this store writes for."""
+    """The lease count last written per node id this store writes for (a heartbeat
+    without a count seals it again: a count's seal expires with its key's TTL)."""
 
     def sign_with(self, secret: str) -> None:
         """Seal and check values under a key derived from ``secret`` (the cluster's)."""
@@ -263,7 +264,6 @@ class Store:
         """The sealed count, with a version above any this process wrote before, sealed
         for one lease TTL by Redis's clock (as last seen)."""
         payload = lease_payload(count, self._next_version())
-        self._own[node_id] = count
         expires_ms = self._now_ms() + self._redis_offset_ms + ttl_ms(lease_ttl_s)
         return self.sealer.seal(self.keys.leases(node_id), payload, expires_ms)
 
@@ -298,6 +298,7 @@ class Store:
                 self._lease_value(node_id, leases, lease_ttl_s),
             ],
         )
+        self._own[node_id] = leases
 
     async def heartbeat(
         self,
@@ -327,6 +328,8 @@ class Store:
             k.HEARTBEAT, self.keys.node_keys(node_id), args
         )
         self._saw_redis_time(seconds, micros)
+        if leases is not None:
+            self._own[node_id] = leases
         return Beat(bool(alive), bool(kept))
 
     async def nodes(self) -> dict[str, str]:
@@ -579,6 +582,8 @@ class Store:
         if granted and total > cap:
             await self.set_leases(node_id, count - 1, lease_ttl_s=lease_ttl_s)
             return False
+        if granted:
+            self._own[node_id] = count
         return bool(granted)
 
     async def set_leases(
@@ -588,6 +593,7 @@ class Store:
         key = self.keys.leases(node_id)
         value = self._lease_value(node_id, count, lease_ttl_s)
         await self._bounded(lambda: self._client.set(key, value, px=ttl_ms(lease_ttl_s)))
+        self._own[node_id] = count
 
     async def leases(self) -> dict[str, int]:
         """Leases held per node whose leases live (members and lapsed nodes presumed
