@@ -134,6 +134,25 @@ async def test_a_deleted_member_s_leases_count_until_their_ttl(
     assert trio.current_time() - deleted >= 0.5
 
 
+async def test_a_node_remembers_its_peers_counts_from_its_heartbeats(
+    store: Store, raw: coredis.Redis[str], redis_server: RedisServer
+) -> None:
+    """A node that just started and has only heartbeated (no open yet) has read p's
+    count: p's keys deleted before its first open do not hide p's leases from it."""
+    cap = 2
+    await store.register("p", URL_A)
+    p = Leaser(store, "p")
+    assert await p.acquire(cap)
+    assert await p.acquire(cap)
+    async with open_store(redis_server.url, timeout_s=TIMEOUT_S) as fresh:
+        fresh.sign_with(SECRET)
+        await fresh.register("n", URL_B)
+        await fresh.heartbeat("n", URL_B, leases=0)
+        await raw.delete([store.keys.node("p"), store.keys.leases("p")])
+        await raw.srem(store.keys.nodes, ["p"])
+        assert not await Leaser(fresh, "n").acquire(cap)
+
+
 async def test_a_member_that_left_frees_its_leases_at_once(store: Store) -> None:
     """Its tombstone says it left: the remembered count no longer counts."""
     cap = 2

@@ -152,10 +152,13 @@ return 1
 """
 
 # KEYS node, leases, sessions, nodes; ARGV node id, sealed url, ttl ms, session key
-# prefix, lease ttl ms, and optionally the node's sealed lease count.
+# prefix, lease ttl ms, node key prefix, leases suffix, and optionally the node's sealed
+# lease count.
 # Returns {1, 1, ...}, or {0, 1, ...} if the node had lapsed (others saw it gone; it is a
 # member again now) but its leases lived, or {0, 0, ...} if its leases had lapsed too;
-# then Redis's TIME (seconds, microseconds).
+# then Redis's TIME (seconds, microseconds), then pairs id, sealed count of the other
+# nodes in the index: so that a node remembers its peers' counts (``leases.py``) before
+# it first admits anyone, and keeps them fresh.
 # Refreshes the node's leases (or sets their count: the node knows how many sessions it
 # holds, so a lost release or an emptied Redis heals here), its session index, and each
 # directory entry it is still home of (an entry another node claimed since is dropped
@@ -167,8 +170,8 @@ local alive = redis.call('EXISTS', KEYS[1])
 local kept = redis.call('EXISTS', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('SADD', KEYS[4], ARGV[1])
-if ARGV[6] then
-    redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[5])
+if ARGV[8] then
+    redis.call('SET', KEYS[2], ARGV[8], 'PX', ARGV[5])
 else
     redis.call('PEXPIRE', KEYS[2], ARGV[5])
 end
@@ -183,7 +186,17 @@ for i = 1, #index, 2 do
     end
 end
 local now = redis.call('TIME')
-return {alive, kept, now[1], now[2]}
+local out = {alive, kept, now[1], now[2]}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+    if id ~= ARGV[1] then
+        local value = redis.call('GET', ARGV[6] .. id .. ARGV[7])
+        if value then
+            out[#out + 1] = id
+            out[#out + 1] = value
+        end
+    end
+end
+return out
 """
 )
 

@@ -312,25 +312,30 @@ class Store:
         """Keep the node a member for ``ttl_s`` more, its leases and its sessions'
         directory entries for their TTLs; with ``leases``, also set its lease count to
         that (in the same script). False if the node had lapsed (others saw it gone); it
-        is a member again now."""
+        is a member again now. Reads (and remembers) the other nodes' counts too."""
         args: list[str | int] = [
             node_id,
             self._seal(self.keys.node(node_id), url, ttl_s),
             ttl_ms(ttl_s),
             self.keys.session_prefix,
             ttl_ms(lease_ttl_s),
+            self.keys.node_prefix,
+            k.LEASES_SUFFIX,
         ]
         if leases is None:  # (its seal expires with the key's TTL: sealed again)
             leases = self._own.get(node_id)
         if leases is not None:
             args.append(self._lease_value(node_id, leases, lease_ttl_s))
-        alive, kept, seconds, micros = await self._run(
-            k.HEARTBEAT, self.keys.node_keys(node_id), args
-        )
-        self._saw_redis_time(seconds, micros)
+        found = await self._run(k.HEARTBEAT, self.keys.node_keys(node_id), args)
+        redis_ms = self._saw_redis_time(found[2], found[3])
         if leases is not None:
             self._own[node_id] = leases
-        return Beat(bool(alive), bool(kept))
+        for i in range(4, len(found), 2):  # remembered (and checked: a replay is logged)
+            try:
+                self._open_count(str(found[i]), found[i + 1], redis_ms)
+            except ValueError:
+                continue
+        return Beat(bool(found[0]), bool(found[1]))
 
     async def nodes(self) -> dict[str, str]:
         """Member node ids and their advertise URLs (a URL that fails its check: left

@@ -406,6 +406,8 @@ async def joined(
             await store.refuse_a_redis_cluster()
             await store.register(node_id, url)
             await store.load_scripts()
+            # (a first read of every peer's count, remembered: before any open is admitted)
+            await store.heartbeat(node_id, url, leases=0)
         except ClusterRefused as exc:
             raise ClusterUnavailable(f"{shown_url(config.cluster)}: {exc}") from None
         except _FAILED as exc:
