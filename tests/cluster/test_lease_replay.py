@@ -49,6 +49,8 @@ def test_a_peer_s_older_value_is_refused_and_a_vanished_one_counts_until_it_expi
     assert peers.vanished("p", now_ms=0) == 3
     assert peers.left("p", version=31)
     assert peers.vanished("p", now_ms=0) == 0
+    peers.check("p", 3, version=30, expires_ms=5_000, now_ms=0)
+    assert peers.check("p", 1, version=7, expires_ms=9_000, now_ms=5_001)  # p's expired
 
 
 # -- replayed counts --------------------------------------------------------------------------

@@ -63,6 +63,8 @@ class Peers:
         if expires_ms < now_ms:
             return False
         seen = self._seen.get(node_id)
+        if seen is not None and seen.expires_ms < now_ms:
+            seen = None  # (what it proved has expired: a clock set back is not held forever)
         if seen is not None and version < seen.version:
             return False
         if seen is None or version > seen.version:
