@@ -256,7 +256,10 @@ async def test_a_forged_directory_entry_gets_no_resume_token(
     assert evil.headers, "the front node did not dial the forged home"
     assert evil.messages == [] and created["resume_token"] not in evil.everything()
     assert events[0]["code"] == "session_home_unreachable" and code == 1013
-    assert "did not prove it holds --cluster-secret" in b.log
+    # (b logs it as it closes the connection: read its stderr up to that line)
+    await trio.to_thread.run_sync(
+        b.wait_for_line, "did not prove it holds --cluster-secret", TIMEOUT
+    )
 
 
 @pytest.mark.integration

@@ -9,12 +9,13 @@ node acts on none that does not open (the store is not trusted, see docs/cluster
   nor its leases are left (``PRUNE``, ``ACQUIRE``);
 * ``{p}node:{id}`` -- sealed: the node's advertise URL, PX node TTL: the node is a
   *member* (relays go to it) while this key exists;
-* ``{p}node:{id}:leases`` -- sealed: the node's admission lease count, PX lease TTL (>
-  node TTL): the node is *presumed alive* while this key exists, and its leases count;
+* ``{p}node:{id}:leases`` -- sealed: the node's admission lease count and its version
+  (``leases.py``), PX lease TTL (> node TTL), its seal as long by Redis's clock: the node
+  is *presumed alive* while this key exists, and its leases count;
 * ``{p}node:{id}:sessions`` -- a hash session id -> directory TTL (ms) of the sessions the
   node is home of, PX lease TTL: what its heartbeat refreshes;
-* ``{p}node:{id}:left`` -- sealed: the node left cleanly (``FORGET``), PX a directory
-  TTL: its sessions are lost at once;
+* ``{p}node:{id}:left`` -- sealed: the node left cleanly (``FORGET``; ``left.VERSION``,
+  newer than every count it wrote), PX a directory TTL: its sessions are lost at once;
 * ``{p}session:{sid}`` -- sealed: the session's home node id, PX directory TTL, which is
   refreshed by the home's heartbeat and so outlives a dead home by at most that TTL: long
   enough to answer a resume with "node lost" rather than "unknown";
@@ -22,7 +23,11 @@ node acts on none that does not open (the store is not trusted, see docs/cluster
   base64), PX the session's resume window, until a node has taken it over (``ADOPTED``);
 * ``{p}migration:{sid}:claim`` -- the node taking it over, PX a few seconds: one at a
   time, and a node that took the record but never said so frees it by expiring. Not
-  sealed: it is a lock, and a forged one only makes a resume wait (``busy``).
+  sealed: it is a lock, and a forged one only makes a resume wait (``busy``);
+* ``{p}migrations`` -- a set of the session ids handed over: an index of the records,
+  each of which holds one lease *in transit* (``ACQUIRE`` counts it) until it is adopted
+  (the adopting node's count takes it over in the same step) or expires; pruned of an id
+  once its record is gone.
 
 The scripts find other nodes' keys from the ``nodes`` set at run time, which a standalone
 Redis (or Valkey) allows and a Redis *Cluster* does not: ``serve`` refuses one at start.
@@ -36,6 +41,7 @@ import re
 
 import attrs
 
+from .leases import LUA_COUNT
 from .signed import LUA_PAYLOAD
 
 DEFAULT_PREFIX = "trio-duplex:"
@@ -100,6 +106,14 @@ class Keys:
     def migration_claim(self, session_id: str) -> str:
         return f"{self.migration(session_id)}:claim"
 
+    @property
+    def migration_prefix(self) -> str:
+        return f"{self.prefix}migration:"
+
+    @property
+    def migrations(self) -> str:
+        return f"{self.prefix}migrations"
+
     def node_keys(self, node_id: str) -> list[str]:
         """KEYS for the per-node scripts: node, leases, sessions, nodes, left."""
         return [
@@ -126,7 +140,7 @@ end
 """
 
 # KEYS node, leases, sessions, nodes, left; ARGV node id, sealed url, ttl ms, lease ttl
-# ms, sealed lease count (0).
+# ms, sealed lease count (0, or what a lapsed node holds).
 # A fresh start of the node: whatever leases and sessions an earlier process of the same
 # id left are dropped (that process's sessions died with it), and so is its tombstone.
 REGISTER = """
@@ -138,9 +152,13 @@ return 1
 """
 
 # KEYS node, leases, sessions, nodes; ARGV node id, sealed url, ttl ms, session key
-# prefix, lease ttl ms, and optionally the node's sealed lease count.
-# Returns {1, 1}, or {0, 1} if the node had lapsed (others saw it gone; it is a member
-# again now) but its leases lived, or {0, 0} if its leases had lapsed too.
+# prefix, lease ttl ms, node key prefix, leases suffix, and optionally the node's sealed
+# lease count.
+# Returns {1, 1, ...}, or {0, 1, ...} if the node had lapsed (others saw it gone; it is a
+# member again now) but its leases lived, or {0, 0, ...} if its leases had lapsed too;
+# then Redis's TIME (seconds, microseconds), then pairs id, sealed count of the other
+# nodes in the index: so that a node remembers its peers' counts (``leases.py``) before
+# it first admits anyone, and keeps them fresh.
 # Refreshes the node's leases (or sets their count: the node knows how many sessions it
 # holds, so a lost release or an emptied Redis heals here), its session index, and each
 # directory entry it is still home of (an entry another node claimed since is dropped
@@ -152,8 +170,8 @@ local alive = redis.call('EXISTS', KEYS[1])
 local kept = redis.call('EXISTS', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('SADD', KEYS[4], ARGV[1])
-if ARGV[6] then
-    redis.call('SET', KEYS[2], ARGV[6], 'PX', ARGV[5])
+if ARGV[8] then
+    redis.call('SET', KEYS[2], ARGV[8], 'PX', ARGV[5])
 else
     redis.call('PEXPIRE', KEYS[2], ARGV[5])
 end
@@ -167,7 +185,18 @@ for i = 1, #index, 2 do
         redis.call('HDEL', KEYS[3], index[i])
     end
 end
-return {alive, kept}
+local now = redis.call('TIME')
+local out = {alive, kept, now[1], now[2]}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+    if id ~= ARGV[1] then
+        local value = redis.call('GET', ARGV[6] .. id .. ARGV[7])
+        if value then
+            out[#out + 1] = id
+            out[#out + 1] = value
+        end
+    end
+end
+return out
 """
 )
 
@@ -216,6 +245,11 @@ redis.call('SET', KEYS[5], ARGV[2], 'PX', ARGV[3])
 return 1
 """
 
+# Redis's own clock: {seconds, microseconds}.
+TIME = """
+return redis.call('TIME')
+"""
+
 # KEYS node, sessions, session; ARGV session id, sealed entry, ttl ms, lease ttl ms.
 # Returns 0 if the node is not a member (a lapsed node cannot become anyone's home).
 CLAIM = """
@@ -242,44 +276,90 @@ return 0
 """
 )
 
-# KEYS node, leases, nodes; ARGV node key prefix, leases suffix, cap, the node's sealed
-# new count, that count, lease ttl ms, sessions suffix.
+# KEYS node, leases, nodes, migrations; ARGV node key prefix, leases suffix, cap, the
+# node's sealed new count, that count, lease ttl ms, sessions suffix, migration key
+# prefix, the session id whose record this lease takes over (adoption) or '', left
+# suffix, then pairs: id, count of the peers the node remembers.
 # Sums every other node's lease count (a lapsed node's too, while its leases key lives:
-# a node that is only slow keeps its place) and this node's new count; sets the new
-# count if the sum is within the cap. A count that does not parse, or a member's that is
-# missing, counts as the cap.
-# Returns {1 granted | 0 refused | -1 not a member, id1, sealed count1, ...}: the counts
-# summed, for the node to check (a forged count must not let anyone in).
+# a node that is only slow keeps its place), one per handed-over record (a lease in
+# transit; but the one being adopted, whose lease this is), the remembered count of each
+# remembered peer no longer found (unless it left a tombstone), and this node's new
+# count; sets the new count if the sum is within the cap. A count that does not parse,
+# or a member's that is missing, counts as the cap.
+# Returns {1 granted | 0 refused | -1 not a member, Redis seconds, microseconds, leases
+# in transit, n, then n pairs id, sealed count (or '' for a member without one), then
+# pairs id, sealed tombstone (or '' if none) of the remembered peers not found}: for the
+# node to check (a forged, replayed or deleted count must not let anyone in).
 ACQUIRE = (
     _PAYLOAD
+    + f"""
+local function count_of(value)
+    local p = payload(value)
+    if not p then
+        return nil
+    end
+    return tonumber(string.match(p, '{LUA_COUNT}'))
+end
+"""
     + """
 if redis.call('PTTL', KEYS[1]) <= 0 then
     return {-1}
 end
 local cap = tonumber(ARGV[3])
 local total = tonumber(ARGV[5])
-local out = {0}
+local now = redis.call('TIME')
+local out = {0, now[1], now[2], 0, 0}
+local found = {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[3])) do
     local node = ARGV[1] .. id
     local key = node .. ARGV[2]
     if key ~= KEYS[2] then
         local value = redis.call('GET', key)
         if value then
-            local count = tonumber(payload(value))
+            local count = count_of(value)
             if count == nil or count < 0 then
                 count = cap
             end
             total = total + count
             out[#out + 1] = id
             out[#out + 1] = value
+            found[id] = true
         elseif redis.call('EXISTS', node) == 1 then
             -- A member always has a count (REGISTER and HEARTBEAT set both): deleted.
             total = total + cap
             out[#out + 1] = id
             out[#out + 1] = ''
+            found[id] = true
         else
             redis.call('SREM', KEYS[3], id)
             redis.call('DEL', node .. ARGV[7])
+        end
+    end
+end
+out[5] = (#out - 5) / 2
+local transit = 0
+for _, sid in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+    if sid ~= ARGV[9] then
+        if redis.call('EXISTS', ARGV[8] .. sid) == 1 then
+            transit = transit + 1
+        else
+            redis.call('SREM', KEYS[4], sid)
+        end
+    end
+end
+out[4] = transit
+total = total + transit
+for i = 11, #ARGV, 2 do
+    local id = ARGV[i]
+    if not found[id] then
+        local left = redis.call('GET', ARGV[1] .. id .. ARGV[10])
+        if left then
+            out[#out + 1] = id
+            out[#out + 1] = left
+        else
+            total = total + tonumber(ARGV[i + 1])
+            out[#out + 1] = id
+            out[#out + 1] = ''
         end
     end
 end
@@ -332,8 +412,8 @@ return {}
 """
 )
 
-# KEYS session, migration, claim, node, sessions; ARGV node id, session id, ttl ms,
-# sealed entry.
+# KEYS session, migration, claim, node, sessions, migrations; ARGV node id, session id,
+# ttl ms, sealed entry.
 # This node has taken the handed-over session over: it becomes its home and the record
 # goes, at once. Returns 1 (done now, or already), 0 (its claim lapsed: another node may
 # have it). Idempotent, so that a call whose answer was lost can be made again.
@@ -348,6 +428,7 @@ if redis.call('GET', KEYS[3]) ~= ARGV[1] or redis.call('PTTL', KEYS[4]) <= 0 the
     return 0
 end
 redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('SREM', KEYS[6], ARGV[2])
 redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[3])
 redis.call('HSET', KEYS[5], ARGV[2], ARGV[3])
 return 1
@@ -362,14 +443,16 @@ end
 return 1
 """
 
-# KEYS sessions, session, migration, claim; ARGV node id, session id, sealed record, ttl
-# ms. A draining node hands a session over: the record is stored for the session's
-# resume window (any claim on an older one dropped) and the directory entry, if still
-# this node's, goes, so that a resume finds the record, not a home that refuses it.
+# KEYS sessions, session, migration, claim, migrations; ARGV node id, session id, sealed
+# record, ttl ms. A draining node hands a session over: the record is stored for the
+# session's resume window (any claim on an older one dropped), indexed (it holds a lease
+# in transit until then), and the directory entry, if still this node's, goes, so that
+# a resume finds the record, not a home that refuses it.
 HAND_OVER = (
     _PAYLOAD
     + """
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+redis.call('SADD', KEYS[5], ARGV[2])
 redis.call('DEL', KEYS[4])
 redis.call('HDEL', KEYS[1], ARGV[2])
 if payload(redis.call('GET', KEYS[2])) == ARGV[1] then
@@ -392,5 +475,6 @@ SCRIPTS = (
     ADOPTED,
     UNCLAIM_MIGRATION,
     HAND_OVER,
+    TIME,
 )
 """Every script, for ``Store.load_scripts``."""

@@ -19,7 +19,9 @@ is also encrypted first (``seal_private``): AES-256-GCM under a second key deriv
 the secret, a random 96-bit nonce per value, the key name as associated data.
 
 What sealing cannot stop: a sealed value replayed at the same key before it expires.
-Expiries are kept as short as each record allows (see the store's keys).
+Expiries are kept as short as each record allows (see the store's keys); lease counts
+carry a version besides, and their expiry is checked against Redis's clock too
+(``leases.py``).
 """
 
 from __future__ import annotations
@@ -87,6 +89,12 @@ class Sealer:
     def open(self, name: str, sealed: object, now_ms: int) -> str | None:
         """The payload of ``sealed`` if it was sealed for ``name`` and has not expired by
         ``now_ms``, else None. The MAC is compared in constant time, whatever else."""
+        opened = self.open_until(name, sealed, now_ms)
+        return None if opened is None else opened[0]
+
+    def open_until(self, name: str, sealed: object, now_ms: int) -> tuple[str, int] | None:
+        """``open``, with the value's expiry: for a caller that checks it against a
+        second clock too (lease counts, against Redis's own)."""
         if not isinstance(sealed, str):
             return None
         match = _SEALED.fullmatch(sealed)
@@ -96,7 +104,7 @@ class Sealer:
         good = hmac.compare_digest(mac, self._mac(name, expires_ms, payload))
         if not good or now_ms > expires_ms + CLOCK_ALLOWANCE_MS:
             return None
-        return payload
+        return payload, expires_ms
 
     def seal_private(self, name: str, data: bytes, expires_ms: int) -> str:
         """``data`` encrypted (AES-256-GCM, the key name as associated data), then sealed."""

@@ -25,7 +25,8 @@ from coredis.commands.script import Script
 from . import keys as k
 from .connect import failovers, redis_client
 from .keys import DEFAULT_PREFIX, Keys, check_node_id, ttl_ms
-from .signed import Complaints, Sealer
+from .leases import Peers, lease_payload, parse_lease
+from .signed import CLOCK_ALLOWANCE_MS, Complaints, Sealer
 
 T = TypeVar("T")
 
@@ -127,6 +128,15 @@ class Store:
     """Seconds since the epoch: what seals expire by (every node's clock, within
     ``signed.CLOCK_ALLOWANCE_MS``)."""
     complaints: Complaints = attrs.field(factory=Complaints, init=False)
+    peers: Peers = attrs.field(factory=Peers, init=False)
+    """The newest lease count seen of each other node (``leases.py``)."""
+    _redis_offset_ms: int = attrs.field(default=0, init=False)
+    """Redis's clock minus this process's wall clock, as last seen (within the clock
+    allowance): what lease seals expire by."""
+    _version: int = attrs.field(default=0, init=False)
+    _own: dict[str, int] = attrs.field(factory=dict, init=False)
+    """The lease count last written per node id this store writes for (a heartbeat
+    without a count seals it again: a count's seal expires with its key's TTL)."""
 
     def sign_with(self, secret: str) -> None:
         """Seal and check values under a key derived from ``secret`` (the cluster's)."""
@@ -136,6 +146,13 @@ class Store:
 
     def _now_ms(self) -> int:
         return int(self.wall_clock() * 1000)
+
+    def _saw_redis_time(self, seconds: object, micros: object) -> int:
+        """Redis's clock (ms) from a script's ``TIME``; remembers its offset from ours."""
+        redis_ms = int(str(seconds)) * 1000 + int(str(micros)) // 1000
+        offset = redis_ms - self._now_ms()
+        self._redis_offset_ms = max(-CLOCK_ALLOWANCE_MS, min(CLOCK_ALLOWANCE_MS, offset))
+        return redis_ms
 
     @property
     def sealer(self) -> Sealer:
@@ -154,14 +171,35 @@ class Store:
             self.complaints(what, key)
         return payload
 
-    def _open_count(self, key: str, sealed: object) -> int | None:
-        payload = self._open("a lease count", key, sealed)
-        if payload is None:
+    def _open_count(
+        self, node_id: str, sealed: object, redis_ms: int, *, remember: bool = True
+    ) -> int | None:
+        """A peer's lease count, if it opens, has not expired by Redis's clock and (with
+        ``remember``) is no older than the newest seen of that node; else None."""
+        key = self.keys.leases(node_id)
+        if sealed is None or sealed == "":
             return None
-        if not payload.isascii() or not payload.isdigit():
+        opened = self.sealer.open_until(key, sealed, self._now_ms())
+        lease = None if opened is None else parse_lease(opened[0])
+        if opened is None or lease is None:
             self.complaints("a lease count", key)
             return None
-        return int(payload)
+        count, version = lease
+        if not remember:
+            return count if opened[1] >= redis_ms else None
+        if not self.peers.check(node_id, count, version, opened[1], redis_ms):
+            self.complaints("a replayed lease count (older than one seen, or expired)", key)
+            return None
+        return count
+
+    def _left_at(self, node_id: str, sealed: object) -> int | None:
+        """The version of ``node_id``'s tombstone (``left.VERSION``: newer than every count
+        the process that left wrote), if it opens, else None."""
+        payload = self._open("a tombstone", self.keys.left(node_id), sealed)
+        word, _, version = (payload or "").partition(".")
+        if word != "left" or not version.isascii() or not version.isdigit():
+            return None
+        return int(version)
 
     def _open_home(self, key: str, sealed: object) -> str | None:
         home = self._open("a directory entry", key, sealed)
@@ -223,9 +261,19 @@ class Store:
     # -- membership ---------------------------------------------------------------------
 
     def _lease_value(self, node_id: str, count: int, lease_ttl_s: float) -> str:
-        if count < 0:
-            raise ValueError(f"a lease count cannot be negative: {count}")
-        return self._seal(self.keys.leases(node_id), str(count), lease_ttl_s)
+        """The sealed count, with a version above any this process wrote before, sealed
+        for one lease TTL by Redis's clock (as last seen)."""
+        payload = lease_payload(count, self._next_version())
+        expires_ms = self._now_ms() + self._redis_offset_ms + ttl_ms(lease_ttl_s)
+        return self.sealer.seal(self.keys.leases(node_id), payload, expires_ms)
+
+    def _next_version(self) -> int:
+        self._version = max(self._version + 1, int(self.wall_clock() * 1_000_000))
+        return self._version
+
+    async def _sync_clock(self) -> int:
+        seconds, micros = await self._run(k.TIME, [], [])
+        return self._saw_redis_time(seconds, micros)
 
     async def register(
         self,
@@ -234,8 +282,11 @@ class Store:
         ttl_s: float = NODE_TTL_S,
         *,
         lease_ttl_s: float = LEASE_TTL_S,
+        leases: int = 0,
     ) -> None:
-        """A node starts: a member for ``ttl_s``, with no leases and no sessions."""
+        """A node starts: a member for ``ttl_s``, with no sessions and ``leases`` leases (a
+        lapsed node registering again says what it holds in the same step)."""
+        await self._sync_clock()
         await self._run(
             k.REGISTER,
             self.keys.node_keys(node_id),
@@ -244,9 +295,10 @@ class Store:
                 self._seal(self.keys.node(node_id), url, ttl_s),
                 ttl_ms(ttl_s),
                 ttl_ms(lease_ttl_s),
-                self._lease_value(node_id, 0, lease_ttl_s),
+                self._lease_value(node_id, leases, lease_ttl_s),
             ],
         )
+        self._own[node_id] = leases
 
     async def heartbeat(
         self,
@@ -260,18 +312,30 @@ class Store:
         """Keep the node a member for ``ttl_s`` more, its leases and its sessions'
         directory entries for their TTLs; with ``leases``, also set its lease count to
         that (in the same script). False if the node had lapsed (others saw it gone); it
-        is a member again now."""
+        is a member again now. Reads (and remembers) the other nodes' counts too."""
         args: list[str | int] = [
             node_id,
             self._seal(self.keys.node(node_id), url, ttl_s),
             ttl_ms(ttl_s),
             self.keys.session_prefix,
             ttl_ms(lease_ttl_s),
+            self.keys.node_prefix,
+            k.LEASES_SUFFIX,
         ]
+        if leases is None:  # (its seal expires with the key's TTL: sealed again)
+            leases = self._own.get(node_id)
         if leases is not None:
             args.append(self._lease_value(node_id, leases, lease_ttl_s))
-        alive, kept = await self._run(k.HEARTBEAT, self.keys.node_keys(node_id), args)
-        return Beat(bool(alive), bool(kept))
+        found = await self._run(k.HEARTBEAT, self.keys.node_keys(node_id), args)
+        redis_ms = self._saw_redis_time(found[2], found[3])
+        if leases is not None:
+            self._own[node_id] = leases
+        for i in range(4, len(found), 2):  # remembered (and checked: a replay is logged)
+            try:
+                self._open_count(str(found[i]), found[i + 1], redis_ms)
+            except ValueError:
+                continue
+        return Beat(bool(found[0]), bool(found[1]))
 
     async def nodes(self) -> dict[str, str]:
         """Member node ids and their advertise URLs (a URL that fails its check: left
@@ -306,10 +370,15 @@ class Store:
         """The node leaves cleanly, now: its leases go back at once, and for ``left_ttl_s``
         (its sessions' directory TTL) a tombstone says its sessions are lost."""
         key = self.keys.left(node_id)
+        self._own.pop(node_id, None)
         await self._run(
             k.FORGET,
             self.keys.node_keys(node_id),
-            [node_id, self._seal(key, "left", left_ttl_s), ttl_ms(left_ttl_s)],
+            [
+                node_id,
+                self._seal(key, f"left.{self._next_version()}", left_ttl_s),
+                ttl_ms(left_ttl_s),
+            ],
         )
 
     # -- session directory --------------------------------------------------------------
@@ -392,7 +461,7 @@ class Store:
             if url is not None:
                 return Located("home", node_id=home, url=url)
             return Located("stalled", node_id=home)  # a member, but its URL fails
-        if self._open("a tombstone", self.keys.left(home), found[3]) == "left":
+        if self._left_at(home, found[3]) is not None:
             return Located("lost", node_id=home)
         return Located("stalled" if str(found[4]) == "1" else "lost", node_id=home)
 
@@ -408,6 +477,7 @@ class Store:
                 self.keys.migration_claim(session_id),
                 self.keys.node(node_id),
                 self.keys.sessions(node_id),
+                self.keys.migrations,
             ],
             [node_id, session_id, ttl_ms(ttl_s), self._entry(session_id, node_id, ttl_s)],
         )
@@ -439,6 +509,7 @@ class Store:
                 self.keys.session(session_id),
                 key,
                 self.keys.migration_claim(session_id),
+                self.keys.migrations,
             ],
             [node_id, session_id, sealed, ttl_ms(ttl_s)],
             timeout_s,
@@ -447,19 +518,36 @@ class Store:
     # -- admission leases ---------------------------------------------------------------
 
     async def acquire_lease(
-        self, node_id: str, cap: int, count: int, *, lease_ttl_s: float = LEASE_TTL_S
+        self,
+        node_id: str,
+        cap: int,
+        count: int,
+        *,
+        lease_ttl_s: float = LEASE_TTL_S,
+        moving: str | None = None,
     ) -> bool:
         """Set ``node_id``'s lease count to ``count`` (one more than it holds) if the
-        cluster's leases stay within ``cap``, atomically; False: they would not. The
-        counts the script summed are checked after: if one fails (forged, or sealed with
-        another secret), the node's count goes back to ``count - 1`` and the answer is
-        False, so a forged count can refuse sessions but never let one in. The caller
-        runs one lease call at a time per node (its count is the truth)."""
+        cluster's leases stay within ``cap``, atomically; False: they would not. Every
+        handed-over record holds a lease in transit; ``moving``: the session id whose
+        record this lease takes over (a node adopting it), not counted. The counts the
+        script summed are checked after: if one fails (forged, sealed with another
+        secret, expired by Redis's clock, older than one seen, or a remembered peer's
+        gone without a tombstone), it counts as the cap (a remembered peer's: as its last
+        count) and if that puts the total over, the node's count goes back to ``count -
+        1`` and the answer is False, so a forged count can refuse sessions but never let
+        one in. The caller runs one lease call at a time per node (its count is the
+        truth)."""
         if count < 1:
             raise ValueError(f"an acquire sets a count of at least 1: {count}")
+        remembered = self.peers.remembered(self._now_ms() + self._redis_offset_ms, node_id)
         found = await self._run(
             k.ACQUIRE,
-            [self.keys.node(node_id), self.keys.leases(node_id), self.keys.nodes],
+            [
+                self.keys.node(node_id),
+                self.keys.leases(node_id),
+                self.keys.nodes,
+                self.keys.migrations,
+            ],
             [
                 self.keys.node_prefix,
                 k.LEASES_SUFFIX,
@@ -468,25 +556,39 @@ class Store:
                 count,
                 ttl_ms(lease_ttl_s),
                 k.SESSIONS_SUFFIX,
+                self.keys.migration_prefix,
+                moving or "",
+                k.LEFT_SUFFIX,
+                *(x for peer, held in remembered for x in (peer, held)),
             ],
         )
         granted = int(found[0])
         if granted == -1:
             raise NotRegistered(node_id)
-        total = count
-        for i in range(1, len(found), 2):
+        redis_ms = self._saw_redis_time(found[1], found[2])
+        total = count + int(found[3])  # (records can only be deleted: that loses them too)
+        listed = 5 + 2 * int(found[4])
+        for i in range(5, listed, 2):
+            peer, value = str(found[i]), found[i + 1]
             try:
-                key = self.keys.leases(str(found[i]))
+                self.keys.leases(peer)
             except ValueError:
-                key = ""
-            value = found[i + 1]
-            if key and value == "":
-                self.complaints("no lease count for a member node", key)
-            held = self._open_count(key, value) if key else None
+                total += cap
+                continue
+            if value == "":
+                self.complaints("no lease count for a member node", self.keys.leases(peer))
+            held = self._open_count(peer, value, redis_ms)
             total += cap if held is None else held
+        for i in range(listed, len(found), 2):
+            peer, left = str(found[i]), found[i + 1]
+            version = self._left_at(peer, left)
+            if version is None or not self.peers.left(peer, version):
+                total += self.peers.vanished(peer, redis_ms)
         if granted and total > cap:
             await self.set_leases(node_id, count - 1, lease_ttl_s=lease_ttl_s)
             return False
+        if granted:
+            self._own[node_id] = count
         return bool(granted)
 
     async def set_leases(
@@ -496,6 +598,7 @@ class Store:
         key = self.keys.leases(node_id)
         value = self._lease_value(node_id, count, lease_ttl_s)
         await self._bounded(lambda: self._client.set(key, value, px=ttl_ms(lease_ttl_s)))
+        self._own[node_id] = count
 
     async def leases(self) -> dict[str, int]:
         """Leases held per node whose leases live (members and lapsed nodes presumed
@@ -504,15 +607,24 @@ class Store:
         names = []
         for node_id in ids:
             try:
-                names.append(self.keys.leases(node_id))
+                names.append((node_id, self.keys.leases(node_id)))
             except ValueError:
                 continue
         if not names:
             return {}
-        counts = await self._bounded(lambda: self._client.mget(names))
+        counts = await self._bounded(lambda: self._client.mget([name for _, name in names]))
+        redis_ms = await self._sync_clock()
         found: dict[str, int] = {}
-        for name, sealed in zip(names, counts, strict=True):
-            held = None if sealed is None else self._open_count(name, sealed)
+        for (node_id, _), sealed in zip(names, counts, strict=True):
+            held = self._open_count(node_id, sealed, redis_ms, remember=False)
             if held is not None:
-                found[name[len(self.keys.node_prefix) : -len(k.LEASES_SUFFIX)]] = held
+                found[node_id] = held
         return found
+
+    async def in_transit(self) -> int:
+        """Handed-over records not yet adopted (each holds a lease): for tests."""
+        ids = await self._bounded(lambda: self._client.smembers(self.keys.migrations))
+        names = [self.keys.migration(sid) for sid in ids]
+        if not names:
+            return 0
+        return int(await self._bounded(lambda: self._client.exists(names)))

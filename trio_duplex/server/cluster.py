@@ -11,11 +11,13 @@ Redis client.
 
 Admission (``--cluster-max-sessions``): ``acquire`` takes a lease before the local
 admission, ``release`` gives it back once the session's slot is free (in a task, bounded
-by the store's timeout). The node's lease count in the store is a sealed value only it
-writes (the store is not trusted: a count forged lower must not let sessions in), so
-its lease calls run one at a time (``_leasing``), each setting the count it now holds;
-each heartbeat sets it too, so a release that was lost, or a Redis that came back
-empty, heals within a heartbeat.
+by the store's timeout). A handed-over session's record holds its lease in transit
+until a node adopting it takes a lease in its place (``acquire(moving=...)``, within the
+cap like any other: the record's lease is not counted for it). The node's lease count
+in the store is a sealed value only it writes (the store is not trusted: a count forged
+lower, replayed or deleted must not let sessions in), so its lease calls run one at a
+time (``_leasing``), each setting the count it now holds; each heartbeat sets it too, so
+a release that was lost, or a Redis that came back empty, heals within a heartbeat.
 
 When Redis is unreachable (``StoreUnavailable``, within the store's timeout): an open
 is refused ``resource_exhausted`` (the cap is never overshot), a release is left to the
@@ -69,9 +71,6 @@ log = logging.getLogger("trio_duplex")
 
 PRUNE_EVERY = 10
 """Heartbeats between two prunings of the node index (``Store.prune``)."""
-
-_NO_CAP = 2**50
-"""The cap a forced lease is taken under: none that a count could reach."""
 
 
 def shown_url(url: str) -> str:
@@ -178,8 +177,9 @@ class ClusterNode:
                         "came back empty); registering it again",
                         self.node_id,
                     )
-                    await self.store.register(self.node_id, self.url)
+                    # (with its count: a count of 0 in between would let others in)
                     count = self.held if self.cap is not None else self.slots_held()
+                    await self.store.register(self.node_id, self.url, leases=count)
                     await self.store.heartbeat(self.node_id, self.url, leases=count)
                     # Redis came back empty, or others saw this node gone: its sessions'
                     # directory entries are gone or no longer in its index. Claim them
@@ -323,21 +323,21 @@ class ClusterNode:
 
     # -- admission -----------------------------------------------------------------------
 
-    async def acquire(self, *, force: bool = False) -> bool:
+    async def acquire(self, *, moving: str | None = None) -> bool:
         """Take a cluster-wide lease for a session about to be admitted: True if taken,
         False if there is no cap. ProtocolError ``resource_exhausted``: at the cap, or the
         store did not answer within its timeout (waiting for a heartbeat included).
-        ``force``: taken even at the cap (a session moving from another node, whose
-        lease that node has given back)."""
+        ``moving``: the id of a handed-over session this node is taking over, whose
+        record's lease in transit this one replaces (not counted besides)."""
         cap = self.cap
         if cap is None:
             return False
-        if force:
-            cap = _NO_CAP
         try:
             with trio.fail_after(self.store.timeout_s):
                 async with self._leasing:
-                    granted = await self.store.acquire_lease(self.node_id, cap, self.held + 1)
+                    granted = await self.store.acquire_lease(
+                        self.node_id, cap, self.held + 1, moving=moving
+                    )
                     if granted:
                         self.held += 1
         except trio.TooSlowError:
@@ -406,6 +406,8 @@ async def joined(
             await store.refuse_a_redis_cluster()
             await store.register(node_id, url)
             await store.load_scripts()
+            # (a first read of every peer's count, remembered: before any open is admitted)
+            await store.heartbeat(node_id, url, leases=0)
         except ClusterRefused as exc:
             raise ClusterUnavailable(f"{shown_url(config.cluster)}: {exc}") from None
         except _FAILED as exc:

@@ -213,7 +213,9 @@ async def adopt(
         engine = new_engine(config_now)  # ProtocolError: the engine refused (BadEvent), broke
         engine.restore(record.engine_state)
         settle_audio(engine, config_now)
-        leased = await node.acquire(force=True)  # a moved session keeps its place
+        # Its record's lease in transit becomes this node's (ProtocolError at the cap:
+        # only if the store says more sessions hold slots than the cap allows).
+        leased = await node.acquire(moving=session_id)
         prepared = None
         try:
             if prepares(engine):
