@@ -186,10 +186,10 @@ class StuckReads(trio.abc.Stream):
     dead NAT, or a proxy that stopped forwarding while the socket's buffers are full):
     websockets' closing handshake then waits on a send that never completes."""
 
-    def __init__(self, inner: trio.abc.Stream) -> None:
+    def __init__(self, inner: trio.abc.Stream, *, sends_stop: str) -> None:
         self.inner = inner
         self.stuck = False
-        self.closing = False
+        self.closing = sends_stop == "at_once"
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self.stuck:
@@ -210,12 +210,13 @@ class StuckReads(trio.abc.Stream):
             await self.inner.aclose()
 
 
-async def test_a_lost_connection_whose_close_hangs_is_left_within_the_close_timeout(
-    autojump_clock: trio.abc.Clock,
+@pytest.mark.parametrize("sends_stop", ["on_close", "at_once"])
+async def test_a_wedged_connection_is_left_within_the_heartbeat_and_close_timeouts(
+    autojump_clock: trio.abc.Clock, sends_stop: str
 ) -> None:
-    """The heartbeat finds the connection dead, and leaving it would wait for a reader
-    that never ends: the client leaves it after ``transport_close_timeout`` and resumes
-    (it hung for good before)."""
+    """The heartbeat finds the connection dead (no ack; or its own send is never taken),
+    and leaving it would wait on a send that never completes: the client leaves it within
+    ``transport_close_timeout`` and resumes (it hung for good before)."""
     streams: list[StuckReads] = []
 
     async def script(ws: WebSocketConnection, n: int) -> None:
@@ -230,7 +231,7 @@ async def test_a_lost_connection_whose_close_hangs_is_left_within_the_close_time
     async with scripted_server(script) as open_stream:
 
         async def opener() -> trio.abc.Stream:
-            stream = StuckReads(await open_stream())
+            stream = StuckReads(await open_stream(), sends_stop=sends_stop)
             streams.append(stream)
             return stream
 

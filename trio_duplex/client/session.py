@@ -652,7 +652,12 @@ class ClientSession:
                     with trio.move_on_at(core.next_deadline()):
                         await self._wake.wait()
                     continue
-                await ws.send(frame)
+                with trio.move_on_at(core.send_deadline()) as stuck:
+                    await ws.send(frame)
+                if stuck.cancelled_caught:  # a peer that takes nothing (half a frame out)
+                    loss.reason = f"a send not taken within {core.heartbeat.timeout}s"
+                    loss.abort = True
+                    break
         except ConnectionClosed as exc:
             loss.reason = describe(exc)
             loss.close_code = exc.rcvd.code if exc.rcvd is not None else None

@@ -416,6 +416,14 @@ class SessionState:
             deadline = min(deadline, self._unacked_since + self._acks.max_delay)
         return min(deadline, self._resend_at) if self._resend_at > -math.inf else deadline
 
+    def send_deadline(self) -> float:
+        """When a send still not taken counts as the connection's loss: the oldest
+        heartbeat's answer is due then (with none out, the next one's would be: a send
+        that blocks keeps it from going out)."""
+        if self._heartbeats:
+            return self._heartbeats[0][0] + self._heartbeat.timeout
+        return self._last_heartbeat + self._heartbeat_interval() + self._heartbeat.timeout
+
     def heartbeat_overdue(self, now: float) -> bool:
         return bool(self._heartbeats) and now >= self._heartbeats[0][0] + self._heartbeat.timeout
 
