@@ -177,12 +177,13 @@ async def test_a_redis_cluster_is_refused(redis_cluster: str, redis_server: Redi
 async def test_a_heartbeat_says_whether_the_node_s_leases_outlived_its_silence(
     store: Store,
 ) -> None:
-    """Real time: Redis's TTL clock (0.1 s membership, 0.3 s leases)."""
-    await store.register("a", URL_A, ttl_s=0.1, lease_ttl_s=0.3)
+    """Real time: Redis's TTL clock (0.1 s membership, 1.5 s leases). Each wait is a
+    lower bound, but for the first beat's, which has 1.35 s to spare."""
+    await store.register("a", URL_A, ttl_s=0.1, lease_ttl_s=1.5)
     await trio.sleep(0.15)
-    beat = await store.heartbeat("a", URL_A, ttl_s=0.1, leases=1, lease_ttl_s=0.3)
+    beat = await store.heartbeat("a", URL_A, ttl_s=0.1, leases=1, lease_ttl_s=1.5)
     assert (bool(beat), beat.leases_kept) == (False, True)  # lapsed, but kept its place
-    await trio.sleep(0.4)
-    beat = await store.heartbeat("a", URL_A, ttl_s=0.1, leases=1, lease_ttl_s=0.3)
+    await trio.sleep(1.7)
+    beat = await store.heartbeat("a", URL_A, ttl_s=0.1, leases=1, lease_ttl_s=1.5)
     assert (bool(beat), beat.leases_kept) == (False, False)
     assert await store.heartbeat("a", URL_A)
