@@ -257,25 +257,43 @@ class Layer:
     external: tuple[str, ...] = ()
 
 
+def _in(*names: str) -> tuple[str, ...]:
+    return tuple(f"{PACKAGE}.{name}" for name in names)
+
+
+# The rooms, lowest first: each may import only the rooms below it.
+#   core                         sans-IO: the session protocol
+#   audio                        sans-IO: the audio codecs
+#   dialects                     sans-IO: how a wire spells the core's events
+#   engines                      the engine API and the built-in engines
+#   cluster's store              keys, seals, lease memory, the store, its connection
+#   server.sessions              the session shell (runners, connections, timers)
+#   server.front                 the front door (listen, TLS, the HTTP router, auth)
+#   cluster's node               node, relay, migration: beside the shell, called by it
+#   server.server                DuplexServer: composes the wings, owns their lifetimes
+#   workers, cli                 the process supervisor, the command line
+_SHELL = ("server", "cluster", "workers", "cli", "client", "testing")
+_STORE = tuple(f"cluster.{name}" for name in ("keys", "signed", "leases", "store", "connect"))
+_NODE = tuple(f"cluster.{name}" for name in ("node", "relay", "migration"))
+
 LAYERS = [
-    Layer(
-        f"{PACKAGE}.core",
-        tuple(f"{PACKAGE}.{p}" for p in ("server", "client", "engines", "testing")),
-        external=("trio",),
+    Layer(f"{PACKAGE}.core", _in("audio", "dialects", "engines", *_SHELL), external=("trio",)),
+    # Codecs are a sans-IO layer on the core: the shell imports them, the core never does.
+    Layer(f"{PACKAGE}.audio", _in("dialects", "engines", *_SHELL), external=("trio",)),
+    Layer(f"{PACKAGE}.dialects", _in("engines", *_SHELL), external=("trio",)),
+    Layer(f"{PACKAGE}.engines", _in("dialects", *_SHELL)),
+    *(
+        Layer(f"{PACKAGE}.{store}", _in("dialects", "engines", *_SHELL[:1], *_NODE, *_SHELL[2:]))
+        for store in _STORE
     ),
-    # Codecs are a sans-IO layer beside the core: the server imports them, never the reverse.
+    Layer(f"{PACKAGE}.server.sessions", _in("server.front", "server.server", *_SHELL[1:])),
+    Layer(f"{PACKAGE}.server.front", _in("server.server", *_SHELL[1:])),
+    *(Layer(f"{PACKAGE}.{node}", _in("server.server", *_SHELL[2:])) for node in _NODE),
+    Layer(f"{PACKAGE}.server.server", _in(*_SHELL[2:])),
     Layer(
-        f"{PACKAGE}.audio",
-        tuple(f"{PACKAGE}.{p}" for p in ("server", "client", "engines", "testing")),
-        external=("trio",),
+        f"{PACKAGE}.workers",
+        _in("server.server", "server.sessions", "cluster", "cli", "client", "testing"),
     ),
-    Layer(f"{PACKAGE}.engines", tuple(f"{PACKAGE}.{p}" for p in ("server", "client", "testing"))),
-    # The shared store of cluster mode: the server will use it, never the reverse.
-    Layer(
-        f"{PACKAGE}.cluster",
-        tuple(f"{PACKAGE}.{p}" for p in ("server", "client", "engines", "testing")),
-    ),
-    Layer(f"{PACKAGE}.server", tuple(f"{PACKAGE}.{p}" for p in ("client", "testing"))),
 ]
 
 

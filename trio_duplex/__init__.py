@@ -12,7 +12,7 @@ from .core.events import PROTOCOL_VERSION
 from .core.wire import ProtocolError
 from .engines.api import BadEvent, Engine, EngineFactory, EngineSession, Event, load_engine_factory
 from .server.server import DuplexServer
-from .server.sessions import Observer
+from .server.sessions.owner import Observer
 
 __all__ = [
     "PROTOCOL_VERSION",

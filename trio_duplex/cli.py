@@ -153,7 +153,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         config = ServerConfig(**{f.name: getattr(args, f.name) for _, f, _ in serve_flags()})
         if config.cluster is not None and config.node_id is None:
             # Chosen here (not when joining) so that every log line can name it.
-            from .server.cluster import default_node_id
+            from .cluster.node import default_node_id
 
             config = attrs.evolve(config, node_id=default_node_id())
         _register_secrets(config)  # before anything can log
@@ -169,7 +169,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         longest = f"{config.node_id}-w{config.workers - 1}.99999"  # room for restarts
         if len(longest) > 128:
             parser.error(f"--node-id is too long for the workers' ids ({longest})")
-        from .server.workers import supervise
+        from .workers import supervise
 
         configure(args.log_level, args.log_format, config.node_id)
         return supervise(config, args.engine, args.serve_args, config.node_id)
@@ -247,7 +247,7 @@ def _unjoined(config: ServerConfig, group: BaseExceptionGroup[Exception]) -> lis
     other error is raised again. (The cluster module is imported only with --cluster:
     it loads the Redis client.)"""
     if config.cluster is not None:
-        from .server.cluster import ClusterUnavailable
+        from .cluster.node import ClusterUnavailable
 
         leaves = _leaves(group)
         if all(isinstance(e, ClusterUnavailable) for e in leaves):

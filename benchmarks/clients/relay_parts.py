@@ -1,7 +1,7 @@
 """Where a relayed resume's time goes: the front node's steps, done one by one from here.
 
 For each of ``--sessions`` sessions opened on the home node (and dropped), time what a
-relaying node does (``server/server.py`` ``_resume_elsewhere``, ``server/relay.py``)
+relaying node does (``server/server.py`` ``_resume_elsewhere``, ``cluster/relay.py``)
 with the same calls: the store's ``locate`` (one Lua script through coredis), the
 ``websockets.trio`` connect to the home's relay endpoint with a signed header (TCP,
 HTTP upgrade, the home's signature check), and the ``session.resume`` over it to
@@ -23,7 +23,7 @@ from websockets.trio.client import connect
 from benchmarks._stats import ms_summary
 from benchmarks._workload import SESSION_UPDATE, emit, resume
 from trio_duplex.cluster import open_store
-from trio_duplex.server.relay import HEADER, RelayKeys, relay_url, sign
+from trio_duplex.cluster.relay import HEADER, RelayKeys, relay_url, sign
 
 now = time.perf_counter
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trio_duplex.server.demo import _ASSETS, content_security_policy
+from trio_duplex.server.front.demo import _ASSETS, content_security_policy
 
 from ..helpers import Serve, ServerProcess, serve_command
 

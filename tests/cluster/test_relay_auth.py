@@ -28,8 +28,7 @@ from websockets.trio.client import connect
 from websockets.trio.server import ServerConnection, serve
 
 from trio_duplex.cluster import Store
-from trio_duplex.server.connection import Connection
-from trio_duplex.server.relay import (
+from trio_duplex.cluster.relay import (
     HEADER,
     PROOF_HEADER,
     RELAY_PATH,
@@ -41,7 +40,8 @@ from trio_duplex.server.relay import (
     sign,
     verify,
 )
-from trio_duplex.server.websocket import WebSocket
+from trio_duplex.server.sessions.connection import Connection
+from trio_duplex.server.sessions.websocket import WebSocket
 
 from ..helpers import ServerProcess
 from .conftest import SECRET

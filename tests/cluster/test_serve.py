@@ -26,8 +26,8 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_st
 
 from trio_duplex.cluster import HEARTBEAT_INTERVAL_S, LEASE_TTL_S, NODE_TTL_S, Store
 from trio_duplex.cluster.keys import _NODE_ID
+from trio_duplex.cluster.node import advertise_url, default_node_id, shown_url
 from trio_duplex.core import config as server_config
-from trio_duplex.server.cluster import advertise_url, default_node_id, shown_url
 
 from ..helpers import ServerProcess
 from .conftest import SECRET, RedisServer

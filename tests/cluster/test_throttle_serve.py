@@ -1,6 +1,6 @@
 """Cluster mode with keys: a credential nothing here knows may still try one resume (it
 may be a token of a session on another node), and each costs a store call; an address
-whose such resumes keep failing gets 429 before the upgrade (server/throttle.py)."""
+whose such resumes keep failing gets 429 before the upgrade (server/front/throttle.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from trio_duplex.server.throttle import Failures
+from trio_duplex.server.front.throttle import Failures
 
 from ..helpers import ServerProcess
 

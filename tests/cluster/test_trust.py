@@ -24,10 +24,10 @@ from trio.testing import MockClock
 from websockets.exceptions import ConnectionClosed
 
 from trio_duplex.cluster import NODE_TTL_S, Store
+from trio_duplex.cluster.node import ClusterNode
 from trio_duplex.cluster.signed import CLOCK_ALLOWANCE_MS
 from trio_duplex.core.credentials import digest
 from trio_duplex.core.migration import JournalRecord, Record
-from trio_duplex.server.cluster import ClusterNode
 
 from ..helpers import ServerProcess, serve_command
 from .conftest import SECRET, RedisServer

@@ -20,7 +20,7 @@ from trio_duplex import DuplexServer, ServerConfig
 from trio_duplex.cli import main
 from trio_duplex.client import ClientOptions, ServerRefused, connect
 from trio_duplex.engines.echo import EchoEngine
-from trio_duplex.server.auth import KeyFileError, KeyRing, presented
+from trio_duplex.server.front.auth import KeyFileError, KeyRing, presented
 from trio_duplex.testing import ScriptedEngine, Simulation, running_server
 
 from ..helpers import UPGRADE_HEAD as HEAD

@@ -15,9 +15,9 @@ import pytest
 import trio
 
 from trio_duplex import DuplexServer, ServerConfig
-from trio_duplex.server.connection import Connection, Keepalive
-from trio_duplex.server.timers import Timers
-from trio_duplex.server.websocket import ConnectionClosed, WebSocket
+from trio_duplex.server.sessions.connection import Connection, Keepalive
+from trio_duplex.server.sessions.timers import Timers
+from trio_duplex.server.sessions.websocket import ConnectionClosed, WebSocket
 from trio_duplex.testing import ScriptedEngine
 
 from ..helpers import RawClient, raw_handshake

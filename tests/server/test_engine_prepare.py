@@ -17,7 +17,7 @@ from trio_duplex import EngineSession, Event, ProtocolError, ServerConfig
 from trio_duplex.core.events import ErrorCode
 from trio_duplex.engines.api import prepares
 from trio_duplex.engines.echo import EchoEngine
-from trio_duplex.server.sessions import PREPARE_TIMEOUT_S
+from trio_duplex.server.sessions.owner import PREPARE_TIMEOUT_S
 from trio_duplex.testing import Simulation, running_server
 
 from ..helpers import echo

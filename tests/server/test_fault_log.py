@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from trio.testing import MockClock
 
-from trio_duplex.server.faults import FAULTS, FaultLog
+from trio_duplex.server.sessions.faults import FAULTS, FaultLog
 from trio_duplex.testing import running_server, settle
 
 from ..helpers import RawWs

@@ -23,7 +23,7 @@ from trio_duplex.core.events import Reason
 from trio_duplex.core.migration import Frozen, Record, export, restore
 from trio_duplex.core.session import State
 from trio_duplex.engines.api import Engine, EngineSession, Event, Inbox
-from trio_duplex.server.runner import SessionRunner
+from trio_duplex.server.sessions.runner import SessionRunner
 from trio_duplex.testing import SimClient, Simulation, running_server, settle
 
 TEXT = "response.output_text.delta"
@@ -323,7 +323,7 @@ async def test_a_cancelled_get_of_a_queued_event_takes_nothing() -> None:
 
 
 async def migrate(a: Simulation, b: Simulation, session_id: str) -> int:
-    """What the drain of node A and the resume on node B do (server/migration.py),
+    """What the drain of node A and the resume on node B do (cluster/migration.py),
     through bytes. Returns how many received events the engine had not taken yet."""
     runner = a.runner(session_id)
     data = export(runner.session, await frozen(runner)).to_bytes()

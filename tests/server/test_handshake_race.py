@@ -35,8 +35,8 @@ from wsproto.events import AcceptConnection, CloseConnection, Ping, Pong, Reques
 from trio_duplex import EngineSession, ServerConfig
 from trio_duplex.core.session import Session, State
 from trio_duplex.engines.echo import EchoEngine
-from trio_duplex.server.sessions import PREPARE_TIMEOUT_S
-from trio_duplex.server.websocket import OPENING_READ_AHEAD, RECEIVE_SIZE, WebSocket
+from trio_duplex.server.sessions.owner import PREPARE_TIMEOUT_S
+from trio_duplex.server.sessions.websocket import OPENING_READ_AHEAD, RECEIVE_SIZE, WebSocket
 from trio_duplex.testing import FaultyStream, Probe, Simulation, running_server, settle
 from trio_duplex.testing.transport import MemoryListener
 

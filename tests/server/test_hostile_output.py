@@ -17,7 +17,7 @@ import trio
 from trio.testing import MockClock
 
 from trio_duplex import ServerConfig
-from trio_duplex.server.connection import Connection
+from trio_duplex.server.sessions.connection import Connection
 from trio_duplex.testing import SimClient, Simulation, running_server, settle
 
 from ..helpers import echo, state_of

@@ -16,7 +16,7 @@ from websockets.typing import Origin, Subprotocol
 
 from trio_duplex import ServerConfig
 from trio_duplex.cli import main
-from trio_duplex.server.http import same_origin
+from trio_duplex.server.front.http import same_origin
 from trio_duplex.testing import running_server
 
 from ..helpers import UPGRADE_HEAD as HEAD

@@ -31,7 +31,7 @@ from trio_duplex import EngineFactory, ServerConfig
 from trio_duplex import testing as kit
 from trio_duplex.core.session import Session, State
 from trio_duplex.engines.echo import EchoEngine
-from trio_duplex.server.connection import Connection
+from trio_duplex.server.sessions.connection import Connection
 from trio_duplex.testing import (
     CancelAtStep,
     FaultyStream,

@@ -20,7 +20,7 @@ from trio_duplex import ServerConfig
 from trio_duplex.cli import main
 from trio_duplex.core.config import MiB
 from trio_duplex.core.wire import encode
-from trio_duplex.server.tokens import (
+from trio_duplex.server.front.tokens import (
     TOKEN_OVERHEAD,
     ClientToken,
     ClientTokens,

@@ -1,4 +1,4 @@
-"""trio_duplex.server.timers: the one timer task, and what its heap keeps alive."""
+"""trio_duplex.server.sessions.timers: the one timer task, and what its heap keeps alive."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import weakref
 import trio
 from trio.testing import MockClock
 
-from trio_duplex.server.timers import Entry, Timers
+from trio_duplex.server.sessions.timers import Entry, Timers
 
 
 class Item:

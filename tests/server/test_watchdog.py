@@ -24,8 +24,8 @@ from trio.testing import MockClock
 from websockets.sync.client import connect
 
 from trio_duplex import Engine, EngineSession, Event, ServerConfig
-from trio_duplex.server import watchdog
-from trio_duplex.server.watchdog import THREAD_NAME
+from trio_duplex.server.sessions import watchdog
+from trio_duplex.server.sessions.watchdog import THREAD_NAME
 from trio_duplex.testing import SimClient, running_server
 
 from ..helpers import Serve, echo

@@ -1,11 +1,16 @@
-"""The trio server shell around the sans-IO core.
+"""The trio server shell around the sans-IO core, in two wings.
 
-* ``server``: ``DuplexServer``: listeners, the WebSocket handshake, opening and resuming.
-* ``sessions``: ``Sessions``, the owner of every session's runner, deadline and the drain.
-* ``runner``: ``SessionRunner``, one session's engine task and its attachment.
-* ``connection``: ``Connection``, one WebSocket's lifetime, outbox, pump and keepalive.
-* ``websocket``: the server side of a WebSocket on a trio stream.
-* ``timers``: one task for every deadline of the server.
+* ``server``: ``DuplexServer``, which composes the wings and owns their lifetimes.
+* ``front/``: the front door: listeners and TLS, connection limits, the HTTP upgrade
+  and the plain HTTP answered before it (client tokens, health, metrics, the demo
+  page), who may open a session (auth).
+* ``sessions/``: the session shell: ``Sessions`` (the owner of every session's runner,
+  deadline and the drain), one session's engine task (``runner``), one connection's
+  lifetime (``connection``) on its WebSocket (``websocket``), every deadline in one
+  task (``timers``), the blocked-loop warning (``watchdog``).
+
+Cluster mode (``trio_duplex.cluster``) sits beside this package, and the worker
+supervisor (``trio_duplex.workers``) beside the CLI.
 
 Private to the package: import ``DuplexServer`` from ``trio_duplex``.
 """

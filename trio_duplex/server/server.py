@@ -13,7 +13,7 @@ Task tree::
         └── one task per connection over a limit, at most ``max_refusing`` at once:
             its request read within a short bound, then 503
 
-    a trio system task, started by ``run`` (``Sessions.open``; sessions.py)
+    a trio system task, started by ``run`` (``Sessions.open``; sessions/owner.py)
     └── the runners' nursery
         ├── Timers.run (every session's deadlines, every connection's next ping)
         └── SessionRunner.run (one per session: runs its engine)
@@ -43,20 +43,7 @@ import attrs
 import trio
 from websockets.http11 import Request
 
-from ..core.config import ServerConfig
-from ..core.events import ErrorCode, Event, EventType, Reason
-from ..core.frames import CloseCode
-from ..core.replay import Replay
-from ..core.session import Session, State
-from ..core.wire import LARGE, ConfigBudget, ProtocolError, decode, decode_steps, encode, is_seq
-from ..engines.api import Engine, EngineFactory, prepares
-from . import metrics
-from .auth import OPEN, Gate, Grant, KeyRing, Verifier
-from .connection import Connection
-from .demo import DemoPages
-from .http import Endpoints, serve_internal
-from .listen import open_listeners
-from .relay import (
+from ..cluster.relay import (
     PROOF_HEADER,
     RELAY_PATH,
     RelayKeys,
@@ -67,7 +54,23 @@ from .relay import (
     sign,
     verify_request,
 )
-from .runner import (
+from ..core.config import ServerConfig
+from ..core.events import ErrorCode, Event, EventType, Reason
+from ..core.frames import CloseCode
+from ..core.replay import Replay
+from ..core.session import Session, State
+from ..core.wire import LARGE, ConfigBudget, ProtocolError, decode, decode_steps, encode, is_seq
+from ..engines.api import Engine, EngineFactory, prepares
+from .front import metrics
+from .front.auth import OPEN, Gate, Grant, KeyRing, Verifier
+from .front.demo import DemoPages
+from .front.handshake import accept_websocket, refuse_unavailable
+from .front.http import Endpoints, serve_internal
+from .front.listen import open_listeners
+from .front.tls import server_ssl_context, tls_handshake
+from .sessions.connection import Connection
+from .sessions.owner import Observer, Sessions
+from .sessions.runner import (
     CheckFailed,
     SessionRunner,
     check_input,
@@ -75,13 +78,11 @@ from .runner import (
     only_trio_cancellation,
     settle_audio,
 )
-from .sessions import Observer, Sessions
-from .tls import server_ssl_context, tls_handshake
-from .watchdog import watching_the_loop
-from .websocket import ConnectionClosed, WebSocket, accept_websocket, refuse_unavailable
+from .sessions.watchdog import watching_the_loop
+from .sessions.websocket import ConnectionClosed, WebSocket
 
 if TYPE_CHECKING:  # only imported with --cluster: it loads the Redis client
-    from .cluster import ClusterNode
+    from ..cluster.node import ClusterNode
 
 log = logging.getLogger("trio_duplex")
 
@@ -252,7 +253,7 @@ class DuplexServer:
         if self.config.cluster is None:
             yield
             return
-        from .cluster import advertise_url, joined
+        from ..cluster.node import advertise_url, joined
 
         url = advertise_url(self.config, self.scheme, port)
         sessions = self.sessions
@@ -308,7 +309,7 @@ class DuplexServer:
                     task_status.started()
                     await self._shutdown.wait()
                     if self.node is not None and self.sessions.handing_over is not None:
-                        from .migration import hand_over_all
+                        from ..cluster.migration import hand_over_all
 
                         conns.start_soon(hand_over_all, sessions, self.node, self.config)
                     await sessions.drain()
@@ -345,7 +346,7 @@ class DuplexServer:
         if not self.sessions.shutting_down:
             if self.node is not None and self.node.store_up:
                 # (With the store known down, nothing could be handed over: drain as is.)
-                from .migration import migratable
+                from ..cluster.migration import migratable
 
                 self.sessions.handing_over = migratable
             self.sessions.begin_shutdown()
@@ -829,7 +830,7 @@ class DuplexServer:
         located = await node.locate(session_id)  # ProtocolError: the store is unreachable
         totals = self.sessions.totals
         if located.kind == "migrated" and located.record is not None:
-            from .migration import adopt
+            from ..cluster.migration import adopt
 
             token = event.get("resume_token")  # (a string: _resume checked)
             await adopt(

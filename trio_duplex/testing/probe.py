@@ -18,9 +18,9 @@ import trio
 from ..core.events import TERMINAL_EVENTS
 from ..core.session import Session, Terminal
 from ..engines.api import Event
-from ..server.connection import Connection
 from ..server.server import DuplexServer
-from ..server.sessions import Observer
+from ..server.sessions.connection import Connection
+from ..server.sessions.owner import Observer
 
 
 @attrs.frozen

@@ -21,9 +21,9 @@ from ..core.events import EventType
 from ..core.session import Registry, Session
 from ..engines.api import EngineFactory, Event
 from ..engines.echo import EchoEngine
-from ..server.connection import Connection
-from ..server.runner import SessionRunner
 from ..server.server import DuplexServer
+from ..server.sessions.connection import Connection
+from ..server.sessions.runner import SessionRunner
 from .client import SimClient
 from .probe import Probe, probing
 from .transport import FaultyStream, MemoryListener

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 
 import trio
 
-from ..engines.api import Engine
+from ...engines.api import Engine
 from .runner import SessionRunner
 
 log = logging.getLogger("trio_duplex")

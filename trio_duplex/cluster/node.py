@@ -40,7 +40,11 @@ import attrs
 import trio
 from coredis.exceptions import RedisError
 
-from ..cluster import (
+from ..core.config import ServerConfig
+from ..core.events import ErrorCode
+from ..core.frames import CloseCode
+from ..core.wire import ProtocolError
+from . import (
     CLAIM_TTL_S,
     HEARTBEAT_INTERVAL_S,
     LEASE_TTL_S,
@@ -52,11 +56,7 @@ from ..cluster import (
     StoreUnavailable,
     open_store,
 )
-from ..cluster.connect import PASSWORD_ENV as REDIS_PASSWORD_ENV
-from ..core.config import ServerConfig
-from ..core.events import ErrorCode
-from ..core.frames import CloseCode
-from ..core.wire import ProtocolError
+from .connect import PASSWORD_ENV as REDIS_PASSWORD_ENV
 
 
 class ClusterUnavailable(Exception):

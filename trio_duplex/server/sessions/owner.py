@@ -28,12 +28,12 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from ..core import events
-from ..core.config import ServerConfig
-from ..core.events import ErrorCode, Reason
-from ..core.session import Commit, Registry, Session, State, Terminal, Usage
-from ..core.wire import ProtocolError, encode
-from ..engines.api import Engine
+from ...core import events
+from ...core.config import ServerConfig
+from ...core.events import ErrorCode, Reason
+from ...core.session import Commit, Registry, Session, State, Terminal, Usage
+from ...core.wire import ProtocolError, encode
+from ...engines.api import Engine
 from .connection import Connection
 from .runner import Prepared, SessionRunner, engine_broke, hold_prepared, only_trio_cancellation
 from .timers import Timers

@@ -1,7 +1,7 @@
 """The server side of a WebSocket on a trio stream, with no task of its own.
 
-websockets' sans-IO ``ServerProtocol`` answers the HTTP upgrade; after the 101 the
-frames are ours (_frames.py: the per-message path, measured there).
+After the HTTP upgrade (``front/handshake.py``) the frames are ours (``core/frames.py``:
+the per-message path, measured there).
 
 trio-websocket, which the server used at first, runs a reader task per connection and
 hands each message over a memory channel: one more task switch per message and one more
@@ -31,25 +31,16 @@ the TCP connection first), and the caller closes it.
 from __future__ import annotations
 
 import enum
-import json
-import logging
 import math
 import os
-import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
-from urllib.parse import parse_qs, urlsplit
 
 import trio
-from websockets.datastructures import Headers
-from websockets.http11 import Request
-from websockets.server import ServerProtocol
-from websockets.typing import Subprotocol
 
-from .._pace import Pace
-from ..core.events import SUBPROTOCOL
-from ..core.frames import (
+from ..._pace import Pace
+from ...core.frames import (
     Close,
     CloseCode,
     Control,
@@ -60,19 +51,11 @@ from ..core.frames import (
     control_frame,
     text_frame,
 )
-from .auth import OPEN, TOKENS_PATH, Grant
 from .faults import FAULTS
-from .http import Endpoints, origin_allowed
-from .throttle import Throttled
 
 RECEIVE_SIZE = 65536
 OPENING_READ_AHEAD = RECEIVE_SIZE
 """While a session opens, reading pauses once messages of this many characters wait."""
-_MAX_REQUEST_BYTES = 16384
-
-# websockets logs each handshake at INFO; that is the server's business to say.
-_quiet = logging.getLogger("trio_duplex.websocket")
-_quiet.setLevel(logging.WARNING)
 
 
 class ConnectionClosed(Exception):
@@ -548,334 +531,4 @@ class WebSocket:
                 waiter.set()
 
 
-def _answer(status: str, text: str, *headers: str) -> bytes:
-    body = text.encode()
-    extra = "".join(f"{header}\r\n" for header in headers)
-    head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
-        f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-_BAD_REQUEST = _answer("400 Bad Request", "HTTP lines must end with CR LF.\n")
-_TOO_LARGE = _answer(
-    "431 Request Header Fields Too Large", f"The request head exceeds {_MAX_REQUEST_BYTES} bytes.\n"
-)
-RETRY_AFTER_S = 1
-_UNAVAILABLE = _answer(
-    "503 Service Unavailable",
-    "Too many connections; retry later.\n",
-    f"Retry-After: {RETRY_AFTER_S}",
-)
-
-
-def _uncounted(reason: str) -> None:
-    pass
-
-
-_UNAUTHORIZED = _answer(
-    "401 Unauthorized", "a credential is required\n", "WWW-Authenticate: Bearer"
-)
-
-_SINGLE_HEADERS = ("Host", "Origin", "Authorization")
-"""Headers a request may hold once only (which one would be meant?): else 400."""
-_TWICE = _answer("400 Bad Request", "Host, Origin and Authorization may be sent once each\n")
-
-_RELAY_FORBIDDEN = _answer(
-    "403 Forbidden", "this endpoint takes resumes relayed by the nodes of this cluster only\n"
-)
-
-
-def _throttled(retry_after_s: int) -> bytes:
-    return _answer(
-        "429 Too Many Requests",
-        "too many failed resumes from this address; retry later\n",
-        f"Retry-After: {retry_after_s}",
-    )
-
-
-_REFUSAL_REASONS = {404: "not_found"}
-"""The ``trio_duplex_handshake_refusals_total`` reason of an upgrade answered so."""
-
-
-_POST_TOKENS = (f"POST {TOKENS_PATH} ".encode(), f"POST {TOKENS_PATH}?".encode())
-MAX_POST_BYTES = 80 * 1024
-"""The largest body of a POST by default (a client token's request: a configuration
-and a TTL); the server passes its first message's bound (``first_message_bytes``)."""
-_DISCARD_BYTES = 1024 * 1024
-"""A body over the bound is still read, up to this size, before the 413."""
-_CONTENT_LENGTH = re.compile(r"[0-9]{1,16}")
-"""ASCII digits only: ``str.isdigit`` takes ``²``, which ``int`` then refuses."""
-
-_PHRASES = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    413: "Content Too Large",
-    429: "Too Many Requests",
-    503: "Service Unavailable",
-}
-
-
-async def _post(
-    stream: trio.abc.Stream,
-    head: bytes,
-    body: bytes,
-    issue_token: Callable[[Headers, bytes], tuple[int, bytes]],
-    where: str,
-    origins: tuple[str, ...],
-    max_bytes: int,
-) -> None:
-    """Answer a POST: only ``auth.TOKENS_PATH`` takes one (``issue_token`` answers it).
-    Whatever the request holds, the answer is a status and a JSON error, never an
-    exception: the fault is logged at INFO, at the fault log's rate."""
-    line, *lines = head.decode("latin-1").split("\r\n")
-    parts = line.split(" ")
-    headers = Headers()  # case-insensitive, as a verifier (--auth) expects
-    for header in lines:
-        name, sep, value = header.partition(":")
-        if sep:
-            headers[name.strip()] = value.strip()
-    lengths = headers.get_all("Content-Length")
-    length = int(lengths[0]) if len(lengths) == 1 and _CONTENT_LENGTH.fullmatch(lengths[0]) else -1
-    if len(parts) != 3 or parts[1].partition("?")[0] != TOKENS_PATH:
-        status, answer = 404, b'{"error": "no such endpoint"}'
-    elif not origin_allowed(headers.get_all("Origin"), headers.get_all("Host"), origins):
-        status, answer = 403, b'{"error": "origin not allowed"}'
-    elif "Transfer-Encoding" in headers or length < 0:
-        status, answer = 400, b'{"error": "a body needs one Content-Length, in digits"}'
-    elif length > max_bytes:
-        status, answer = 413, json.dumps({"error": f"the body exceeds {max_bytes} bytes"}).encode()
-        # Read (and drop) a body of moderate size first: closing with unread bytes resets
-        # the connection, and the client may then lose the answer.
-        left = length - len(body) if length <= _DISCARD_BYTES else 0
-        while left > 0:
-            data = await stream.receive_some(RECEIVE_SIZE)
-            if not data:
-                return
-            left -= len(data)
-    else:
-        if len(body) < length and headers.get_all("Expect") == ["100-continue"]:
-            await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")  # (curl waits 1 s else)
-        while len(body) < length:
-            data = await stream.receive_some(RECEIVE_SIZE)
-            if not data:
-                return
-            body += data
-        status, answer = issue_token(headers, body[:length])
-    if status != 200:
-        FAULTS.report(where, f"{status} to a POST")
-    extra = ["Cache-Control: no-store"]
-    if status == 401:
-        extra.append("WWW-Authenticate: Bearer")
-    if status in (429, 503):
-        extra.append(f"Retry-After: {RETRY_AFTER_S}")
-    reply = (
-        f"HTTP/1.1 {status} {_PHRASES.get(status, 'Error')}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(answer)}\r\n"
-        + "".join(f"{line}\r\n" for line in extra)
-        + "Connection: close\r\n\r\n"
-    )
-    await stream.send_all(reply.encode() + answer)
-
-
-def _refusal_reason(exc: BaseException | None) -> str:
-    """Why websockets refused a request head, in a fixed text (never the client's)."""
-    cause = exc.__cause__ if exc is not None else None
-    if isinstance(cause, NotImplementedError):
-        return "transfer codings are not supported"
-    if isinstance(cause, ValueError) and "body" in str(cause):
-        return "an upgrade request has no body"
-    return "not a valid HTTP/1.1 request"
-
-
-def _select_subprotocol(_: ServerProtocol, offered: Sequence[Subprotocol]) -> Subprotocol | None:
-    """``trio-duplex`` if offered, else none (never another: a bearer credential offered
-    as ``trio-duplex.bearer.KEY`` must not be echoed back)."""
-    return Subprotocol(SUBPROTOCOL) if SUBPROTOCOL in offered else None
-
-
-def _bare_line_feed(head: bytes, start: int) -> bool:
-    """A line ended by LF alone at or after ``start``: never a valid upgrade, and its
-    "\r\n\r\n" may never come."""
-    at = head.find(b"\n", start)
-    while at >= 0:
-        if at == 0 or head[at - 1] != 0x0D:
-            return True
-        at = head.find(b"\n", at + 1)
-    return False
-
-
-async def refuse_unavailable(stream: trio.abc.Stream) -> None:
-    """Answer a request with 503 and ``Retry-After``, once its head has been read.
-
-    Reading it first matters: closing a socket with unread bytes resets the connection,
-    and the client may then lose the answer. Nothing is answered if the stream ends or
-    the head exceeds the 16 KiB bound first. Bound it with a (short) deadline."""
-    head = bytearray()
-    while True:
-        start = max(0, len(head) - 3)  # a blank line may straddle two reads
-        data = await stream.receive_some(RECEIVE_SIZE)
-        if not data:
-            return
-        head += data
-        if head.find(b"\r\n\r\n", start) >= 0 or head.find(b"\n\n", start) >= 0:
-            break
-        if len(head) > _MAX_REQUEST_BYTES:
-            return
-    await stream.send_all(_UNAVAILABLE)
-
-
-async def accept_websocket(
-    stream: trio.abc.Stream,
-    path: str | None,
-    max_message_bytes: int,
-    write_timeout: float = math.inf,
-    peer: str | None = None,
-    endpoints: Endpoints | None = None,
-    *,
-    origins: tuple[str, ...] = (),
-    authorize: Callable[[Request, str | None], Grant | Throttled | None] | None = None,
-    issue_token: Callable[[Headers, bytes], tuple[int, bytes]] | None = None,
-    relay: tuple[str, Callable[[Request], tuple[Grant, dict[str, str]] | None]] | None = None,
-    max_post_bytes: int = MAX_POST_BYTES,
-) -> tuple[WebSocket, dict[str, list[str]], Grant] | None:
-    """Read the HTTP upgrade request and answer it.
-
-    A valid upgrade for ``path`` gets 101 and returns the WebSocket and the query; one
-    for another path gets 404, one whose Origin header is not allowed 403 (``origins``,
-    ``--allow-origin``: those, or any with ``*``; none given: only the origin of the Host
-    it names, http.py's ``same_origin``), before its credential is looked at; a request
-    that is not an upgrade, or that repeats Host, Origin or Authorization, 400; and
-    anything that is not HTTP is dropped: those return None. Bound it with a deadline.
-    A path that ``endpoints`` answers (health, metrics: http.py) gets that answer
-    instead. With ``authorize``, an upgrade it grants nothing gets 401, and one it
-    throttles 429 (auth.py); the grant is returned with the WebSocket. A POST to the
-    token path goes to ``issue_token`` (a body of at most ``max_post_bytes``). ``path``
-    None: no such endpoint here (a listener for relayed resumes only). With ``relay``
-    (cluster mode: its path, and a check of the request's signature), an upgrade for
-    that path gets the check's grant and its 101 the check's headers (the relay's
-    proof), or 403.
-    """
-    where = f"a connection from {peer}" if peer else "a connection"
-    refused = _uncounted if endpoints is None else endpoints.refused
-    received = b""
-    checked = 0  # LFs before this were looked at
-    while (end := received.find(b"\r\n\r\n")) < 0:
-        if len(received) > _MAX_REQUEST_BYTES:
-            break
-        if _bare_line_feed(received, checked):
-            FAULTS.report(where, "400: a request line not ended by CR LF")
-            refused("bad_request")
-            await stream.send_all(_BAD_REQUEST)
-            return None
-        checked = len(received)
-        data = await stream.receive_some(RECEIVE_SIZE)
-        if not data:
-            return None
-        received += data
-    if end < 0 or end + 4 > _MAX_REQUEST_BYTES:  # the bound counts however the bytes came
-        FAULTS.report(where, "431: request head too large")
-        refused("head_too_large")
-        await stream.send_all(_TOO_LARGE)
-        return None
-    # A GET upgrade has no body: frames the client sent at once come right after it.
-    head, early = received[: end + 4], received[end + 4 :]
-    if issue_token is not None and head.startswith(_POST_TOKENS):
-        await _post(stream, head, early, issue_token, where, origins, max_post_bytes)
-        return None
-    if endpoints is not None and endpoints.demo is not None and head.startswith(b"HEAD "):
-        await stream.send_all(endpoints.answer_head(head))  # (websockets parses GETs only)
-        return None
-    protocol = ServerProtocol(select_subprotocol=_select_subprotocol, logger=_quiet)
-    protocol.receive_data(head)
-    events = protocol.events_received()
-    if not events:  # not an HTTP request websockets takes: say why, in our words
-        why = _refusal_reason(protocol.handshake_exc)
-        FAULTS.report(where, f"400: {why}")
-        refused("bad_request")
-        await stream.send_all(_answer("400 Bad Request", why + "\n"))
-        return None
-    request = events[0]
-    assert isinstance(request, Request)
-    if any(len(request.headers.get_all(name)) > 1 for name in _SINGLE_HEADERS):
-        FAULTS.report(where, "400: a header sent twice that may be sent once")
-        refused("bad_request")
-        await stream.send_all(_TWICE)
-        return None
-    try:
-        url = urlsplit(request.path)
-    except ValueError:  # "//[x": an IPv6 host never closed
-        FAULTS.report(where, "400: not a valid request target")
-        refused("bad_request")
-        await stream.send_all(_answer("400 Bad Request", "not a valid request target\n"))
-        return None
-    if (
-        endpoints is not None
-        and (answer := endpoints.answer(url.path, request.headers.get("Host"))) is not None
-    ):
-        await stream.send_all(answer)
-        return None
-    if not origin_allowed(
-        request.headers.get_all("Origin"), request.headers.get_all("Host"), origins
-    ):  # before the credential: a page of another origin spends no client token
-        FAULTS.report(where, "403: origin not allowed")
-        refused("origin")
-        protocol.send_response(protocol.reject(403, "origin not allowed\n"))
-        await stream.send_all(b"".join(protocol.data_to_send()))
-        return None
-    grant = OPEN
-    answer_headers: dict[str, str] = {}
-    relayed = relay is not None and url.path == relay[0]
-    if relay is not None and relayed:
-        signed = relay[1](request)
-        if signed is None:
-            FAULTS.report(where, "403: a relay request not signed for this node")
-            refused("relay_unsigned")
-            await stream.send_all(_RELAY_FORBIDDEN)
-            return None
-        grant, answer_headers = signed
-    elif authorize is not None and url.path == path:
-        found = authorize(request, peer)
-        if isinstance(found, Throttled):
-            FAULTS.report(where, "429: too many failed resumes from its address")
-            refused("throttled")
-            await stream.send_all(_throttled(found.retry_after_s))
-            return None
-        if found is None:
-            FAULTS.report(where, "401: no valid credential")
-            refused("unauthorized")
-            await stream.send_all(_UNAUTHORIZED)
-            return None
-        grant = found
-    response = protocol.accept(request)
-    if response.status_code != 101:
-        response = protocol.reject(400, "this endpoint takes WebSocket upgrade requests\n")
-    elif url.path != path and not relayed:
-        response = protocol.reject(404, "no such endpoint\n")
-    else:
-        for name, value in answer_headers.items():
-            response.headers[name] = value
-    protocol.send_response(response)
-    if response.status_code != 101:
-        FAULTS.report(where, f"{response.status_code}: {response.reason_phrase}")
-        refused(_REFUSAL_REASONS.get(response.status_code, "not_upgrade"))
-    await stream.send_all(b"".join(protocol.data_to_send()))
-    if response.status_code != 101:
-        return None
-    ws = WebSocket(stream, max_message_bytes, write_timeout, peer)
-    if early:
-        await ws._feed(early)
-    return ws, parse_qs(url.query), grant
-
-
-__all__ = [
-    "RETRY_AFTER_S",
-    "ConnectionClosed",
-    "WebSocket",
-    "accept_websocket",
-    "refuse_unavailable",
-]
+__all__ = ["RECEIVE_SIZE", "ConnectionClosed", "WebSocket"]

@@ -46,8 +46,8 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from ..core.config import ServerConfig
-from .listen import reserve_port
+from .core.config import ServerConfig
+from .server.front.listen import reserve_port
 
 log = logging.getLogger("trio_duplex")
 

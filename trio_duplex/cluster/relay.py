@@ -47,9 +47,9 @@ from websockets.http11 import Request
 from websockets.trio.client import ClientConnection, connect
 
 from ..core.frames import CloseCode
-from .connection import Connection
-from .tls import TLSError
-from .websocket import ConnectionClosed as ClientGone
+from ..server.front.tls import TLSError
+from ..server.sessions.connection import Connection
+from ..server.sessions.websocket import ConnectionClosed as ClientGone
 
 log = logging.getLogger("trio_duplex")
 

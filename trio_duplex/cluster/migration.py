@@ -44,14 +44,14 @@ from ..core.migration import BadRecord, Record, export, restore
 from ..core.session import State
 from ..core.wire import ProtocolError, encode
 from ..engines.api import Engine, can_migrate, prepares
-from .runner import SessionRunner, settle_audio
-from .sessions import Sessions
+from ..server.sessions.owner import Sessions
+from ..server.sessions.runner import SessionRunner, settle_audio
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
-    from .cluster import ClusterNode
+    from .node import ClusterNode
 
 log = logging.getLogger("trio_duplex")
 

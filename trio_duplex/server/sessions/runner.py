@@ -25,16 +25,16 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from .._pace import Pace
-from ..audio import AudioConfig, Decoder, Encoder, negotiate
-from ..core import events
-from ..core.binary import parse_input
-from ..core.events import SESSION_INPUT, ErrorCode, EventType, Reason
-from ..core.frames import CloseCode
-from ..core.migration import Frozen
-from ..core.session import Commit, Emitted, Session, State, Terminal, audio_ms
-from ..core.wire import ConfigBudget, ProtocolError, encode, is_seq
-from ..engines.api import (
+from ..._pace import Pace
+from ...audio import AudioConfig, Decoder, Encoder, negotiate
+from ...core import events
+from ...core.binary import parse_input
+from ...core.events import SESSION_INPUT, ErrorCode, EventType, Reason
+from ...core.frames import CloseCode
+from ...core.migration import Frozen
+from ...core.session import Commit, Emitted, Session, State, Terminal, audio_ms
+from ...core.wire import ConfigBudget, ProtocolError, encode, is_seq
+from ...engines.api import (
     Engine,
     EngineSession,
     Event,

@@ -36,7 +36,7 @@ from typing import Protocol
 import attrs
 import trio
 
-from ..core.frames import BATCH, CloseCode
+from ...core.frames import BATCH, CloseCode
 from .timers import Entry, Timers
 from .websocket import ConnectionClosed, WebSocket
 

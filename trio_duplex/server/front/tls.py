@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from .faults import FAULTS
+from ..sessions.faults import FAULTS
 
 
 class TLSError(ValueError):

@@ -1,0 +1,10 @@
+"""The front door: what a connection meets before it carries a session.
+
+* ``listen``, ``tls``: the listening sockets (SO_REUSEPORT), TLS for ``wss://``;
+* ``handshake``: the HTTP upgrade, and the plain HTTP answered before it;
+* ``http``, ``metrics``, ``demo``: ``/healthz``, ``/readyz``, ``/metrics`` (and the
+  ``--metrics-port`` listener), the Prometheus collector, the demo page's files;
+* ``auth``, ``tokens``, ``throttle``: who may open or resume a session (API keys, the
+  ``--auth`` verifier, client tokens, resume tokens), the bounded client tokens, the
+  per-address throttle of failed credentials.
+"""

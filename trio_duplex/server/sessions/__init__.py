@@ -1,0 +1,11 @@
+"""The session shell: sessions in trio, around the sans-IO core.
+
+* ``owner``: ``Sessions``, the one owner of every session (registry, runners, timers,
+  drain) and the ``Observer`` hook;
+* ``runner``: ``SessionRunner``, one session's engine task and its attachment;
+* ``connection``, ``websocket``, ``faults``: one connection's lifetime, byte-bounded
+  outbox, pump and keepalive; the WebSocket it speaks after the upgrade; client faults
+  logged once per connection, rate-limited;
+* ``timers``, ``watchdog``: every deadline in one task; the thread that warns of a
+  blocked event loop.
+"""
