@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
+import attrs
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -47,6 +48,29 @@ class Served(Protocol):
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
+@attrs.frozen
+class _Live:
+    """The live sessions' counts at a scrape (events: every session's, ended ones too)."""
+
+    by_state: dict[str, int]
+    events_in: int
+    events_out: int
+    journal_bytes: int
+
+    @classmethod
+    def of(cls, sessions: Sessions) -> _Live:
+        by_state = dict.fromkeys([state.value for state in State if state is not State.CLOSED], 0)
+        events_in, events_out = sessions.totals.ended.events_in, sessions.totals.ended.events_out
+        journal_bytes = 0
+        for session in list(sessions.registry.sessions.values()):
+            by_state[session.state.value] += 1
+            usage = session.usage
+            events_in += usage.events_in
+            events_out += usage.events_out
+            journal_bytes += session.journal.bytes
+        return cls(by_state, events_in, events_out, journal_bytes)
+
+
 class ServerCollector(Collector):
     """One server's metrics, all named ``trio_duplex_*`` (README, Health and metrics)."""
 
@@ -54,24 +78,32 @@ class ServerCollector(Collector):
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
-        server = self.server
-        sessions = server.sessions
-        totals = sessions.totals
-        live = list(sessions.registry.sessions.values())
+        live = _Live.of(self.server.sessions)
+        yield from self._gauges(live)
+        yield from self._counters(live)
+        store_up = self.server.cluster_store_up
+        if store_up is not None:
+            yield GaugeMetricFamily(
+                "trio_duplex_cluster_store_up",
+                "1 if the cluster store (--cluster) answered its last call, else 0.",
+                int(store_up),
+            )
+        sampled = self.server.sessions.send_to_write
+        yield _histogram(
+            "trio_duplex_send_to_write_seconds",
+            "Time from an engine's send to its frame's write, sampled: "
+            f"one event in {SAMPLE_EVERY} per session.",
+            sampled.bounds,
+            sampled.counts,
+            sampled.total,
+        )
 
-        by_state = dict.fromkeys([state.value for state in State if state is not State.CLOSED], 0)
-        events_in, events_out = totals.ended.events_in, totals.ended.events_out
-        journal_bytes = 0
-        for session in live:
-            by_state[session.state.value] += 1
-            usage = session.usage
-            events_in += usage.events_in
-            events_out += usage.events_out
-            journal_bytes += session.journal.bytes
+    def _gauges(self, live: _Live) -> Iterator[Metric]:
+        server = self.server
         gauge = GaugeMetricFamily(
             "trio_duplex_sessions", "Sessions holding a slot, by state.", labels=["state"]
         )
-        for state, count in by_state.items():
+        for state, count in live.by_state.items():
             gauge.add_metric([state], count)
         yield gauge
         yield GaugeMetricFamily(
@@ -85,8 +117,12 @@ class ServerCollector(Collector):
         yield GaugeMetricFamily(
             "trio_duplex_journal_bytes",
             "Bytes held in the replay journals of live sessions.",
-            journal_bytes,
+            live.journal_bytes,
         )
+
+    def _counters(self, live: _Live) -> Iterator[Metric]:
+        server = self.server
+        totals = server.sessions.totals
         yield CounterMetricFamily(
             "trio_duplex_sessions_opened",
             "Sessions opened (session.created delivered).",
@@ -105,8 +141,8 @@ class ServerCollector(Collector):
             "Session events: in, client events handled; out, engine events sequenced.",
             labels=["direction"],
         )
-        events.add_metric(["in"], events_in)
-        events.add_metric(["out"], events_out)
+        events.add_metric(["in"], live.events_in)
+        events.add_metric(["out"], live.events_out)
         yield events
         yield CounterMetricFamily(
             "trio_duplex_replayed_events",
@@ -128,21 +164,6 @@ class ServerCollector(Collector):
             "trio_duplex_engine_errors",
             "Engines that failed: sessions ended engine_error, and failures before a session.",
             totals.engine_errors,
-        )
-        store_up = server.cluster_store_up
-        if store_up is not None:
-            yield GaugeMetricFamily(
-                "trio_duplex_cluster_store_up",
-                "1 if the cluster store (--cluster) answered its last call, else 0.",
-                int(store_up),
-            )
-        yield _histogram(
-            "trio_duplex_send_to_write_seconds",
-            "Time from an engine's send to its frame's write, sampled: "
-            f"one event in {SAMPLE_EVERY} per session.",
-            sessions.send_to_write.bounds,
-            sessions.send_to_write.counts,
-            sessions.send_to_write.total,
         )
 
 
