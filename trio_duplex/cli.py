@@ -295,62 +295,73 @@ async def _serve_until_signalled(
                 nursery.cancel_scope.cancel()  # drained: stop waiting for signals
 
             port = await nursery.start(serve)
-            host = server.config.host
-            shown = f"[{host}]" if ":" in host else host
-            if ready_fd is None:
-                log.info(
-                    "serving %s://%s:%d%s (engine %s)",
-                    server.scheme,
-                    shown,
-                    port,
-                    server.config.path,
-                    engine,
-                )
-                if server.config.demo:
-                    log.info(
-                        "demo page at %s://%s:%d/",
-                        "https" if server.scheme == "wss" else "http",
-                        shown,
-                        port,
-                    )
-            else:  # a worker: its supervisor says "serving" once they all are ready
-                log.info(
-                    "worker listening on %s://%s:%d%s (engine %s, the port shared)",
-                    server.scheme,
-                    shown,
-                    port,
-                    server.config.path,
-                    engine,
-                )
-                _say_ready(ready_fd)
-            if server.gate.open and not _loopback(host):
-                log.warning(
-                    "listening on %s with no authentication: anyone who can reach the port "
-                    "can open sessions and hold their slots",
-                    host or "every address",
-                )
+            _announce(server, engine, port, ready_fd)
             async for signum in signals:
-                if signum == signal.SIGHUP:
-                    if server.config.api_key_file is None:
-                        log.info("SIGHUP: no --api-key-file to re-read")
-                    else:
-                        register_key_file(server.config.api_key_file)  # its new keys too
-                        server.reload_keys()
-                    continue
-                if server.shutting_down:
-                    log.warning(
-                        "second signal (%s): exiting now, without finishing the drain (status %d)",
-                        signal.Signals(signum).name,
-                        128 + signum,
-                    )
-                    _exit_now(128 + signum)
-                log.info(
-                    "%s: draining for %ss",
-                    signal.Signals(signum).name,
-                    server.config.drain_timeout_s,
-                )
-                server.begin_shutdown()
+                _on_signal(server, signum)
     log.info("stopped")
+
+
+def _announce(server: DuplexServer, engine: str, port: int, ready_fd: int | None) -> None:
+    """Say where the server listens (a worker tells its supervisor too), and warn when
+    anyone who can reach it may open sessions."""
+    host = server.config.host
+    shown = f"[{host}]" if ":" in host else host
+    if ready_fd is None:
+        log.info(
+            "serving %s://%s:%d%s (engine %s)",
+            server.scheme,
+            shown,
+            port,
+            server.config.path,
+            engine,
+        )
+        if server.config.demo:
+            log.info(
+                "demo page at %s://%s:%d/",
+                "https" if server.scheme == "wss" else "http",
+                shown,
+                port,
+            )
+    else:  # a worker: its supervisor says "serving" once they all are ready
+        log.info(
+            "worker listening on %s://%s:%d%s (engine %s, the port shared)",
+            server.scheme,
+            shown,
+            port,
+            server.config.path,
+            engine,
+        )
+        _say_ready(ready_fd)
+    if server.gate.open and not _loopback(host):
+        log.warning(
+            "listening on %s with no authentication: anyone who can reach the port "
+            "can open sessions and hold their slots",
+            host or "every address",
+        )
+
+
+def _on_signal(server: DuplexServer, signum: int) -> None:
+    """SIGHUP re-reads the key file; a first SIGINT or SIGTERM drains, a second exits."""
+    if signum == signal.SIGHUP:
+        if server.config.api_key_file is None:
+            log.info("SIGHUP: no --api-key-file to re-read")
+        else:
+            register_key_file(server.config.api_key_file)  # its new keys too
+            server.reload_keys()
+        return
+    if server.shutting_down:
+        log.warning(
+            "second signal (%s): exiting now, without finishing the drain (status %d)",
+            signal.Signals(signum).name,
+            128 + signum,
+        )
+        _exit_now(128 + signum)
+    log.info(
+        "%s: draining for %ss",
+        signal.Signals(signum).name,
+        server.config.drain_timeout_s,
+    )
+    server.begin_shutdown()
 
 
 def _say_ready(fd: int) -> None:
