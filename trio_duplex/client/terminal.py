@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Interactive client: lines in, events out. Ctrl-C closes the session, "
         "a second Ctrl-C detaches.",
     )
+    _add_session_arguments(p)
+    _add_audio_arguments(p)
+    _add_lifetime_arguments(p)
+    return p
+
+
+def _add_session_arguments(p: argparse.ArgumentParser) -> None:
+    """Where to connect, which session, and how its events print."""
     p.add_argument(
         "url",
         metavar="URL",
@@ -89,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="last server_event_seq already seen, for --resume (0)",
     )
+
+
+def _add_audio_arguments(p: argparse.ArgumentParser) -> None:
+    """The microphone, the speaker, and the audio's lane and format."""
     p.add_argument(
         "--save-audio",
         "--speaker",
@@ -120,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HZ",
         help="the audio's sample rate both ways (default: the format's own)",
     )
+
+
+def _add_lifetime_arguments(p: argparse.ArgumentParser) -> None:
+    """Colour, how long to linger at end of input, and how hard to reconnect."""
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     p.add_argument(
         "--linger",
@@ -142,7 +158,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="give up reconnecting after this long (30)",
     )
-    return p
 
 
 @attrs.define(eq=False)
@@ -412,6 +427,21 @@ def _full_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts)
 
 
+class _Refused(Exception):
+    """A flag that cannot be used: said on stderr, and the exit code is 2."""
+
+
+@attrs.frozen
+class _Opening:
+    """What ``run`` connects with, from the flags, all checked."""
+
+    urls: tuple[str, ...]
+    config: dict[str, Any] | None  # a new session's configuration (None: resume)
+    resume: ResumeState | None
+    options: ClientOptions
+    ssl_context: ssl.SSLContext | None
+
+
 async def run(
     args: argparse.Namespace,
     *,
@@ -422,81 +452,17 @@ async def run(
     rng: random.Random | None = None,
 ) -> int:
     """The client, with its input, Ctrl-C presses and output passed in (tests drive it)."""
-    resume = None
-    config: dict[str, Any] = {}
-    if args.resume:
-        token = args.token or os.environ.get(TOKEN_ENV)
-        if not token:
-            printer.status(f"--resume needs --token (or ${TOKEN_ENV})")
-            return 2
-        resume = ResumeState(args.resume, token, args.last_seq)
-    else:
-        try:
-            config = json.loads(args.session)
-        except ValueError:
-            config = None  # type: ignore[assignment]
-        if not isinstance(config, dict):
-            printer.status("--session must be a JSON object")
-            return 2
-        if request := _audio_request(args):
-            audio = config.get("audio")
-            config["audio"] = {**(audio if isinstance(audio, dict) else {}), **request}
-    urls = tuple(_full_url(url) for url in args.url)
     try:
-        if len(urls) > 1:  # (one URL is checked by connecting, as it always was)
-            parse_urls(urls)
-    except ValueError as exc:
+        opening = _opening(args)
+        mic = _microphone(args)
+        audio = _audio_sink(args)  # last: it creates the file
+    except _Refused as exc:
         printer.status(str(exc))
         return 2
-    ssl_context = None
-    if args.ca:
-        if not all(url.startswith("wss://") for url in urls):
-            printer.status("--ca needs a wss:// URL")
-            return 2
-        try:
-            ssl_context = ssl.create_default_context(cafile=args.ca)
-        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-            printer.status(f"--ca {args.ca}: {getattr(exc, 'strerror', None) or exc}")
-            return 2
-    # No retries before the first attach: a wrong URL or a server that is down is said
-    # at once. Once attached, an outage is retried (the session is worth resuming).
-    policy = ReconnectPolicy(
-        max_attempts=args.max_attempts, deadline=args.reconnect_deadline, retry_open=False
-    )
-    # An API key from the environment, not a flag: a flag would show in `ps`.
-    options = ClientOptions(reconnect=policy, api_key=os.environ.get(API_KEY_VARIABLE) or None)
-    shown = " ".join(urls)
-    try:
-        mic = open_wav(args.mic) if args.mic else None
-    except MicError as exc:
-        printer.status(f"--mic: {exc}")
-        return 2
-    try:
-        audio = AudioSink(args.save_audio) if args.save_audio else None
-    except OSError as exc:
-        printer.status(f"--save-audio: cannot write {args.save_audio}: {exc.strerror or exc}")
-        return 2
     state = _Run(args, printer, audio, mic)
+    shown = " ".join(opening.urls)
     try:
-        async with connect(
-            urls if len(urls) > 1 else urls[0],
-            None if resume else config,
-            resume=resume,
-            options=options,
-            on_change=printer.change,
-            open_stream=open_stream,
-            rng=rng,
-            ssl_context=ssl_context,
-        ) as session:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(state.show_events, session)
-                nursery.start_soon(state.feed, session, lines)
-                nursery.start_soon(state.speak, session)
-                nursery.start_soon(state.watch, session, interrupts, nursery)
-                await state.done.wait()
-                nursery.cancel_scope.cancel()
-            if state.interrupts >= 2:
-                return 0  # detached: leaving must not close it
+        return await _attached(opening, state, lines, interrupts, open_stream, rng)
     except ReconnectFailed as exc:
         said = exc.last_error if exc.attempts <= 1 else str(exc)
         printer.status(f"cannot connect to {shown}: {said}")
@@ -508,7 +474,107 @@ async def run(
         if state.audio is not None:
             state.audio.close()
             printer.status(f"saved {state.audio.bytes} bytes of audio to {state.audio.path}")
+
+
+async def _attached(
+    opening: _Opening,
+    state: _Run,
+    lines: trio.MemoryReceiveChannel[str],
+    interrupts: trio.MemoryReceiveChannel[int],
+    open_stream: StreamFactories | None,
+    rng: random.Random | None,
+) -> int:
+    """The session, from connecting until it ends, fails or is detached."""
+    urls = opening.urls
+    async with connect(
+        urls if len(urls) > 1 else urls[0],
+        opening.config,
+        resume=opening.resume,
+        options=opening.options,
+        on_change=state.printer.change,
+        open_stream=open_stream,
+        rng=rng,
+        ssl_context=opening.ssl_context,
+    ) as session:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(state.show_events, session)
+            nursery.start_soon(state.feed, session, lines)
+            nursery.start_soon(state.speak, session)
+            nursery.start_soon(state.watch, session, interrupts, nursery)
+            await state.done.wait()
+            nursery.cancel_scope.cancel()
+        if state.interrupts >= 2:
+            return 0  # detached: leaving must not close it
     return state.exit_code
+
+
+def _opening(args: argparse.Namespace) -> _Opening:
+    """The session to open or resume, where, and how; raises _Refused."""
+    resume = None
+    config: dict[str, Any] | None = None
+    if args.resume:
+        token = args.token or os.environ.get(TOKEN_ENV)
+        if not token:
+            raise _Refused(f"--resume needs --token (or ${TOKEN_ENV})")
+        resume = ResumeState(args.resume, token, args.last_seq)
+    else:
+        config = _new_session_config(args)
+    urls = tuple(_full_url(url) for url in args.url)
+    try:
+        if len(urls) > 1:  # (one URL is checked by connecting, as it always was)
+            parse_urls(urls)
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
+    ssl_context = _ssl_context(args, urls)
+    # No retries before the first attach: a wrong URL or a server that is down is said
+    # at once. Once attached, an outage is retried (the session is worth resuming).
+    policy = ReconnectPolicy(
+        max_attempts=args.max_attempts, deadline=args.reconnect_deadline, retry_open=False
+    )
+    # An API key from the environment, not a flag: a flag would show in `ps`.
+    options = ClientOptions(reconnect=policy, api_key=os.environ.get(API_KEY_VARIABLE) or None)
+    return _Opening(urls, config, resume, options, ssl_context)
+
+
+def _new_session_config(args: argparse.Namespace) -> dict[str, Any]:
+    """``--session``, with the audio the ``--audio-*`` flags (and ``--mic``) ask for."""
+    try:
+        config = json.loads(args.session)
+    except ValueError:
+        config = None
+    if not isinstance(config, dict):
+        raise _Refused("--session must be a JSON object")
+    if request := _audio_request(args):
+        audio = config.get("audio")
+        config["audio"] = {**(audio if isinstance(audio, dict) else {}), **request}
+    return config
+
+
+def _ssl_context(args: argparse.Namespace, urls: Sequence[str]) -> ssl.SSLContext | None:
+    if not args.ca:
+        return None
+    if not all(url.startswith("wss://") for url in urls):
+        raise _Refused("--ca needs a wss:// URL")
+    try:
+        return ssl.create_default_context(cafile=args.ca)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise _Refused(f"--ca {args.ca}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _microphone(args: argparse.Namespace) -> Microphone | None:
+    try:
+        return open_wav(args.mic) if args.mic else None
+    except MicError as exc:
+        raise _Refused(f"--mic: {exc}") from None
+
+
+def _audio_sink(args: argparse.Namespace) -> AudioSink | None:
+    try:
+        return AudioSink(args.save_audio) if args.save_audio else None
+    except OSError as exc:
+        raise _Refused(
+            f"--save-audio: cannot write {args.save_audio}: {exc.strerror or exc}"
+        ) from None
 
 
 async def _main(args: argparse.Namespace, printer: Printer) -> int:

@@ -4,7 +4,8 @@
 ``ConfigLocked``, ``can_migrate``, ``UpstreamLost``); ``echo`` and ``voice`` are the
 built-in engines, and the examples to learn it from; ``speech`` wraps a real speech
 model (PocketSphinx and eSpeak NG, the ``speech`` extra); ``realtime_proxy`` puts resume
-in front of an existing OpenAI-Realtime-style endpoint.
+in front of an existing OpenAI-Realtime-style endpoint; ``turns`` is the turn loop
+(queue, one response at a time, barge-in) that ``voice`` and ``speech`` share.
 """
 
 from .api import (

@@ -55,6 +55,7 @@ Decisions:
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import struct
 import zlib
@@ -66,6 +67,7 @@ import attrs
 import trio
 
 from .api import BadEvent, Engine, EngineSession, Event
+from .turns import Turns, send_end, send_live, speak_unless_cancelled
 
 SAMPLE_RATE: Final = 24_000
 FRAME_SAMPLES: Final = 480
@@ -173,6 +175,10 @@ class _Response:
     cancelled: bool = False  # a cancel was read: no more audio, response.cancelled ends it
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)  # what a cancel cancels
 
+    @property
+    def finished(self) -> bool:
+        return self.stage is _Stage.END
+
     def state(self) -> dict[str, Any]:
         """Its part of the engine's snapshot (``_restore_response`` reads it back)."""
         return {
@@ -197,12 +203,7 @@ class VoiceEngine(Engine):
         self.config = dict(config or {})
         self.max_queued = max_queued
         self.audio_bytes_received = 0
-        self._responses = 0
-        self._speaking: _Response | None = None
-        self._queued: deque[str] = deque()  # texts read and not started, in order
-        self._input_ended = False
-        self._text_queued = trio.lowlevel.ParkingLot()  # where the speaker waits for text
-        self._room = trio.lowlevel.ParkingLot()  # where the reader waits for room
+        self._turns = Turns[str, _Response](_Response)  # the texts queued, the one speaking
 
     def check(self, event: Event) -> None:
         kind = event["type"]
@@ -217,56 +218,22 @@ class VoiceEngine(Engine):
         # The reader never waits on speech, so input (and above all a cancel) is read
         # while a response plays: that is the full duplex.
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._speak, session)
-            while True:
-                # One text over max_queued may be held: read no more until one starts.
-                while len(self._queued) > self.max_queued:
-                    await self._room.park()
-                try:
-                    event = await session.receive()
-                except trio.EndOfChannel:
-                    break
-                self._take(event)
-            # Input has ended: the queued responses are still spoken, then run returns.
-            self._input_ended = True
-            self._text_queued.unpark()
+            nursery.start_soon(self._turns.speak, functools.partial(self._respond, session))
+            # One text over max_queued may be held: read no more until one starts. Once
+            # input has ended, the queued responses are still spoken, then run returns.
+            await self._turns.read(session, self._take, self._full)
+
+    def _full(self) -> bool:
+        return len(self._turns.queued) > self.max_queued
 
     def _take(self, event: Event) -> None:
         kind = event["type"]
         if kind == "input.text.append":
-            self._queued.append(event["text"])
-            self._text_queued.unpark()
+            self._turns.put(event["text"])
         elif kind == "input_audio_buffer.append":
             self.audio_bytes_received += len(event["audio"])  # PCM16 bytes
         elif kind == "response.cancel":
-            self._cancel(event.get("response_id"))
-
-    def _cancel(self, response_id: str | None) -> None:
-        # Synchronous: once this returns, the speaker sends no further frame.
-        speaking = self._speaking
-        if (
-            speaking is not None
-            and speaking.stage is not _Stage.END
-            and response_id in (None, speaking.response_id)
-        ):
-            speaking.cancelled = True
-            speaking.scope.cancel()
-
-    async def _speak(self, session: EngineSession) -> None:
-        while True:
-            response = self._speaking  # (restored: the one the last node was speaking)
-            if response is None:
-                if not self._queued:
-                    if self._input_ended:
-                        return
-                    await self._text_queued.park()
-                    continue
-                self._responses += 1
-                response = _Response(f"resp_{self._responses}", self._queued.popleft())
-                self._speaking = response
-                self._room.unpark()
-            await self._respond(session, response)
-            self._speaking = None
+            self._turns.cancel(event.get("response_id"))
 
     async def _respond(self, session: EngineSession, response: _Response) -> None:
         response_id = response.response_id
@@ -276,13 +243,12 @@ class VoiceEngine(Engine):
             await session.send({"type": "response.created", "response_id": response_id})
             response.stage = _Stage.SPEAK
         if response.stage is _Stage.SPEAK:
-            if not response.cancelled:
-                with response.scope:
-                    await self._stream(session, response)
+            await speak_unless_cancelled(
+                response, functools.partial(self._stream, session, response)
+            )
             # No checkpoint since the scope closed: a later cancel cannot reach this one.
             response.stage = _Stage.END
-        ending = "response.cancelled" if response.cancelled else "response.done"
-        await session.send({"type": ending, "response_id": response_id})
+        await send_end(session, response)
 
     async def _stream(self, session: EngineSession, response: _Response) -> None:
         first = response.next_frame
@@ -293,13 +259,13 @@ class VoiceEngine(Engine):
             await trio.sleep_until(start + index * FRAME_SECONDS)
             if word is not None and not response.delta_sent:
                 delta = word if index == 0 else " " + word  # deltas join with one space
-                await _send_live(
+                await send_live(
                     session,
                     {"type": "response.output_text.delta", "response_id": response_id,
                      "text": delta},
                 )  # fmt: skip
                 response.delta_sent = True
-            await _send_live(
+            await send_live(
                 session,
                 {"type": "response.output_audio.delta", "response_id": response_id,
                  "audio": frame},
@@ -310,12 +276,12 @@ class VoiceEngine(Engine):
         await trio.sleep_until(start + response.next_frame * FRAME_SECONDS)
 
     def snapshot(self) -> dict[str, Any]:
-        speaking = self._speaking
+        speaking = self._turns.speaking
         return {
             "state": _STATE,
-            "responses": self._responses,
+            "responses": self._turns.responses,
             "speaking": None if speaking is None else speaking.state(),
-            "queued": list(self._queued),
+            "queued": list(self._turns.queued),
             "audio_bytes_received": self.audio_bytes_received,
             "max_queued": self.max_queued,
         }
@@ -330,8 +296,8 @@ class VoiceEngine(Engine):
         audio_bytes = _count(state, "audio_bytes_received")
         max_queued = _count(state, "max_queued", minimum=1)
         speaking = state.get("speaking")
-        self._speaking = None if speaking is None else _restore_response(speaking)
-        self._responses, self._queued = responses, deque(queued)
+        self._turns.speaking = None if speaking is None else _restore_response(speaking)
+        self._turns.responses, self._turns.queued = responses, deque(queued)
         self.audio_bytes_received, self.max_queued = audio_bytes, max_queued
 
 
@@ -376,10 +342,3 @@ def _count(state: Mapping[str, Any], key: str, minimum: int = 0) -> int:
 def _short(value: object, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-async def _send_live(session: EngineSession, event: Event) -> None:
-    # A task woken by its deadline in the same batch as the cancel resumes normally and
-    # would send one more frame: check for the cancel before every send.
-    await trio.lowlevel.checkpoint_if_cancelled()
-    await session.send(event)

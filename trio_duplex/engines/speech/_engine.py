@@ -6,6 +6,7 @@ events and decisions.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -15,6 +16,7 @@ import attrs
 import trio
 
 from ..api import BadEvent, Engine, EngineSession, Event
+from ..turns import Turns, send_end, send_live, speak_unless_cancelled
 from ._capacity import check_available, default_max_sessions, shared_limiter
 from ._recognise import BYTES_PER_SECOND, SAMPLE_RATE, Heard, Hearing
 from ._remote import RemoteRecogniser
@@ -99,13 +101,9 @@ class SpeechEngine(Engine):
         self._turn_started = False  # speech_started sent for the turn going on
         self._turn_words: list[str] = []  # its words sent as transcript deltas
         self._last_guesses: deque[list[str]] = deque(maxlen=FIRM_GUESSES)
-        self._queued: deque[str] = deque()  # turns' transcripts awaiting a response
-        self._speaking: _Response | None = None
-        self._responses = 0
-        self._input_ended = False
+        # Turns' transcripts awaiting a response, and the one speaking.
+        self._turns = Turns[str, _Response](_Response)
         self._audio_in = trio.lowlevel.ParkingLot()
-        self._room = trio.lowlevel.ParkingLot()
-        self._turn_queued = trio.lowlevel.ParkingLot()
 
     def check(self, event: Event) -> None:
         kind = event["type"]
@@ -138,23 +136,17 @@ class SpeechEngine(Engine):
         limiter: trio.CapacityLimiter,
     ) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._speak, session, limiter)
+            nursery.start_soon(
+                self._turns.speak, functools.partial(self._respond, session, limiter=limiter)
+            )
             nursery.start_soon(self._listen, session, recogniser, limiter)
-            while True:
-                # Full (the recogniser is behind, or turns wait): read no more input, so
-                # the server answers the client's next audio with input_backpressure.
-                while (
-                    len(self._buffer) >= self.max_buffered_bytes or len(self._queued) > MAX_QUEUED
-                ):
-                    await self._room.park()
-                try:
-                    event = await session.receive()
-                except trio.EndOfChannel:
-                    break
-                self._take(event)
-            self._input_ended = True
+            await self._turns.read(session, self._take, self._full)
             self._audio_in.unpark_all()
-            self._turn_queued.unpark_all()
+
+    def _full(self) -> bool:
+        # The recogniser is behind, or turns wait: read no more input, so the server
+        # answers the client's next audio with input_backpressure.
+        return len(self._buffer) >= self.max_buffered_bytes or len(self._turns.queued) > MAX_QUEUED
 
     def _take(self, event: Event) -> None:
         kind = event["type"]
@@ -162,26 +154,14 @@ class SpeechEngine(Engine):
             self._buffer += event["audio"]
             self._audio_in.unpark_all()
         elif kind == "input.text.append":  # a typed turn: answered like a spoken one
-            self._cancel(None)
+            self._turns.cancel(None)
             self._queue_turn(event["text"])
         elif kind == "response.cancel":
-            self._cancel(event.get("response_id"))
-
-    def _cancel(self, response_id: str | None) -> None:
-        # Synchronous: once this returns, the speaker sends no further audio.
-        speaking = self._speaking
-        if (
-            speaking is not None
-            and not speaking.finished
-            and response_id in (None, speaking.response_id)
-        ):
-            speaking.cancelled = True
-            speaking.scope.cancel()
+            self._turns.cancel(event.get("response_id"))
 
     def _queue_turn(self, transcript: str) -> None:
         self.history.append({"role": "user", "text": transcript})
-        self._queued.append(transcript)
-        self._turn_queued.unpark_all()
+        self._turns.put(transcript)
 
     # -- listening -------------------------------------------------------------------
 
@@ -193,7 +173,7 @@ class SpeechEngine(Engine):
     ) -> None:
         while True:
             if not self._buffer:
-                if self._input_ended:
+                if self._turns.input_ended:
                     return
                 await self._audio_in.park()
                 continue
@@ -204,7 +184,7 @@ class SpeechEngine(Engine):
                 heard = await recogniser.feed(chunk)
             del self._buffer[: len(chunk)]
             self._replay += chunk
-            self._room.unpark_all()
+            self._turns.make_room()
             for hearing in heard:
                 await self._hear(session, hearing)
             if not recogniser.in_turn:  # quiet: keep only what a new turn may start in
@@ -214,7 +194,7 @@ class SpeechEngine(Engine):
         if hearing.kind is Heard.STARTED:
             if self._turn_started:  # restored mid-turn: this turn was announced
                 return
-            self._cancel(None)  # barge-in: the user speaks over the response
+            self._turns.cancel(None)  # barge-in: the user speaks over the response
             start_ms = self._base_ms + hearing.start_s * 1000
             await session.send(
                 {"type": "input_audio_buffer.speech_started", "audio_start_ms": round(start_ms)}
@@ -226,15 +206,17 @@ class SpeechEngine(Engine):
                 await session.send({"type": "input_audio.transcript.delta", "text": delta})
                 self._turn_words += delta.split()
         else:
-            while len(self._queued) >= MAX_QUEUED:  # its response must have room
-                await self._room.park()
-            self._cancel(None)
+            await self._turns.wait_room(self._no_room_for_turn)  # its response must have room
+            self._turns.cancel(None)
             await session.send({"type": "input_audio.transcript.done", "text": hearing.text})
             self._turn_started = False
             self._turn_words = []
             self._last_guesses.clear()
             self._trim(hearing.offset)
             self._queue_turn(hearing.text)
+
+    def _no_room_for_turn(self) -> bool:
+        return len(self._turns.queued) >= MAX_QUEUED
 
     def _firm_delta(self, guess: list[str]) -> str:
         """The words that firmed up: the same in the last ``FIRM_GUESSES`` guesses (200 ms
@@ -263,40 +245,23 @@ class SpeechEngine(Engine):
 
     # -- answering -------------------------------------------------------------------
 
-    async def _speak(self, session: EngineSession, limiter: trio.CapacityLimiter) -> None:
-        while True:
-            response = self._speaking  # (restored: the one the last node had created)
-            if response is None:
-                if not self._queued:
-                    if self._input_ended:
-                        return
-                    await self._turn_queued.park()
-                    continue
-                self._responses += 1
-                response = _Response(f"resp_{self._responses}", self._queued.popleft())
-                self._speaking = response
-                self._room.unpark_all()
-            await self._respond(session, response, limiter)
-            self._speaking = None
-
     async def _respond(
-        self, session: EngineSession, response: _Response, limiter: trio.CapacityLimiter
+        self, session: EngineSession, response: _Response, *, limiter: trio.CapacityLimiter
     ) -> None:
         response_id = response.response_id
         if not response.created:
             await session.send({"type": "response.created", "response_id": response_id})
             response.created = True
-            if not response.cancelled:
-                with response.scope:
-                    await self._play(session, response, limiter)
+            await speak_unless_cancelled(
+                response, functools.partial(self._play, session, response, limiter)
+            )
             # No checkpoint since the scope closed: a later cancel cannot reach this one.
             response.finished = True
         elif not response.finished:  # restored mid-reply: responder and audio left behind
             response.cancelled = True
             response.finished = True
         self.history.append({"role": "assistant", "text": "".join(response.said).strip()})
-        ending = "response.cancelled" if response.cancelled else "response.done"
-        await session.send({"type": ending, "response_id": response_id})
+        await send_end(session, response)
 
     async def _play(
         self, session: EngineSession, response: _Response, limiter: trio.CapacityLimiter
@@ -312,7 +277,7 @@ class SpeechEngine(Engine):
                     if start + index * FRAME_SECONDS < now:  # synthesis fell behind
                         start = now - index * FRAME_SECONDS
                     text = clause if not response.said else " " + clause
-                    await _send_live(
+                    await send_live(
                         session,
                         {"type": "response.output_text.delta", "response_id": response.response_id,
                          "text": text},
@@ -320,7 +285,7 @@ class SpeechEngine(Engine):
                     response.said.append(text)
                     for at in range(0, len(pcm), FRAME_BYTES):
                         await trio.sleep_until(start + index * FRAME_SECONDS)
-                        await _send_live(
+                        await send_live(
                             session,
                             {"type": "response.output_audio.delta",
                              "response_id": response.response_id,
@@ -386,7 +351,7 @@ class SpeechEngine(Engine):
     # -- migration -------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        speaking = self._speaking
+        speaking = self._turns.speaking
         return State(
             # From the last quiet point, and what is not recognised yet: heard again.
             bytes(self._replay) + bytes(self._buffer),
@@ -394,8 +359,8 @@ class SpeechEngine(Engine):
             self._turn_started,
             tuple(self._turn_words),
             tuple(self.history),
-            tuple(self._queued),
-            self._responses,
+            tuple(self._turns.queued),
+            self._turns.responses,
             None
             if speaking is None
             else Speaking(
@@ -412,7 +377,7 @@ class SpeechEngine(Engine):
         got = State.read(state)  # all checked before anything is taken
         speaking = got.speaking
         if speaking is not None:
-            self._speaking = _Response(
+            self._turns.speaking = _Response(
                 speaking.response_id,
                 speaking.transcript,
                 speaking.created,
@@ -425,15 +390,8 @@ class SpeechEngine(Engine):
         self._turn_started = got.turn_started
         self._turn_words = list(got.turn_words)
         self.history.extend(got.history)
-        self._queued = deque(got.queued)
-        self._responses = got.responses
-
-
-async def _send_live(session: EngineSession, event: Event) -> None:
-    # A task woken by its deadline in the same batch as the cancel resumes normally and
-    # would send one more frame: check for the cancel before every send (as voice does).
-    await trio.lowlevel.checkpoint_if_cancelled()
-    await session.send(event)
+        self._turns.queued = deque(got.queued)
+        self._turns.responses = got.responses
 
 
 __all__ = ["MAX_CLAUSE_CHARS", "Responder", "SpeechEngine", "say_back"]
