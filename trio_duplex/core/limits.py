@@ -53,5 +53,9 @@ class Limits:
 
     @property
     def first_message_bytes(self) -> int:
-        """The largest message a connection may send before it carries a session."""
-        return min(self.max_event_bytes, self.max_config_bytes + FIRST_MESSAGE_ENVELOPE)
+        return first_message_bytes(self.max_event_bytes, self.max_config_bytes)
+
+
+def first_message_bytes(max_event_bytes: int, max_config_bytes: int) -> int:
+    """The largest message a connection may send before it carries a session."""
+    return min(max_event_bytes, max_config_bytes + FIRST_MESSAGE_ENVELOPE)

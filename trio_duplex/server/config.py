@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from ..core.events import DEFAULT_PATH
-from ..core.limits import KiB, Limits, MiB
+from ..core.limits import KiB, Limits, MiB, first_message_bytes
 from . import config_checks as check
 
 SECONDS = "SECONDS"
@@ -470,4 +470,5 @@ class ServerConfig:
     @property
     def first_message_bytes(self) -> int:
         """The largest message a connection may send before it carries a session."""
-        return self.core_limits.first_message_bytes
+        # (Not through core_limits: it is read on every connection's handshake.)
+        return first_message_bytes(self.max_event_bytes, self.max_config_bytes)
