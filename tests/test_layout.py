@@ -267,6 +267,7 @@ def _in(*names: str) -> tuple[str, ...]:
 #   dialects                     sans-IO: how a wire spells the core's events
 #   engines                      the engine API and the built-in engines
 #   cluster's store              keys, seals, lease memory, the store, its connection
+#   server.config(_checks)       ServerConfig and its serve flags: on the core alone
 #   server.sessions              the session shell (runners, connections, timers)
 #   server.front                 the front door (listen, TLS, the HTTP router, auth)
 #   cluster's node               node, relay, migration: beside the shell, called by it
@@ -275,6 +276,7 @@ def _in(*names: str) -> tuple[str, ...]:
 _SHELL = ("server", "cluster", "workers", "cli", "client", "testing")
 _STORE = tuple(f"cluster.{name}" for name in ("keys", "signed", "leases", "store", "connect"))
 _NODE = tuple(f"cluster.{name}" for name in ("node", "relay", "migration"))
+_SHELL_WINGS = ("server.sessions", "server.front", "server.server", *_SHELL[1:])
 
 LAYERS = [
     Layer(f"{PACKAGE}.core", _in("audio", "dialects", "engines", *_SHELL), external=("trio",)),
@@ -285,6 +287,10 @@ LAYERS = [
     *(
         Layer(f"{PACKAGE}.{store}", _in("dialects", "engines", *_SHELL[:1], *_NODE, *_SHELL[2:]))
         for store in _STORE
+    ),
+    *(
+        Layer(f"{PACKAGE}.server.{name}", _in("audio", "dialects", "engines", *_SHELL_WINGS))
+        for name in ("config", "config_checks")
     ),
     Layer(f"{PACKAGE}.server.sessions", _in("server.front", "server.server", *_SHELL[1:])),
     Layer(f"{PACKAGE}.server.front", _in("server.server", *_SHELL[1:])),

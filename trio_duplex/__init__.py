@@ -7,10 +7,10 @@ API (``Engine``, ``EngineSession``, ``BadEvent``), the protocol error and versio
 """
 
 from . import client
-from .core.config import ServerConfig
 from .core.events import PROTOCOL_VERSION
 from .core.wire import ProtocolError
 from .engines.api import BadEvent, Engine, EngineFactory, EngineSession, Event, load_engine_factory
+from .server.config import ServerConfig
 from .server.server import DuplexServer
 from .server.sessions.owner import Observer
 

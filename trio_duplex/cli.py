@@ -18,9 +18,11 @@ from typing import Any, NoReturn
 import attrs
 import trio
 
-from .core.config import BYTES, FLAG, ConfigError, Flag, KiB, MiB, NeedsCompanion, ServerConfig
+from .core.limits import KiB, MiB
 from .engines.api import PROXY, EngineFactory, load_engine_factory
 from .logs import FORMATS, LEVELS, configure, register_key_file, register_secret
+from .server.config import BYTES, FLAG, Flag, ServerConfig
+from .server.config_checks import ConfigError, NeedsCompanion
 from .server.server import DuplexServer
 from .settings import Layers
 

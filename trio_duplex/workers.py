@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from .core.config import ServerConfig
+from .server.config import ServerConfig
 from .server.front.listen import reserve_port
 
 log = logging.getLogger("trio_duplex")

@@ -20,7 +20,7 @@ import trio.testing
 
 from trio_duplex import ServerConfig
 from trio_duplex.client import ClientSession
-from trio_duplex.core.config import ServerConfig as CoreServerConfig
+from trio_duplex.core.limits import Limits
 from trio_duplex.engines.api import Engine, EngineSession
 
 from .helpers import client_for, sim_server
@@ -112,12 +112,12 @@ async def test_a_server_with_a_smaller_bound_makes_the_client_resend_from_the_re
 ) -> None:
     # The server queues 8 events but advertises 64 (say, a proxy rewrote the limits):
     # the client overruns it, is refused, and rewinds; nothing is lost or reordered.
-    advertised = CoreServerConfig.limits
+    advertised = Limits.advertised
 
-    def limits(self: CoreServerConfig) -> dict[str, Any]:
+    def limits(self: Limits) -> dict[str, Any]:
         return {**advertised(self), "max_pending_input": 64}
 
-    monkeypatch.setattr(CoreServerConfig, "limits", limits)
+    monkeypatch.setattr(Limits, "advertised", limits)
     factory = OneSlow()
     count = 500
     async with sim_server(ServerConfig(max_pending_input=8), factory) as (_sim, net):

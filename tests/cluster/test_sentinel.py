@@ -24,10 +24,11 @@ import coredis
 import pytest
 import trio
 
+from trio_duplex import ServerConfig
 from trio_duplex.cluster import StoreUnavailable, open_store
 from trio_duplex.cluster.connect import CHECK_INTERVAL_S
 from trio_duplex.cluster.signed import Sealer
-from trio_duplex.core.config import ConfigError, NeedsCompanion, ServerConfig
+from trio_duplex.server.config_checks import ConfigError, NeedsCompanion
 
 from ..helpers import Servers
 from .conftest import SECRET, STARTUP_S, _answers_ping, _free_port

@@ -24,10 +24,11 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
+from trio_duplex import ServerConfig
 from trio_duplex.cluster import HEARTBEAT_INTERVAL_S, LEASE_TTL_S, NODE_TTL_S, Store
 from trio_duplex.cluster.keys import _NODE_ID
 from trio_duplex.cluster.node import advertise_url, default_node_id, shown_url
-from trio_duplex.core import config as server_config
+from trio_duplex.server import config_checks
 
 from ..helpers import ServerProcess
 from .conftest import SECRET, RedisServer
@@ -341,25 +342,21 @@ def test_the_store_s_password_stays_out_of_the_log() -> None:
 
 
 def test_the_config_checks_node_ids_as_the_store_does() -> None:
-    assert server_config._NODE_ID.pattern == _NODE_ID.pattern
+    assert config_checks.NODE_ID.pattern == _NODE_ID.pattern
     assert _NODE_ID.fullmatch(default_node_id())
     assert default_node_id() != default_node_id()
 
 
 def test_the_advertised_url_defaults_to_the_listening_address() -> None:
-    config = server_config.ServerConfig(
-        cluster="redis://db/0", cluster_secret=SECRET, host="10.1.2.3"
-    )
+    config = ServerConfig(cluster="redis://db/0", cluster_secret=SECRET, host="10.1.2.3")
     assert advertise_url(config, "ws", 8001) == "ws://10.1.2.3:8001/v1/duplex"
-    anywhere = server_config.ServerConfig(
+    anywhere = ServerConfig(
         cluster="redis://db/0", cluster_secret=SECRET, host="0.0.0.0", path="/rt"
     )
     assert advertise_url(anywhere, "wss", 443) == f"wss://{socket.gethostname()}:443/rt"
-    v6 = server_config.ServerConfig(cluster="redis://db/0", cluster_secret=SECRET, host="::1")
+    v6 = ServerConfig(cluster="redis://db/0", cluster_secret=SECRET, host="::1")
     assert advertise_url(v6, "ws", 1) == "ws://[::1]:1/v1/duplex"
-    given = server_config.ServerConfig(
-        cluster="redis://db/0", cluster_secret=SECRET, advertise_url="ws://lb:9/x"
-    )
+    given = ServerConfig(cluster="redis://db/0", cluster_secret=SECRET, advertise_url="ws://lb:9/x")
     assert advertise_url(given, "ws", 1) == "ws://lb:9/x"
 
 
@@ -369,5 +366,5 @@ def test_cluster_needs_a_secret_and_never_shows_it() -> None:
     short = run_serve("--cluster", "redis://127.0.0.1:1/0", "--cluster-secret", "tooshort-xyz")
     assert short.returncode == 2 and "at least 16 characters" in short.stderr
     assert "tooshort-xyz" not in short.stderr
-    config = server_config.ServerConfig(cluster="redis://db/0", cluster_secret=SECRET)
+    config = ServerConfig(cluster="redis://db/0", cluster_secret=SECRET)
     assert SECRET not in repr(config)

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trio_duplex.core import migration
-from trio_duplex.core.config import ServerConfig
 from trio_duplex.core.events import ErrorCode, Reason
+from trio_duplex.core.limits import Limits
 from trio_duplex.core.migration import BadRecord, Frozen, Record, export, restore
 from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Registry, Session, State
@@ -24,7 +24,7 @@ MAX = 1 << 22
 GRACE = 30.0
 
 
-def limits(**overrides: Any) -> ServerConfig:
+def limits(**overrides: Any) -> Limits:
     settings: dict[str, Any] = {
         "max_sessions": 4,
         "disconnect_grace_s": GRACE,
@@ -33,7 +33,7 @@ def limits(**overrides: Any) -> ServerConfig:
         "journal_ttl_s": 600.0,
     }
     settings.update(overrides)
-    return ServerConfig(**settings)
+    return Limits(**settings)
 
 
 def opened(registry: Registry) -> tuple[Session, str]:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trio_duplex.core.config import ServerConfig
 from trio_duplex.core.frames import BATCH
+from trio_duplex.core.limits import Limits
 from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Registry, Session
 
 
 def detached_session(**limits: Any) -> tuple[Session, str]:
-    registry = Registry(ServerConfig(**limits))
+    registry = Registry(Limits(**limits))
     session, token = registry.admit({})
     session.handshake_delivered(0.0)
     session.touch(0.0)  # the client spoke: the whole grace applies

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from trio_duplex.core.config import ServerConfig
 from trio_duplex.core.events import Reason
+from trio_duplex.core.limits import Limits
 from trio_duplex.core.session import Commit, Registry, Session, State, Terminal
 from trio_duplex.core.wire import (
     ProtocolError,
@@ -32,7 +32,7 @@ def make_registry(**overrides: Any) -> Registry:
         "journal_ttl_s": 60.0,
     }
     settings.update(overrides)
-    return Registry(ServerConfig(**settings))
+    return Registry(Limits(**settings))
 
 
 def opened(registry: Registry, now: float = 0.0, *, spoke: bool = True) -> tuple[Session, str]:

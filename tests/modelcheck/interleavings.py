@@ -30,10 +30,10 @@ from typing import Any
 
 import attrs
 
-from trio_duplex.core.config import ServerConfig
 from trio_duplex.core.credentials import Credentials, digest
 from trio_duplex.core.events import Reason
 from trio_duplex.core.journal import Journal, frame_size
+from trio_duplex.core.limits import Limits
 from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Commit, Registry, ResumeAttempt, Session, State
 from trio_duplex.core.wire import (
@@ -63,8 +63,8 @@ def require(condition: bool, name: str, detail: str) -> None:
 
 def make_config(
     max_sessions: int, journal_max_bytes: int = JOURNAL_MAX_BYTES, journal_ttl_s: float = 1e9
-) -> ServerConfig:
-    return ServerConfig(
+) -> Limits:
+    return Limits(
         max_sessions=max_sessions,
         disconnect_grace_s=GRACE_S,
         unconfirmed_grace_s=UNCONFIRMED_GRACE_S,

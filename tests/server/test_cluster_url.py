@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from trio_duplex import ServerConfig
-from trio_duplex.core.config import ConfigError
+from trio_duplex.server.config_checks import ConfigError
 
 from ..helpers import serve_command
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from trio.testing import MockClock
 
-from trio_duplex.core.config import ServerConfig
+from trio_duplex import ServerConfig
 from trio_duplex.testing import ScriptedEngine, SimClient, running_server, settle
 
 

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from trio_duplex.core.config import ServerConfig
+from trio_duplex import ServerConfig
 from trio_duplex.core.events import Reason
 from trio_duplex.core.migration import Frozen, Record, export, restore
 from trio_duplex.core.session import State
@@ -329,7 +329,7 @@ async def migrate(a: Simulation, b: Simulation, session_id: str) -> int:
     data = export(runner.session, await frozen(runner)).to_bytes()
     runner.end(Reason.MIGRATED)
     record = Record.from_bytes(data, max_bytes=1 << 22)
-    session = restore(record, b.server.config, trio.current_time())
+    session = restore(record, b.server.config.core_limits, trio.current_time())
     engine = Tally(session.config)
     engine.restore(record.engine_state)
     b.server.sessions.adopt(session, engine).restore_input(record.pending_input)

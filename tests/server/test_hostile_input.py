@@ -10,7 +10,7 @@ import trio
 from trio.testing import MockClock
 
 from trio_duplex import ServerConfig
-from trio_duplex.core.config import FIRST_MESSAGE_ENVELOPE
+from trio_duplex.core.limits import FIRST_MESSAGE_ENVELOPE
 from trio_duplex.testing import ScriptedEngine, running_server, settle
 
 from ..helpers import RawWs, echo

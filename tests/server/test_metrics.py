@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from trio.testing import MockClock
 
-from trio_duplex.core.config import ServerConfig
+from trio_duplex import ServerConfig
 from trio_duplex.core.session import audio_ms
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.engines.voice import VoiceEngine

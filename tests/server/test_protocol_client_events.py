@@ -10,7 +10,7 @@ from unittest.mock import ANY
 import pytest
 from trio.testing import MockClock
 
-from trio_duplex.core.config import ServerConfig
+from trio_duplex import ServerConfig
 from trio_duplex.testing import ScriptedEngine, running_server
 
 from ..helpers import echo

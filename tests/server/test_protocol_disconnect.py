@@ -11,7 +11,7 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from trio_duplex.core.config import ServerConfig
+from trio_duplex import ServerConfig
 from trio_duplex.testing import ScriptedEngine, ScriptedFactory, Simulation, running_server
 
 from ..helpers import RawWs, echo, speak, state_of

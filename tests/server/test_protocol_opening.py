@@ -11,7 +11,7 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from trio_duplex.core.config import ServerConfig
+from trio_duplex import ServerConfig
 from trio_duplex.engines.api import EngineSession
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.testing import SimClient, running_server

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from trio_duplex.core.config import ServerConfig
+from trio_duplex import ServerConfig
 from trio_duplex.testing import ScriptedEngine, SimClient, Simulation, running_server
 
 from ..helpers import echo, state_of

@@ -13,7 +13,7 @@ import trio.testing
 from trio.testing import MockClock
 from trio_websocket import ConnectionRejected, wrap_client_stream
 
-from trio_duplex.core.config import ServerConfig
+from trio_duplex import ServerConfig
 from trio_duplex.testing import Simulation, running_server
 
 from ..helpers import RawClient, RawHttp, RawWs, echo

@@ -12,13 +12,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from trio_duplex import ServerConfig
 from trio_duplex.cli import EXIT_ABANDONED, main, serve_flags, shown_default
-from trio_duplex.core.config import ServerConfig
+from trio_duplex.core.limits import Limits
 from trio_duplex.engines.api import load_engine_factory
 
 from ..helpers import Serve
@@ -503,3 +506,24 @@ def test_a_malformed_upstream_header_is_refused_without_showing_it(
     err = capsys.readouterr().err
     assert "--upstream-header" in err and "must be 'NAME: VALUE'" in err, err
     assert "sk-header-value" not in err, err
+
+
+def test_the_config_hands_the_core_its_limits_with_the_same_defaults_and_bounds() -> None:
+    assert ServerConfig().core_limits == Limits()
+    names = [a.name for a in attrs.fields(Limits)]
+    # Each at a value of its own, so that a field handed down as another shows.
+    given: dict[str, Any] = {name: 7 + n for n, name in enumerate(names)}
+    limits = ServerConfig(**given).core_limits
+    assert {name: getattr(limits, name) for name in names} == given
+    # Whatever ServerConfig accepts, Limits does: a valid config never fails to hand down.
+    for name in names:
+        for value in (-1, 0, 0.001, 1):
+            setting: dict[str, Any] = {name: value}
+            try:
+                config = ServerConfig(**setting)
+            except ValueError:
+                continue
+            assert getattr(config.core_limits, name) == value
+    config = ServerConfig(max_config_bytes=100, max_pending_input=3)
+    assert config.limits() == config.core_limits.advertised()
+    assert config.first_message_bytes == config.core_limits.first_message_bytes

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..core import events
-from ..core.config import ServerConfig
 from ..core.credentials import Credentials
 from ..core.events import ErrorCode, Reason
 from ..core.frames import CloseCode
@@ -44,6 +43,7 @@ from ..core.migration import BadRecord, Record, export, restore
 from ..core.session import State
 from ..core.wire import ProtocolError, encode
 from ..engines.api import Engine, can_migrate, prepares
+from ..server.config import ServerConfig
 from ..server.sessions.owner import Sessions
 from ..server.sessions.runner import SessionRunner, settle_audio
 
@@ -220,7 +220,7 @@ async def adopt(
         try:
             if prepares(engine):
                 prepared = await sessions.prepare(engine)  # ProtocolError: not ready
-            session = restore(record, config, trio.current_time())
+            session = restore(record, config.core_limits, trio.current_time())
             runner = sessions.adopt(session, engine, prepared)  # ProtocolError: full, ...
             runner.restore_input(record.pending_input)
         except BaseException:

@@ -40,10 +40,10 @@ import attrs
 import trio
 from coredis.exceptions import RedisError
 
-from ..core.config import ServerConfig
 from ..core.events import ErrorCode
 from ..core.frames import CloseCode
 from ..core.wire import ProtocolError
+from ..server.config import ServerConfig
 from . import (
     CLAIM_TTL_S,
     HEARTBEAT_INTERVAL_S,

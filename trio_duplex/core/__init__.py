@@ -9,7 +9,8 @@ Bytes, events and times go in; decisions, frames and events come out. The trio s
 * ``session``: a session's life, admission (``Registry``).
 * ``replay``: what a resume writes before it commits.
 * ``journal``, ``credentials``: the replay journal; resume tokens.
-* ``config``: ``ServerConfig``, the limits every rule reads.
+* ``limits``: ``Limits``, the few settings the rules read (the server's ``ServerConfig``
+  hands them down).
 
 Private to the package: import public names from ``trio_duplex``.
 """

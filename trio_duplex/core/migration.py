@@ -36,9 +36,9 @@ from typing import Any
 import attrs
 import orjson
 
-from .config import ServerConfig
 from .credentials import Credentials
 from .journal import Frame, Journal
+from .limits import Limits
 from .session import LIVE_STATES, Session, State, Usage
 
 FORMAT = 1
@@ -277,7 +277,7 @@ def export(session: Session, frozen: Frozen) -> Record:
     )
 
 
-def restore(record: Record, limits: ServerConfig, now: float) -> Session:
+def restore(record: Record, limits: Limits, now: float) -> Session:
     """A DETACHED session re-created from ``record`` under this node's ``limits``: its
     grace runs from ``now`` (``disconnect_grace_s``), its journal's entries are dated
     ``now``, and exactly the tokens valid when it was exported are valid."""

@@ -33,11 +33,11 @@ import attrs
 
 from . import events
 from .binary import output_message
-from .config import ServerConfig
 from .credentials import Credentials, digest
 from .events import ErrorCode, Event, Reason
 from .frames import CloseCode
 from .journal import Journal
+from .limits import Limits
 from .wire import ProtocolError, encode, is_seq, utf8_len
 
 
@@ -152,7 +152,7 @@ def resync_frame(reason: str, dropped_through: int) -> str:
 class Session:
     id: str
     config: dict[str, Any]
-    limits: ServerConfig
+    limits: Limits
     credentials: Credentials
     journal: Journal
     state: State = State.OPENING
@@ -429,7 +429,7 @@ def _shutting_down() -> ProtocolError:
 class Registry:
     """Every session of a server, and the admission slots they hold."""
 
-    config: ServerConfig
+    config: Limits
     sessions: dict[str, Session] = attrs.field(factory=dict)
     slots_held: int = 0
     shutting_down: bool = False
@@ -477,7 +477,7 @@ class Registry:
 
     def created_event(self, session: Session, token: str) -> Event:
         return events.created(
-            session.id, session.config, token, session.generation, self.config.limits()
+            session.id, session.config, token, session.generation, self.config.advertised()
         )
 
     def release(self, session: Session) -> bool:

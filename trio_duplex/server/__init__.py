@@ -1,6 +1,9 @@
 """The trio server shell around the sans-IO core, in two wings.
 
 * ``server``: ``DuplexServer``, which composes the wings and owns their lifetimes.
+* ``config``: ``ServerConfig``, every setting of a server and the ``serve`` flags its
+  fields define; it hands the core its ``Limits``. ``config_checks``: what each value
+  must be.
 * ``front/``: the front door: listeners and TLS, connection limits, the HTTP upgrade
   and the plain HTTP answered before it (client tokens, health, metrics, the demo
   page), who may open a session (auth).

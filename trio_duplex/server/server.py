@@ -54,13 +54,13 @@ from ..cluster.relay import (
     sign,
     verify_request,
 )
-from ..core.config import ServerConfig
 from ..core.events import ErrorCode, Event, EventType, Reason
 from ..core.frames import CloseCode
 from ..core.replay import Replay
 from ..core.session import Session, State
 from ..core.wire import LARGE, ConfigBudget, ProtocolError, decode, decode_steps, encode, is_seq
 from ..engines.api import Engine, EngineFactory, prepares
+from .config import ServerConfig
 from .front import metrics
 from .front.auth import OPEN, Gate, Grant, KeyRing, Verifier
 from .front.demo import DemoPages

@@ -16,11 +16,11 @@ import trio
 from trio_websocket import wrap_client_stream
 
 from ..core import events
-from ..core.config import ServerConfig
 from ..core.events import EventType
 from ..core.session import Registry, Session
 from ..engines.api import EngineFactory, Event
 from ..engines.echo import EchoEngine
+from ..server.config import ServerConfig
 from ..server.server import DuplexServer
 from ..server.sessions.connection import Connection
 from ..server.sessions.runner import SessionRunner

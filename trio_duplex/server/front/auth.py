@@ -33,8 +33,8 @@ import trio
 from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request
 
-from ...core.config import ServerConfig
 from ...core.wire import ConfigBudget, ProtocolError, decode_object, encode
+from ..config import ServerConfig
 from .throttle import Failures, Throttled
 from .tokens import ClientToken, ClientTokens, Refused, TokenLimits, digest
 

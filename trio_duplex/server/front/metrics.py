@@ -23,8 +23,8 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from ...core.config import ServerConfig
 from ...core.session import State
+from ..config import ServerConfig
 from ..sessions.owner import Sessions
 from ..sessions.runner import SAMPLE_EVERY
 

@@ -29,11 +29,11 @@ import attrs
 import trio
 
 from ...core import events
-from ...core.config import ServerConfig
 from ...core.events import ErrorCode, Reason
 from ...core.session import Commit, Registry, Session, State, Terminal, Usage
 from ...core.wire import ProtocolError, encode
 from ...engines.api import Engine
+from ..config import ServerConfig
 from .connection import Connection
 from .runner import Prepared, SessionRunner, engine_broke, hold_prepared, only_trio_cancellation
 from .timers import Timers
@@ -131,7 +131,7 @@ class Sessions:
     hand-over ends it."""
 
     def __attrs_post_init__(self) -> None:
-        self.registry = Registry(self.config)
+        self.registry = Registry(self.config.core_limits)
 
     async def open(self) -> None:
         """Start the runners' nursery and the timer task (a system task; see above).

@@ -1,67 +1,22 @@
-"""Server configuration. Validated at construction: a ServerConfig that exists is valid."""
+"""The server's configuration, and the ``trio-duplex serve`` flags its fields define.
+Validated at construction: a ServerConfig that exists is valid.
+
+The core reads only its ``core_limits`` (core/limits.py); the rest is the deployment's:
+listeners, TLS, auth, client tokens, the cluster, the workers, the upstream.
+"""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 
-from .events import DEFAULT_PATH
-
-KiB = 1024
-MiB = 1024 * KiB
-
-FIRST_MESSAGE_ENVELOPE = 4 * KiB
-"""What a connection's first message may hold beyond ``max_config_bytes``."""
+from ..core.events import DEFAULT_PATH
+from ..core.limits import KiB, Limits, MiB, first_message_bytes
+from . import config_checks as check
 
 SECONDS = "SECONDS"
 BYTES = "BYTES"
-
-
-class ConfigError(ValueError):
-    """ServerConfig refused ``value`` for ``field``: it breaks ``rule``."""
-
-    def __init__(self, field: str, value: object, rule: str) -> None:
-        if isinstance(value, str) and "://" in value:
-            value = redacted_url(value)  # a store URL's password is never shown
-        super().__init__(f"{field} {rule}, got {value!r}")
-        self.field = field
-        self.value = value
-        self.rule = rule  # e.g. "must be at least 0"
-
-
-class NeedsCompanion(ConfigError):
-    """A field set without another one it needs (checked once all fields are known)."""
-
-
-@attrs.frozen
-class _Rule:
-    rule: str
-    holds: Callable[[Any], bool]
-
-    def __call__(self, _: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if not self.holds(value):
-            raise ConfigError(attribute.name, value, self.rule)
-
-
-def _at_least(bound: int) -> _Rule:
-    return _Rule(f"must be at least {bound}", lambda value: value >= bound)
-
-
-def _at_most(bound: int) -> _Rule:
-    return _Rule(f"must be at most {bound}", lambda value: value <= bound)
-
-
-def _above(bound: int) -> _Rule:
-    return _Rule(f"must be greater than {bound}", lambda value: value > bound)
-
-
-_path = _Rule(
-    "must start with '/' and hold no query",
-    lambda value: value.startswith("/") and "?" not in value,
-)
 
 
 @attrs.frozen
@@ -83,98 +38,6 @@ FLAG = "trio_duplex.flag"
 
 def _flag(help: str, metavar: str | None = None, shown: str | None = None) -> dict[str, Flag]:
     return {FLAG: Flag(help, metavar, shown)}
-
-
-def _is_origin(value: str) -> bool:
-    """``*``, or an origin as a browser sends it: ``scheme://host[:port]``, no path."""
-    scheme, sep, rest = value.partition("://")
-    return value == "*" or (bool(scheme and sep and rest) and "/" not in rest and " " not in rest)
-
-
-def _strings(value: Iterable[str]) -> tuple[str, ...]:
-    return tuple(value)
-
-
-_NODE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
-"""The store's rule for node ids (cluster/keys.py, which the core does not import: it
-would load the Redis client); test_cluster_serve checks that the two agree."""
-
-_node_id = _Rule(
-    f"must match {_NODE_ID.pattern}",
-    lambda value: value is None or bool(_NODE_ID.fullmatch(value)),
-)
-
-
-_REDIS_URL = re.compile(
-    r"rediss?://[^/\s?#]+(/[0-9]+)?/?|redis\+sentinel://[^/\s?#]+/[A-Za-z0-9._-]+(/[0-9]+)?/?",
-    re.ASCII,
-)
-_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\[\]:,]+)(?::([0-9]{1,5}))?", re.ASCII)
-
-
-def _is_redis_url(value: str) -> bool:
-    """One of the store's three URL forms, each host's port (if any) a number from 1 to
-    65535 (urlsplit's own ``port`` raises ValueError for anything else, which must not
-    reach a traceback)."""
-    if _REDIS_URL.fullmatch(value) is None:
-        return False
-    scheme, _, rest = value.partition("://")
-    hosts = rest.partition("/")[0].rpartition("@")[2]
-    if "," in hosts and scheme != "redis+sentinel":
-        return False
-    for host in hosts.split(","):
-        found = _HOST_PORT.fullmatch(host)
-        if found is None or (found[2] is not None and not 0 < int(found[2]) < 65536):
-            return False
-    return True
-
-
-def redacted_url(url: str) -> str:
-    """``url`` with its password (if any) shown as ``***``: for a repr or a message."""
-    scheme, _, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")  # as urlsplit: the last @ ends the password
-    if not at or ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}"
-
-
-_redis_url = _Rule(
-    "must be redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss://... (TLS) or "
-    "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB], a port a number from 1 to 65535",
-    lambda value: value is None or _is_redis_url(value),
-)
-_ws_url = _Rule(
-    "must be a ws:// or wss:// URL",
-    lambda value: value is None or re.fullmatch(r"wss?://[^/\s]+(/\S*)?", value) is not None,
-)
-_HEADER = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+:.*")  # an HTTP field name (token), ':'
-_headers = _Rule("must be 'NAME: VALUE'", lambda value: all(map(_HEADER.fullmatch, value)))
-
-
-def _url_repr(url: str | None) -> str:
-    """A URL as a repr shows it: its password (``redis://:PASSWORD@``) masked."""
-    return repr(None if url is None else redacted_url(url))
-
-
-def _headers_repr(headers: tuple[str, ...]) -> str:
-    """Header names only: a value may be a credential."""
-    # (One with no ':' is not a NAME at all: perhaps the value alone, so not shown.)
-    return repr(tuple(f"{h.partition(':')[0]}: ***" if ":" in h else "***" for h in headers))
-
-
-_positive_or_none = _Rule("must be at least 1", lambda value: value is None or value >= 1)
-_port_or_none = _Rule(
-    "must be a port from 0 to 65535", lambda value: value is None or 0 <= value <= 65535
-)
-MIN_SECRET_CHARS = 16
-
-
-def _secret(_: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
-    """The cluster's shared secret: long enough to sign with. Never echoed back."""
-    if value is not None and len(value.strip()) < MIN_SECRET_CHARS:
-        raise ConfigError(
-            attribute.name, "<hidden>", f"must be at least {MIN_SECRET_CHARS} characters"
-        )
 
 
 _CLUSTER_ONLY = (
@@ -201,25 +64,19 @@ _WORKER_CONFLICTS = {
 """Settings one port-sharing worker cannot have in common with the others."""
 
 
-_origins = _Rule(
-    "must be * or an origin such as https://app.example.com (no path, no trailing /)",
-    lambda value: all(_is_origin(origin) for origin in value),
-)
-
-
 @attrs.frozen(kw_only=True)
 class ServerConfig:
     host: str = attrs.field(default="127.0.0.1", metadata=_flag("address to listen on"))
     port: int = attrs.field(
         default=8765,
-        validator=[_at_least(0), _at_most(65535)],
+        validator=[check.at_least(0), check.at_most(65535)],
         metadata=_flag("TCP port, 0 for any free"),
     )
     path: str = attrs.field(
-        default=DEFAULT_PATH, validator=_path, metadata=_flag("WebSocket endpoint path")
+        default=DEFAULT_PATH, validator=check.path, metadata=_flag("WebSocket endpoint path")
     )
-    # TLS: both or neither (checked in __attrs_post_init__); the files are read by
-    # DuplexServer, which the core leaves to the shell.
+    # TLS: both or neither (checked in __attrs_post_init__); the front door reads the
+    # files (server/front/tls.py).
     tls_cert: str | None = attrs.field(
         default=None,
         metadata=_flag("PEM certificate chain; with --tls-key, serve wss://", "FILE", "none"),
@@ -229,8 +86,8 @@ class ServerConfig:
     )
     allow_origin: tuple[str, ...] = attrs.field(
         default=(),
-        converter=_strings,
-        validator=_origins,
+        converter=check.strings,
+        validator=check.origins,
         metadata=_flag(
             "an upgrade or token request whose Origin header is another gets HTTP 403; "
             "repeatable, * for any",
@@ -257,12 +114,12 @@ class ServerConfig:
     )
     client_token_max_ttl_s: float = attrs.field(
         default=600.0,
-        validator=_above(0),
+        validator=check.above(0),
         metadata=_flag("longest life of a client token (POST /v1/client_tokens)", SECONDS),
     )
     client_token_max_bytes: int = attrs.field(
         default=64 * MiB,
-        validator=_at_least(1),
+        validator=check.at_least(1),
         metadata=_flag(
             "client tokens outstanding on this server, in bytes (each token's locked "
             "configuration as compact JSON, plus 512); beyond: HTTP 503",
@@ -271,7 +128,7 @@ class ServerConfig:
     )
     client_token_max_per_key: int = attrs.field(
         default=1_000,
-        validator=_at_least(1),
+        validator=check.at_least(1),
         metadata=_flag(
             "client tokens outstanding for one principal (an API key's NAME, or --auth's); "
             "beyond: HTTP 429 for it alone",
@@ -280,7 +137,7 @@ class ServerConfig:
     )
     client_token_max_bytes_per_key: int = attrs.field(
         default=4 * MiB,
-        validator=_at_least(1),
+        validator=check.at_least(1),
         metadata=_flag(
             "client tokens outstanding for one principal, in bytes as --client-token-max-bytes "
             "counts them, at most half of it; beyond: HTTP 429 for it alone",
@@ -288,16 +145,16 @@ class ServerConfig:
         ),
     )
     max_sessions: int = attrs.field(
-        default=64, validator=_at_least(1), metadata=_flag("session slots")
+        default=64, validator=check.at_least(1), metadata=_flag("session slots")
     )
     disconnect_grace_s: float = attrs.field(
         default=30.0,
-        validator=_at_least(0),
+        validator=check.at_least(0),
         metadata=_flag("how long a detached session waits for a resume", SECONDS),
     )
     unconfirmed_grace_s: float = attrs.field(
         default=5.0,
-        validator=_at_least(0),
+        validator=check.at_least(0),
         metadata=_flag(
             "how long instead (at most --disconnect-grace) when the client sent nothing "
             "after session.created, which may never have reached it",
@@ -306,27 +163,27 @@ class ServerConfig:
     )
     idle_ttl_s: float = attrs.field(
         default=300.0,
-        validator=_above(0),
+        validator=check.above(0),
         metadata=_flag("attached session expires after this long without client events", SECONDS),
     )
     journal_max_bytes: int = attrs.field(
         default=8 * MiB,
-        validator=_at_least(1),
+        validator=check.at_least(1),
         metadata=_flag("journal bound per session, compact JSON bytes", BYTES),
     )
     journal_ttl_s: float = attrs.field(
         default=60.0,
-        validator=_above(0),
+        validator=check.above(0),
         metadata=_flag("journal entries older than this are dropped", SECONDS),
     )
     max_event_bytes: int = attrs.field(
         default=15 * MiB,
-        validator=_at_least(1),
+        validator=check.at_least(1),
         metadata=_flag("largest client message in UTF-8 bytes; larger closes 1009", BYTES),
     )
     max_config_bytes: int = attrs.field(
         default=64 * KiB,
-        validator=_at_least(1),
+        validator=check.at_least(1),
         metadata=_flag(
             "largest session configuration, compact JSON bytes; it also bounds a "
             "connection's first message (plus 4 KiB)",
@@ -335,12 +192,12 @@ class ServerConfig:
     )
     max_input_bytes: int = attrs.field(
         default=16 * MiB,
-        validator=_at_least(1),
+        validator=check.at_least(1),
         metadata=_flag("client events queued for the engine, in bytes", BYTES),
     )
     max_output_bytes: int = attrs.field(
         default=16 * MiB,
-        validator=_at_least(1),
+        validator=check.at_least(1),
         metadata=_flag(
             "frames queued for one connection; past it the client is cut (4003), "
             "the engine waits past half",
@@ -349,42 +206,42 @@ class ServerConfig:
     )
     write_timeout_s: float = attrs.field(
         default=20.0,
-        validator=_above(0),
+        validator=check.above(0),
         metadata=_flag("time one write may wait for the client to read, else cut", SECONDS),
     )
     handshake_timeout_s: float = attrs.field(
         default=10.0,
-        validator=_above(0),
+        validator=check.above(0),
         metadata=_flag("time allowed for the whole HTTP upgrade", SECONDS),
     )
     max_connections: int = attrs.field(
         default=10_000,
-        validator=_at_least(1),
+        validator=check.at_least(1),
         metadata=_flag("open TCP connections, handshakes included; beyond: HTTP 503"),
     )
     max_connections_per_ip: int = attrs.field(
         default=1_000,
-        validator=_at_least(1),
+        validator=check.at_least(1),
         metadata=_flag("open TCP connections from one IP address; beyond: HTTP 503"),
     )
     config_timeout_s: float = attrs.field(
         default=10.0,
-        validator=_above(0),
+        validator=check.above(0),
         metadata=_flag("time allowed for the first message", SECONDS),
     )
     replay_timeout_s: float = attrs.field(
         default=20.0,
-        validator=_above(0),
+        validator=check.above(0),
         metadata=_flag("time a resume may take to write its replay, else it is aborted", SECONDS),
     )
     drain_timeout_s: float = attrs.field(
         default=5.0,
-        validator=_at_least(0),
+        validator=check.at_least(0),
         metadata=_flag("on SIGINT/SIGTERM, time sessions get before they are closed", SECONDS),
     )
     engine_stop_timeout_s: float = attrs.field(
         default=5.0,
-        validator=_at_least(0),
+        validator=check.at_least(0),
         metadata=_flag(
             "time a cancelled engine gets to return before it is abandoned and its slot freed",
             SECONDS,
@@ -392,12 +249,12 @@ class ServerConfig:
     )
     loop_lag_warning_s: float = attrs.field(
         default=0.1,
-        validator=_at_least(0),
+        validator=check.at_least(0),
         metadata=_flag("warn when the event loop is blocked longer than this; 0: off", SECONDS),
     )
     metrics_port: int = attrs.field(
         default=0,
-        validator=[_at_least(0), _at_most(65535)],
+        validator=[check.at_least(0), check.at_most(65535)],
         metadata=_flag(
             "serve /metrics, /healthz, /readyz on this port (same host) instead of the "
             "main one; 0: on the main one"
@@ -411,11 +268,11 @@ class ServerConfig:
             shown="off",
         ),
     )
-    # Cluster mode (issue 13; docs/cluster.md): membership and cluster-wide admission.
+    # Cluster mode (docs/cluster.md): membership and cluster-wide admission.
     cluster: str | None = attrs.field(
         default=None,
-        validator=_redis_url,
-        repr=_url_repr,
+        validator=check.redis_url,
+        repr=check.url_repr,
         metadata=_flag(
             "join a cluster through the Redis (>= 7) or Valkey at this URL; none: one "
             "process, no outside service",
@@ -425,14 +282,14 @@ class ServerConfig:
     )
     node_id: str | None = attrs.field(
         default=None,
-        validator=_node_id,
+        validator=check.node_id,
         metadata=_flag(
             "this node's id in the cluster, [A-Za-z0-9._-]{1,128}", "ID", "HOST-PID-RANDOM"
         ),
     )
     advertise_url: str | None = attrs.field(
         default=None,
-        validator=_ws_url,
+        validator=check.ws_url,
         metadata=_flag(
             "the URL other nodes reach this one on; by default the listening address "
             "(the machine's name if it listens on every address)",
@@ -442,7 +299,7 @@ class ServerConfig:
     )
     cluster_max_sessions: int | None = attrs.field(
         default=None,
-        validator=_positive_or_none,
+        validator=check.positive_or_none,
         metadata=_flag(
             "sessions across the whole cluster, on top of each node's --max-sessions; "
             "an open is refused (resource_exhausted) at the cap or while the store is "
@@ -454,7 +311,7 @@ class ServerConfig:
     cluster_secret: str | None = attrs.field(
         default=None,
         repr=False,
-        validator=_secret,
+        validator=check.secret,
         metadata=_flag(
             "the secret every node of the cluster shares, signing the requests by which one "
             "node relays a resume to another (required with --cluster; better given as "
@@ -465,7 +322,7 @@ class ServerConfig:
     )
     relay_port: int | None = attrs.field(
         default=None,
-        validator=_port_or_none,
+        validator=check.port_or_none,
         metadata=_flag(
             "a second listener, on --host, for the resumes other nodes relay to this one "
             "(0: any free port), advertised instead of the main one, and the only one "
@@ -493,10 +350,10 @@ class ServerConfig:
             "system CAs",
         ),
     )
-    # Worker processes (issue 13; docs/cluster.md, "Worker processes").
+    # Worker processes (docs/cluster.md, "Worker processes").
     workers: int = attrs.field(
         default=1,
-        validator=[_at_least(1), _at_most(MAX_WORKERS)],
+        validator=[check.at_least(1), check.at_most(MAX_WORKERS)],
         metadata=_flag(
             "server processes sharing the port (SO_REUSEPORT), each a node of the cluster, "
             "supervised: one that dies is restarted, SIGTERM drains them all; more than 1 "
@@ -514,8 +371,8 @@ class ServerConfig:
     )
     upstream: str | None = attrs.field(
         default=None,
-        validator=_ws_url,
-        repr=_url_repr,
+        validator=check.ws_url,
+        repr=check.url_repr,
         metadata=_flag(
             "--engine realtime-proxy: the OpenAI-Realtime-style endpoint each session "
             "connects to (API key from TRIO_DUPLEX_UPSTREAM_API_KEY)",
@@ -525,9 +382,9 @@ class ServerConfig:
     )
     upstream_header: tuple[str, ...] = attrs.field(
         default=(),
-        converter=_strings,
-        validator=_headers,
-        repr=_headers_repr,
+        converter=check.strings,
+        validator=check.headers,
+        repr=check.headers_repr,
         metadata=_flag(
             "--engine realtime-proxy: a header sent to the upstream; repeatable",
             "'NAME: VALUE'",
@@ -535,17 +392,17 @@ class ServerConfig:
         ),
     )
     # Not flags: WebSocket keepalive and queue depths are tuned by embedders, not operators.
-    ping_interval_s: float = attrs.field(default=20.0, validator=_above(0))
-    ping_timeout_s: float = attrs.field(default=20.0, validator=_above(0))
-    max_pending_input: int = attrs.field(default=256, validator=_at_least(1))
+    ping_interval_s: float = attrs.field(default=20.0, validator=check.above(0))
+    ping_timeout_s: float = attrs.field(default=20.0, validator=check.above(0))
+    max_pending_input: int = attrs.field(default=256, validator=check.at_least(1))
     """Client events queued for the engine before ``input_backpressure``."""
-    max_pending_output: int = attrs.field(default=256, validator=_at_least(1))
+    max_pending_output: int = attrs.field(default=256, validator=check.at_least(1))
     """Frames queued for a connection before the engine's ``send`` waits."""
 
     def __attrs_post_init__(self) -> None:
         if self.client_token_max_bytes_per_key * 2 > self.client_token_max_bytes:
             # So that one principal at its share never leaves another none.
-            raise NeedsCompanion(
+            raise check.NeedsCompanion(
                 "client_token_max_bytes_per_key",
                 self.client_token_max_bytes_per_key,
                 f"must be at most half of --client-token-max-bytes ({self.client_token_max_bytes})",
@@ -554,18 +411,20 @@ class ServerConfig:
             given, missing = (
                 ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
             )
-            raise ConfigError(given, getattr(self, given), f"needs {missing} too (TLS takes both)")
+            raise check.ConfigError(
+                given, getattr(self, given), f"needs {missing} too (TLS takes both)"
+            )
         if self.demo and (self.path == "/" or self.path.startswith("/demo/")):
             # The page's paths are answered before any upgrade: the endpoint would be hidden.
-            raise ConfigError("path", self.path, "is taken by --demo (/ and /demo/...)")
+            raise check.ConfigError("path", self.path, "is taken by --demo (/ and /demo/...)")
         if self.cluster is None:
             for name in _CLUSTER_ONLY:
                 if getattr(self, name) is not None:
                     value = "<hidden>" if name == "cluster_secret" else getattr(self, name)
-                    raise NeedsCompanion(name, value, "needs --cluster")
+                    raise check.NeedsCompanion(name, value, "needs --cluster")
         if self.workers > 1:
             if self.cluster is None:
-                raise NeedsCompanion(
+                raise check.NeedsCompanion(
                     "workers",
                     self.workers,
                     "needs --cluster (each worker is a node of a cluster, so that a resume "
@@ -574,33 +433,42 @@ class ServerConfig:
             for name, rule in _WORKER_CONFLICTS.items():
                 value = getattr(self, name)
                 if value and not (name == "relay_port" and value == 0):
-                    raise NeedsCompanion(name, value, rule)
+                    raise check.NeedsCompanion(name, value, rule)
         if self.cluster_redis_ca is not None and not str(self.cluster).startswith("rediss://"):
-            raise NeedsCompanion(
+            raise check.NeedsCompanion(
                 "cluster_redis_ca", self.cluster_redis_ca, "needs a rediss:// --cluster (TLS)"
             )
         if self.cluster is not None and self.cluster_secret is None:
-            raise NeedsCompanion(
+            raise check.NeedsCompanion(
                 "cluster",
                 self.cluster,
                 "needs --cluster-secret (or TRIO_DUPLEX_CLUSTER_SECRET): the nodes sign "
                 "relayed resumes with it",
             )
 
+    @property
+    def core_limits(self) -> Limits:
+        """The fields the core's rules read (sessions, admission, the journal, the input
+        bounds), as the core takes them."""
+        return Limits(
+            max_sessions=self.max_sessions,
+            disconnect_grace_s=self.disconnect_grace_s,
+            unconfirmed_grace_s=self.unconfirmed_grace_s,
+            idle_ttl_s=self.idle_ttl_s,
+            journal_max_bytes=self.journal_max_bytes,
+            journal_ttl_s=self.journal_ttl_s,
+            max_event_bytes=self.max_event_bytes,
+            max_config_bytes=self.max_config_bytes,
+            max_pending_input=self.max_pending_input,
+            max_input_bytes=self.max_input_bytes,
+        )
+
     def limits(self) -> dict[str, Any]:
         """The ``limits`` object of ``session.created``."""
-        return {
-            "disconnect_grace_s": self.disconnect_grace_s,
-            "idle_ttl_s": self.idle_ttl_s,
-            "journal_max_bytes": self.journal_max_bytes,
-            "max_event_bytes": self.max_event_bytes,
-            "max_config_bytes": self.max_config_bytes,
-            # protocol v2: the input bounds a client paces by (core/flow.py)
-            "max_pending_input": self.max_pending_input,
-            "max_pending_input_bytes": self.max_input_bytes,
-        }
+        return self.core_limits.advertised()
 
     @property
     def first_message_bytes(self) -> int:
         """The largest message a connection may send before it carries a session."""
-        return min(self.max_event_bytes, self.max_config_bytes + FIRST_MESSAGE_ENVELOPE)
+        # (Not through core_limits: it is read on every connection's handshake.)
+        return first_message_bytes(self.max_event_bytes, self.max_config_bytes)
