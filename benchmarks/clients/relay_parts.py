@@ -22,8 +22,8 @@ from websockets.trio.client import connect
 
 from benchmarks._stats import ms_summary
 from benchmarks._workload import SESSION_UPDATE, emit, resume
-from trio_duplex.cluster import open_store
 from trio_duplex.cluster.relay import HEADER, RelayKeys, relay_url, sign
+from trio_duplex.cluster.store import open_store
 
 now = time.perf_counter
 

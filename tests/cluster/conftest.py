@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import coredis
 import pytest
 
-from trio_duplex.cluster import Store, open_store
+from trio_duplex.cluster.store import Store, open_store
 
 from ..helpers import Serve, ServerProcess, Servers
 

@@ -18,8 +18,8 @@ import coredis
 import pytest
 import trio
 
-from trio_duplex.cluster import Store, open_store
 from trio_duplex.cluster.leases import Peers
+from trio_duplex.cluster.store import Store, open_store
 
 from ..helpers import ServerProcess
 from .conftest import SECRET, TIMEOUT_S, RedisServer

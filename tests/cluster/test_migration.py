@@ -20,7 +20,7 @@ import trio
 from websockets.exceptions import ConnectionClosed
 from websockets.trio.client import ClientConnection
 
-from trio_duplex.cluster import Store
+from trio_duplex.cluster.store import Store
 from trio_duplex.engines.voice import FRAME_BYTES, frame_count
 
 from ..helpers import ServerProcess, Servers

@@ -20,8 +20,8 @@ import trio
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.trio.client import ClientConnection, connect
 
-from trio_duplex.cluster import HEARTBEAT_INTERVAL_S, LEASE_TTL_S, Store
 from trio_duplex.cluster.relay import HEADER, RELAY_PATH, RelayKeys, ReplayCache, sign, verify
+from trio_duplex.cluster.store import HEARTBEAT_INTERVAL_S, LEASE_TTL_S, Store
 
 from ..helpers import ServerProcess
 from .conftest import SECRET, RedisServer

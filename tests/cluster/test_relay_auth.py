@@ -27,7 +27,6 @@ from websockets.http11 import Request, Response
 from websockets.trio.client import connect
 from websockets.trio.server import ServerConnection, serve
 
-from trio_duplex.cluster import Store
 from trio_duplex.cluster.relay import (
     HEADER,
     PROOF_HEADER,
@@ -40,6 +39,7 @@ from trio_duplex.cluster.relay import (
     sign,
     verify,
 )
+from trio_duplex.cluster.store import Store
 from trio_duplex.server.sessions.connection import Connection
 from trio_duplex.server.sessions.websocket import WebSocket
 

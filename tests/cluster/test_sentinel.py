@@ -25,9 +25,9 @@ import pytest
 import trio
 
 from trio_duplex import ServerConfig
-from trio_duplex.cluster import StoreUnavailable, open_store
 from trio_duplex.cluster.connect import CHECK_INTERVAL_S
 from trio_duplex.cluster.signed import Sealer
+from trio_duplex.cluster.store import StoreUnavailable, open_store
 from trio_duplex.server.config_checks import ConfigError, NeedsCompanion
 
 from ..helpers import Servers

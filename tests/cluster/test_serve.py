@@ -25,9 +25,9 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
 from trio_duplex import ServerConfig
-from trio_duplex.cluster import HEARTBEAT_INTERVAL_S, LEASE_TTL_S, NODE_TTL_S, Store
 from trio_duplex.cluster.keys import _NODE_ID
 from trio_duplex.cluster.node import advertise_url, default_node_id, shown_url
+from trio_duplex.cluster.store import HEARTBEAT_INTERVAL_S, LEASE_TTL_S, NODE_TTL_S, Store
 from trio_duplex.server import config_checks
 
 from ..helpers import ServerProcess

@@ -15,9 +15,9 @@ import coredis
 import pytest
 import trio
 
-from trio_duplex.cluster import (
+from trio_duplex.cluster.keys import Keys
+from trio_duplex.cluster.store import (
     LEASE_TTL_S,
-    Keys,
     NotRegistered,
     Store,
     StoreUnavailable,

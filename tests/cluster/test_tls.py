@@ -23,8 +23,8 @@ import trio
 import trustme
 from websockets.trio.client import ClientConnection, connect
 
-from trio_duplex.cluster import StoreUnavailable, open_store
 from trio_duplex.cluster.connect import PASSWORD_ENV, parse
+from trio_duplex.cluster.store import StoreUnavailable, open_store
 
 from ..helpers import ServerProcess, Servers
 from .conftest import SECRET, STARTUP_S, RedisServer, _free_port

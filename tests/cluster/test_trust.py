@@ -23,9 +23,9 @@ import trio
 from trio.testing import MockClock
 from websockets.exceptions import ConnectionClosed
 
-from trio_duplex.cluster import NODE_TTL_S, Store
 from trio_duplex.cluster.node import ClusterNode
 from trio_duplex.cluster.signed import CLOCK_ALLOWANCE_MS
+from trio_duplex.cluster.store import NODE_TTL_S, Store
 from trio_duplex.core.credentials import digest
 from trio_duplex.core.migration import JournalRecord, Record
 

@@ -15,8 +15,8 @@ import coredis
 import pytest
 import trio
 
-from trio_duplex.cluster import ClusterRefused, Sealer, Store, open_store
-from trio_duplex.cluster.signed import payload_of
+from trio_duplex.cluster.signed import Sealer, payload_of
+from trio_duplex.cluster.store import ClusterRefused, Store, open_store
 
 from .conftest import SECRET, TIMEOUT_S, RedisServer, _answers_ping, _free_port
 from .test_store import URL_A, URL_B, Leaser

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import trio
 
-from trio_duplex.cluster import HEARTBEAT_INTERVAL_S, NODE_TTL_S, Store
+from trio_duplex.cluster.store import HEARTBEAT_INTERVAL_S, NODE_TTL_S, Store
 
 from ..helpers import READY, ServerProcess, Servers
 from .conftest import SECRET, RedisServer

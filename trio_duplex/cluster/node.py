@@ -44,7 +44,8 @@ from ..core.events import ErrorCode
 from ..core.frames import CloseCode
 from ..core.wire import ProtocolError
 from ..server.config import ServerConfig
-from . import (
+from .connect import PASSWORD_ENV as REDIS_PASSWORD_ENV
+from .store import (
     CLAIM_TTL_S,
     HEARTBEAT_INTERVAL_S,
     LEASE_TTL_S,
@@ -56,7 +57,6 @@ from . import (
     StoreUnavailable,
     open_store,
 )
-from .connect import PASSWORD_ENV as REDIS_PASSWORD_ENV
 
 
 class ClusterUnavailable(Exception):
