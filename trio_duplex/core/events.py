@@ -1,4 +1,4 @@
-"""Every event of protocol v1 by name, and a constructor for each one the protocol builds.
+"""Every event of the protocol by name, and a constructor for each one the protocol builds.
 
 Event types, terminal reasons and error codes are named here once (``StrEnum``s, which
 are ``str``: they compare equal to the strings on the wire and encode as them). The
@@ -14,7 +14,8 @@ from __future__ import annotations
 import enum
 from typing import Any, Final
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
+"""The version of docs/protocol.md this package speaks (its title states it)."""
 DEFAULT_PATH: Final = "/v1/duplex"
 SUBPROTOCOL: Final = "trio-duplex"
 """The WebSocket subprotocol selected when a client offers it (docs/protocol.md)."""
