@@ -1,4 +1,4 @@
-"""The per-event cost of an asyncio engine (issue 16): the same echo, written for trio
+"""The per-event cost of an asyncio engine: the same echo, written for trio
 and for asyncio (``AioEcho``, through trio_duplex.engines.aio), each served by
 ``trio-duplex serve``; clients (threads of the websockets sync client) send text events
 one round trip at a time. Reports events per server CPU-second and the round trip's

@@ -1,4 +1,4 @@
-"""Cluster mode on Redis (issue 13): what a relayed resume, a relayed event and a drain cost.
+"""Cluster mode on Redis: what a relayed resume, a relayed event and a drain cost.
 
     python -m benchmarks.cluster [--sessions 100] [--k 1,100] [--rounds 3] [--nice -10]
                                  [--only resume,throughput,migrate]

@@ -1,4 +1,4 @@
-"""A client flooding through the SDK: events/s and refusals (issue 11, section 3 and 6).
+"""A client flooding through the SDK: events/s and refusals.
 
     python -m benchmarks.flood [--seconds 3] [--rounds 3] [--nice -10]
 
@@ -8,11 +8,11 @@ text events (``input.text.append``, the text its own number) as fast as the SDK 
 for N seconds, while another task reads the echoes. Then it waits (bounded) for the echo
 of the last event. Reported per round: events/s sent and echoed (over the sending
 window), the refusals the session received (``error`` events with ``input_backpressure``
-or ``unexpected_client_event_seq``: the issue's target is 0) and any other error, and
+or ``unexpected_client_event_seq``: the target is 0) and any other error, and
 whether the echoes came back exactly once and in order (each number once, rising).
 
-The SDK's pacing by ``limits.max_pending_input`` and ``input.consumed`` (protocol v2,
-section 3) is what keeps the refusals at 0; against a server or SDK without it, the
+The SDK's pacing by ``limits.max_pending_input`` and ``input.consumed`` (docs/protocol.md,
+"Input flow control") is what keeps the refusals at 0; against a server or SDK without it, the
 same script counts what a flooding client meets.
 """
 

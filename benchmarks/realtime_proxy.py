@@ -1,4 +1,4 @@
-"""What the ``realtime-proxy`` engine costs (issue 16).
+"""What the ``realtime-proxy`` engine costs.
 
     python -m benchmarks.realtime_proxy [--rounds 3] [--turns 300] [--sessions 8] [--seconds 5]
 

@@ -1,4 +1,4 @@
-"""The speech engine on one core (issue 15): sessions held in real time, the time from the
+"""The speech engine on one core: sessions held in real time, the time from the
 end of speech to the reply, and what happens past capacity.
 
     python -m benchmarks.speech [--steps 1,2,3,4,6,8] [--rounds 2] [--measure 30]

@@ -1,4 +1,4 @@
-"""Server CPU per echoed 20 ms voice frame, per audio path, with transcoding (issue 11).
+"""Server CPU per echoed 20 ms voice frame, per audio path, with transcoding.
 
     python -m benchmarks.transcode [--rounds 3] [--sessions 20] [--seconds 3] [--nice -10]
 

@@ -1,4 +1,4 @@
-"""Bytes on the wire per second of audio, both directions, per lane and format (issue 11).
+"""Bytes on the wire per second of audio, both directions, per lane and format.
 
     python -m benchmarks.wire_bytes [--seconds 1] [--server-cmd "trio-duplex serve"]
 

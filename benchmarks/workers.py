@@ -1,5 +1,6 @@
 """Voice sessions held at p99 ≤ 20 ms with ``serve --workers 2`` against ``--workers 1``
-(issue 13, item 6), both in cluster mode against a local redis-server started here.
+(docs/cluster.md, "Worker processes"), both in cluster mode against a local redis-server
+started here.
 
     python -m benchmarks.workers [--workers 1,2] [--rounds 1] [--client-nice 10]
                                  [--server-nice -10] [--lane binary] [--quick]
@@ -24,7 +25,7 @@ its CPU use and how late its sends were (``lateness_p99_ms``), and the report sa
 it was at the step where the ramp stopped. Both servers are measured the same way; but
 the load generator itself needs most of a core at 100+ sessions, so on a 2-core machine
 there is about one core of room for the server whatever the number of workers (see
-docs/benchmarks.md, "Cluster (issue 13)"): two workers can only show their worth with
+docs/benchmarks.md, "Worker processes"): two workers can only show their worth with
 more cores than the load generator takes.
 """
 

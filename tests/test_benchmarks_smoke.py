@@ -296,7 +296,7 @@ def test_the_workers_benchmark_ramps_both_servers_in_cluster_mode(tmp_path: Path
 
 @pytest.mark.integration
 def test_the_cluster_benchmark_runs_its_scenarios(tmp_path: Path) -> None:
-    """`benchmarks.cluster` (issue 13) with two sessions and a fraction of a second each,
+    """`benchmarks.cluster` (cluster mode) with two sessions and a fraction of a second each,
     against redis-server and real nodes (two echo, then three voice with a drain): it runs
     and reports every table, nothing timed."""
     out = tmp_path / "cluster.json"

@@ -1,4 +1,4 @@
-"""Load generator of ``benchmarks.cluster`` (issue 13), on `websockets` (asyncio).
+"""Load generator of ``benchmarks.cluster``, on `websockets` (asyncio).
 
 Modes:
 

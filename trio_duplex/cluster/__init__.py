@@ -1,4 +1,4 @@
-"""Cluster mode (issue 13): what nodes share through Redis.
+"""Cluster mode (docs/cluster.md): what nodes share through Redis.
 
 The shared store: membership, the session directory, admission leases and handed-over
 sessions.

@@ -411,7 +411,7 @@ class ServerConfig:
             shown="off",
         ),
     )
-    # Cluster mode (issue 13; docs/cluster.md): membership and cluster-wide admission.
+    # Cluster mode (docs/cluster.md): membership and cluster-wide admission.
     cluster: str | None = attrs.field(
         default=None,
         validator=_redis_url,
@@ -493,7 +493,7 @@ class ServerConfig:
             "system CAs",
         ),
     )
-    # Worker processes (issue 13; docs/cluster.md, "Worker processes").
+    # Worker processes (docs/cluster.md, "Worker processes").
     workers: int = attrs.field(
         default=1,
         validator=[_at_least(1), _at_most(MAX_WORKERS)],

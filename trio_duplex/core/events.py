@@ -60,10 +60,10 @@ class Reason(enum.StrEnum):
     IDLE_EXPIRED = "idle_ttl_expired"
     UPSTREAM_LOST = "upstream_lost"
     """The service an engine fronts is gone (``engines.api.UpstreamLost``; the
-    ``realtime-proxy`` engine's upstream WebSocket closed or failed). Added in issue 16."""
+    ``realtime-proxy`` engine's upstream WebSocket closed or failed)."""
     REVOKED = "credential_revoked"
     """The API key the session was opened with (its NAME) was removed from
-    ``--api-key-file`` and the server reloaded it (SIGHUP). Added in issue 23."""
+    ``--api-key-file`` and the server reloaded it (SIGHUP)."""
     MIGRATED = "migrated"
     """The session moved to another node (core/migration.py). Never sent: its node has
     already finished the connection with ``session.going_away {migrating: true}``."""

@@ -1,7 +1,7 @@
 """The server side of a WebSocket on a trio stream, with no task of its own.
 
 websockets' sans-IO ``ServerProtocol`` answers the HTTP upgrade; after the 101 the
-frames are ours (_frames.py: the per-message path, measured there).
+frames are ours (core/frames.py: the per-message path, measured there).
 
 trio-websocket, which the server used at first, runs a reader task per connection and
 hands each message over a memory channel: one more task switch per message and one more
