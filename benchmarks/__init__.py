@@ -7,4 +7,7 @@ Run from the repository root::
 
 Every figure is a ratio against a baseline run in the same invocation, interleaved
 (A B A B ...), reported as the median with min-max. See docs/benchmarks.md.
+
+``suite/`` is the suite, ``probes/`` the other benchmarks; each module here is the
+command that runs one of them (``python -m benchmarks.soak`` runs ``probes/soak.py``).
 """

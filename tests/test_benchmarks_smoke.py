@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the root off
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import _plan, _stats, _workload, codecs, soak, transcode, wire_bytes  # noqa: E402
+from benchmarks.probes import codecs, soak, transcode, wire_bytes  # noqa: E402
+from benchmarks.suite import _plan, _stats, _workload  # noqa: E402
 from trio_duplex.audio import opus_available  # noqa: E402
 
 
@@ -215,7 +216,8 @@ def test_the_transcode_benchmark_runs_every_path() -> None:
 
 
 _NO_SERVER_CPU = """
-from benchmarks import _procs, transcode
+from benchmarks.probes import transcode
+from benchmarks.suite import _procs
 real = _procs.Proc.snapshot
 _procs.Proc.snapshot = lambda self: {**real(self), "cpu": 1.0}
 transcode.PATHS = [p for p in transcode.PATHS if p[2].format == "pcm16"]
@@ -253,8 +255,8 @@ def test_the_sdk_flood_runs_and_counts_refusals() -> None:
 
 def test_the_voice_load_drives_both_lanes_of_a_real_server() -> None:
     """Scenario 3's load generator, one tiny step per lane against `trio-duplex serve`."""
-    from benchmarks._procs import free_port, port_open
-    from benchmarks._suite import DEFAULT_DUPLEX_CMD, duplex_flags
+    from benchmarks.suite._procs import free_port, port_open
+    from benchmarks.suite._suite import DEFAULT_DUPLEX_CMD, duplex_flags
 
     port = free_port()
     flags = duplex_flags(port)
@@ -268,7 +270,7 @@ def test_the_voice_load_drives_both_lanes_of_a_real_server() -> None:
             time.sleep(0.05)
         url = f"ws://127.0.0.1:{port}/v1/duplex"
         for lane in ("binary", "json"):
-            out = _run("clients.asyncio_ws", "voice", "--url", url, "--lane", lane,
+            out = _run("suite.clients.asyncio_ws", "voice", "--url", url, "--lane", lane,
                        "--steps", "2", "--settle", "0.2", "--measure", "0.3",
                        "--threshold-ms", "1000", "--max-time", "30")  # fmt: skip
             (step,) = json.loads(out.split("@result ", 1)[1])["steps"]
@@ -296,7 +298,7 @@ def test_the_workers_benchmark_ramps_both_servers_in_cluster_mode(tmp_path: Path
 
 @pytest.mark.integration
 def test_the_cluster_benchmark_runs_its_scenarios(tmp_path: Path) -> None:
-    """`benchmarks.cluster` (issue 13) with two sessions and a fraction of a second each,
+    """`benchmarks.cluster` (cluster mode) with two sessions and a fraction of a second each,
     against redis-server and real nodes (two echo, then three voice with a drain): it runs
     and reports every table, nothing timed."""
     out = tmp_path / "cluster.json"
@@ -334,7 +336,7 @@ def _speech_step(**changes: object) -> dict[str, object]:
 
 
 def test_the_speech_benchmark_judges_a_step() -> None:
-    from benchmarks.speech import holds
+    from benchmarks.probes.speech import holds
 
     assert holds(_speech_step(), 20.0)
     assert not holds(_speech_step(neighbour_delay={"n": 100, "p99_ms": 21.0}), 20.0)
@@ -351,7 +353,7 @@ def test_the_speech_benchmark_judges_a_step() -> None:
 def test_the_speech_load_times_reply_frames_against_their_earliest() -> None:
     import argparse
 
-    from benchmarks.clients.speech_load import Load, Session
+    from benchmarks.probes.clients.speech_load import Load, Session
 
     load = Load(argparse.Namespace(utterance=[], seed=1))
     load.window = (0.0, math.inf)
@@ -369,7 +371,7 @@ def test_the_speech_load_times_reply_frames_against_their_earliest() -> None:
 
 
 def test_the_speech_load_noise_is_faint_and_does_not_repeat_soon() -> None:
-    from benchmarks.clients.speech_load import FRAME_BYTES, HEADER, noise_frames
+    from benchmarks.probes.clients.speech_load import FRAME_BYTES, HEADER, noise_frames
 
     frames = noise_frames(50, 5)
     assert len(set(frames)) == 50 and all(len(f) == len(HEADER) + FRAME_BYTES for f in frames)

@@ -1,4 +1,4 @@
-"""``connect`` with several URLs (issue 13): the nodes of a cluster, each a scripted
+"""``connect`` with several URLs (docs/client.md): the nodes of a cluster, each a scripted
 WebSocket server in memory (``test_session_scripted.scripted_server``), virtual time.
 
 Which URL each attempt uses (``trio_duplex/client/urls.py``), a migration announced by

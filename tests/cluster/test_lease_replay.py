@@ -1,5 +1,5 @@
 """Admission against a store that replays or deletes lease counts, and a deploy at the
-cap (issue 23): ``--cluster-max-sessions`` is not exceeded by a count replayed at its key,
+cap (docs/cluster.md): ``--cluster-max-sessions`` is not exceeded by a count replayed at its key,
 by a member's keys deleted, or by sessions moving from a draining node.
 
 Real time passes where a lease value expiring by Redis's clock is what is tested (TTLs

@@ -1,4 +1,4 @@
-"""Sessions that survive a deploy (issue 13): SIGTERM a node while voice sessions stream,
+"""Sessions that survive a deploy (docs/cluster.md): SIGTERM a node while voice sessions stream,
 and every session goes on, on another node, with no event lost, duplicated or reordered
 in either direction.
 

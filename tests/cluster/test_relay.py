@@ -1,4 +1,4 @@
-"""Resume on any node (issue 13): a resume that reaches a node other than the session's
+"""Resume on any node (docs/cluster.md): a resume that reaches a node other than the session's
 home is relayed there; one whose home is gone is refused ``node_lost``.
 
 Real ``trio-duplex serve`` processes on 127.0.0.1, a real redis-server, and clients we

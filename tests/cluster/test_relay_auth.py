@@ -1,4 +1,4 @@
-"""The relay's mutual authentication (issue 23): a relayed resume's token reaches only a
+"""The relay's mutual authentication (docs/cluster.md): a relayed resume's token reaches only a
 node that proved it holds the cluster secret; a captured request cannot be replayed;
 no relay header, however malformed, makes a traceback; with ``--relay-port`` the relay
 path is served there only.

@@ -1,4 +1,4 @@
-"""The store is not a single point of failure (issue 23): ``--cluster
+"""The store is not a single point of failure (docs/cluster.md): ``--cluster
 redis+sentinel://...`` follows a failover of the primary, and a failover while sessions
 stream and resume across nodes loses no event and no session.
 

@@ -1,4 +1,4 @@
-"""A speech session moved mid-sentence by a deploy (issue 15 on issue 13's migration):
+"""A speech session moved mid-sentence by a deploy (a cluster node's drain migrates it):
 SIGTERM its node while the user is speaking, resume on another node, finish the sentence
 there, and the transcript is the one the sentence gets without a move.
 

@@ -1,4 +1,4 @@
-"""TLS in a cluster (issue 23): to Redis (``rediss://``, ``--cluster-redis-ca``, the
+"""TLS in a cluster (docs/cluster.md, "TLS"): to Redis (``rediss://``, ``--cluster-redis-ca``, the
 password from ``TRIO_DUPLEX_REDIS_PASSWORD``) and between nodes (``wss://`` relays
 checked against ``--cluster-ca``).
 

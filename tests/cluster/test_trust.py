@@ -1,4 +1,4 @@
-"""Trust boundaries of cluster mode (issue 23), over real ``trio-duplex serve --cluster``
+"""Trust boundaries of cluster mode (docs/cluster.md), over real ``trio-duplex serve --cluster``
 processes and a real redis-server: what a writer to Redis without the cluster secret
 can do to the nodes, one tenant's drain, and a home that is only slow.
 

@@ -1,4 +1,4 @@
-"""The store is not trusted (issue 23): what someone who can write to Redis, but does not
+"""The store is not trusted (docs/cluster.md): what someone who can write to Redis, but does not
 hold the cluster secret, can do to a node through the store. A real redis-server; the
 tampering goes behind the store's back through a plain client."""
 

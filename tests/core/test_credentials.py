@@ -1,4 +1,4 @@
-"""Resume credentials (``_credentials.py``): 256-bit tokens, digests only, rotation."""
+"""Resume credentials (``core/credentials.py``): 256-bit tokens, digests only, rotation."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_comparisons_run_in_constant_time_both_ways(monkeypatch: pytest.MonkeyPa
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(hmac, "compare_digest", compare)  # the module _credentials calls
+    monkeypatch.setattr(hmac, "compare_digest", compare)  # the module core/credentials.py calls
     credentials, token = Credentials.issue()
     for presented in (token, "wrong"):
         calls.clear()

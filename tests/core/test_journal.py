@@ -1,4 +1,4 @@
-"""The journal (``_journal.py``) directly: seqs, acks, the byte and TTL bounds, replay."""
+"""The journal (``core/journal.py``) directly: seqs, acks, the byte and TTL bounds, replay."""
 
 from __future__ import annotations
 

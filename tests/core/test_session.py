@@ -1,4 +1,4 @@
-"""The session core (``_core.py``) driven directly: no trio, no I/O, time as a number."""
+"""The session core (``core/session.py``) driven directly: no trio, no I/O, time as a number."""
 
 from __future__ import annotations
 

@@ -166,7 +166,7 @@ def test_a_snapshot_of_another_shape_is_refused(change: dict[str, Any]) -> None:
 @needs_speech
 async def test_the_recogniser_runs_in_a_child_process_and_is_reaped() -> None:
     # pocketsphinx holds the GIL: in a thread it stopped every session's frames
-    # (benchmarks/speech.py --gil-only). Out of process, the event loop stays free.
+    # (benchmarks/probes/speech.py --gil-only). Out of process, the event loop stays free.
     import os
 
     from trio_duplex.engines.speech._recognise import Heard

@@ -504,7 +504,7 @@ class World:
             )
 
     def do_resume(self, i: int, from_zero: bool = False, token: str | None = None) -> None:
-        """A new connection's ``session.resume``, as ``_server._resume`` runs it."""
+        """A new connection's ``session.resume``, as the server's resume path runs it."""
         slot = self.slots[i]
         token = slot.token if token is None else token
         last = 0 if from_zero else slot.client_last()

@@ -27,7 +27,7 @@ class ServerRefused(ClientError):
     """The server said the same request may succeed later (``error.retryable``)."""
     reason: str | None = None
     """The error's ``reason``, when it gave one: e.g. ``node_lost`` on a
-    ``session_resume_expired`` (the session's home node is gone; issue 13)."""
+    ``session_resume_expired`` (cluster mode: the session's home node is gone)."""
 
     def __str__(self) -> str:
         if self.code is not None:

@@ -80,7 +80,7 @@ class Phase(enum.Enum):
 
 @attrs.define(eq=False, repr=False)
 class SessionState:
-    """The client half of protocol v1. Time comes in as ``now``; frames go out as text.
+    """The client half of the protocol. Time comes in as ``now``; frames go out as text.
 
     Per connection the shell calls ``opening_frame``, feeds the first answer to
     ``on_handshake``, then loops ``next_frame``/``next_deadline`` in its writer and

@@ -1,4 +1,4 @@
-"""Sessions that survive a deploy (issue 13): handing sessions from a draining node to
+"""Sessions that survive a deploy (docs/cluster.md): handing sessions from a draining node to
 whichever node their clients resume on. Cluster mode only.
 
 Out (``hand_over_all``, on SIGTERM): each live session whose engine can migrate

@@ -1,4 +1,4 @@
-"""Resume on any node (issue 13): a ``session.resume`` relayed to the session's home.
+"""Resume on any node (docs/cluster.md): a ``session.resume`` relayed to the session's home.
 
 A resume that reaches a node which does not hold the session, while the store says a
 live node does, is relayed: this node (the front) opens a WebSocket to the home's relay

@@ -33,7 +33,7 @@ T = TypeVar("T")
 log = logging.getLogger("trio_duplex")
 
 # Membership defaults: a heartbeat every second refreshing a 3 s TTL. A node that stops is
-# gone at most 3 s after its last heartbeat (the issue asks for <= 5 s), and a live node
+# gone at most 3 s after its last heartbeat (docs/cluster.md, "Membership"), and a live node
 # survives two missed heartbeats (a Redis hiccup of up to ~2 s) without being declared dead.
 NODE_TTL_S = 3.0
 HEARTBEAT_INTERVAL_S = 1.0

@@ -1,4 +1,4 @@
-"""Every event of protocol v1 by name, and a constructor for each one the protocol builds.
+"""Every event of the protocol by name, and a constructor for each one the protocol builds.
 
 Event types, terminal reasons and error codes are named here once (``StrEnum``s, which
 are ``str``: they compare equal to the strings on the wire and encode as them). The
@@ -14,7 +14,8 @@ from __future__ import annotations
 import enum
 from typing import Any, Final
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
+"""The version of docs/protocol.md this package speaks (its title states it)."""
 DEFAULT_PATH: Final = "/v1/duplex"
 SUBPROTOCOL: Final = "trio-duplex"
 """The WebSocket subprotocol selected when a client offers it (docs/protocol.md)."""
@@ -59,10 +60,10 @@ class Reason(enum.StrEnum):
     IDLE_EXPIRED = "idle_ttl_expired"
     UPSTREAM_LOST = "upstream_lost"
     """The service an engine fronts is gone (``engines.api.UpstreamLost``; the
-    ``realtime-proxy`` engine's upstream WebSocket closed or failed). Added in issue 16."""
+    ``realtime-proxy`` engine's upstream WebSocket closed or failed)."""
     REVOKED = "credential_revoked"
     """The API key the session was opened with (its NAME) was removed from
-    ``--api-key-file`` and the server reloaded it (SIGHUP). Added in issue 23."""
+    ``--api-key-file`` and the server reloaded it (SIGHUP)."""
     MIGRATED = "migrated"
     """The session moved to another node (core/migration.py). Never sent: its node has
     already finished the connection with ``session.going_away {migrating: true}``."""

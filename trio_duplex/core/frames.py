@@ -1,5 +1,6 @@
 """RFC 6455 framing for the server side, sans-IO: parse what clients send, build what we
-send. The HTTP upgrade is left to websockets (see _ws.py); this is the per-message path.
+send. The HTTP upgrade is left to websockets (server/front/handshake.py); this is the per-message
+path.
 
 Written here rather than taken from websockets' ``Protocol`` because that parser is a
 chain of generators suspended per connection: measured on 150-byte messages, parsing

@@ -1,4 +1,4 @@
-"""Moving a live session to another node, as data (issue 13, item 5). No I/O, no clock.
+"""Moving a live session to another node, as data. No I/O, no clock.
 
 A node that drains in cluster mode stops each session whose engine can snapshot at a
 safe point (``SessionRunner.freeze`` → ``Frozen``), ``export``s it to a ``Record`` and

@@ -19,7 +19,7 @@ This file owns every rule of docs/protocol.md about a session's life::
   timer), then ``commit_resume`` or ``abort_resume``. Nothing about the attachment changes
   before the commit, so an aborted resume leaves the session as it was.
 
-The trio shell (``_server.py``) turns each returned value into I/O.
+The trio shell (``trio_duplex/server``) turns each returned value into I/O.
 """
 
 from __future__ import annotations

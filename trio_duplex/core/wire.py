@@ -1,4 +1,4 @@
-"""Wire format of protocol v1: JSON text to events and back, and the typed protocol error.
+"""The protocol's JSON text lane: text to events and back, and the typed protocol error.
 
 Everything here is pure: text in, dicts out, dicts in, text out. The typed errors carry
 the code the peer must be answered with, so the layers above never invent one.

@@ -1,5 +1,5 @@
 """A fake OpenAI Realtime endpoint: the upstream of the ``realtime-proxy`` engine in tests
-and in ``benchmarks/realtime_proxy.py``.
+and in ``benchmarks/probes/realtime_proxy.py``.
 
 It implements the subset of the OpenAI Realtime WebSocket protocol (GA event names) that
 the proxy relies on, as that protocol's public reference describes it:

@@ -1,4 +1,4 @@
-"""The ``speech`` engine: a real model on CPU, through the engine API (issue 15).
+"""The ``speech`` engine: a real model on CPU, through the engine API (docs/speech.md).
 
 It hears with PocketSphinx (the ``speech`` extra: ``pip install 'trio-duplex[speech]'``)
 and speaks with eSpeak NG (the ``espeak-ng`` program), both on CPU with no downloads;

@@ -3,7 +3,7 @@
 Echoes every message as it came. ``?burst=K`` in the URL makes it first send K frames the
 size and shape of a replayed event (the resume baseline of scenario 6).
 
-    python -m benchmarks.servers.bare_trio --port 8001
+    python -m benchmarks.suite.servers.bare_trio --port 8001
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 
-from benchmarks._workload import burst_frame, raise_nofile
+from benchmarks.suite._workload import burst_frame, raise_nofile
 
 
 async def handler(request: WebSocketRequest) -> None:

@@ -22,8 +22,8 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from benchmarks._stats import percentile, percentiles
-from benchmarks._workload import (
+from benchmarks.suite._stats import percentile, percentiles
+from benchmarks.suite._workload import (
     AUDIO_DELTA,
     BINARY_HEADER,
     FRAME_PERIOD_S,
@@ -40,7 +40,7 @@ from benchmarks._workload import (
     raise_nofile,
     resume,
 )
-from benchmarks.clients._aio import close_session, dial, log, open_session
+from benchmarks.suite.clients._aio import close_session, dial, log, open_session
 
 now = time.perf_counter
 

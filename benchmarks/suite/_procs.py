@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 URL_RE = re.compile(r"ws://127\.0\.0\.1:(\d+)(/\S*)?")
 

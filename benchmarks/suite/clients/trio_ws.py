@@ -19,8 +19,8 @@ from typing import Any
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from benchmarks._stats import percentiles
-from benchmarks._workload import (
+from benchmarks.suite._stats import percentiles
+from benchmarks.suite._workload import (
     SESSION_CLOSE,
     SESSION_UPDATE,
     TEXT_DELTA,

@@ -1,4 +1,4 @@
-"""Load generator of ``benchmarks.cluster`` (issue 13), on `websockets` (asyncio).
+"""Load generator of ``benchmarks.cluster``, on `websockets` (asyncio).
 
 Modes:
 
@@ -38,8 +38,8 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from benchmarks._stats import ms_summary
-from benchmarks._workload import (
+from benchmarks.suite._stats import ms_summary
+from benchmarks.suite._workload import (
     AUDIO_DELTA,
     BINARY_HEADER,
     OUTPUT_AUDIO_KIND,
@@ -52,7 +52,7 @@ from benchmarks._workload import (
     raise_nofile,
     resume,
 )
-from benchmarks.clients._aio import close_session, dial, log, open_session, recv_event
+from benchmarks.suite.clients._aio import close_session, dial, log, open_session, recv_event
 
 now = time.perf_counter
 Event = dict[str, Any]

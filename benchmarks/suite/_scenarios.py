@@ -1,4 +1,4 @@
-"""The seven scenarios of the issue. Each runs its variants interleaved and adds report rows.
+"""The suite's seven scenarios. Each runs its variants interleaved and adds report rows.
 
 Scenario 7 (the Socket.IO peer) rides along in 1 and 4: its server takes its turn in the
 same rounds, so its figures are interleaved with ours like every other baseline.
@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks._plan import geometric_steps
-from benchmarks._procs import Proc
-from benchmarks._stats import TIMES, Row, Summary, largest_passing, paired_ratios
-from benchmarks._suite import NAMES, Suite, Variant, server_cpu
+from benchmarks.suite._plan import geometric_steps
+from benchmarks.suite._procs import Proc
+from benchmarks.suite._stats import TIMES, Row, Summary, largest_passing, paired_ratios
+from benchmarks.suite._suite import NAMES, Suite, Variant, server_cpu
 
 Runs = list[dict[str, Any] | None]
 

@@ -36,7 +36,7 @@ Frames are masked with a fresh key each (websockets' C ``apply_mask``), the hand
 is written by hand, and one ticker task drives every session's 20 ms frames in four
 5 ms buckets: economical enough for 1,000 sessions on one core.
 
-Speaks the stdout protocol of ``benchmarks._procs``: ``@stats {json}`` every
+Speaks the stdout protocol of ``benchmarks.suite._procs``: ``@stats {json}`` every
 ``--stats-every`` seconds (cumulative), then ``@result {json}``.
 """
 
@@ -58,8 +58,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
-from benchmarks._stats import percentile
-from benchmarks._workload import (
+from benchmarks.suite._stats import percentile
+from benchmarks.suite._workload import (
     AUDIO_B64,
     AUDIO_DELTA,
     AUDIO_FRAME,

@@ -33,7 +33,7 @@ VOICE_JSON: Final = json.dumps(
     {"type": "input_audio_buffer.append", "audio": base64.b64encode(VOICE_RAW).decode("ascii")},
     separators=(",", ":"),
 )
-# The binary lane (protocol v2, issue 11): a 12-byte big-endian header (kind, flags,
+# The binary lane (protocol v2): a 12-byte big-endian header (kind, flags,
 # reserved, seq), then the payload. Kind 1 is input audio (client -> server, seq: its
 # client_event_seq, 0 for none), kind 2 output audio (seq: its server_event_seq).
 BINARY_HEADER: Final = struct.Struct(">BBHQ")

@@ -20,8 +20,8 @@ from typing import Any
 
 import attrs
 
-from benchmarks._plan import Plan
-from benchmarks._procs import (
+from benchmarks.suite._plan import Plan
+from benchmarks.suite._procs import (
     PY,
     ROOT,
     BenchError,
@@ -31,7 +31,7 @@ from benchmarks._procs import (
     run_client,
     start_server,
 )
-from benchmarks._stats import Row
+from benchmarks.suite._stats import Row
 
 PEER = Path(__file__).resolve().parent / "peer"
 SERVER_CPU = "0"
@@ -129,9 +129,9 @@ class Suite:
             flags[flags.index("--log-level") + 1] = self.log_level
             argv = [*self.duplex_cmd, *flags]
         elif kind == "bare_trio":
-            argv = [PY, "-m", "benchmarks.servers.bare_trio", "--port", str(port)]
+            argv = [PY, "-m", "benchmarks.suite.servers.bare_trio", "--port", str(port)]
         elif kind == "bare_asyncio":
-            argv = [PY, "-m", "benchmarks.servers.bare_asyncio", "--port", str(port)]
+            argv = [PY, "-m", "benchmarks.suite.servers.bare_asyncio", "--port", str(port)]
         elif kind == "socketio":
             node = shutil.which("node") or "node"
             argv = [node, "--expose-gc", str(PEER / "server.js"), "--port", str(port)]
@@ -153,7 +153,7 @@ class Suite:
             proc.stop()
 
     def py_client(self, module: str, args: Sequence[str]) -> list[str]:
-        return pinned([PY, "-m", f"benchmarks.clients.{module}", *args], self.client_cpu)
+        return pinned([PY, "-m", f"benchmarks.suite.clients.{module}", *args], self.client_cpu)
 
     def node_client(self, args: Sequence[str]) -> list[str]:
         node = shutil.which("node") or "node"

@@ -20,8 +20,8 @@ from typing import Any
 import trio
 from websockets.trio.client import connect
 
-from benchmarks._stats import ms_summary
-from benchmarks._workload import SESSION_UPDATE, emit, resume
+from benchmarks.suite._stats import ms_summary
+from benchmarks.suite._workload import SESSION_UPDATE, emit, resume
 from trio_duplex.cluster.relay import HEADER, RelayKeys, relay_url, sign
 from trio_duplex.cluster.store import open_store
 

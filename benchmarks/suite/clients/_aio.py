@@ -11,7 +11,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from benchmarks._workload import SESSION_CLOSE, SESSION_UPDATE
+from benchmarks.suite._workload import SESSION_CLOSE, SESSION_UPDATE
 
 Event = dict[str, Any]
 

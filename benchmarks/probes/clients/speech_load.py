@@ -34,8 +34,8 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from benchmarks._stats import percentiles
-from benchmarks._workload import (
+from benchmarks.suite._stats import percentiles
+from benchmarks.suite._workload import (
     BINARY_HEADER,
     FRAME_PERIOD_S,
     INPUT_AUDIO_KIND,

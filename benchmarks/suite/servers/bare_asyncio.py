@@ -3,7 +3,7 @@
 Compression is off (trio-websocket has none), so every side moves the same bytes.
 ``?burst=K`` behaves as in ``bare_trio``.
 
-    python -m benchmarks.servers.bare_asyncio --port 8002
+    python -m benchmarks.suite.servers.bare_asyncio --port 8002
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from benchmarks._workload import burst_frame, raise_nofile
+from benchmarks.suite._workload import burst_frame, raise_nofile
 
 
 async def handler(ws: ServerConnection) -> None:
