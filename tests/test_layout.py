@@ -274,7 +274,7 @@ def _in(*names: str) -> tuple[str, ...]:
 #   workers, cli                 the process supervisor, the command line
 _SHELL = ("server", "cluster", "workers", "cli", "client", "testing")
 _STORE = tuple(f"cluster.{name}" for name in ("keys", "signed", "leases", "store", "connect"))
-_NODE = tuple(f"cluster.{name}" for name in ("node", "relay", "migration"))
+_NODE = tuple(f"cluster.{name}" for name in ("node", "relay", "migration", "placement"))
 
 LAYERS = [
     Layer(f"{PACKAGE}.core", _in("audio", "dialects", "engines", *_SHELL), external=("trio",)),
