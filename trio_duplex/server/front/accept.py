@@ -26,7 +26,6 @@ from typing import Any
 
 import attrs
 import trio
-from websockets.http11 import Request
 
 from ...core.config import ServerConfig
 from ...core.opening import Grant
@@ -35,6 +34,7 @@ from .auth import Gate
 from .handshake import accept_websocket, refuse_unavailable
 from .http import Endpoints, serve_internal
 from .listen import open_listeners
+from .router import RelayCheck, Router
 from .tls import tls_handshake
 
 log = logging.getLogger("trio_duplex")
@@ -51,8 +51,6 @@ _REFUSAL_QUIET_S = 60.0
 
 Serve = Callable[[WebSocket, dict[str, list[str]], Grant], Awaitable[None]]
 """What a connection past its handshake becomes (the session shell's ``Opener.serve``)."""
-RelayCheck = Callable[[Request], tuple[Grant, dict[str, str]] | None]
-"""Cluster mode: a relayed resume's grant and the 101's headers, if its signature holds."""
 
 
 class Listening(enum.Enum):
@@ -172,20 +170,22 @@ class Door:
         listener, which takes relayed resumes only."""
         config, gate = self.config, self.gate
         # With --relay-port, the relay path is served there only (404 elsewhere).
-        relay = self.relay if relay_only or config.relay_port is None else None
+        router = Router(
+            None if relay_only else config.path,
+            self.endpoints,
+            config.allow_origin,
+            authorize=None if gate.open else gate.authorize,
+            issue_token=gate.issue_token,
+            relay=self.relay if relay_only or config.relay_port is None else None,
+        )
         # Until it carries a session, a connection's messages are small: the first one
         # is a configuration or a resume, not audio.
         return await accept_websocket(
             stream,
-            None if relay_only else config.path,
+            router,
             config.first_message_bytes,
             config.write_timeout_s,
             ip,
-            self.endpoints,
-            origins=config.allow_origin,
-            authorize=None if gate.open else gate.authorize,
-            issue_token=gate.issue_token,
-            relay=relay,
             max_post_bytes=config.first_message_bytes,
         )
 
