@@ -221,7 +221,8 @@ class DuplexServer:
                             conns.start_soon(door.accept, listener, conns, kind)
                     task_status.started()
                     await self._shutdown.wait()
-                    conns.start_soon(self.placement.hand_over, sessions)
+                    if sessions.handing_over is not None:  # (begin_shutdown asked)
+                        conns.start_soon(self.placement.hand_over, sessions)
                     await sessions.drain()
                     with trio.move_on_after(self.close_timeout_s):
                         while sessions.slots_held or self.connections:
