@@ -113,3 +113,6 @@ def test_the_server_s_own_state_is_not_the_client_s_fault() -> None:
     assert ErrorCode.BAD_EVENT not in opening.NOT_FAULTS
     assert opening.CONFIG_TIMEOUT.close_code == CloseCode.CONFIG_TIMEOUT
     assert opening.ended_during_resume().code == ErrorCode.SESSION_RESUME_EXPIRED
+    still_opening = opening.not_resumable()
+    assert still_opening.code == ErrorCode.SESSION_RESUME_EXPIRED
+    assert still_opening.close_code == CloseCode.RESUME_REFUSED

@@ -178,6 +178,14 @@ def ended_during_resume() -> ProtocolError:
     )
 
 
+def not_resumable() -> ProtocolError:
+    """A resume of a session still opening (its ``session.created`` not delivered):
+    answered as one of a session that does not exist."""
+    return ProtocolError.resume_refused(
+        ErrorCode.SESSION_RESUME_EXPIRED, "no such session, or it has ended"
+    )
+
+
 def _resume(event: Event) -> Resume:
     session_id = event.get("session_id")
     token = event.get("resume_token")
@@ -212,6 +220,7 @@ __all__ = [
     "check_first_event",
     "ended_during_resume",
     "first_step",
+    "not_resumable",
     "open_with",
     "resume_only",
 ]

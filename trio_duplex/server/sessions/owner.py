@@ -29,9 +29,9 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from ...core import events
+from ...core import events, opening
 from ...core.config import ServerConfig
-from ...core.events import ErrorCode, Reason
+from ...core.events import Reason
 from ...core.session import Commit, Registry, Session, State, Terminal, Usage
 from ...core.wire import ProtocolError, encode
 from ...engines.api import Engine
@@ -324,10 +324,7 @@ class Sessions:
         session = self.registry.lookup_for_resume(session_id)
         runner = self.runner(session.id)
         if runner is None:  # still opening: its session.created is not delivered
-            raise ProtocolError.resume_refused(
-                ErrorCode.SESSION_RESUME_EXPIRED,
-                "no such session, or it has ended",
-            )
+            raise opening.not_resumable()
         return runner
 
     # -- what runners report (runner.Owner) --------------------------------------------
