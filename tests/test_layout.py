@@ -275,7 +275,7 @@ def _in(*names: str) -> tuple[str, ...]:
 #   workers, cli                 the process supervisor, the command line
 _SHELL = ("server", "cluster", "workers", "cli", "client", "testing")
 _STORE = tuple(f"cluster.{name}" for name in ("keys", "signed", "leases", "store", "connect"))
-_NODE = tuple(f"cluster.{name}" for name in ("node", "relay", "migration"))
+_NODE = tuple(f"cluster.{name}" for name in ("node", "relay", "migration", "placement"))
 _SHELL_WINGS = ("server.sessions", "server.front", "server.server", *_SHELL[1:])
 
 LAYERS = [

@@ -314,7 +314,7 @@ async def test_04_send_failure_after_handshake_detaches_once(
 
 
 def _is_handler(task: trio.lowlevel.Task) -> bool:
-    return task.name.endswith("DuplexServer._handle_stream")
+    return task.name.endswith("Door._handle_stream")
 
 
 def _only_conn_scope(sim: Simulation) -> trio.CancelScope | None:

@@ -44,8 +44,9 @@ from ..core.session import State
 from ..core.wire import ProtocolError, encode
 from ..engines.api import Engine, can_migrate, prepares
 from ..server.config import ServerConfig
+from ..server.sessions.opening import settle_audio
 from ..server.sessions.owner import Sessions
-from ..server.sessions.runner import SessionRunner, settle_audio
+from ..server.sessions.runner import SessionRunner
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

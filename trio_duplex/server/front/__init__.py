@@ -1,5 +1,7 @@
 """The front door: what a connection meets before it carries a session.
 
+* ``accept``: ``Door``, the one accept loop of every listener, connection limits and
+  their refusals, each connection's handshakes;
 * ``listen``, ``tls``: the listening sockets (SO_REUSEPORT), TLS for ``wss://``;
 * ``handshake``: the HTTP upgrade, and the plain HTTP answered before it;
 * ``http``, ``metrics``, ``demo``: ``/healthz``, ``/readyz``, ``/metrics`` (and the

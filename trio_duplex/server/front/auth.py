@@ -33,6 +33,7 @@ import trio
 from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request
 
+from ...core.opening import OPEN, Grant
 from ...core.wire import ConfigBudget, ProtocolError, decode_object, encode
 from ..config import ServerConfig
 from .throttle import Failures, Throttled
@@ -104,52 +105,6 @@ class KeyRing:
 
     def __repr__(self) -> str:
         return f"<KeyRing of {len(self._keys)} keys>"
-
-
-@attrs.frozen(repr=False)
-class Grant:
-    """What an upgrade's credential allows."""
-
-    principal: str | None
-    """The API key's name (None without authentication, or for a resume-only grant)."""
-    resume_of: str | None = None
-    """A resume token's session: the first message must be its ``session.resume``."""
-    locked: dict[str, Any] | None = None
-    """A client token's locked configuration: the session gets it and cannot change it."""
-    relayed: bool = False
-    """Cluster mode: another node relays this connection (relay.py): it resumes
-    ``resume_of``, which must be here (it is never relayed on)."""
-    elsewhere: bytes | None = None
-    """Cluster mode: the digest of a credential nothing here knows, maybe the resume token
-    of a session on another node: the first message must be a ``session.resume`` with
-    exactly that token (which the session's home then checks)."""
-
-    def __repr__(self) -> str:
-        return (
-            f"Grant(principal={self.principal!r}, resume_of={self.resume_of!r}, "
-            f"relayed={self.relayed}, elsewhere={self.elsewhere is not None})"
-        )
-
-    @property
-    def resume_only(self) -> bool:
-        return self.resume_of is not None or self.elsewhere is not None
-
-    def allows_resume(self, event: Mapping[str, Any]) -> bool:
-        """May a connection with this grant send ``event`` (its first message)? Only a
-        ``session.resume`` with a resume-only grant."""
-        if self.resume_of is None and self.elsewhere is None:
-            return True
-        if event.get("type") != "session.resume":
-            return False
-        if self.resume_of is not None:
-            return bool(event.get("session_id") == self.resume_of)
-        token = event.get("resume_token")
-        assert self.elsewhere is not None
-        return isinstance(token, str) and hmac.compare_digest(digest(token), self.elsewhere)
-
-
-OPEN = Grant(None)
-"""The grant of every upgrade when authentication is off."""
 
 
 def presented(headers: Mapping[str, str], offered: Iterable[str]) -> str | None:

@@ -1,8 +1,9 @@
 """The HTTP upgrade to a WebSocket, and the plain HTTP answered before it.
 
 websockets' sans-IO ``ServerProtocol`` answers the upgrade; the request head is read
-here first, bounded, so that a request that is not an upgrade (a client token's POST,
-health and metrics, the demo page, a relayed resume's signature) is answered or refused
+here first, bounded, and the listener's ``Router`` (router.py) says what it is for, so
+that a request that is not an upgrade (a client token's POST, health and metrics, the
+demo page, a relayed resume's signature, a refused credential) is answered or refused
 before it reaches a WebSocket.
 """
 
@@ -13,7 +14,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Sequence
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 
 import trio
 from websockets.datastructures import Headers
@@ -22,11 +23,12 @@ from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
 from ...core.events import SUBPROTOCOL
+from ...core.opening import Grant
 from ..sessions.faults import FAULTS
 from ..sessions.websocket import RECEIVE_SIZE, WebSocket
-from .auth import OPEN, TOKENS_PATH, Grant
-from .http import Endpoints, origin_allowed
-from .throttle import Throttled
+from .auth import TOKENS_PATH
+from .http import origin_allowed
+from .router import Answer, IssueToken, Router, Upgrade, plain
 
 _MAX_REQUEST_BYTES = 16384
 """The largest request head taken (431 beyond)."""
@@ -35,23 +37,12 @@ _MAX_REQUEST_BYTES = 16384
 _quiet = logging.getLogger("trio_duplex.websocket")
 _quiet.setLevel(logging.WARNING)
 
-
-def _answer(status: str, text: str, *headers: str) -> bytes:
-    body = text.encode()
-    extra = "".join(f"{header}\r\n" for header in headers)
-    head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
-        f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-_BAD_REQUEST = _answer("400 Bad Request", "HTTP lines must end with CR LF.\n")
-_TOO_LARGE = _answer(
+_BAD_REQUEST = plain("400 Bad Request", "HTTP lines must end with CR LF.\n")
+_TOO_LARGE = plain(
     "431 Request Header Fields Too Large", f"The request head exceeds {_MAX_REQUEST_BYTES} bytes.\n"
 )
 RETRY_AFTER_S = 1
-_UNAVAILABLE = _answer(
+_UNAVAILABLE = plain(
     "503 Service Unavailable",
     "Too many connections; retry later.\n",
     f"Retry-After: {RETRY_AFTER_S}",
@@ -62,32 +53,23 @@ def _uncounted(reason: str) -> None:
     pass
 
 
-_UNAUTHORIZED = _answer(
-    "401 Unauthorized", "a credential is required\n", "WWW-Authenticate: Bearer"
-)
-
 _SINGLE_HEADERS = ("Host", "Origin", "Authorization")
 """Headers a request may hold once only (which one would be meant?): else 400."""
-_TWICE = _answer("400 Bad Request", "Host, Origin and Authorization may be sent once each\n")
-
-_RELAY_FORBIDDEN = _answer(
-    "403 Forbidden", "this endpoint takes resumes relayed by the nodes of this cluster only\n"
+_TWICE = Answer(
+    plain("400 Bad Request", "Host, Origin and Authorization may be sent once each\n"),
+    "400: a header sent twice that may be sent once",
+    "bad_request",
 )
-
-
-def _throttled(retry_after_s: int) -> bytes:
-    return _answer(
-        "429 Too Many Requests",
-        "too many failed resumes from this address; retry later\n",
-        f"Retry-After: {retry_after_s}",
-    )
-
+_BAD_TARGET = Answer(
+    plain("400 Bad Request", "not a valid request target\n"),
+    "400: not a valid request target",
+    "bad_request",
+)
 
 _REFUSAL_REASONS = {404: "not_found"}
 """The ``trio_duplex_handshake_refusals_total`` reason of an upgrade answered so."""
 
 
-_POST_TOKENS = (f"POST {TOKENS_PATH} ".encode(), f"POST {TOKENS_PATH}?".encode())
 MAX_POST_BYTES = 80 * 1024
 """The largest body of a POST by default (a client token's request: a configuration
 and a TTL); the server passes its first message's bound (``first_message_bytes``)."""
@@ -112,7 +94,7 @@ async def _post(
     stream: trio.abc.Stream,
     head: bytes,
     body: bytes,
-    issue_token: Callable[[Headers, bytes], tuple[int, bytes]],
+    issue_token: IssueToken,
     where: str,
     origins: tuple[str, ...],
     max_bytes: int,
@@ -219,37 +201,53 @@ async def refuse_unavailable(stream: trio.abc.Stream) -> None:
 
 async def accept_websocket(
     stream: trio.abc.Stream,
-    path: str | None,
+    router: Router,
     max_message_bytes: int,
     write_timeout: float = math.inf,
     peer: str | None = None,
-    endpoints: Endpoints | None = None,
     *,
-    origins: tuple[str, ...] = (),
-    authorize: Callable[[Request, str | None], Grant | Throttled | None] | None = None,
-    issue_token: Callable[[Headers, bytes], tuple[int, bytes]] | None = None,
-    relay: tuple[str, Callable[[Request], tuple[Grant, dict[str, str]] | None]] | None = None,
     max_post_bytes: int = MAX_POST_BYTES,
 ) -> tuple[WebSocket, dict[str, list[str]], Grant] | None:
     """Read the HTTP upgrade request and answer it.
 
-    A valid upgrade for ``path`` gets 101 and returns the WebSocket and the query; one
-    for another path gets 404, one whose Origin header is not allowed 403 (``origins``,
-    ``--allow-origin``: those, or any with ``*``; none given: only the origin of the Host
-    it names, http.py's ``same_origin``), before its credential is looked at; a request
-    that is not an upgrade, or that repeats Host, Origin or Authorization, 400; and
-    anything that is not HTTP is dropped: those return None. Bound it with a deadline.
-    A path that ``endpoints`` answers (health, metrics: http.py) gets that answer
-    instead. With ``authorize``, an upgrade it grants nothing gets 401, and one it
-    throttles 429 (auth.py); the grant is returned with the WebSocket. A POST to the
-    token path goes to ``issue_token`` (a body of at most ``max_post_bytes``). ``path``
-    None: no such endpoint here (a listener for relayed resumes only). With ``relay``
-    (cluster mode: its path, and a check of the request's signature), an upgrade for
-    that path gets the check's grant and its 101 the check's headers (the relay's
-    proof), or 403.
-    """
+    ``router`` says what the request is for (router.py): plain HTTP, answered here, or
+    an upgrade, which gets 101 and returns the WebSocket, the query and the grant; a
+    request that is not an upgrade, or that repeats Host, Origin or Authorization, gets
+    400; anything that is not HTTP is dropped: those return None. A client token's POST
+    may carry a body of at most ``max_post_bytes``. Bound it with a deadline."""
     where = f"a connection from {peer}" if peer else "a connection"
-    refused = _uncounted if endpoints is None else endpoints.refused
+    refused = _uncounted if router.endpoints is None else router.endpoints.refused
+    received = await _read_head(stream, where, refused)
+    if received is None:
+        return None
+    # A GET upgrade has no body: frames the client sent at once come right after it.
+    head, early = received
+    if router.issue_token is not None and router.posts_token(head):
+        await _post(stream, head, early, router.issue_token, where, router.origins, max_post_bytes)
+        return None
+    if (page := router.answer_head(head)) is not None:
+        await stream.send_all(page)
+        return None
+    protocol = ServerProtocol(select_subprotocol=_select_subprotocol, logger=_quiet)
+    parsed = _parse(protocol, head)
+    routed = parsed if isinstance(parsed, Answer) else router.route(*parsed, peer)
+    if isinstance(routed, Answer):
+        await _send(stream, protocol, routed, where, refused)
+        return None
+    assert not isinstance(parsed, Answer)
+    request, url = parsed
+    if not await _upgrade(stream, protocol, request, routed, where, refused):
+        return None
+    ws = WebSocket(stream, max_message_bytes, write_timeout, peer)
+    if early:
+        await ws._feed(early)
+    return ws, parse_qs(url.query), routed.grant
+
+
+async def _read_head(
+    stream: trio.abc.Stream, where: str, refused: Callable[[str], None]
+) -> tuple[bytes, bytes] | None:
+    """The request head, and what came after it; None: answered (400, 431) or gone."""
     received = b""
     checked = 0  # LFs before this were looked at
     while (end := received.find(b"\r\n\r\n")) < 0:
@@ -270,94 +268,69 @@ async def accept_websocket(
         refused("head_too_large")
         await stream.send_all(_TOO_LARGE)
         return None
-    # A GET upgrade has no body: frames the client sent at once come right after it.
-    head, early = received[: end + 4], received[end + 4 :]
-    if issue_token is not None and head.startswith(_POST_TOKENS):
-        await _post(stream, head, early, issue_token, where, origins, max_post_bytes)
-        return None
-    if endpoints is not None and endpoints.demo is not None and head.startswith(b"HEAD "):
-        await stream.send_all(endpoints.answer_head(head))  # (websockets parses GETs only)
-        return None
-    protocol = ServerProtocol(select_subprotocol=_select_subprotocol, logger=_quiet)
+    return received[: end + 4], received[end + 4 :]
+
+
+def _parse(protocol: ServerProtocol, head: bytes) -> tuple[Request, SplitResult] | Answer:
+    """The request and its target, or the 400 that refuses them."""
     protocol.receive_data(head)
     events = protocol.events_received()
     if not events:  # not an HTTP request websockets takes: say why, in our words
         why = _refusal_reason(protocol.handshake_exc)
-        FAULTS.report(where, f"400: {why}")
-        refused("bad_request")
-        await stream.send_all(_answer("400 Bad Request", why + "\n"))
-        return None
+        return Answer(plain("400 Bad Request", why + "\n"), f"400: {why}", "bad_request")
     request = events[0]
     assert isinstance(request, Request)
     if any(len(request.headers.get_all(name)) > 1 for name in _SINGLE_HEADERS):
-        FAULTS.report(where, "400: a header sent twice that may be sent once")
-        refused("bad_request")
-        await stream.send_all(_TWICE)
-        return None
+        return _TWICE
     try:
-        url = urlsplit(request.path)
+        return request, urlsplit(request.path)
     except ValueError:  # "//[x": an IPv6 host never closed
-        FAULTS.report(where, "400: not a valid request target")
-        refused("bad_request")
-        await stream.send_all(_answer("400 Bad Request", "not a valid request target\n"))
-        return None
-    if (
-        endpoints is not None
-        and (answer := endpoints.answer(url.path, request.headers.get("Host"))) is not None
-    ):
-        await stream.send_all(answer)
-        return None
-    if not origin_allowed(
-        request.headers.get_all("Origin"), request.headers.get_all("Host"), origins
-    ):  # before the credential: a page of another origin spends no client token
-        FAULTS.report(where, "403: origin not allowed")
-        refused("origin")
-        protocol.send_response(protocol.reject(403, "origin not allowed\n"))
-        await stream.send_all(b"".join(protocol.data_to_send()))
-        return None
-    grant = OPEN
-    answer_headers: dict[str, str] = {}
-    relayed = relay is not None and url.path == relay[0]
-    if relay is not None and relayed:
-        signed = relay[1](request)
-        if signed is None:
-            FAULTS.report(where, "403: a relay request not signed for this node")
-            refused("relay_unsigned")
-            await stream.send_all(_RELAY_FORBIDDEN)
-            return None
-        grant, answer_headers = signed
-    elif authorize is not None and url.path == path:
-        found = authorize(request, peer)
-        if isinstance(found, Throttled):
-            FAULTS.report(where, "429: too many failed resumes from its address")
-            refused("throttled")
-            await stream.send_all(_throttled(found.retry_after_s))
-            return None
-        if found is None:
-            FAULTS.report(where, "401: no valid credential")
-            refused("unauthorized")
-            await stream.send_all(_UNAUTHORIZED)
-            return None
-        grant = found
+        return _BAD_TARGET
+
+
+async def _send(
+    stream: trio.abc.Stream,
+    protocol: ServerProtocol,
+    answer: Answer,
+    where: str,
+    refused: Callable[[str], None],
+) -> None:
+    """Write a plain HTTP answer, reporting it if it is a refusal."""
+    if answer.fault is not None:
+        FAULTS.report(where, answer.fault)
+    if answer.reason is not None:
+        refused(answer.reason)
+    if answer.raw is not None:
+        await stream.send_all(answer.raw)
+        return
+    protocol.send_response(protocol.reject(answer.status, answer.text))
+    await stream.send_all(b"".join(protocol.data_to_send()))
+
+
+async def _upgrade(
+    stream: trio.abc.Stream,
+    protocol: ServerProtocol,
+    request: Request,
+    routed: Upgrade,
+    where: str,
+    refused: Callable[[str], None],
+) -> bool:
+    """Answer the upgrade: 101 (True), or 400 for a request that is not an upgrade,
+    then 404 for one of a path that is not ours."""
     response = protocol.accept(request)
     if response.status_code != 101:
         response = protocol.reject(400, "this endpoint takes WebSocket upgrade requests\n")
-    elif url.path != path and not relayed:
+    elif not routed.ours:
         response = protocol.reject(404, "no such endpoint\n")
     else:
-        for name, value in answer_headers.items():
+        for name, value in routed.headers.items():
             response.headers[name] = value
     protocol.send_response(response)
     if response.status_code != 101:
         FAULTS.report(where, f"{response.status_code}: {response.reason_phrase}")
         refused(_REFUSAL_REASONS.get(response.status_code, "not_upgrade"))
     await stream.send_all(b"".join(protocol.data_to_send()))
-    if response.status_code != 101:
-        return None
-    ws = WebSocket(stream, max_message_bytes, write_timeout, peer)
-    if early:
-        await ws._feed(early)
-    return ws, parse_qs(url.query), grant
+    return response.status_code == 101
 
 
 __all__ = ["RETRY_AFTER_S", "accept_websocket", "refuse_unavailable"]

@@ -5,8 +5,8 @@ are accepted, 503 while draining or with every slot held), both JSON, and
 ``GET /metrics`` (Prometheus text, metrics.py). No authentication: with
 ``--metrics-port`` they move to a listener of their own, meant to stay internal.
 
-``accept_websocket`` asks ``Endpoints.answer`` about each request's path before the
-upgrade, and tells ``refused`` why it turned one away; ``serve_internal`` serves the
+The router (router.py) asks ``Endpoints.answer`` about each request's path before the
+upgrade, and the handshake tells ``refused`` why it turned one away; ``serve_internal`` serves the
 separate listener, which answers nothing else.
 """
 

@@ -2,6 +2,9 @@
 
 * ``owner``: ``Sessions``, the one owner of every session (registry, runners, timers,
   drain) and the ``Observer`` hook;
+* ``opening``: ``Opener``, a connection from its first message to its session (opened
+  or resumed, by the core's opening rules), then its reading;
+* ``placement``: ``Placement``, the points at which the shell asks cluster mode;
 * ``runner``: ``SessionRunner``, one session's engine task and its attachment;
 * ``connection``, ``websocket``, ``faults``: one connection's lifetime, byte-bounded
   outbox, pump and keepalive; the WebSocket it speaks after the upgrade; client faults

@@ -7,7 +7,7 @@ here (``ended``, called by its runner once the engine is gone): nothing else add
 removes a runner, frees a slot or forgets a timer entry.
 
 The runners' nursery and the timer task live in a trio system task of their own
-(``open``), not in the server's task: an engine that ignores cancellation keeps its
+(``running``), not in the server's task: an engine that ignores cancellation keeps its
 runner's task, and so that nursery, from ever finishing, and trio cannot wait for it or
 stop it. Its session is ended without it (``SessionRunner``, ``engine_stop_timeout_s``);
 the server can still return, and ``abandoned`` says what it leaves behind. What breaks
@@ -23,13 +23,14 @@ from __future__ import annotations
 import bisect
 import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import attrs
 import trio
 
-from ...core import events
-from ...core.events import ErrorCode, Reason
+from ...core import events, opening
+from ...core.events import Reason
 from ...core.session import Commit, Registry, Session, State, Terminal, Usage
 from ...core.wire import ProtocolError, encode
 from ...engines.api import Engine
@@ -133,14 +134,23 @@ class Sessions:
     def __attrs_post_init__(self) -> None:
         self.registry = Registry(self.config.core_limits)
 
-    async def open(self) -> None:
-        """Start the runners' nursery and the timer task (a system task; see above).
-        Call ``stop`` once done, whatever happens."""
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The runners' nursery and the timer task (a system task; see above) for the
+        block. At its end, whatever ends it, every session still running ends
+        (``server_shutdown``) and the block waits until each one's engine has returned
+        or been abandoned (``engine_stop_timeout_s`` at most); it does not wait for
+        abandoned engines' tasks. Run ``watch`` beside the block."""
         ready = trio.Event()
         trio.lowlevel.spawn_system_task(
             self._run, ready, name="trio_duplex.Sessions", context=contextvars.copy_context()
         )
         await ready.wait()
+        try:
+            yield
+        finally:
+            with trio.CancelScope(shield=True):  # bounded by engine_stop_timeout_s
+                await self._stop()
 
     async def _run(self, ready: trio.Event) -> None:
         try:
@@ -163,10 +173,7 @@ class Sessions:
             raise self._failure
         raise RuntimeError("the sessions task stopped before the server")
 
-    async def stop(self) -> None:
-        """End every session still running (``server_shutdown``), wait until each one's
-        engine has returned or been abandoned (``engine_stop_timeout_s`` at most), then
-        stop the timer task. Returns without waiting for abandoned engines' tasks."""
+    async def _stop(self) -> None:
         await self._end_all()
         self._scope.cancel()
         if not self.abandoned:
@@ -317,10 +324,7 @@ class Sessions:
         session = self.registry.lookup_for_resume(session_id)
         runner = self.runner(session.id)
         if runner is None:  # still opening: its session.created is not delivered
-            raise ProtocolError.resume_refused(
-                ErrorCode.SESSION_RESUME_EXPIRED,
-                "no such session, or it has ended",
-            )
+            raise opening.not_resumable()
         return runner
 
     # -- what runners report (runner.Owner) --------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 import binascii
 import logging
 import math
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 import trio
@@ -784,23 +784,6 @@ class SessionRunner:
         except trio.WouldBlock:
             raise _backpressure() from None
         self._budget.commit(measured)
-
-
-def settle_audio(engine: Engine, config: dict[str, Any]) -> None:
-    """At open: replace the client's ``session.audio`` request with the effective audio
-    configuration (protocol v2), or refuse it (``unsupported_audio_format``). Without a
-    request nothing is added (a v1 client sees v1's ``session.created``) and the
-    defaults apply; an engine without ``audio_rate`` takes no audio settings."""
-    rate = engine_audio_rate(engine)
-    if rate is not None:
-        if "audio" in config:
-            config["audio"] = negotiate(config["audio"], rate).as_event()
-    elif "audio" in config:
-        raise ProtocolError(
-            ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
-            "this server's engine declares no audio format: session.audio cannot be set",
-            param="session.audio",
-        )
 
 
 def _backpressure() -> ProtocolError:

@@ -1,0 +1,366 @@
+"""``Opener``: a connection past its handshake, from its first message to its session.
+
+It reads the message that decides what the connection is for, asks the core's opening
+rules (core/opening.py) what it may be, and acts on the answer: it opens a session (the
+engine from the factory, a slot from ``Sessions``, ``session.created`` delivered per the
+handshake rule), or resumes one (the core's replay written, then the attachment
+switched), then reads the session's messages until the connection closes. Cluster mode
+is asked at its named points only (``Placement``: placement.py).
+
+Nothing one connection does raises out of its task: a refusal is answered (an ``error``
+event, and a close when the rule says so) and the session it held follows
+docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from ...audio import negotiate
+from ...core import opening
+from ...core.events import ErrorCode, Event, EventType
+from ...core.frames import CloseCode
+from ...core.opening import OPEN, Grant, Resume
+from ...core.replay import Replay
+from ...core.session import State
+from ...core.wire import LARGE, ProtocolError, decode, decode_steps, encode
+from ...engines.api import Engine, EngineFactory, engine_audio_rate, prepares
+from ..config import ServerConfig
+from .connection import Connection
+from .owner import Sessions
+from .placement import Placement, SingleProcess
+from .runner import (
+    CheckFailed,
+    SessionRunner,
+    check_input,
+    engine_broke,
+    only_trio_cancellation,
+)
+from .websocket import ConnectionClosed, WebSocket
+
+log = logging.getLogger("trio_duplex")
+
+
+@attrs.define(eq=False)
+class Opener:
+    """Serves each connection past its handshake (``serve``)."""
+
+    config: ServerConfig
+    sessions: Sessions
+    engine_factory: EngineFactory
+    close_timeout_s: float
+    resume_failed: Callable[[str | None], None]
+    """The front door's count of failed resumes by address (a credential from elsewhere)."""
+    placement: Placement = attrs.field(factory=SingleProcess)
+    connections: set[Connection] = attrs.field(factory=set)
+    """The connections past their handshake."""
+
+    async def serve(self, ws: WebSocket, query: dict[str, list[str]], grant: Grant = OPEN) -> None:
+        """The whole life of one connection past its handshake."""
+        conn: Connection | None = None
+        try:
+            async with Connection.open(
+                ws,
+                self.config.max_pending_output,
+                close_timeout=self.close_timeout_s,
+                max_output_bytes=self.config.max_output_bytes,
+                watchers=self.sessions.observers,
+            ) as conn:
+                self.connections.add(conn)
+                await self._converse(conn, query, grant)
+        finally:
+            if conn is not None:
+                self.connections.discard(conn)
+            self.sessions.changed()
+
+    async def _converse(self, conn: Connection, query: dict[str, list[str]], grant: Grant) -> None:
+        """The whole conversation on one connection, whatever it turns out to be for."""
+        runner: SessionRunner | None = None
+        try:
+            if query.get("autostart") == ["1"]:
+                try:
+                    config = opening.autostart(grant)
+                    engine = self.new_engine(config)
+                    runner = await self._open(conn, config, None, engine, grant=grant)
+                except ProtocolError as exc:
+                    code = exc.close_code or CloseCode.GOING_AWAY
+                    conn.finish([encode(exc.to_event())], code)
+            else:
+                runner = await self._first_message(conn, grant)
+            if runner is not None:
+                self.session_bounds(conn)
+                await self._read(conn, runner)
+            # Closing, or a resumer owed the terminal event of a session that ended.
+            await conn.send_rest()
+        finally:
+            if runner is not None:
+                runner.connection_lost(conn)  # before the close handshake: detach now
+
+    def session_bounds(self, conn: Connection) -> None:
+        """A connection that carries a session: its own message bound, and pings."""
+        config = self.config
+        conn.ws.max_message_bytes = config.max_event_bytes
+        conn.start_keepalive(self.sessions.timers, config.ping_interval_s, config.ping_timeout_s)
+
+    async def _first_message(self, conn: Connection, grant: Grant) -> SessionRunner | None:
+        """Wait for the message that decides what this connection is for."""
+        deadline = trio.current_time() + self.config.config_timeout_s
+        while True:
+            with trio.move_on_at(deadline) as waiting:
+                text = await conn.ws.get_message()
+            event: Event = {}
+            try:
+                if waiting.cancelled_caught:
+                    raise opening.CONFIG_TIMEOUT
+                event = decode(text) if len(text) < LARGE else await _decode_large(text)
+                resume = opening.first_step(grant, event)
+                if resume is not None:
+                    return await self._resume(conn, event, resume, grant)
+                return await self._open_with(conn, event, len(text), grant)
+            except ProtocolError as exc:
+                error = self._refused(conn, event, exc, grant)
+                if exc.close_code is not None:
+                    conn.finish([error], exc.close_code)
+                    return None
+                # No session was opened; the config timeout keeps running. (A client
+                # that does not read is cut by the write timeout.)
+                await conn.ws.send_message(error)
+
+    def _refused(self, conn: Connection, event: Event, exc: ProtocolError, grant: Grant) -> str:
+        """Count and report a refused first message; its ``error`` event."""
+        if grant.elsewhere is not None:  # an unknown credential that resumed nothing
+            self.resume_failed(conn.ws.peer)
+        totals = self.sessions.totals
+        if event.get("type") == EventType.RESUME:
+            totals.count(totals.resumes, exc.code)
+        elif exc.code == ErrorCode.ENGINE_ERROR:
+            totals.engine_errors += 1
+        if exc.code not in opening.NOT_FAULTS:
+            conn.ws.report_fault(str(exc))
+        return encode(exc.to_event(event))
+
+    async def _open_with(
+        self, conn: Connection, event: Event, size: int, grant: Grant
+    ) -> SessionRunner | None:
+        """Open a session for a first message other than a resume, if it is valid."""
+        if event["type"] == EventType.UPDATE:
+            check_input(None, event)
+        plan = opening.open_with(grant, event, self.config.max_config_bytes)
+        engine = self.new_engine(plan.config)
+        if plan.first is None:
+            return await self._open(conn, plan.config, None, engine, grant=grant)
+        try:
+            check_input(engine, event)
+        except CheckFailed as exc:
+            raise engine_broke("check of the first message", exc.__cause__ or exc) from None
+        opening.check_first_event(event)
+        return await self._open(conn, plan.config, event, engine, size, grant=grant)
+
+    def new_engine(self, config: Mapping[str, Any]) -> Engine:
+        """The engine of a session about to be admitted (``new_engine``)."""
+        return new_engine(self.engine_factory, config)
+
+    async def _open(
+        self,
+        conn: Connection,
+        config: dict[str, Any],
+        first: Event | None,
+        engine: Engine,
+        first_size: int = 0,
+        *,
+        grant: Grant = OPEN,
+    ) -> SessionRunner:
+        sessions, placement = self.sessions, self.placement
+        settle_audio(engine, config)  # ProtocolError: an audio format it cannot serve
+        # A draining or full node refuses below without asking the cluster.
+        leased = sessions.admits(self.config.max_sessions) and await placement.lease()
+        try:
+            # ProtocolError: full, or draining (this node's own, single-step decision)
+            session, token = sessions.admit(config, grant.principal, grant.locked is not None)
+        except BaseException:
+            if leased:
+                placement.release()
+            raise
+        prepared = None
+        ws = conn.ws
+        first_bytes, ws.max_message_bytes = ws.max_message_bytes, self.config.max_event_bytes
+        # The handshake rule: resumable only once session.created is handed to the
+        # transport, by a client still there. Until then the connection is read, and a
+        # close frame, FIN or reset arriving before that write has completed (during
+        # the prepare, the claim or the write) leaves the session undelivered. One seen
+        # after it, even before this task runs on, may have come after the client read
+        # session.created: that session is delivered, and detaches as on any loss. (So
+        # nothing looks at the socket after the write; and a stream's send_all yields
+        # once more after its last byte, shielded: the cancel can no longer land.)
+        watch = trio.CancelScope()
+        conn.watch_opening(watch.cancel)
+        try:
+            with watch:
+                if prepares(engine):  # e.g. its upstream connected: else the open is refused
+                    prepared = await sessions.prepare(engine)
+                # Found from any node before its client hears of it (a client that drops
+                # at once may resume elsewhere).
+                await placement.claim(session.id)
+                ws.reply_now(ws.read_now())  # what the socket holds already
+                if ws.peer_gone:
+                    raise _gone_while_opening()
+                await ws.send_message(encode(sessions.registry.created_event(session, token)))
+            ws.stop_watching()
+            if watch.cancelled_caught:  # the end came while the write was under way
+                raise _gone_while_opening()
+        except BaseException:
+            ws.stop_watching()
+            ws.max_message_bytes = first_bytes
+            sessions.undelivered(session)
+            if prepared is not None:
+                prepared.release()
+            raise
+        runner = sessions.start(
+            session, engine, conn, opening_event=first is not None, prepared=prepared
+        )
+        if ws.unsent:  # a pong reply_now could not finish
+            conn.start_pump()
+        if first is not None:
+            runner.handle(conn, first, first_size)
+        return runner
+
+    async def _resume(
+        self, conn: Connection, event: Event, resume: Resume, grant: Grant = OPEN
+    ) -> SessionRunner | None:
+        sessions = self.sessions
+        if (
+            not grant.relayed  # (a relayed resume is never relayed on)
+            and not sessions.shutting_down
+            and sessions.runner(resume.session_id) is None
+            and await self.placement.resume_elsewhere(conn, event, resume.session_id)
+        ):
+            return None
+        runner = sessions.for_resume(resume.session_id)
+        session = runner.session
+        now = trio.current_time()
+        runner.apply(session.poll(now))  # a due expiry wins before the resume is looked at
+        attempt = session.begin_resume(resume.token, resume.last_seq, now)
+        sessions.reschedule(runner)
+        replay = Replay(attempt)
+        totals = sessions.totals
+        try:
+            # The core decides what to write; this only writes it, within a bound: a
+            # resumer that does not read would otherwise hold the session (its timers
+            # frozen, other resumes refused as a conflict) for ever.
+            with trio.fail_after(self.config.replay_timeout_s):
+                while frames := replay.next_frames(trio.current_time()):
+                    await conn.ws.send_many(frames)
+            # Caught up with the journal and no await since: switch the attachment now.
+            commit = session.commit_resume(attempt, trio.current_time())
+        except BaseException as exc:
+            runner.apply(session.abort_resume(attempt, trio.current_time()))
+            sessions.reschedule(runner)
+            sessions.detached(runner)  # detached again: during a drain it ends now
+            totals.count(totals.resumes, "aborted")
+            if isinstance(exc, trio.TooSlowError):  # the write was cut: no close frame
+                log.info(
+                    "session %s: resume aborted, replay not written within %ss",
+                    session.id,
+                    self.config.replay_timeout_s,
+                    extra={"session_id": session.id, "generation": attempt.generation},
+                )
+                return None
+            raise
+        finally:
+            totals.replayed_events += replay.replayed
+        sessions.reschedule(runner)
+        if commit is None:
+            self._ended_during_resume(conn, runner)
+            return None
+        runner.attach(conn, commit)
+        totals.count(totals.resumes, "ok")
+        log.info(
+            "session %s resumed (generation %d)",
+            session.id,
+            commit.generation,
+            extra={"session_id": session.id, "generation": commit.generation},
+        )
+        return runner
+
+    def _ended_during_resume(self, conn: Connection, runner: SessionRunner) -> None:
+        """The session ended while its replay was written (``commit_resume`` None)."""
+        session, totals = runner.session, self.sessions.totals
+        terminal = session.terminal
+        if terminal is None or terminal.generation is not None:
+            raise opening.ended_during_resume()
+        # It ended while detached: nobody else heard how. The resumer, which has
+        # session.resumed already, gets the terminal event in place of live events,
+        # once the slot is free (now, or when the teardown finishes).
+        if session.state is State.CLOSED:
+            conn.finish([encode(terminal.event)], terminal.close_code)
+        else:
+            runner.resumer = conn
+        totals.count(totals.resumes, "ended")
+
+    async def _read(self, conn: Connection, runner: SessionRunner) -> None:
+        get, handle, large = conn.ws.get_message, runner.handle, LARGE
+        while conn.close_code is None:
+            text = await get()
+            if isinstance(text, bytes):  # protocol v2's binary audio lane
+                runner.handle_binary(conn, text)
+                continue
+            try:
+                # A large message is decoded in slices, letting other sessions run.
+                event = decode(text) if len(text) < large else await _decode_large(text)
+            except ProtocolError as exc:
+                conn.ws.report_fault(str(exc))
+                conn.push(encode(exc.to_event()))
+                continue
+            handle(conn, event, len(text))
+        # Closing: keep reading so pings and the peer's close are seen while the pump
+        # sends the last frames.
+        while True:
+            await get()
+
+
+def new_engine(factory: EngineFactory, config: Mapping[str, Any]) -> Engine:
+    """The engine of a session about to be admitted. ProtocolError: the engine refused
+    the configuration (``BadEvent``), or it broke (``engine_error``, close 1011)."""
+    try:
+        return factory(config)
+    except (ProtocolError, trio.Cancelled):
+        raise
+    except BaseException as exc:  # KeyboardInterrupt, asyncio's CancelledError, ...
+        if only_trio_cancellation(exc):
+            raise
+        raise engine_broke("factory", exc) from None
+
+
+def settle_audio(engine: Engine, config: dict[str, Any]) -> None:
+    """At open: replace the client's ``session.audio`` request with the effective audio
+    configuration (protocol v2), or refuse it (``unsupported_audio_format``: the core's
+    ``check_audio``). Without a request nothing is added (a v1 client sees v1's
+    ``session.created``) and the defaults apply."""
+    rate = engine_audio_rate(engine)
+    opening.check_audio(rate, config)
+    if rate is not None and "audio" in config:
+        config["audio"] = negotiate(config["audio"], rate).as_event()
+
+
+async def _decode_large(text: str | bytes) -> Event:
+    """``decode``, with a checkpoint between slices of the work (``decode_steps``)."""
+    steps = decode_steps(text)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            event: Event = done.value
+            return event
+        await trio.lowlevel.checkpoint()
+
+
+def _gone_while_opening() -> ConnectionClosed:
+    return ConnectionClosed(CloseCode.ABNORMAL, "the client left before session.created")
+
+
+__all__ = ["Opener", "new_engine", "settle_audio"]
