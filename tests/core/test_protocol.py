@@ -407,6 +407,24 @@ def test_no_room_is_input_backpressure_retryable_and_the_seq_is_not_taken() -> N
     assert m.receive(text(1)) is TO_ENGINE and m.session.client_seq == 1
 
 
+def test_an_event_that_takes_nothing_is_queued_at_once_and_full_answers_the_refusal() -> None:
+    m = machine()
+    m.room.free = False
+    event = text(event_id="7")
+    assert m.receive(event) is TO_ENGINE  # no seq, no usage: nothing to take back
+    assert m.room.asked == []
+    decision = m.events.full(event)  # the queue refused it
+    assert decision.action is Action.REFUSE and decision.frame is not None
+    assert json.loads(decision.frame) == {
+        "type": "error",
+        "code": "input_backpressure",
+        "message": "the session's input queue is full; retry later",
+        "retryable": True,
+        "event_id": "7",
+    }
+    assert decision.fault is None and not decision.consumed
+
+
 def test_control_events_need_no_room() -> None:
     m = machine()
     m.room.free = False
@@ -496,6 +514,7 @@ def test_a_resent_audio_event_is_not_decoded() -> None:
     assert m.receive({"type": AUDIO, "audio": "AAE=", "client_event_seq": 1}) is TO_ENGINE
     assert m.receive({"type": AUDIO, "audio": "AAE=", "client_event_seq": 1}) is IGNORE
     assert m.audio is not None and m.audio.decoded == [b"\x00\x01"]
+    assert len(m.rules.checked) == 1  # nor checked
 
 
 def test_audio_is_refused_before_it_is_decoded_when_there_is_no_room() -> None:

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 from . import events
 from .events import SESSION_INPUT, ErrorCode, EventType, Reason
 from .frames import CloseCode
-from .session import Session, Terminal, audio_ms
+from .session import Session, State, Terminal, audio_ms
 from .wire import ConfigBudget, ProtocolError, encode, is_seq
 
 Event = dict[str, Any]
@@ -99,6 +99,7 @@ _UPDATE = str(EventType.UPDATE)
 _HEARTBEAT = str(EventType.HEARTBEAT)
 _ACK = str(EventType.EVENT_ACK)
 _APPEND = str(EventType.INPUT_AUDIO_APPEND)
+_ATTACHED = State.ATTACHED
 
 
 def check_input(engine: EngineRules | None, event: Event) -> None:
@@ -208,11 +209,13 @@ class ClientEvents:
 
     def receive(self, event: Event, size: int, generation: int, now: float) -> Decision:
         """One client event, decoded from ``size`` characters (or bytes), from the
-        connection holding attachment ``generation``. ENGINE: the shell queues it as it
-        is (its audio decoded in place); the seq is taken already."""
+        connection holding attachment ``generation``. TO_ENGINE: the shell queues it as
+        it is (its audio decoded in place), its seq taken. Should the queue refuse it (it
+        can only when the machine took nothing for it, so did not ask ``room``: an event
+        without a seq), the answer is ``full(event)``."""
         session = self.session
-        if not session.is_current(generation):
-            return _IGNORE  # a replaced or ending attachment: fenced off
+        if session.state is not _ATTACHED or generation != session.generation:
+            return _IGNORE  # a replaced or ending attachment: fenced off (``is_current``)
         session.touch(now)
         usage = session.usage
         usage.events_in += 1
@@ -226,6 +229,8 @@ class ClientEvents:
             if session.config_locked:
                 check_locked(self.engine, event)
             if kind not in _ANSWERED_HERE:  # for the engine (session.update too)
+                if kind != _UPDATE and not self._audio_in and "client_event_seq" not in event:
+                    return _TO_ENGINE  # the per-event path: nothing to take but room
                 return self._to_engine(event, kind, size)
             if kind == _HEARTBEAT:
                 return self._heartbeat()
@@ -241,6 +246,10 @@ class ClientEvents:
         except CheckFailed as exc:
             terminal = session.begin_close(Reason.ENGINE_ERROR, now)
             return Decision(Action.END, terminal=terminal, cause=exc.__cause__)
+
+    def full(self, event: Event) -> Decision:
+        """The engine's queue refused an event that took nothing (TO_ENGINE)."""
+        return refusal(backpressure(), event)
 
     def _heartbeat(self) -> Decision:
         frame = self._heartbeat_ack

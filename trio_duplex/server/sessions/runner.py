@@ -589,7 +589,10 @@ class SessionRunner:
         the machine (core/protocol.py) decides, this acts. Never awaits."""
         decision = self._machine.receive(event, size, conn.generation, trio.current_time())
         if decision is _TO_ENGINE:
-            self._inbox.put_nowait(event, size)  # (the machine saw the room for it)
+            try:
+                self._inbox.put_nowait(event, size)
+            except trio.WouldBlock:  # (only for an event that took nothing: see receive)
+                self._act(conn, self._machine.full(event), size)
         elif decision is not _IGNORE:
             self._act(conn, decision, size)
 
