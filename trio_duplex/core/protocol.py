@@ -64,7 +64,8 @@ class Action(enum.Enum):
     IGNORE = "ignore"
     """Nothing for the shell to do: a stale attachment, a resend, an ack taken."""
     ENGINE = "engine"
-    """Queue the event (with its size) for the engine: the machine checked the room."""
+    """Queue the event (with its size) for the engine (``ClientEvents.receive`` says
+    when the queue may still refuse it)."""
     REPLY = "reply"
     """Send ``frame`` on the connection (a heartbeat's ack)."""
     REFUSE = "refuse"
@@ -75,16 +76,22 @@ class Action(enum.Enum):
 
 
 class Decision(NamedTuple):  # per event: the common ones are preallocated singletons
+    """What the shell does with one client event: ``action``, and what it needs for it."""
+
     action: Action
     frame: str | None = None
+    """REPLY and REFUSE: the frame to send."""
     close_code: int | None = None
+    """REFUSE: the connection then closes with this code (``config_locked``)."""
     fault: str | None = None
     """REFUSE: the client's fault, for the log; None for a refusal that is pacing."""
     consumed: bool = False
     """REFUSE: it refused the next seq for good: that counts as consumed (the inbox's
     ``refused``)."""
     terminal: Terminal | None = None
+    """END: the session's terminal event, decided (None: it had ended already)."""
     cause: BaseException | None = None
+    """END: what the engine's check raised, when that is why the session ends."""
 
 
 IGNORE = Decision(Action.IGNORE)
@@ -205,7 +212,7 @@ class ClientEvents:
         self._room = room
         self._audio = audio
         self._audio_in = audio_in or {}
-        self._heartbeat_ack: str | None = None
+        self._heartbeat_ack: Decision | None = None
 
     def receive(self, event: Event, size: int, generation: int, now: float) -> Decision:
         """One client event, decoded from ``size`` characters (or bytes), from the
@@ -252,10 +259,11 @@ class ClientEvents:
         return refusal(backpressure(), event)
 
     def _heartbeat(self) -> Decision:
-        frame = self._heartbeat_ack
-        if frame is None:  # the same frame every time: encoded once
-            frame = self._heartbeat_ack = encode(events.heartbeat_ack(self.session.id))
-        return Decision(Action.REPLY, frame)
+        reply = self._heartbeat_ack
+        if reply is None:  # the same answer every time: built once
+            frame = encode(events.heartbeat_ack(self.session.id))
+            reply = self._heartbeat_ack = Decision(Action.REPLY, frame)
+        return reply
 
     def _refused_for_good(self, event: Event) -> bool:
         """A non-retryable refusal of the next ``client_event_seq``: numbering goes on past
