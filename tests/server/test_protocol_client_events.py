@@ -1,5 +1,6 @@
 """docs/protocol.md, Other client events (heartbeat, close, engine events and their errors)
-and Errors (the shape of every error event)."""
+and Errors (the shape of every error event), through a server: the codec, the engine and
+the socket around the rules. The rules themselves, one each: tests/core/test_protocol.py."""
 
 from __future__ import annotations
 

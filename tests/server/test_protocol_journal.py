@@ -1,5 +1,7 @@
 """docs/protocol.md, Events and the journal: seqs, control events, session.update, acks, the
-byte and TTL bounds with their notices, client_event_seq and input_backpressure."""
+byte and TTL bounds with their notices, client_event_seq and input_backpressure, through a
+server. What a client event means by itself (ack and seq rules, session.update's shape) is
+tested on the protocol machine: tests/core/test_protocol.py."""
 
 from __future__ import annotations
 
