@@ -505,6 +505,7 @@ def test_input_audio_is_decoded_in_place_for_the_engine() -> None:
     assert m.receive(event) is TO_ENGINE
     assert event["audio"] == b"\x00\x00\x01\x01"
     assert m.rules.checked[-1]["audio"] == b"\x00\x00\x01\x01"  # the engine checks PCM
+    assert m.session.client_seq == 1 and m.room.asked == [10]  # asked once, before decoding
     binary = {"type": AUDIO, "audio": b"\x02"}  # the binary lane: bytes already
     assert m.receive(binary) is TO_ENGINE and binary["audio"] == b"\x02\x02"
 

@@ -229,13 +229,20 @@ class ClientEvents:
         usage.bytes_in += size
         try:
             kind = event["type"]
+            decoded = False
             if kind == _APPEND and self._audio is not None:
                 if not self._decode_audio(event, size, self._audio):
                     return _IGNORE  # a resend of what was received
+                decoded = True  # its seq is the next one, and there is room
             check_input(self.engine, event)
             if session.config_locked:
                 check_locked(self.engine, event)
             if kind not in _ANSWERED_HERE:  # for the engine (session.update too)
+                if decoded:
+                    seq = event.get("client_event_seq")
+                    if seq is not None:
+                        session.note_client_seq(seq)
+                    return _TO_ENGINE
                 if kind != _UPDATE and not self._audio_in and "client_event_seq" not in event:
                     return _TO_ENGINE  # the per-event path: nothing to take but room
                 return self._to_engine(event, kind, size)
