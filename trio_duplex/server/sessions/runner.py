@@ -12,7 +12,8 @@ ends without it, and its task, which trio can neither stop nor wait for, is left
 should it ever return, nothing is done a second time.
 
 The runner knows its owner only through ``Owner``, a narrow interface: it never imports
-the server or the sessions module.
+the server or the sessions module. What a client event means is the core's
+(``core/protocol.py``): ``handle`` hands it to the machine and does what it decides.
 """
 
 from __future__ import annotations
