@@ -1,6 +1,7 @@
 """Exhaustive interleaving checker for the sans-IO session core.
 
-Drives the real ``Registry``, ``Session`` and ``Replay`` objects, plus a small model of
+Drives the real ``Registry``, ``Session``, ``Replay`` and ``ClientEvents`` (what a client
+event means: core/protocol.py) objects, plus a small model of
 what the trio shell does around them (the handshake send, writing what ``Replay`` says,
 teardown, the per-session timer) and of the clients, through every ordering of a set of actions, and
 checks the invariants of docs/protocol.md after every step. Breadth-first with a canonical
@@ -34,11 +35,11 @@ from trio_duplex.core.credentials import Credentials, digest
 from trio_duplex.core.events import Reason
 from trio_duplex.core.journal import Journal, frame_size
 from trio_duplex.core.limits import Limits
+from trio_duplex.core.protocol import IGNORE, TO_ENGINE, ClientEvents, Decision
+from trio_duplex.core.protocol import Action as Do
 from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Commit, Registry, ResumeAttempt, Session, State
-from trio_duplex.core.wire import (
-    ProtocolError,
-)
+from trio_duplex.core.wire import ConfigBudget, ProtocolError
 
 GRACE_S = 30.0
 UNCONFIRMED_GRACE_S = 5.0  # for a session whose client has not spoken since session.created
@@ -133,6 +134,25 @@ class Resume:
         self.attempt = replay.attempt
         self.conn = conn
         self.prev_token = prev_token
+
+
+class Rules:
+    """The engine's checks, for the machine: it accepts ``e``, and refuses one marked bad."""
+
+    accepts = frozenset({"e"})
+
+    def check(self, event: dict[str, Any]) -> None:
+        if event.get("bad"):
+            raise ProtocolError("bad_event", "a bad event", param="bad")
+
+
+RULES = Rules()
+
+
+def client_events(s: Session, room: bool = True) -> ClientEvents:
+    """The session's protocol machine, as its runner holds one (built per step: it keeps
+    no state of its own that this model uses, and a cloned session needs its own)."""
+    return ClientEvents(s, RULES, ConfigBudget(1 << 20), lambda size: room)
 
 
 class Slot:
@@ -280,6 +300,17 @@ def session_key(s: Session, now: float) -> tuple[Any, ...]:
     )
 
 
+def _error(decision: Decision) -> dict[str, Any]:
+    require(
+        decision.action is Do.REFUSE and decision.frame is not None,
+        "not_refused",
+        str(decision),
+    )
+    assert decision.frame is not None
+    error: dict[str, Any] = json.loads(decision.frame)
+    return error
+
+
 class World:
     """Registry + sessions + a model of the shell and clients. ``step`` checks invariants."""
 
@@ -363,11 +394,14 @@ class World:
 
     # -- the actions ---------------------------------------------------------------------
 
-    def actions(self, *, big: bool = False, engine_end: bool = False) -> list[Action]:
+    def actions(
+        self, *, big: bool = False, engine_end: bool = False, client: bool = False
+    ) -> list[Action]:
         """The actions enabled in this state (the exhaustive checker's alphabet).
 
         ``big``: also events that alone exceed the journal bound; ``engine_end``: also the
-        engine finishing or failing by itself."""
+        engine finishing or failing by itself; ``client``: also heartbeats, and late events
+        from connections that no longer hold their session."""
         acts: list[Action] = []
         if not self.registry.shutting_down:
             acts.append(("shutdown",))
@@ -397,6 +431,14 @@ class World:
             holder = slot.holder()
             if holder is not None and holder.alive:
                 acts += [("ack", i), ("close", i)]
+                if client:
+                    acts.append(("heartbeat", i))
+            if client:
+                acts += [
+                    ("stale_event", i, c)
+                    for c, conn in enumerate(slot.conns)
+                    if conn.alive and not s.is_current(conn.gen)
+                ]
             if s.state is State.DETACHED and self.now < s.grace_deadline:
                 acts.append(("expire_grace", i))
             if s.state is State.ATTACHED and self.now < s.idle_deadline:
@@ -690,71 +732,129 @@ class World:
             holder.receive_notice(notice["dropped_through_seq"])
         holder.receive_event(seq, "live")
 
-    def _touch(self, i: int) -> None:
-        """A client event on the attached connection. The first one after a resume shows
-        the client holds the token issued there: the one it presented dies (unless a
-        newer resume has issued a newer token since: then that one's rule holds)."""
+    def _send(self, i: int, event: dict[str, Any], room: bool = True) -> Decision:
+        """A client event on the attached connection, through the protocol machine. The
+        first one after a resume shows the client holds the token issued there: the one
+        it presented dies (unless a newer resume has issued a newer token since: then
+        that one's rule holds)."""
         slot, s = self.slots[i], self._session(i)
-        s.touch(self.now)
+        holder = slot.holder()
+        assert holder is not None
+        idle = s.idle_deadline
+        decision = client_events(s, room).receive(event, 10, holder.gen, self.now)
+        require(
+            s.idle_deadline == self.now + s.limits.idle_ttl_s or s.state is not State.ATTACHED,
+            "idle_not_restarted",
+            f"{idle} -> {s.idle_deadline} at {self.now}",
+        )
         slot.spoke = True
         if slot.unconfirmed:
             slot.unconfirmed = False
             slot.presented = None
+        return decision
 
     def do_ack(self, i: int, seq: object = None) -> None:
         """The attached connection acks what it received (or ``seq``, valid or not)."""
         slot, s = self.slots[i], self._session(i)
         holder = slot.holder()
         assert holder is not None
-        self._touch(i)
         seq = holder.last if seq is None else seq
         valid = type(seq) is int and 0 <= seq <= s.journal.head
-        try:
-            s.ack(seq)
-        except ProtocolError as exc:
-            require(
-                not valid and exc.code == "invalid_event_ack",
-                "ack_refused",
-                f"{exc.code} for {seq!r}",
-            )
+        decision = self._send(i, {"type": "session.event_ack", "server_event_seq": seq})
+        if decision is IGNORE:
+            require(valid, "bad_ack_accepted", repr(seq))
             return
-        require(valid, "bad_ack_accepted", repr(seq))
+        error = _error(decision)
+        require(
+            not valid and error["code"] == "invalid_event_ack" and decision.close_code is None,
+            "ack_refused",
+            f"{error['code']} for {seq!r}",
+        )
 
-    def do_client_event(self, i: int, seq: int, taken: bool = True) -> None:
+    def do_heartbeat(self, i: int) -> None:
+        s = self._session(i)
+        before = (s.client_seq, s.journal.head, s.state)
+        decision = self._send(i, {"type": "session.heartbeat"})
+        require(
+            decision.action is Do.REPLY
+            and decision.frame is not None
+            and json.loads(decision.frame) == {"type": "session.heartbeat_ack", "session_id": s.id}
+            and (s.client_seq, s.journal.head, s.state) == before,
+            "bad_heartbeat",
+            str(decision),
+        )
+
+    def do_client_event(self, i: int, seq: int, taken: bool = True, bad: bool = False) -> None:
         """A client event bound for the engine with ``client_event_seq``; ``taken``
-        False: refused for backpressure (retryable), so its seq is not taken.
+        False: the engine's queue has no room (refused, retryable: its seq is not taken);
+        ``bad``: the engine's check refuses it (for good: the next seq is taken).
 
-        Protocol v2: only the next seq is new; one further ahead is refused, retryable,
-        naming the seq expected, and nothing about the session changes."""
+        Protocol v2: only the next seq is new; a resend is dropped silently; one further
+        ahead is refused, retryable, naming the seq expected, and nothing changes."""
         slot, s = self.slots[i], self._session(i)
-        self._touch(i)
         expected = slot.client_seq + 1
-        try:
-            new = s.is_new_client_seq(seq)
-        except ProtocolError as exc:
-            error = exc.to_event({"client_event_seq": seq})
+        event: dict[str, Any] = {"type": "e", "client_event_seq": seq}
+        if bad:
+            event["bad"] = True
+        decision = self._send(i, event, room=taken)
+        if bad:  # the checks come first, whatever the seq
+            error = _error(decision)
             require(
-                seq > expected
-                and exc.retryable
+                error["code"] == "bad_event"
+                and error["client_event_seq"] == seq
+                and decision.consumed == (seq == expected),
+                "bad_refusal",
+                str(decision),
+            )
+            if seq == expected:
+                slot.client_seq = seq
+        elif seq > expected:
+            error = _error(decision)
+            require(
+                error["code"] == "unexpected_client_event_seq"
+                and error["retryable"]
                 and error["expected_client_event_seq"] == expected
-                and error["client_event_seq"] == seq,
+                and error["client_event_seq"] == seq
+                and not decision.consumed,
                 "bad_client_seq",
                 f"{seq} refused: {error}",
             )
-            require(s.client_seq == slot.client_seq, "bad_client_seq", "moved by a refusal")
-            return
-        require(new == (seq == expected), "bad_client_seq", f"{seq}: new={new}")
-        if new and taken:
-            s.note_client_seq(seq)
+        elif seq < expected:
+            require(decision is IGNORE, "resend_taken", f"{seq}: {decision}")
+        elif taken:
+            require(decision is TO_ENGINE, "next_seq_refused", f"{seq}: {decision}")
             slot.client_seq = seq
+        else:
+            error = _error(decision)
+            require(
+                error["code"] == "input_backpressure" and not decision.consumed,
+                "bad_backpressure",
+                str(decision),
+            )
         require(s.client_seq == slot.client_seq, "bad_client_seq", f"{s.client_seq}")
+
+    def do_stale_event(self, i: int, c: int) -> None:
+        """A late event from a connection that no longer holds the session: fenced off."""
+        slot, s = self.slots[i], self._session(i)
+        conn = slot.conns[c]
+        before = session_key(s, self.now), s.usage.events_in
+        next_seq = {"type": "e", "client_event_seq": s.client_seq + 1}
+        for event in (next_seq, {"type": "session.close"}, {"type": "session.heartbeat"}):
+            decision = client_events(s).receive(event, 10, conn.gen, self.now)
+            require(decision is IGNORE, "stale_event_taken", f"{event}: {decision}")
+        require((session_key(s, self.now), s.usage.events_in) == before, "stale_event_moved", "")
 
     def do_close(self, i: int) -> None:
         s = self._session(i)
-        self._touch(i)
-        terminal = s.begin_close(Reason.CLIENT_CLOSE, self.now)
+        decision = self._send(i, {"type": "session.close"})
+        terminal = decision.terminal
         require(
-            terminal is not None and terminal.generation == s.generation, "bad_close", str(terminal)
+            decision.action is Do.END
+            and terminal is not None
+            and terminal.generation == s.generation
+            and terminal.reason == "client_close",
+            "bad_close",
+            str(decision),
         )
         self._terminal(i, terminal, "client close")
 

@@ -11,6 +11,7 @@ import pytest
 from trio_duplex.core.credentials import Credentials, digest, new_token
 from trio_duplex.core.events import Reason
 from trio_duplex.core.journal import Journal
+from trio_duplex.core.protocol import ClientEvents, Decision
 from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Registry, Session, State, Terminal, resync_frame
 
@@ -321,3 +322,56 @@ def test_a_violation_is_an_exception_with_its_invariant_name() -> None:
     with pytest.raises(Violation) as info:
         world.check()
     assert info.value.name == "slot_leak"
+
+
+# -- mutations of the protocol machine (client events, core/protocol.py) -------------------
+
+OPENED = [("open", 0), ("created", 0)]
+
+
+def violation(actions: list[Any]) -> str:
+    with pytest.raises(Violation) as raised:
+        replay(actions, max_sessions=1)
+    return raised.value.name
+
+
+def test_the_client_event_actions_hold_on_the_real_machine() -> None:
+    world = replay(
+        [
+            *OPENED,
+            ("client_event", 0, 1),
+            ("client_event", 0, 1),  # a resend
+            ("client_event", 0, 3),  # a gap
+            ("client_event", 0, 2, False),  # no room
+            ("client_event", 0, 2, True, True),  # refused for good: the seq is taken
+            ("heartbeat", 0),
+            ("client_event", 0, 3),
+        ],
+        max_sessions=1,
+    )
+    assert world.slots[0].client_seq == 3
+
+
+def test_catches_a_machine_that_takes_a_resend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Session, "is_new_client_seq", lambda self, seq: True)
+    assert violation([*OPENED, ("client_event", 0, 1), ("client_event", 0, 1)]) == "resend_taken"
+
+
+def test_catches_a_refusal_for_good_that_keeps_the_seq(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ClientEvents, "_refused_for_good", lambda self, event: False)
+    assert violation([*OPENED, ("client_event", 0, 1, True, True)]) == "bad_refusal"
+
+
+def test_catches_a_machine_that_hears_a_connection_not_attached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = ClientEvents.receive
+
+    def unfenced(
+        self: ClientEvents, event: dict[str, Any], size: int, generation: int, now: float
+    ) -> Decision:
+        return original(self, event, size, self.session.generation, now)
+
+    monkeypatch.setattr(ClientEvents, "receive", unfenced)
+    # The resuming connection (generation 0 until the commit) sends early.
+    assert violation([*OPENED, ("resume", 0), ("stale_event", 0, 1)]) == "stale_event_taken"

@@ -4,7 +4,9 @@ The same ``World`` as ``interleavings.py`` (real Registry and Sessions, a model 
 shell and the clients, every invariant checked after every step), driven by a hypothesis
 ``RuleBasedStateMachine`` with three sessions and, beyond the exhaustive alphabet: random
 time steps, a journal TTL that really expires entries, event sizes around the byte bound,
-engines that finish or fail, acks of any value, ``client_event_seq``s, and resumes with
+engines that finish or fail, acks of any value, client events through the protocol
+machine (``client_event_seq``s next, resent or ahead, with or without room, refused by
+the engine's check; heartbeats; late events from replaced connections), and resumes with
 older tokens or from seq 0.
 
 Deterministic by default (``derandomize``). For a soak run::
@@ -50,7 +52,9 @@ WEIGHTS = {
     "close": 1,
     "engine_end": 1,
     "teardown": 3,
-    "client_event": 2,
+    "client_event": 3,
+    "heartbeat": 1,
+    "stale_event": 1,
     "emit_sized": 3,
     "emit": 4,
 }
@@ -75,7 +79,7 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:
         world = self.world
-        actions = world.actions(big=True, engine_end=True)
+        actions = world.actions(big=True, engine_end=True, client=True)
         offered = {a[0] for a in actions} | {"advance"}
         if world.registry.shutting_down:
             offered.discard("open")  # always refused now: a few tries are enough
@@ -106,7 +110,8 @@ class CoreMachine(RuleBasedStateMachine):
             nxt = world.slots[i].client_seq + 1
             seq = data.draw(st.sampled_from([nxt, nxt]) | st.integers(1, 8), label="seq")
             taken = data.draw(st.booleans(), label="taken")
-            world.do_client_event(i, seq, taken)
+            bad = data.draw(st.sampled_from([False, False, False, True]), label="bad")
+            world.do_client_event(i, seq, taken, bad)
         elif kind == "resume_variant":  # an older token (a lost session.resumed), or seq 0
             i = data.draw(st.sampled_from(sessions), label="session")
             issued = world.slots[i].issued

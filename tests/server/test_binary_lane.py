@@ -188,20 +188,6 @@ async def test_an_engine_without_audio_rate_takes_no_audio_settings(
         assert (error["code"], error["param"]) == ("unsupported_audio_format", "session.audio")
 
 
-async def test_audio_cannot_change_after_the_open(autojump_clock: MockClock) -> None:
-    async with running_server() as sim:
-        client, created = await open_binary(sim)
-        same = created["session"]["audio"]
-        updated = await client.send_and_receive(
-            {"type": "session.update", "session": {"audio": same, "x": 1}}
-        )
-        assert updated["type"] == "session.updated"
-        error = await client.send_and_receive(
-            {"type": "session.update", "session": {"audio": {"wire": "json"}}}
-        )
-        assert (error["code"], error["param"]) == ("bad_event", "session.audio")
-
-
 async def test_the_voice_engine_speaks_on_the_binary_lane(autojump_clock: MockClock) -> None:
     async with running_server(engine_factory=VoiceEngine) as sim:
         client, _ = await open_binary(sim)

@@ -1,12 +1,13 @@
 """docs/protocol.md, Events and the journal: seqs, control events, session.update, acks, the
-byte and TTL bounds with their notices, client_event_seq and input_backpressure."""
+byte and TTL bounds with their notices, client_event_seq and input_backpressure, through a
+server. What a client event means by itself (ack and seq rules, session.update's shape) is
+tested on the protocol machine: tests/core/test_protocol.py."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-import pytest
 import trio
 import trio.testing
 from trio.testing import MockClock
@@ -171,14 +172,6 @@ async def test_session_updated_is_journaled_and_replayed(autojump_clock: MockClo
         assert replayed["server_event_seq"] == 1
 
 
-async def test_session_update_with_a_non_object_is_bad_event(autojump_clock: MockClock) -> None:
-    async with running_server() as sim:
-        client, _ = await sim.open_session()
-        error = await client.send_and_receive({"type": "session.update", "session": [1]})
-        assert (error["code"], error.get("param")) == ("bad_event", "session")
-        assert (await echo(client))["server_event_seq"] == 1
-
-
 # -- acks -----------------------------------------------------------------------------------
 
 
@@ -233,28 +226,6 @@ async def test_acked_entries_make_room_so_no_overflow_is_reported(
         # Without the ack the third event would overflow; with it, no notice comes.
         assert (await echo(client))["server_event_seq"] == 3
         assert (await echo(client))["server_event_seq"] == 4
-
-
-@pytest.mark.parametrize(
-    "value", [3, 100, -1, "1", 1.0, 1.5, True, False, None, [1], {"seq": 1}, "missing"]
-)
-async def test_bad_ack_is_invalid_event_ack_and_the_session_goes_on(
-    autojump_clock: MockClock, value: object
-) -> None:
-    async with running_server() as sim:
-        client, created = await sim.open_session()
-        await echo(client)
-        await echo(client)
-        ack: dict[str, Any] = {"type": "session.event_ack", "event_id": "ack-1"}
-        if value != "missing":
-            ack["server_event_seq"] = value
-        error = await client.send_and_receive(ack)
-        assert error["type"] == "error"
-        assert error["code"] == "invalid_event_ack"
-        assert error["retryable"] is False
-        assert error["event_id"] == "ack-1"
-        assert len(journal_of(sim, created)) == 2  # nothing freed
-        assert (await echo(client))["server_event_seq"] == 3
 
 
 async def test_ack_of_the_newest_seq_is_valid(autojump_clock: MockClock) -> None:
@@ -473,40 +444,6 @@ async def test_within_the_ttl_everything_is_replayed(autojump_clock: MockClock) 
 # -- client_event_seq ------------------------------------------------------------------------
 
 
-async def test_repeated_or_older_client_event_seq_is_dropped_silently(
-    autojump_clock: MockClock,
-) -> None:
-    async with running_server() as sim:
-        client, created = await sim.open_session()
-        for seq, value in [(1, "a"), (2, "b"), (2, "b-again"), (1, "a-again"), (3, "c")]:
-            await client.send(text(seq, value))
-        got = [await client.receive() for _ in range(3)]
-        assert [(e["text"], e["server_event_seq"]) for e in got] == [("a", 1), ("b", 2), ("c", 3)]
-        await next_is_heartbeat_ack(client)
-        await client.transport.cut()
-        _, resumed = await sim.resume(created["session_id"], created["resume_token"], 3)
-        assert resumed["last_received_client_event_seq"] == 3
-
-
-async def test_client_event_seq_may_not_skip_numbers_and_events_without_it_pass(
-    autojump_clock: MockClock,
-) -> None:
-    # Was (v1): seqs could skip numbers (5, then 9). Protocol v2: only the next one is
-    # taken, so nothing can overtake an event that was refused.
-    async with running_server() as sim:
-        client, created = await sim.open_session()
-        await echo(client, "a", seq=1)
-        await echo(client, "no seq")
-        refused = await client.send_and_receive(text(9, "b"))
-        assert (refused["code"], refused["retryable"]) == ("unexpected_client_event_seq", True)
-        assert (refused["client_event_seq"], refused["expected_client_event_seq"]) == (9, 2)
-        error_free = await echo(client, "b", seq=2)
-        assert error_free["server_event_seq"] == 3
-        await client.transport.cut()
-        _, resumed = await sim.resume(created["session_id"], created["resume_token"], 3)
-        assert resumed["last_received_client_event_seq"] == 2
-
-
 async def test_last_received_client_event_seq_is_zero_without_any(
     autojump_clock: MockClock,
 ) -> None:
@@ -533,34 +470,6 @@ async def test_client_event_seq_survives_resume_and_resends_are_dropped(
         await client2.send(text(3, "c"))
         got = await client2.receive()
         assert (got["text"], got["server_event_seq"]) == ("c", 3)
-
-
-@pytest.mark.parametrize("value", [0, -1, "1", 1.5, True, [1]])
-async def test_malformed_client_event_seq_is_bad_event(
-    autojump_clock: MockClock, value: object
-) -> None:
-    async with running_server() as sim:
-        client, created = await sim.open_session()
-        event = {"type": "input.text.append", "text": "x", "client_event_seq": value}
-        error = await client.send_and_receive(event)
-        assert error["type"] == "error"
-        assert (error["code"], error.get("param")) == ("bad_event", "client_event_seq")
-        assert (await echo(client, "ok"))["server_event_seq"] == 1  # the bad one never ran
-        await client.transport.cut()
-        _, resumed = await sim.resume(created["session_id"], created["resume_token"], 1)
-        assert resumed["last_received_client_event_seq"] == 0
-
-
-async def test_control_events_need_no_client_event_seq(autojump_clock: MockClock) -> None:
-    async with running_server() as sim:
-        client, created = await sim.open_session()
-        await echo(client, seq=1)
-        await next_is_heartbeat_ack(client)
-        await client.send({"type": "session.event_ack", "server_event_seq": 1})
-        await echo(client, seq=2)
-        await client.transport.cut()
-        _, resumed = await sim.resume(created["session_id"], created["resume_token"], 2)
-        assert resumed["last_received_client_event_seq"] == 2
 
 
 # -- input_backpressure ----------------------------------------------------------------------

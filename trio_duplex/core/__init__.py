@@ -7,6 +7,7 @@ Bytes, events and times go in; decisions, frames and events come out. The trio s
 * ``wire``: JSON to and from the wire; ``ProtocolError``.
 * ``frames``: RFC 6455 framing, server side.
 * ``session``: a session's life, admission (``Registry``).
+* ``protocol``: what each client event means on an open session (``ClientEvents``).
 * ``replay``: what a resume writes before it commits.
 * ``journal``, ``credentials``: the replay journal; resume tokens.
 * ``limits``: ``Limits``, the few settings the rules read (the server's ``ServerConfig``

@@ -12,7 +12,8 @@ ends without it, and its task, which trio can neither stop nor wait for, is left
 should it ever return, nothing is done a second time.
 
 The runner knows its owner only through ``Owner``, a narrow interface: it never imports
-the server or the sessions module.
+the server or the sessions module. What a client event means is the core's
+(``core/protocol.py``): ``handle`` hands it to the machine and does what it decides.
 """
 
 from __future__ import annotations
@@ -29,11 +30,30 @@ from ..._pace import Pace
 from ...audio import AudioConfig, Decoder, Encoder, negotiate
 from ...core import events
 from ...core.binary import parse_input
-from ...core.events import SESSION_INPUT, ErrorCode, EventType, Reason
+from ...core.events import ErrorCode, EventType, Reason
 from ...core.frames import CloseCode
 from ...core.migration import Frozen
-from ...core.session import Commit, Emitted, Session, State, Terminal, audio_ms
-from ...core.wire import ConfigBudget, ProtocolError, encode, is_seq
+from ...core.protocol import (
+    IGNORE,
+    TO_ENGINE,
+    Action,
+    ClientEvents,
+    Decision,
+    bad_base64,
+    binary_not_negotiated,
+    refusal,
+)
+from ...core.protocol import (  # re-exported: the opening calls them from here
+    CheckFailed as CheckFailed,
+)
+from ...core.protocol import (
+    check_input as check_input,
+)
+from ...core.protocol import (
+    check_locked as check_locked,
+)
+from ...core.session import Commit, Emitted, Session, State, Terminal, Usage, audio_ms
+from ...core.wire import ConfigBudget, ProtocolError, encode
 from ...engines.api import (
     Engine,
     EngineSession,
@@ -85,68 +105,10 @@ class Owner(Protocol):
         """Where sampled send-to-write times go (the metrics' histogram)."""
 
 
-class CheckFailed(Exception):
-    """An engine's ``check`` raised something other than a ProtocolError (a ``BadEvent``):
-    the engine is broken, not the event. What it raised is the ``__cause__``."""
-
-
-def check_input(engine: Engine | None, event: Event) -> None:
-    """Validate a client event bound for a session (not a resume). Raises ProtocolError,
-    or CheckFailed when the engine's own check breaks.
-
-    ``engine`` may be None only before one exists, for a first ``session.update``."""
-    kind = event["type"]
-    if kind not in _PROTOCOL_INPUT:  # an engine's event: the per-event path, one lookup
-        if engine is None or kind not in engine.accepts:
-            raise ProtocolError(
-                ErrorCode.UNKNOWN_EVENT, f"event type {kind!r} is not accepted", param="type"
-            )
-        try:
-            engine.check(event)
-        except ProtocolError:
-            raise
-        except BaseException as exc:  # a BadEvent is the event's fault, the rest the engine's
-            raise CheckFailed from exc
-    elif kind == EventType.RESUME:
-        raise ProtocolError(
-            ErrorCode.UNSUPPORTED_SESSION_RESUME,
-            "session.resume must be the first message of a new connection",
-        )
-    elif kind != EventType.UPDATE:
-        return  # heartbeat, ack and close carry nothing more to check
-    elif not isinstance(event.get("session"), dict):
-        raise ProtocolError(ErrorCode.BAD_EVENT, "session must be an object", param="session")
-    seq = event.get("client_event_seq")
-    if seq is not None and not (is_seq(seq) and seq > 0):
-        raise ProtocolError(
-            ErrorCode.BAD_EVENT,
-            "client_event_seq must be a positive integer",
-            param="client_event_seq",
-        )
-
-
-def check_locked(engine: Engine, event: Event) -> None:
-    """On a locked session, after ``check_input``: the engine's ``check_locked`` (an
-    override of the locked configuration: ConfigLocked); CheckFailed if it breaks."""
-    if event["type"] in _PROTOCOL_INPUT:
-        return  # session.update is refused by the runner itself
-    check = getattr(engine, "check_locked", None)
-    if check is None:
-        return
-    try:
-        check(event)
-    except ProtocolError:
-        raise
-    except BaseException as exc:
-        raise CheckFailed from exc
-
-
-# Sets, not enum members, on the per-event path: a member lookup costs ~100 ns on 3.11.
-_PROTOCOL_INPUT = frozenset({*SESSION_INPUT, EventType.EVENT_ACK, EventType.RESUME})
-_ANSWERED_HERE = frozenset({EventType.HEARTBEAT, EventType.EVENT_ACK, EventType.CLOSE})
-_UPDATE = str(EventType.UPDATE)
-_PACING = frozenset({ErrorCode.INPUT_BACKPRESSURE, ErrorCode.UNEXPECTED_CLIENT_EVENT_SEQ})
+# Module globals, not enum members, on the per-event path: a member lookup costs ~100 ns.
 _APPEND = str(EventType.INPUT_AUDIO_APPEND)
+_TO_ENGINE, _IGNORE = TO_ENGINE, IGNORE
+_REPLY, _REFUSE = Action.REPLY, Action.REFUSE
 _DELTA = str(EventType.OUTPUT_AUDIO_DELTA)
 _CANCELLED = "response.cancelled"
 _AUDIO_ENDS = frozenset({"response.output_audio.done", "response.done", _CANCELLED})
@@ -224,19 +186,16 @@ class SessionRunner:
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     _pace: Pace = attrs.field(factory=Pace)
     _inbox: Inbox = attrs.field(init=False)
-    _budget: ConfigBudget = attrs.field(init=False)
-    """The configuration's size, as the updates the engine has queued will leave it."""
+    _machine: ClientEvents = attrs.field(init=False)
+    """What each client event means (core/protocol.py)."""
     _returned: bool = False
     """The engine's ``run`` has returned (or raised)."""
     _give_up_at: float = math.inf
     """Once the engine is cancelled: when it is abandoned unless it has returned."""
-    _audio_in: dict[str, int] = attrs.field(factory=dict)
-    """The engine's ``audio_formats`` for client events, and for its own."""
     _audio_out: dict[str, int] = attrs.field(factory=dict)
+    """The engine's ``audio_formats`` for its own events (the machine counts the client's)."""
     audio: AudioConfig | None = None
     """The session's negotiated audio, for an engine with an ``audio_rate``."""
-    _decoder: Decoder | None = None
-    """Client audio (wire format) to the engine's PCM16; None: audio passes as it is."""
     _encoder: Encoder | None = None
     _binary: bool = False
     """Output audio goes out on the binary lane."""
@@ -252,31 +211,33 @@ class SessionRunner:
 
     def __attrs_post_init__(self) -> None:
         self._inbox = Inbox(self.max_pending_input, self.max_input_bytes, self._report_consumed)
-        self._budget = ConfigBudget.of(self.session.config, self.max_config_bytes)
+        budget = ConfigBudget.of(self.session.config, self.max_config_bytes)
+        decoding: _AudioIn | None = None
+        audio_in: dict[str, int] = {}
+        usage = self.session.usage
         rate = engine_audio_rate(self.engine)
         if rate is not None:
             # Negotiated when the session opened (settle_audio): this cannot refuse.
             audio = self.audio = negotiate(self.session.config.get("audio"), rate)
-            self._decoder = Decoder(audio.input, rate)
+            self._pcm_per_ms = rate // 500
+            decoding = _AudioIn(Decoder(audio.input, rate), usage, self._pcm_per_ms)
             self._encoder = Encoder(audio.output, rate)
             self._binary = audio.wire == "binary"
-            self._pcm_per_ms = rate // 500
-            usage = self.session.usage
             if usage.audio_ms_in is None:  # (a session restored by a migration counts on)
                 usage.audio_ms_in = 0.0
             if usage.audio_ms_out is None:
                 usage.audio_ms_out = 0.0
-            return
-        formats = self.engine.audio_formats
-        if formats:  # (most engines: none, and the per-event paths test one empty dict)
+        elif formats := self.engine.audio_formats:  # (most engines: none)
             accepts = self.engine.accepts
-            self._audio_in = {k: v for k, v in formats.items() if k in accepts}
+            audio_in = {k: v for k, v in formats.items() if k in accepts}
             self._audio_out = {k: v for k, v in formats.items() if k not in accepts}
-            usage = self.session.usage
-            if self._audio_in and usage.audio_ms_in is None:  # (restored: counted on)
+            if audio_in and usage.audio_ms_in is None:  # (restored: counted on)
                 usage.audio_ms_in = 0.0
             if self._audio_out and usage.audio_ms_out is None:
                 usage.audio_ms_out = 0.0
+        self._machine = ClientEvents(
+            self.session, self.engine, budget, self._inbox.has_room, decoding, audio_in
+        )
 
     # -- lifetime ----------------------------------------------------------------------
 
@@ -625,67 +586,45 @@ class SessionRunner:
             usage.audio_ms_out += audio_ms(event, rate)
 
     def handle(self, conn: Connection, event: Event, size: int = 0) -> None:
-        """One client event from ``conn``, already decoded from ``size`` characters.
-        Never awaits."""
-        session = self.session
-        if not session.is_current(conn.generation):
-            return  # a replaced or ending attachment: fenced off
-        now = trio.current_time()
-        session.touch(now)
-        usage = session.usage
-        usage.events_in += 1
-        usage.bytes_in += size
-        try:
-            kind = event["type"]
-            if kind == _APPEND and self._decoder is not None:
-                if not self._decode_audio(event, size, self._decoder):
-                    return  # a resend of what was received
-            check_input(self.engine, event)
-            if session.config_locked:
-                check_locked(self.engine, event)
-            if kind not in _ANSWERED_HERE:  # for the engine (session.update too)
-                self._to_engine(event, kind, size)
-            elif kind == EventType.HEARTBEAT:
-                conn.push(encode(events.heartbeat_ack(session.id)))
-            elif kind == EventType.EVENT_ACK:
-                session.ack(event.get("server_event_seq"))
-            else:
-                self.end(Reason.CLIENT_CLOSE)
-        except ProtocolError as exc:
-            self._refuse(conn, exc, event)
-            if not exc.retryable:
-                self._refused_for_good(event, size)
-        except CheckFailed as exc:
-            log.error(
-                "engine of session %s failed in check",
-                session.id,
-                exc_info=exc.__cause__,
-                extra={"session_id": session.id, "generation": conn.generation},
-            )
-            self.end(Reason.ENGINE_ERROR)
+        """One client event from ``conn``, already decoded from ``size`` characters:
+        the machine (core/protocol.py) decides, this acts. Never awaits."""
+        decision = self._machine.receive(event, size, conn.generation, trio.current_time())
+        if decision is _TO_ENGINE:
+            try:
+                self._inbox.put_nowait(event, size)
+            except trio.WouldBlock:  # (only for an event that took nothing: see receive)
+                self._act(conn, self._machine.full(event), size)
+        elif decision is not _IGNORE:
+            self._act(conn, decision, size)
 
-    def _refused_for_good(self, event: Event, size: int) -> None:
-        """A non-retryable refusal of the next ``client_event_seq``: numbering goes on past
-        it, and it counts as consumed (core/flow.py)."""
-        seq = event.get("client_event_seq")
-        if type(seq) is int and seq == self.session.client_seq + 1:
-            self.session.note_client_seq(seq)
-            self._inbox.refused(size)
+    def _act(self, conn: Connection, decision: Decision, size: int) -> None:
+        action = decision.action
+        if action is _REPLY:
+            assert decision.frame is not None
+            conn.push(decision.frame)
+        elif action is _REFUSE:
+            self._refuse(conn, decision)
+            if decision.consumed:
+                self._inbox.refused(size)
+        else:  # END
+            if decision.cause is not None:
+                log.error(
+                    "engine of session %s failed in check",
+                    self.session.id,
+                    exc_info=decision.cause,
+                    extra={"session_id": self.session.id, "generation": conn.generation},
+                )
+            self.apply(decision.terminal)
 
     def _report_consumed(self, event: Event | None, drained: bool) -> bool:
-        """The inbox's report step was reached (core/flow.py): tell the attached client how
-        far its input is consumed. Drained, that is every seq received; else the seq of
-        the event just taken. If it has none: nothing to report, and False (count on)
-        unless the client numbers none of its events."""
-        session = self.session
-        seq = session.client_seq if drained or event is None else event.get("client_event_seq")
-        if type(seq) is not int:
-            return session.client_seq == 0
-        frame = session.consumed(seq)
+        """The inbox's report step was reached (core/flow.py): the machine says whether it
+        is reported, and what to tell the attached client."""
         conn = self.conn
-        if frame is not None and conn is not None and session.is_current(conn.generation):
+        generation = 0 if conn is None else conn.generation
+        reported, frame = self._machine.report_consumed(event, drained, generation)
+        if frame is not None and conn is not None:
             conn.push(frame)
-        return True
+        return reported
 
     def handle_binary(self, conn: Connection, data: bytes) -> None:
         """One binary message from ``conn``: input audio on the binary lane (protocol
@@ -694,102 +633,46 @@ class SessionRunner:
             return
         try:
             if not self._binary:
-                raise ProtocolError(
-                    ErrorCode.BAD_EVENT,
-                    'binary messages need a session opened with session.audio.wire "binary"',
-                )
+                raise binary_not_negotiated()
             seq, payload = parse_input(data)
         except ProtocolError as exc:
-            self._refuse(conn, exc, None)
+            self._refuse(conn, refusal(exc, None))
             return
         event: Event = {"type": _APPEND, "audio": payload}
         if seq:
             event["client_event_seq"] = seq
         self.handle(conn, event, len(data))
 
-    def _refuse(self, conn: Connection, exc: ProtocolError, event: Event | None) -> None:
-        if exc.code not in _PACING:  # pacing, not a fault
-            conn.ws.report_fault(str(exc))
-        if exc.close_code is None:
-            conn.push(encode(exc.to_event(event)))
+    def _refuse(self, conn: Connection, decision: Decision) -> None:
+        assert decision.frame is not None
+        if decision.fault is not None:
+            conn.ws.report_fault(decision.fault)
+        if decision.close_code is None:
+            conn.push(decision.frame)
         else:  # (config_locked) the connection ends; the session detaches
-            conn.finish([encode(exc.to_event(event))], exc.close_code)
+            conn.finish([decision.frame], decision.close_code)
 
-    def _decode_audio(self, event: Event, size: int, decoder: Decoder) -> bool:
-        """Turn an input audio event's ``audio`` (base64 from JSON, bytes from the
-        binary lane, in the session's input format) into the engine's PCM16, in place.
-        False: it is a resend of an event already received (nothing decoded). Refused
-        (ProtocolError) before it is decoded if the engine's queue has no room: the
-        decoder's state (a resampler's, Opus's) only ever sees audio that goes on."""
-        seq = event.get("client_event_seq")
-        if type(seq) is int and seq > 0 and not self.session.is_new_client_seq(seq):
-            return False
-        audio = event.get("audio")
-        if isinstance(audio, str):
-            try:
-                audio = binascii.a2b_base64(audio, strict_mode=True)
-            except (binascii.Error, ValueError):
-                raise ProtocolError(
-                    ErrorCode.BAD_EVENT, "audio is not valid base64", param="audio"
-                ) from None
-        elif not isinstance(audio, bytes):
-            raise ProtocolError(ErrorCode.BAD_EVENT, "audio must be a base64 string", param="audio")
-        if not self._inbox.has_room(size):
-            raise _backpressure()
-        pcm = event["audio"] = decoder.decode(audio)
-        usage = self.session.usage
-        if usage.audio_ms_in is not None:
-            usage.audio_ms_in += len(pcm) / self._pcm_per_ms
-        return True
 
-    def _to_engine(self, event: Event, kind: str, size: int) -> None:
-        seq = event.get("client_event_seq")
-        session = self.session
-        if seq is not None and not session.is_new_client_seq(seq):
-            return  # a resend of something already received
-        if kind == _UPDATE:
-            self._update_to_engine(event, size)
-        else:
-            try:
-                self._inbox.put_nowait(event, size)
-            except trio.WouldBlock:
-                raise _backpressure() from None
-            if self._audio_in:
-                rate = self._audio_in.get(kind)
-                usage = session.usage
-                if rate is not None and usage.audio_ms_in is not None:
-                    usage.audio_ms_in += audio_ms(event, rate)
-        if seq is not None:
-            session.note_client_seq(seq)
+@attrs.define(eq=False)
+class _AudioIn:
+    """Client audio (the wire's format) to the engine's PCM16, for the machine
+    (core.protocol.AudioDecoding), counting what it decodes in the session's usage."""
 
-    def _update_to_engine(self, event: Event, size: int) -> None:
-        """Queue a ``session.update`` if the configuration it leaves fits its bound."""
-        if self.session.config_locked:
-            raise ProtocolError(
-                ErrorCode.CONFIG_LOCKED,
-                "the client token that opened this session locked its configuration",
-                param="session",
-                close_code=CloseCode.POLICY_VIOLATION,
-            )
-        update = event["session"]
-        if "audio" in update and update["audio"] != self.session.config.get("audio"):
-            raise ProtocolError(
-                ErrorCode.BAD_EVENT,
-                "session.audio is set when the session opens and cannot change",
-                param="session.audio",
-            )
-        measured = self._budget.check(update)
+    decoder: Decoder
+    usage: Usage
+    pcm_per_ms: int
+
+    def unwrap(self, audio: str) -> bytes:
         try:
-            self._inbox.put_nowait(event, size)
-        except trio.WouldBlock:
-            raise _backpressure() from None
-        self._budget.commit(measured)
+            return binascii.a2b_base64(audio, strict_mode=True)
+        except (binascii.Error, ValueError):
+            raise bad_base64() from None
 
-
-def _backpressure() -> ProtocolError:
-    return ProtocolError(
-        ErrorCode.INPUT_BACKPRESSURE, "the session's input queue is full; retry later"
-    )
+    def decode(self, audio: bytes) -> bytes:
+        pcm = self.decoder.decode(audio)
+        if self.usage.audio_ms_in is not None:
+            self.usage.audio_ms_in += len(pcm) / self.pcm_per_ms
+        return pcm
 
 
 def engine_broke(where: str, exc: BaseException) -> ProtocolError:
