@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ..core import events
+from ..core import cluster, events
 from ..core.credentials import Credentials
-from ..core.events import ErrorCode, Reason
+from ..core.events import Reason
 from ..core.frames import CloseCode
 from ..core.migration import BadRecord, Record, export, restore
 from ..core.session import State
@@ -199,16 +199,12 @@ async def adopt(
             raise BadRecord(f"the record of {record.session_id} is filed as {session_id}")
     except BadRecord as exc:
         log.error("a handed-over session's record is unusable: %s", exc)
-        raise ProtocolError.resume_refused(
-            ErrorCode.SESSION_RESUME_EXPIRED, "the session could not be taken over"
-        ) from None
+        raise cluster.record_unusable() from None
     # Before anything is restored or leased: only the session's own client moves it.
     if not Credentials.from_digests(record.current_digest, record.pending_digest).check(token):
         with trio.CancelScope(shield=True):
             await node.unclaim_migration(session_id)
-        raise ProtocolError.resume_refused(
-            ErrorCode.INVALID_RESUME_TOKEN, "the resume token is not valid"
-        )
+        raise cluster.takeover_token_invalid()
     try:
         config_now = dict(record.config)
         engine = new_engine(config_now)  # ProtocolError: the engine refused (BadEvent), broke
@@ -236,7 +232,7 @@ async def adopt(
         if isinstance(exc, ProtocolError | trio.Cancelled):
             raise
         log.error("session %s: could not be taken over", session_id, exc_info=exc)
-        raise ProtocolError.home_unreachable("the session could not be taken over here") from None
+        raise cluster.takeover_failed() from None
     # Live here, but not this node's until the store says so: were the claim to lapse
     # unconfirmed, another node could take the record over too.
     if not await node.adopted(session_id):
@@ -246,7 +242,7 @@ async def adopt(
             extra={"session_id": session_id},
         )
         runner.end(Reason.MIGRATED)  # quietly: it has no connection, and lives elsewhere
-        raise ProtocolError.home_unreachable("the session is being taken over")
+        raise cluster.takeover_unconfirmed()
     sessions.totals.count(sessions.totals.resumes, "taken_over")
     log.info(
         "session %s taken over (generation %d)",

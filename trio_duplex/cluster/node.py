@@ -40,9 +40,7 @@ import attrs
 import trio
 from coredis.exceptions import RedisError
 
-from ..core.events import ErrorCode
-from ..core.frames import CloseCode
-from ..core.wire import ProtocolError
+from ..core import cluster
 from ..server.config import ServerConfig
 from .connect import PASSWORD_ENV as REDIS_PASSWORD_ENV
 from .store import (
@@ -315,9 +313,7 @@ class ClusterNode:
             located = await self.store.locate(session_id, self.node_id)
         except _FAILED as exc:
             self._failed(exc)
-            raise ProtocolError.home_unreachable(
-                "the cluster store is unreachable, so the session cannot be found"
-            ) from None
+            raise cluster.store_unreachable_for_resume() from None
         self._answered()
         return located
 
@@ -342,16 +338,16 @@ class ClusterNode:
                         self.held += 1
         except trio.TooSlowError:
             self._failed(StoreUnavailable(f"no lease within {self.store.timeout_s}s"))
-            raise _refused("the cluster store is unreachable; try again later") from None
+            raise cluster.no_lease(cluster.NoLease.STORE_UNREACHABLE) from None
         except _FAILED as exc:
             self._failed(exc)
-            raise _refused("the cluster store is unreachable; try again later") from None
+            raise cluster.no_lease(cluster.NoLease.STORE_UNREACHABLE) from None
         except NotRegistered:  # lapsed: the next heartbeat registers it again
             self._answered()
-            raise _refused("this node is rejoining the cluster; try again shortly") from None
+            raise cluster.no_lease(cluster.NoLease.REJOINING) from None
         self._answered()
         if not granted:
-            raise _refused(f"all {cap} cluster-wide session slots are in use")
+            raise cluster.cluster_full(cap)
         return True
 
     def release(self) -> None:
@@ -373,12 +369,6 @@ class ClusterNode:
             self._failed(exc)
         else:
             self._answered()
-
-
-def _refused(message: str) -> ProtocolError:
-    return ProtocolError(
-        ErrorCode.RESOURCE_EXHAUSTED, message, close_code=CloseCode.TRY_AGAIN_LATER
-    )
 
 
 @asynccontextmanager

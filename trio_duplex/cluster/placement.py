@@ -20,9 +20,10 @@ from typing import Any
 import attrs
 from websockets.http11 import Request
 
+from ..core import cluster
 from ..core.events import ErrorCode, Event
 from ..core.opening import Grant
-from ..core.wire import ProtocolError, encode
+from ..core.wire import encode
 from ..engines.api import Engine
 from ..server.config import ServerConfig
 from ..server.sessions.connection import Connection
@@ -127,18 +128,13 @@ class ClusterPlacement:
             )
             return False  # it is here now: the ordinary resume follows
         if located.kind == "busy":
-            raise ProtocolError.home_unreachable("the session is being taken over by another node")
+            raise cluster.elsewhere(cluster.Located.BUSY)
         if located.kind == "stalled":  # slow or cut off, not gone: the client tries again
             totals.count(totals.resumes, ErrorCode.SESSION_HOME_UNREACHABLE)
-            raise ProtocolError.home_unreachable(
-                f"the session's node ({located.node_id}) is not answering the cluster"
-            )
+            raise cluster.elsewhere(cluster.Located.STALLED, located.node_id)
         if located.kind == "lost":
             totals.count(totals.resumes, "node_lost")
-            raise ProtocolError.resume_refused(
-                ErrorCode.SESSION_RESUME_EXPIRED,
-                "the session's node is gone, and the session with it",
-            ).with_extra(reason="node_lost")
+            raise cluster.elsewhere(cluster.Located.LOST)
         home, url = located.node_id, located.url
         if located.kind != "home" or home is None or home == node.node_id or url is None:
             return False
@@ -169,9 +165,7 @@ class ClusterPlacement:
         )
         if not relayed:
             totals.count(totals.resumes, ErrorCode.SESSION_HOME_UNREACHABLE)
-            raise ProtocolError.home_unreachable(
-                f"the session's node ({home}) could not be reached from this one"
-            )
+            raise cluster.unreachable_home(home)
         totals.count(totals.resumes, "relayed")
         return True
 

@@ -224,3 +224,18 @@ __all__ = [
     "open_with",
     "resume_only",
 ]
+
+
+def engine_failed() -> ProtocolError:
+    """The engine failed before a session existed (in its factory, ``prepare`` or the
+    check of the first message): ``engine_error``, close 1011; no slot is held any more."""
+    return ProtocolError(
+        ErrorCode.ENGINE_ERROR,
+        "the engine failed; no session was opened",
+        close_code=CloseCode.INTERNAL_ERROR,
+    )
+
+
+def engine_not_ready(timeout_s: float) -> ProtocolError:
+    """The engine was not ready within ``timeout_s``: a capacity refusal (retryable)."""
+    return ProtocolError.not_ready(f"the engine was not ready within {timeout_s:g} s")

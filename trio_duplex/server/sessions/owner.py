@@ -240,9 +240,7 @@ class Sessions:
             raise
         except trio.TooSlowError:
             log.warning("an engine was not ready within %gs: open refused", PREPARE_TIMEOUT_S)
-            raise ProtocolError.not_ready(
-                f"the engine was not ready within {PREPARE_TIMEOUT_S:g} s"
-            ) from None
+            raise opening.engine_not_ready(PREPARE_TIMEOUT_S) from None
         except BaseException as exc:
             if only_trio_cancellation(exc):
                 raise

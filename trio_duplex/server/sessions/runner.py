@@ -28,9 +28,9 @@ import trio
 
 from ..._pace import Pace
 from ...audio import AudioConfig, Decoder, Encoder, negotiate
-from ...core import events
+from ...core import events, opening
 from ...core.binary import parse_input
-from ...core.events import ErrorCode, EventType, Reason
+from ...core.events import EventType, Reason
 from ...core.frames import CloseCode
 from ...core.migration import Frozen
 from ...core.protocol import (
@@ -680,11 +680,7 @@ def engine_broke(where: str, exc: BaseException) -> ProtocolError:
     client is answered ``engine_error`` and closed 1011. The engine's fault: logged at
     ERROR."""
     log.error("engine failed in its %s; no session opened", where, exc_info=exc)
-    return ProtocolError(
-        ErrorCode.ENGINE_ERROR,
-        "the engine failed; no session was opened",
-        close_code=CloseCode.INTERNAL_ERROR,
-    )
+    return opening.engine_failed()
 
 
 def only_trio_cancellation(exc: BaseException) -> bool:
