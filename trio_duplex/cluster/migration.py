@@ -42,7 +42,7 @@ from ..core.events import ErrorCode, Reason
 from ..core.frames import CloseCode
 from ..core.migration import BadRecord, Record, export, restore
 from ..core.session import State
-from ..core.wire import ProtocolError, encode
+from ..core.wire import ProtocolError
 from ..engines.api import Engine, can_migrate, prepares
 from ..server.sessions.owner import Sessions
 from ..server.sessions.runner import SessionRunner, settle_audio
@@ -163,7 +163,7 @@ async def _hand_over(
                 extra={"session_id": session.id},
             )
     if attached is not None:
-        going = encode(events.going_away(sessions.going_away_ms(), migrating=True))
+        going = session.frame(events.going_away(sessions.going_away_ms(), migrating=True))
         attached.finish([going], CloseCode.GOING_AWAY)
     sessions.totals.count(
         sessions.totals.resumes, "handed_over" if stored else "handed_over_unconfirmed"
@@ -220,7 +220,7 @@ async def adopt(
         try:
             if prepares(engine):
                 prepared = await sessions.prepare(engine)  # ProtocolError: not ready
-            session = restore(record, config, trio.current_time())
+            session = restore(record, config, trio.current_time(), sessions.registry.spelling)
             runner = sessions.adopt(session, engine, prepared)  # ProtocolError: full, ...
             runner.restore_input(record.pending_input)
         except BaseException:

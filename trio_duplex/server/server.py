@@ -59,7 +59,8 @@ from ..core.events import ErrorCode, Event, EventType, Reason
 from ..core.frames import CloseCode
 from ..core.replay import Replay
 from ..core.session import Session, State
-from ..core.wire import LARGE, ConfigBudget, ProtocolError, decode, decode_steps, encode, is_seq
+from ..core.wire import ConfigBudget, ProtocolError, is_seq
+from ..dialects.jsonwire import encode
 from ..engines.api import Engine, EngineFactory, prepares
 from .front import metrics
 from .front.auth import OPEN, Gate, Grant, KeyRing, Verifier
@@ -68,7 +69,7 @@ from .front.handshake import accept_websocket, refuse_unavailable
 from .front.http import Endpoints, serve_internal
 from .front.listen import open_listeners
 from .front.tls import server_ssl_context, tls_handshake
-from .sessions.connection import Connection
+from .sessions.connection import Connection, decode_large
 from .sessions.owner import Observer, Sessions
 from .sessions.runner import (
     CheckFailed,
@@ -601,10 +602,14 @@ class DuplexServer:
             with trio.move_on_at(deadline) as waiting:
                 text = await conn.ws.get_message()
             event: Event = {}
+            dialect = conn.dialect
             try:
                 if waiting.cancelled_caught:
                     raise _CONFIG_TIMEOUT
-                event = decode(text) if len(text) < LARGE else await _decode_large(text)
+                if len(text) < dialect.large:
+                    event = dialect.decode(text)
+                else:
+                    event = await decode_large(dialect, text)
                 if not grant.allows_resume(event):
                     raise _resume_only()
                 if event["type"] == EventType.RESUME:
@@ -620,7 +625,7 @@ class DuplexServer:
                     totals.engine_errors += 1
                 if exc.code not in _NOT_FAULTS:
                     conn.ws.report_fault(str(exc))
-                error = encode(exc.to_event(event))
+                error = dialect.frame(exc.to_event(event))
                 if exc.close_code is not None:
                     conn.finish([error], exc.close_code)
                     return None
@@ -719,7 +724,7 @@ class DuplexServer:
                 ws.reply_now(ws.read_now())  # what the socket holds already
                 if ws.peer_gone:
                     raise _gone_while_opening()
-                await ws.send_message(encode(sessions.registry.created_event(session, token)))
+                await ws.send_message(sessions.registry.created_frame(session, token))
             ws.stop_watching()
             if opening.cancelled_caught:  # the end came while the write was under way
                 raise _gone_while_opening()
@@ -888,18 +893,24 @@ class DuplexServer:
         return True
 
     async def _read(self, conn: Connection, runner: SessionRunner) -> None:
-        get, handle, large = conn.ws.get_message, runner.handle, LARGE
+        dialect = conn.dialect
+        get, handle, decode, large = (
+            conn.ws.get_message,
+            runner.handle,
+            dialect.decode,
+            dialect.large,
+        )
         while conn.close_code is None:
             text = await get()
-            if isinstance(text, bytes):  # protocol v2's binary audio lane
+            if isinstance(text, bytes):  # a binary lane (the native dialect's audio)
                 runner.handle_binary(conn, text)
                 continue
             try:
                 # A large message is decoded in slices, letting other sessions run.
-                event = decode(text) if len(text) < large else await _decode_large(text)
+                event = decode(text) if len(text) < large else await decode_large(dialect, text)
             except ProtocolError as exc:
                 conn.ws.report_fault(str(exc))
-                conn.push(encode(exc.to_event()))
+                conn.push(dialect.frame(exc.to_event()))
                 continue
             handle(conn, event, len(text))
         # Closing: keep reading so pings and the peer's close are seen while the pump
@@ -917,18 +928,6 @@ class _ReturnLeases(Observer):
     def released(self, session: Session) -> None:
         self.node.release()
         self.node.unclaim(session.id)
-
-
-async def _decode_large(text: str | bytes) -> Event:
-    """``decode``, with a checkpoint between slices of the work (``decode_steps``)."""
-    steps = decode_steps(text)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            event: Event = done.value
-            return event
-        await trio.lowlevel.checkpoint()
 
 
 @attrs.define(eq=False)

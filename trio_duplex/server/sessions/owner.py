@@ -32,7 +32,9 @@ from ...core import events
 from ...core.config import ServerConfig
 from ...core.events import ErrorCode, Reason
 from ...core.session import Commit, Registry, Session, State, Terminal, Usage
-from ...core.wire import ProtocolError, encode
+from ...core.spelling import Frame, Spelling
+from ...core.wire import ProtocolError
+from ...dialects import NATIVE
 from ...engines.api import Engine
 from .connection import Connection
 from .runner import Prepared, SessionRunner, engine_broke, hold_prepared, only_trio_cancellation
@@ -131,7 +133,7 @@ class Sessions:
     hand-over ends it."""
 
     def __attrs_post_init__(self) -> None:
-        self.registry = Registry(self.config)
+        self.registry = Registry(self.config, spelling=NATIVE)
 
     async def open(self) -> None:
         """Start the runners' nursery and the timer task (a system task; see above).
@@ -381,13 +383,13 @@ class Sessions:
         once too: ``detached``)."""
         self.registry.shutting_down = True
         self._drain_deadline = trio.current_time() + self.config.drain_timeout_s
-        going = encode(events.going_away(round(self.config.drain_timeout_s * 1000)))
+        going = events.going_away(round(self.config.drain_timeout_s * 1000))
         for runner in list(self._runners.values()):
             if self.handing_over is not None and self.handing_over(runner):
                 continue
             conn = runner.conn
             if conn is not None and runner.session.is_current(conn.generation):
-                conn.push(going)
+                conn.push(runner.session.frame(going))
             else:
                 self.detached(runner)
 
@@ -415,11 +417,11 @@ class Sessions:
             return 0
         return round(max(0.0, self._drain_deadline - trio.current_time()) * 1000)
 
-    def going_away_frame(self) -> str | None:
+    def going_away_frame(self, spelling: Spelling) -> Frame | None:
         """While draining: ``session.going_away`` with the time left now."""
         if self._drain_deadline is None:
             return None
-        return encode(events.going_away(self.going_away_ms()))
+        return spelling.frame(events.going_away(self.going_away_ms()))
 
     # -- changes -----------------------------------------------------------------------
 
