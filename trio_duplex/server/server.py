@@ -558,6 +558,7 @@ class DuplexServer:
                 close_timeout=self.close_timeout_s,
                 max_output_bytes=self.config.max_output_bytes,
                 watchers=self.sessions.observers,
+                dialect=self.sessions.dialect,
             ) as conn:
                 self.connections.add(conn)
                 await self._converse(conn, query, grant)
@@ -581,7 +582,7 @@ class DuplexServer:
                     runner = await self._open(conn, opening, None, engine, grant=grant)
                 except ProtocolError as exc:
                     code = exc.close_code or CloseCode.GOING_AWAY
-                    conn.finish([encode(exc.to_event())], code)
+                    conn.finish([conn.dialect.frame(exc.to_event())], code)
             else:
                 runner = await self._first_message(conn, grant)
             if runner is not None:
@@ -694,7 +695,9 @@ class DuplexServer:
             leased = await node.acquire()  # ProtocolError: the cluster is full, or unreachable
         try:
             # ProtocolError: full, or draining (this node's own, single-step decision)
-            session, token = sessions.admit(config, grant.principal, grant.locked is not None)
+            session, token = sessions.admit(
+                config, grant.principal, grant.locked is not None, conn.dialect
+            )
         except BaseException:
             if leased and node is not None:
                 node.release()
@@ -807,7 +810,7 @@ class DuplexServer:
                 # session.resumed already, gets the terminal event in place of live
                 # events, once the slot is free (now, or when the teardown finishes).
                 if session.state is State.CLOSED:
-                    conn.finish([encode(terminal.event)], terminal.close_code)
+                    conn.finish([session.frame(terminal.event)], terminal.close_code)
                 else:
                     runner.resumer = conn
                 totals.count(totals.resumes, "ended")

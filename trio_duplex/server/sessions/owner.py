@@ -34,7 +34,7 @@ from ...core.events import ErrorCode, Reason
 from ...core.session import Commit, Registry, Session, State, Terminal, Usage
 from ...core.spelling import Frame, Spelling
 from ...core.wire import ProtocolError
-from ...dialects import NATIVE
+from ...dialects import NATIVE, Dialect
 from ...engines.api import Engine
 from .connection import Connection
 from .runner import Prepared, SessionRunner, engine_broke, hold_prepared, only_trio_cancellation
@@ -109,6 +109,8 @@ class Observer:
 class Sessions:
     config: ServerConfig
     close_timeout_s: float
+    dialect: Dialect = NATIVE
+    """The dialect its connections speak, and its sessions are written in."""
     registry: Registry = attrs.field(init=False)
     timers: Timers = attrs.field(factory=Timers, init=False)
     observers: list[Observer] = attrs.field(factory=list, init=False)
@@ -133,7 +135,7 @@ class Sessions:
     hand-over ends it."""
 
     def __attrs_post_init__(self) -> None:
-        self.registry = Registry(self.config, spelling=NATIVE)
+        self.registry = Registry(self.config, spelling=self.dialect)
 
     async def open(self) -> None:
         """Start the runners' nursery and the timer task (a system task; see above).
@@ -201,10 +203,16 @@ class Sessions:
         return not self.shutting_down and self.slots_held < max_sessions
 
     def admit(
-        self, config: dict[str, object], principal: str | None = None, locked: bool = False
+        self,
+        config: dict[str, object],
+        principal: str | None = None,
+        locked: bool = False,
+        dialect: Dialect | None = None,
     ) -> tuple[Session, str]:
-        """Take a slot for a new OPENING session (ProtocolError: full, or draining)."""
-        return self.registry.admit(config, principal, locked)
+        """Take a slot for a new OPENING session, written in ``dialect`` (that of the
+        connection opening it; by default ``self.dialect``). ProtocolError: full, or
+        draining."""
+        return self.registry.admit(config, principal, locked, dialect or self.dialect)
 
     def undelivered(self, session: Session) -> None:
         """Its ``session.created`` was not delivered: nothing ran, the slot is free now."""
