@@ -14,6 +14,7 @@ from trio_duplex.core.credentials import Credentials, new_token
 from trio_duplex.core.limits import Limits
 from trio_duplex.core.session import Registry
 from trio_duplex.core.wire import ProtocolError
+from trio_duplex.dialects import NATIVE
 
 
 def stored_values(credentials: Credentials) -> list[Any]:
@@ -52,7 +53,7 @@ def test_repr_hides_everything() -> None:
 
 
 def test_session_and_attempt_reprs_hold_no_token() -> None:
-    registry = Registry(Limits())
+    registry = Registry(Limits(), spelling=NATIVE)
     session, token = registry.admit({})
     session.handshake_delivered(0.0)
     attempt = session.begin_resume(token, 0, 0.0)
@@ -110,7 +111,7 @@ def test_presenting_the_current_token_again_keeps_it_valid() -> None:
 
 
 def test_rotation_through_the_session_survives_a_lost_resumed() -> None:
-    registry = Registry(Limits())
+    registry = Registry(Limits(), spelling=NATIVE)
     session, a = registry.admit({})
     session.handshake_delivered(0.0)
     session.detach(1, 0.0)

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_duplex.core.journal import Journal, frame_size
-from trio_duplex.core.wire import encode, utf8_len
+from trio_duplex.core.wire import utf8_len
+from trio_duplex.dialects.jsonwire import encode
 
 
 def frame(seq: int, text: str = "") -> str:

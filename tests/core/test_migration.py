@@ -15,10 +15,17 @@ from hypothesis import strategies as st
 from trio_duplex.core import migration
 from trio_duplex.core.events import ErrorCode, Reason
 from trio_duplex.core.limits import Limits
-from trio_duplex.core.migration import BadRecord, Frozen, Record, export, restore
+from trio_duplex.core.migration import BadRecord, Frozen, Record, export
 from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Registry, Session, State
 from trio_duplex.core.wire import ProtocolError
+from trio_duplex.dialects import NATIVE
+
+
+def restore(record: Record, limits: Limits, now: float) -> Session:
+    """``migration.restore`` in the native dialect."""
+    return migration.restore(record, limits, now, NATIVE)
+
 
 MAX = 1 << 22
 GRACE = 30.0
@@ -62,7 +69,7 @@ steps = st.lists(
 
 def build(script: list[tuple[str, Any]], client_seq: int) -> tuple[Session, list[str], list[str]]:
     """A live session after ``script``; its tokens still valid, and the dead ones."""
-    session, token = opened(Registry(limits()))
+    session, token = opened(Registry(limits(), spelling=NATIVE))
     tokens = [token]
     for kind, arg in script:
         if kind == "text":
@@ -125,7 +132,7 @@ def test_record_round_trip(
 
 
 def test_a_restored_session_resumes_where_it_was() -> None:
-    old, token = opened(Registry(limits()))
+    old, token = opened(Registry(limits(), spelling=NATIVE))
     for n in range(1, 11):
         old.emit(text(n), 1.0)
     old.ack(3)
@@ -136,7 +143,7 @@ def test_a_restored_session_resumes_where_it_was() -> None:
     # The engine took events 1 to 4; 5 was still queued when it stopped.
     data = export(old, Frozen({"n": 10}, 4)).to_bytes()
 
-    registry = Registry(limits())
+    registry = Registry(limits(), spelling=NATIVE)
     moved = restore(Record.from_bytes(data, max_bytes=MAX), registry.config, now=100.0)
     registry.adopt(moved)
     assert registry.slots_held == 1 and registry.sessions[moved.id] is moved
@@ -165,7 +172,7 @@ def test_a_restored_session_resumes_where_it_was() -> None:
 
 
 def test_a_restored_session_expires_after_its_grace() -> None:
-    old, _ = opened(Registry(limits()))
+    old, _ = opened(Registry(limits(), spelling=NATIVE))
     record = export(old, Frozen(b"", 0))
     moved = restore(record, limits(), now=10.0)
     assert moved.poll(10.0 + GRACE - 0.001) is None
@@ -174,7 +181,7 @@ def test_a_restored_session_expires_after_its_grace() -> None:
 
 
 def test_a_tighter_journal_drops_the_oldest_entries_and_says_so() -> None:
-    old, token = opened(Registry(limits()))
+    old, token = opened(Registry(limits(), spelling=NATIVE))
     for n in range(1, 21):
         old.emit(text(n), 1.0)
     last_five = sum(entry.size for entry in old.journal if entry.seq > 15)
@@ -190,7 +197,7 @@ def test_a_tighter_journal_drops_the_oldest_entries_and_says_so() -> None:
 
 
 def test_export_refuses_a_resume_in_progress_and_an_ended_session() -> None:
-    session, token = opened(Registry(limits()))
+    session, token = opened(Registry(limits(), spelling=NATIVE))
     attempt = session.begin_resume(token, 0, 1.0)
     with pytest.raises(ValueError, match="resume"):
         export(session, Frozen(b"", 0))
@@ -202,25 +209,25 @@ def test_export_refuses_a_resume_in_progress_and_an_ended_session() -> None:
 
 
 def test_adopt_refuses_as_admit_does_and_a_session_already_here() -> None:
-    source, _ = opened(Registry(limits()))
+    source, _ = opened(Registry(limits(), spelling=NATIVE))
     record = export(source, Frozen(b"", 0))
-    registry = Registry(limits(max_sessions=1))
+    registry = Registry(limits(max_sessions=1), spelling=NATIVE)
     registry.adopt(restore(record, registry.config, 0.0))
     with pytest.raises(ProtocolError) as here:
         registry.adopt(restore(record, registry.config, 0.0))
     assert here.value.code == ErrorCode.SESSION_RESUME_CONFLICT
-    other, _ = opened(Registry(limits()))
+    other, _ = opened(Registry(limits(), spelling=NATIVE))
     with pytest.raises(ProtocolError) as full:
         registry.adopt(restore(export(other, Frozen(b"", 0)), registry.config, 0.0))
     assert full.value.code == ErrorCode.RESOURCE_EXHAUSTED
-    draining = Registry(limits())
+    draining = Registry(limits(), spelling=NATIVE)
     draining.shutting_down = True
     with pytest.raises(ProtocolError) as down:
         draining.adopt(restore(record, draining.config, 0.0))
     assert down.value.code == ErrorCode.SERVER_SHUTTING_DOWN
     assert draining.slots_held == 0
     with pytest.raises(ValueError):  # only a detached session
-        Registry(limits()).adopt(source)
+        Registry(limits(), spelling=NATIVE).adopt(source)
     # Adopted, it ends and frees its slot like any session.
     adopted = registry.sessions[source.id]
     assert adopted.begin_close(Reason.CLIENT_CLOSE, 1.0) is not None
@@ -228,7 +235,7 @@ def test_adopt_refuses_as_admit_does_and_a_session_already_here() -> None:
 
 
 def test_a_record_shows_no_secret_in_its_repr() -> None:
-    session, _ = opened(Registry(limits()))
+    session, _ = opened(Registry(limits(), spelling=NATIVE))
     session.emit(text(1), 1.0)
     record = export(session, Frozen({"secret": "engine-state"}, 0))
     shown = repr(record) + repr(Frozen({"secret": "engine-state"}, 0)) + repr(record.journal)
@@ -240,7 +247,7 @@ def test_a_record_shows_no_secret_in_its_repr() -> None:
 
 
 def test_from_bytes_refuses_what_is_over_its_bound_or_of_another_format() -> None:
-    session, _ = opened(Registry(limits()))
+    session, _ = opened(Registry(limits(), spelling=NATIVE))
     data = export(session, Frozen(b"x", 0)).to_bytes()
     assert Record.from_bytes(data, max_bytes=len(data)).session_id == session.id
     with pytest.raises(BadRecord, match="bound"):
@@ -254,7 +261,7 @@ def test_from_bytes_refuses_what_is_over_its_bound_or_of_another_format() -> Non
 
 
 def test_to_bytes_refuses_a_state_that_is_not_json() -> None:
-    session, _ = opened(Registry(limits()))
+    session, _ = opened(Registry(limits(), spelling=NATIVE))
     with pytest.raises(ValueError, match="JSON"):
         export(session, Frozen({"x": {1, 2}}, 0)).to_bytes()
 
@@ -352,7 +359,7 @@ def _nested(depth: int) -> dict[str, Any]:
 
 
 def test_what_nests_too_deeply_to_serialize_again_is_refused() -> None:
-    session, _ = opened(Registry(limits()))
+    session, _ = opened(Registry(limits(), spelling=NATIVE))
     deepest = _nested(migration.MAX_DEPTH)
     record = export(session, Frozen(deepest, 0))
     assert Record.from_bytes(record.to_bytes(), max_bytes=MAX) == record
@@ -371,7 +378,7 @@ def test_what_nests_too_deeply_to_serialize_again_is_refused() -> None:
 
 
 def test_input_the_engine_had_not_taken_travels_with_the_record() -> None:
-    registry = Registry(limits())
+    registry = Registry(limits(), spelling=NATIVE)
     session, _ = opened(registry)
     session.client_seq = 3
     audio = bytes(range(256)) * 4  # decoded PCM16, as the engine gets it: bytes

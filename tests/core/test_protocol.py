@@ -27,6 +27,7 @@ from trio_duplex.core.protocol import (
 )
 from trio_duplex.core.session import Registry, Session, State
 from trio_duplex.core.wire import ConfigBudget, ProtocolError
+from trio_duplex.dialects import NATIVE
 
 IDLE = 300.0
 TEXT = "input.text.append"
@@ -127,7 +128,7 @@ def machine(
     max_config_bytes: int = 64 * 1024,
     rules: Rules | None = None,
 ) -> Machine:
-    registry = Registry(Limits(idle_ttl_s=IDLE))
+    registry = Registry(Limits(idle_ttl_s=IDLE), spelling=NATIVE)
     session, _ = registry.admit(dict(config or {}), locked=locked)
     session.handshake_delivered(0.0)
     rules = rules or Rules()
@@ -341,9 +342,9 @@ def test_before_an_engine_exists_only_protocol_events_pass_the_check() -> None:
 
 def test_pacing_refusals_are_not_logged_as_faults() -> None:
     backpressure = ProtocolError(ErrorCode.INPUT_BACKPRESSURE, "full")
-    assert refusal(backpressure, None).fault is None
-    assert refusal(ProtocolError.unexpected_client_seq(2, 3), None).fault is None
-    assert refusal(ProtocolError(ErrorCode.BAD_EVENT, "no"), None).fault == "bad_event: no"
+    assert refusal(backpressure, None, NATIVE).fault is None
+    assert refusal(ProtocolError.unexpected_client_seq(2, 3), None, NATIVE).fault is None
+    assert refusal(ProtocolError(ErrorCode.BAD_EVENT, "no"), None, NATIVE).fault == "bad_event: no"
 
 
 # -- client_event_seq ----------------------------------------------------------------------

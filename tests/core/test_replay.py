@@ -9,10 +9,11 @@ from trio_duplex.core.frames import BATCH
 from trio_duplex.core.limits import Limits
 from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Registry, Session
+from trio_duplex.dialects import NATIVE
 
 
 def detached_session(**limits: Any) -> tuple[Session, str]:
-    registry = Registry(Limits(**limits))
+    registry = Registry(Limits(**limits), spelling=NATIVE)
     session, token = registry.admit({})
     session.handshake_delivered(0.0)
     session.touch(0.0)  # the client spoke: the whole grace applies

@@ -14,6 +14,7 @@ from trio_duplex.core.session import Commit, Registry, Session, State, Terminal
 from trio_duplex.core.wire import (
     ProtocolError,
 )
+from trio_duplex.dialects import NATIVE
 
 GRACE = 30.0
 UNCONFIRMED = 5.0  # unconfirmed_grace_s, by default
@@ -32,7 +33,7 @@ def make_registry(**overrides: Any) -> Registry:
         "journal_ttl_s": 60.0,
     }
     settings.update(overrides)
-    return Registry(Limits(**settings))
+    return Registry(Limits(**settings), spelling=NATIVE)
 
 
 def opened(registry: Registry, now: float = 0.0, *, spoke: bool = True) -> tuple[Session, str]:

@@ -370,7 +370,7 @@ async def test_the_binary_lane_in_g711_ulaw_goes_up_as_pcm16(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from trio_duplex.audio import AudioFormat, Decoder
-    from trio_duplex.core import binary
+    from trio_duplex.dialects import binary
 
     ulaw = {"format": "g711_ulaw", "rate": 8000}
     audio = {"wire": "binary", "input": ulaw, "output": ulaw}

@@ -40,6 +40,7 @@ from trio_duplex.core.protocol import Action as Do
 from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Commit, Registry, ResumeAttempt, Session, State
 from trio_duplex.core.wire import ConfigBudget, ProtocolError
+from trio_duplex.dialects import NATIVE
 
 GRACE_S = 30.0
 UNCONFIRMED_GRACE_S = 5.0  # for a session whose client has not spoken since session.created
@@ -315,7 +316,7 @@ class World:
     """Registry + sessions + a model of the shell and clients. ``step`` checks invariants."""
 
     def __init__(self, max_sessions: int, sessions: int = 2, **config: Any) -> None:
-        self.registry = Registry(make_config(max_sessions, **config))
+        self.registry = Registry(make_config(max_sessions, **config), spelling=NATIVE)
         self.now = 0.0
         self.slots = [Slot() for _ in range(sessions)]
 
@@ -324,7 +325,7 @@ class World:
     def clone(self) -> World:
         w = World.__new__(World)
         old = self.registry
-        reg = Registry(old.config, {}, old.slots_held, old.shutting_down)
+        reg = Registry(old.config, {}, old.slots_held, old.shutting_down, spelling=old.spelling)
         w.registry, w.now, w.slots = reg, self.now, []
         for slot in self.slots:
             n = Slot.__new__(Slot)
@@ -728,7 +729,9 @@ class World:
             return
         if emitted.notice is not None:
             notice = json.loads(emitted.notice)
-            require(notice["dropped_through_seq"] in (seq - 1, seq), "bad_notice", emitted.notice)
+            require(
+                notice["dropped_through_seq"] in (seq - 1, seq), "bad_notice", str(emitted.notice)
+            )
             holder.receive_notice(notice["dropped_through_seq"])
         holder.receive_event(seq, "live")
 

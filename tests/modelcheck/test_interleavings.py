@@ -13,7 +13,7 @@ from trio_duplex.core.events import Reason
 from trio_duplex.core.journal import Journal
 from trio_duplex.core.protocol import ClientEvents, Decision
 from trio_duplex.core.replay import Replay
-from trio_duplex.core.session import Registry, Session, State, Terminal, resync_frame
+from trio_duplex.core.session import Registry, Session, State, Terminal
 
 from .interleavings import Violation, World, explore, replay
 
@@ -307,7 +307,7 @@ def test_catches_a_replay_that_gives_up_on_held_entries(monkeypatch: pytest.Monk
         if self.resumed_sent and not self._pending and journal.replay(self.cursor, now) is None:
             self.cursor = journal.head
             journal.ack(journal.head)
-            return [resync_frame("journal_gap", journal.head)]
+            return [self.attempt.session.resync_frame("journal_gap", journal.head)]
         return original(self, now)
 
     monkeypatch.setattr(Replay, "next_frames", giving_up)

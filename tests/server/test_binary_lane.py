@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from trio.testing import MockClock
 
-from trio_duplex.core import binary
+from trio_duplex.dialects import binary
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.engines.voice import FRAME_BYTES, VoiceEngine
 from trio_duplex.testing import SimClient, Simulation, running_server

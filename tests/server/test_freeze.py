@@ -22,6 +22,7 @@ from trio_duplex import ServerConfig
 from trio_duplex.core.events import Reason
 from trio_duplex.core.migration import Frozen, Record, export, restore
 from trio_duplex.core.session import State
+from trio_duplex.dialects import NATIVE
 from trio_duplex.engines.api import Engine, EngineSession, Event, Inbox
 from trio_duplex.server.sessions.runner import SessionRunner
 from trio_duplex.testing import SimClient, Simulation, running_server, settle
@@ -329,7 +330,7 @@ async def migrate(a: Simulation, b: Simulation, session_id: str) -> int:
     data = export(runner.session, await frozen(runner)).to_bytes()
     runner.end(Reason.MIGRATED)
     record = Record.from_bytes(data, max_bytes=1 << 22)
-    session = restore(record, b.server.config.core_limits, trio.current_time())
+    session = restore(record, b.server.config.core_limits, trio.current_time(), NATIVE)
     engine = Tally(session.config)
     engine.restore(record.engine_state)
     b.server.sessions.adopt(session, engine).restore_input(record.pending_input)

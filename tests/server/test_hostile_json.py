@@ -8,7 +8,7 @@ import logging
 import pytest
 from trio.testing import MockClock
 
-from trio_duplex.core.wire import MAX_DEPTH
+from trio_duplex.dialects.jsonwire import MAX_DEPTH
 from trio_duplex.testing import running_server
 
 from ..helpers import echo, state_of

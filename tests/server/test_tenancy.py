@@ -19,7 +19,7 @@ from websockets.sync.client import connect as ws_connect
 from trio_duplex import ServerConfig
 from trio_duplex.cli import main
 from trio_duplex.core.limits import MiB
-from trio_duplex.core.wire import encode
+from trio_duplex.dialects.jsonwire import encode
 from trio_duplex.server.front.tokens import (
     TOKEN_OVERHEAD,
     ClientToken,

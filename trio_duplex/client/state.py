@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import attrs
 
-from ..core import binary, events
+from ..core import events
 from ..core.events import (
     MANAGED_EVENTS,
     RESUME_REFUSALS,
@@ -26,7 +26,9 @@ from ..core.events import (
     EventType,
 )
 from ..core.frames import CloseCode
-from ..core.wire import encode, utf8_len
+from ..core.wire import utf8_len
+from ..dialects import binary
+from ..dialects.jsonwire import encode
 from .errors import EventTooLarge, ProtocolViolation, ResumeRefused, ServerRefused
 from .options import AckPolicy, Attached, HeartbeatPolicy, Limits, ResumeState
 

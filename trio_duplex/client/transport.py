@@ -16,9 +16,9 @@ from typing import Any
 import trio
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from ..core import binary
 from ..core.events import EventType
 from ..core.wire import ProtocolError
+from ..dialects import binary
 
 Event = dict[str, Any]
 

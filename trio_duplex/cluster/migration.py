@@ -41,7 +41,7 @@ from ..core.events import Reason
 from ..core.frames import CloseCode
 from ..core.migration import BadRecord, Record, export, restore
 from ..core.session import State
-from ..core.wire import ProtocolError, encode
+from ..core.wire import ProtocolError
 from ..engines.api import Engine, can_migrate, prepares
 from ..server.config import ServerConfig
 from ..server.sessions.opening import settle_audio
@@ -164,7 +164,7 @@ async def _hand_over(
                 extra={"session_id": session.id},
             )
     if attached is not None:
-        going = encode(events.going_away(sessions.going_away_ms(), migrating=True))
+        going = session.frame(events.going_away(sessions.going_away_ms(), migrating=True))
         attached.finish([going], CloseCode.GOING_AWAY)
     sessions.totals.count(
         sessions.totals.resumes, "handed_over" if stored else "handed_over_unconfirmed"
@@ -217,7 +217,9 @@ async def adopt(
         try:
             if prepares(engine):
                 prepared = await sessions.prepare(engine)  # ProtocolError: not ready
-            session = restore(record, config.core_limits, trio.current_time())
+            session = restore(
+                record, config.core_limits, trio.current_time(), sessions.registry.spelling
+            )
             runner = sessions.adopt(session, engine, prepared)  # ProtocolError: full, ...
             runner.restore_input(record.pending_input)
         except BaseException:

@@ -23,7 +23,7 @@ from websockets.http11 import Request
 from ..core import cluster
 from ..core.events import ErrorCode, Event
 from ..core.opening import Grant
-from ..core.wire import encode
+from ..dialects.jsonwire import encode
 from ..engines.api import Engine
 from ..server.config import ServerConfig
 from ..server.sessions.connection import Connection

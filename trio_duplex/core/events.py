@@ -6,7 +6,7 @@ sets the server, the client and the simulation kit share (control, terminal, man
 are defined here once. Every server event is built by its constructor below, and so is
 every protocol event the client sends; engine events (``response.*``) are the engine's.
 
-Pure: dicts out, nothing encoded (``wire.encode`` does that).
+Pure: dicts out, nothing encoded (a dialect does that: ``trio_duplex.dialects``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import attrs
 from .wire import utf8_len
 
 Frame = str | bytes
-"""A JSON text message, or a binary one (protocol v2's audio lane)."""
+"""A WebSocket message as a dialect wrote it: text for ``str``, binary for ``bytes``."""
 
 
 def frame_size(frame: Frame) -> int:

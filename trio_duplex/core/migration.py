@@ -40,6 +40,7 @@ from .credentials import Credentials
 from .journal import Frame, Journal
 from .limits import Limits
 from .session import LIVE_STATES, Session, State, Usage
+from .spelling import Spelling
 
 FORMAT = 1
 """The record format's version; a reader refuses any other (``BadRecord``)."""
@@ -277,10 +278,11 @@ def export(session: Session, frozen: Frozen) -> Record:
     )
 
 
-def restore(record: Record, limits: Limits, now: float) -> Session:
-    """A DETACHED session re-created from ``record`` under this node's ``limits``: its
-    grace runs from ``now`` (``disconnect_grace_s``), its journal's entries are dated
-    ``now``, and exactly the tokens valid when it was exported are valid."""
+def restore(record: Record, limits: Limits, now: float, spelling: Spelling) -> Session:
+    """A DETACHED session re-created from ``record`` under this node's ``limits``, written
+    by ``spelling`` (the dialect its journal's frames are in): its grace runs from
+    ``now`` (``disconnect_grace_s``), its journal's entries are dated ``now``, and
+    exactly the tokens valid when it was exported are valid."""
     journal = record.journal
     return Session(
         id=record.session_id,
@@ -306,6 +308,7 @@ def restore(record: Record, limits: Limits, now: float) -> Session:
         principal=record.principal,
         config_locked=record.config_locked,
         heard=record.heard,
+        spelling=spelling,
     )
 
 

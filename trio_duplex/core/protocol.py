@@ -25,7 +25,8 @@ from . import events
 from .events import SESSION_INPUT, ErrorCode, EventType, Reason
 from .frames import CloseCode
 from .session import Session, State, Terminal, audio_ms
-from .wire import ConfigBudget, ProtocolError, encode, is_seq
+from .spelling import Frame, Spelling
+from .wire import ConfigBudget, ProtocolError, is_seq
 
 Event = dict[str, Any]
 
@@ -79,7 +80,7 @@ class Decision(NamedTuple):  # per event: the common ones are preallocated singl
     """What the shell does with one client event: ``action``, and what it needs for it."""
 
     action: Action
-    frame: str | None = None
+    frame: Frame | None = None
     """REPLY and REFUSE: the frame to send."""
     close_code: int | None = None
     """REFUSE: the connection then closes with this code (``config_locked``)."""
@@ -180,11 +181,11 @@ def binary_not_negotiated() -> ProtocolError:
     )
 
 
-def refusal(exc: ProtocolError, event: Event | None) -> Decision:
-    """The decision that answers ``event`` with ``exc`` (numbering aside: see
-    ``ClientEvents.receive``)."""
+def refusal(exc: ProtocolError, event: Event | None, spelling: Spelling) -> Decision:
+    """The decision that answers ``event`` with ``exc``, written by ``spelling``
+    (numbering aside: see ``ClientEvents.receive``)."""
     fault = None if exc.code in _PACING else str(exc)
-    return Decision(Action.REFUSE, encode(exc.to_event(event)), exc.close_code, fault)
+    return Decision(Action.REFUSE, spelling.frame(exc.to_event(event)), exc.close_code, fault)
 
 
 class ClientEvents:
@@ -253,7 +254,7 @@ class ClientEvents:
                 return _IGNORE
             return Decision(Action.END, terminal=session.begin_close(Reason.CLIENT_CLOSE, now))
         except ProtocolError as exc:
-            decision = refusal(exc, event)
+            decision = refusal(exc, event, self.session.spelling)
             if not exc.retryable and self._refused_for_good(event):
                 return decision._replace(consumed=True)
             return decision
@@ -263,12 +264,12 @@ class ClientEvents:
 
     def full(self, event: Event) -> Decision:
         """The engine's queue refused an event that took nothing (TO_ENGINE)."""
-        return refusal(backpressure(), event)
+        return refusal(backpressure(), event, self.session.spelling)
 
     def _heartbeat(self) -> Decision:
         reply = self._heartbeat_ack
         if reply is None:  # the same answer every time: built once
-            frame = encode(events.heartbeat_ack(self.session.id))
+            frame = self.session.spelling.frame(events.heartbeat_ack(self.session.id))
             reply = self._heartbeat_ack = Decision(Action.REPLY, frame)
         return reply
 
@@ -341,7 +342,7 @@ class ClientEvents:
 
     def report_consumed(
         self, event: Event | None, drained: bool, generation: int
-    ) -> tuple[bool, str | None]:
+    ) -> tuple[bool, Frame | None]:
         """The inbox's report step was reached (core/flow.py): how far the client's input
         is consumed. Drained, that is every seq received; else the seq of the event just
         taken. Returns whether it was reported (False: count on, as the event had no seq

@@ -26,8 +26,7 @@ import attrs
 
 from .frames import BATCH
 from .journal import Entry, Frame
-from .session import ResumeAttempt, resync_frame
-from .wire import encode
+from .session import ResumeAttempt
 
 
 @attrs.define(eq=False, repr=False)
@@ -53,14 +52,14 @@ class Replay:
         session = self.attempt.session
         if not self.resumed_sent:
             self.resumed_sent = True
-            return [encode(session.resumed_event(self.attempt))]
+            return [session.resumed_frame(self.attempt)]
         journal = session.journal
         frames: list[Frame] = []
         if not self._pending:
             entries = journal.replay(self.cursor, now)
             if entries is None:
                 self.cursor = journal.floor  # the last seq lost: what is held comes after
-                frames.append(resync_frame("journal_gap", self.cursor))
+                frames.append(session.resync_frame("journal_gap", self.cursor))
                 # The journal holds every entry above its floor, so this finds no gap;
                 # were it to, the next call would look again.
                 entries = journal.replay(self.cursor, now) or []

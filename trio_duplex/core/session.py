@@ -19,7 +19,9 @@ This file owns every rule of docs/protocol.md about a session's life::
   timer), then ``commit_resume`` or ``abort_resume``. Nothing about the attachment changes
   before the commit, so an aborted resume leaves the session as it was.
 
-The trio shell (``trio_duplex/server``) turns each returned value into I/O.
+Every frame a session journals or sends is written by its ``Spelling`` (core/spelling.py:
+the dialect it was opened with); the trio shell (server/sessions) turns each returned
+value into I/O.
 """
 
 from __future__ import annotations
@@ -27,18 +29,19 @@ from __future__ import annotations
 import enum
 import math
 import secrets
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import attrs
 
 from . import events
-from .binary import output_message
 from .credentials import Credentials, digest
 from .events import ErrorCode, Event, Reason
 from .frames import CloseCode
 from .journal import Journal
 from .limits import Limits
-from .wire import ProtocolError, encode, is_seq, utf8_len
+from .spelling import Frame, Spelling
+from .wire import ProtocolError, is_seq, utf8_len
 
 
 class State(enum.Enum):
@@ -91,8 +94,8 @@ class Commit:
 
 
 class Emitted(NamedTuple):  # per event: a tuple is several times cheaper to build
-    frame: str | bytes
-    notice: str | None
+    frame: Frame
+    notice: Frame | None
     """A ``session.resync_required`` frame to send before ``frame``, on overflow."""
 
 
@@ -144,10 +147,6 @@ def audio_ms(event: dict[str, Any], bytes_per_ms: int) -> float:
     return max(0, size) / bytes_per_ms
 
 
-def resync_frame(reason: str, dropped_through: int) -> str:
-    return encode(events.resync_required(reason, dropped_through))
-
-
 @attrs.define(eq=False, repr=False)
 class Session:
     id: str
@@ -155,6 +154,8 @@ class Session:
     limits: Limits
     credentials: Credentials
     journal: Journal
+    spelling: Spelling = attrs.field(kw_only=True)
+    """The dialect that writes its frames: the one it was opened with."""
     state: State = State.OPENING
     generation: int = 1
     client_seq: int = 0
@@ -182,6 +183,13 @@ class Session:
     _unconfirmed: bytes | None = None
     """The digest of the token the last resume issued, until the client shows it holds
     it (its first event on the resumed attachment)."""
+    _frame: Callable[[dict[str, Any]], Frame] = attrs.field(init=False)
+    _audio_frame: Callable[[int, bytes, dict[str, Any] | None], Frame] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        # Bound once: the per-event paths call the dialect's functions directly.
+        self._frame = self.spelling.frame
+        self._audio_frame = self.spelling.audio_frame
 
     def __repr__(self) -> str:
         return f"Session({self.id}, {self.state.value}, generation={self.generation})"
@@ -273,6 +281,16 @@ class Session:
         self.resume = attempt
         return attempt
 
+    def frame(self, event: dict[str, Any]) -> Frame:
+        """``event`` as this session's dialect writes it (not journaled)."""
+        return self._frame(event)
+
+    def resync_frame(self, reason: str, dropped_through: int) -> Frame:
+        return self._frame(events.resync_required(reason, dropped_through))
+
+    def resumed_frame(self, attempt: ResumeAttempt) -> Frame:
+        return self._frame(self.resumed_event(attempt))
+
     def resumed_event(self, attempt: ResumeAttempt) -> Event:
         return events.resumed(
             self.id,
@@ -315,25 +333,32 @@ class Session:
         if state is _CLOSING or state is _CLOSED:
             return None
         event["server_event_seq"] = self.journal.head + 1
-        frame = encode(event)
-        return self._journaled(frame, utf8_len(frame), now)
+        frame = self._frame(event)
+        return self._journaled(
+            frame, len(frame) if isinstance(frame, bytes) else utf8_len(frame), now
+        )
 
-    def emit_audio(self, payload: bytes, now: float) -> Emitted | None:
-        """Sequence and journal one output audio delta on the binary lane: a kind-2
-        binary message (core.binary) of ``payload``. None once the session ends."""
+    def emit_audio(
+        self, payload: bytes, now: float, fields: dict[str, Any] | None = None
+    ) -> Emitted | None:
+        """Sequence and journal one output audio delta of ``payload``: on the binary lane
+        (``fields`` None), else as the engine's delta ``fields`` carrying it (its
+        dialect's ``audio_frame``). None once the session ends."""
         state = self.state
         if state is _CLOSING or state is _CLOSED:
             return None
-        frame = output_message(self.journal.head + 1, payload)
-        return self._journaled(frame, len(frame), now)
+        frame = self._audio_frame(self.journal.head + 1, payload, fields)
+        return self._journaled(
+            frame, len(frame) if isinstance(frame, bytes) else utf8_len(frame), now
+        )
 
-    def _journaled(self, frame: str | bytes, size: int, now: float) -> Emitted:
+    def _journaled(self, frame: Frame, size: int, now: float) -> Emitted:
         """Journal event ``head + 1``, already encoded as ``frame`` of ``size`` bytes."""
         dropped = self.journal.append(frame, size, now)
         usage = self.usage
         usage.events_out += 1
         usage.bytes_out += size
-        notice = None if dropped is None else resync_frame("journal_overflow", dropped)
+        notice = None if dropped is None else self.resync_frame("journal_overflow", dropped)
         return Emitted(frame, notice)
 
     def ack(self, seq: object) -> None:
@@ -364,13 +389,13 @@ class Session:
         if seq == self.client_seq + 1:
             self.client_seq = seq
 
-    def consumed(self, seq: int) -> str | None:
+    def consumed(self, seq: int) -> Frame | None:
         """The frame of ``input.consumed`` for ``seq`` (how far the session is done with
         the client's input), or None if that is no news."""
         if seq <= self.consumed_seq:
             return None
         self.consumed_seq = seq
-        return encode(events.input_consumed(seq))
+        return self._frame(events.input_consumed(seq))
 
     # -- ending ------------------------------------------------------------------------
 
@@ -433,11 +458,18 @@ class Registry:
     sessions: dict[str, Session] = attrs.field(factory=dict)
     slots_held: int = 0
     shutting_down: bool = False
+    spelling: Spelling = attrs.field(kw_only=True)
+    """The dialect a session is opened with unless ``admit`` is given another."""
 
     def admit(
-        self, session_config: dict[str, Any], principal: str | None = None, locked: bool = False
+        self,
+        session_config: dict[str, Any],
+        principal: str | None = None,
+        locked: bool = False,
+        spelling: Spelling | None = None,
     ) -> tuple[Session, str]:
-        """Take a slot and create an OPENING session. Returns it and its first token."""
+        """Take a slot and create an OPENING session, written by ``spelling`` (the
+        registry's by default). Returns it and its first token."""
         self._take_slot()
         credentials, token = Credentials.issue()
         session = Session(
@@ -448,6 +480,7 @@ class Registry:
             journal=Journal(self.config.journal_max_bytes, self.config.journal_ttl_s),
             principal=principal,
             config_locked=locked,
+            spelling=self.spelling if spelling is None else spelling,
         )
         self.sessions[session.id] = session
         return session, token
@@ -474,6 +507,10 @@ class Registry:
                 close_code=CloseCode.TRY_AGAIN_LATER,
             )
         self.slots_held += 1
+
+    def created_frame(self, session: Session, token: str) -> Frame:
+        """``session.created``, as the session's dialect writes it."""
+        return session.frame(self.created_event(session, token))
 
     def created_event(self, session: Session, token: str) -> Event:
         return events.created(

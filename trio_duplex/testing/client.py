@@ -7,8 +7,8 @@ import json
 import attrs
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
-from ..core import binary
 from ..core.events import EventType
+from ..dialects import binary
 from ..engines.api import Event
 from .transport import FaultyStream
 

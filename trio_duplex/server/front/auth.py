@@ -34,7 +34,8 @@ from websockets.datastructures import Headers, MultipleValuesError
 from websockets.http11 import Request
 
 from ...core.opening import OPEN, Grant
-from ...core.wire import ConfigBudget, ProtocolError, decode_object, encode
+from ...core.wire import ConfigBudget, ProtocolError
+from ...dialects.jsonwire import decode_object, encode
 from ..config import ServerConfig
 from .throttle import Failures, Throttled
 from .tokens import ClientToken, ClientTokens, Refused, TokenLimits, digest

@@ -21,7 +21,8 @@ from typing import Any
 
 import attrs
 
-from ...core.wire import ProtocolError, decode_object
+from ...core.wire import ProtocolError
+from ...dialects.jsonwire import decode_object
 
 TOKEN_OVERHEAD = 512
 """Bytes counted per token beyond its configuration: its digest, key digest, record,

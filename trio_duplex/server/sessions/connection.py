@@ -31,12 +31,13 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
 
 from ...core.frames import BATCH, CloseCode
+from ...dialects import NATIVE, Dialect
 from .timers import Entry, Timers
 from .websocket import ConnectionClosed, WebSocket
 
@@ -67,6 +68,8 @@ class Connection:
     """The outbox's size: the sum of its frames' lengths."""
     watchers: Sequence[FinishWatcher] = ()
     """Told of every ``finish`` (the server's observers)."""
+    dialect: Dialect = NATIVE
+    """How its messages are spelled: what decodes them (``decode``/``decode_large``)."""
     _nursery: trio.Nursery | None = None
     """Open while the connection is: the pump and pings run in it."""
     _pumping: bool = False
@@ -88,12 +91,13 @@ class Connection:
         close_timeout: float,
         max_output_bytes: float = math.inf,
         watchers: Sequence[FinishWatcher] = (),
+        dialect: Dialect = NATIVE,
     ) -> AsyncIterator[Connection]:
         """The connection's lifetime. The body reads; once it has nothing more to read
         for, it ends with ``await conn.send_rest()``. On the way out the pump and any
         ping are cancelled and the WebSocket is closed within ``close_timeout``: with
         ``close_code`` if one was set, 1011 after an error of ours, else 1001."""
-        conn = cls(ws, high_water, max_output_bytes, watchers=watchers)
+        conn = cls(ws, high_water, max_output_bytes, watchers=watchers, dialect=dialect)
         close_code: int = CloseCode.GOING_AWAY
         try:
             async with trio.open_nursery() as conn._nursery:
@@ -336,6 +340,19 @@ class Keepalive:
             return
         log.info("connection %s: no pong within %ss", conn.ws, self.patience)
         conn.lost()  # the connection is lost: its session detaches
+
+
+async def decode_large(dialect: Dialect, message: str | bytes) -> dict[str, Any]:
+    """``dialect.decode``, with a checkpoint between slices of the work
+    (``decode_steps``): a large message lets other sessions run while it is decoded."""
+    steps = dialect.decode_steps(message)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            event: dict[str, Any] = done.value
+            return event
+        await trio.lowlevel.checkpoint()
 
 
 def _only_cancelled(exc: BaseException) -> bool:

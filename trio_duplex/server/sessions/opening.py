@@ -28,10 +28,10 @@ from ...core.frames import CloseCode
 from ...core.opening import OPEN, Grant, Resume
 from ...core.replay import Replay
 from ...core.session import State
-from ...core.wire import LARGE, ProtocolError, decode, decode_steps, encode
+from ...core.wire import ProtocolError
 from ...engines.api import Engine, EngineFactory, engine_audio_rate, prepares
 from ..config import ServerConfig
-from .connection import Connection
+from .connection import Connection, decode_large
 from .owner import Sessions
 from .placement import Placement, SingleProcess
 from .runner import (
@@ -70,6 +70,7 @@ class Opener:
                 close_timeout=self.close_timeout_s,
                 max_output_bytes=self.config.max_output_bytes,
                 watchers=self.sessions.observers,
+                dialect=self.sessions.dialect,
             ) as conn:
                 self.connections.add(conn)
                 await self._converse(conn, query, grant)
@@ -89,7 +90,7 @@ class Opener:
                     runner = await self._open(conn, config, None, engine, grant=grant)
                 except ProtocolError as exc:
                     code = exc.close_code or CloseCode.GOING_AWAY
-                    conn.finish([encode(exc.to_event())], code)
+                    conn.finish([conn.dialect.frame(exc.to_event())], code)
             else:
                 runner = await self._first_message(conn, grant)
             if runner is not None:
@@ -110,6 +111,7 @@ class Opener:
     async def _first_message(self, conn: Connection, grant: Grant) -> SessionRunner | None:
         """Wait for the message that decides what this connection is for."""
         deadline = trio.current_time() + self.config.config_timeout_s
+        dialect = conn.dialect
         while True:
             with trio.move_on_at(deadline) as waiting:
                 text = await conn.ws.get_message()
@@ -117,7 +119,10 @@ class Opener:
             try:
                 if waiting.cancelled_caught:
                     raise opening.CONFIG_TIMEOUT
-                event = decode(text) if len(text) < LARGE else await _decode_large(text)
+                if len(text) < dialect.large:
+                    event = dialect.decode(text)
+                else:
+                    event = await decode_large(dialect, text)
                 resume = opening.first_step(grant, event)
                 if resume is not None:
                     return await self._resume(conn, event, resume, grant)
@@ -131,7 +136,9 @@ class Opener:
                 # that does not read is cut by the write timeout.)
                 await conn.ws.send_message(error)
 
-    def _refused(self, conn: Connection, event: Event, exc: ProtocolError, grant: Grant) -> str:
+    def _refused(
+        self, conn: Connection, event: Event, exc: ProtocolError, grant: Grant
+    ) -> str | bytes:
         """Count and report a refused first message; its ``error`` event."""
         if grant.elsewhere is not None:  # an unknown credential that resumed nothing
             self.resume_failed(conn.ws.peer)
@@ -142,7 +149,7 @@ class Opener:
             totals.engine_errors += 1
         if exc.code not in opening.NOT_FAULTS:
             conn.ws.report_fault(str(exc))
-        return encode(exc.to_event(event))
+        return conn.dialect.frame(exc.to_event(event))
 
     async def _open_with(
         self, conn: Connection, event: Event, size: int, grant: Grant
@@ -181,7 +188,9 @@ class Opener:
         leased = sessions.admits(self.config.max_sessions) and await placement.lease()
         try:
             # ProtocolError: full, or draining (this node's own, single-step decision)
-            session, token = sessions.admit(config, grant.principal, grant.locked is not None)
+            session, token = sessions.admit(
+                config, grant.principal, grant.locked is not None, conn.dialect
+            )
         except BaseException:
             if leased:
                 placement.release()
@@ -209,7 +218,7 @@ class Opener:
                 ws.reply_now(ws.read_now())  # what the socket holds already
                 if ws.peer_gone:
                     raise _gone_while_opening()
-                await ws.send_message(encode(sessions.registry.created_event(session, token)))
+                await ws.send_message(sessions.registry.created_frame(session, token))
             ws.stop_watching()
             if watch.cancelled_caught:  # the end came while the write was under way
                 raise _gone_while_opening()
@@ -297,24 +306,30 @@ class Opener:
         # session.resumed already, gets the terminal event in place of live events,
         # once the slot is free (now, or when the teardown finishes).
         if session.state is State.CLOSED:
-            conn.finish([encode(terminal.event)], terminal.close_code)
+            conn.finish([session.frame(terminal.event)], terminal.close_code)
         else:
             runner.resumer = conn
         totals.count(totals.resumes, "ended")
 
     async def _read(self, conn: Connection, runner: SessionRunner) -> None:
-        get, handle, large = conn.ws.get_message, runner.handle, LARGE
+        dialect = conn.dialect
+        get, handle, decode, large = (
+            conn.ws.get_message,
+            runner.handle,
+            dialect.decode,
+            dialect.large,
+        )
         while conn.close_code is None:
             text = await get()
-            if isinstance(text, bytes):  # protocol v2's binary audio lane
+            if isinstance(text, bytes):  # a binary lane (the native dialect's audio)
                 runner.handle_binary(conn, text)
                 continue
             try:
                 # A large message is decoded in slices, letting other sessions run.
-                event = decode(text) if len(text) < large else await _decode_large(text)
+                event = decode(text) if len(text) < large else await decode_large(dialect, text)
             except ProtocolError as exc:
                 conn.ws.report_fault(str(exc))
-                conn.push(encode(exc.to_event()))
+                conn.push(dialect.frame(exc.to_event()))
                 continue
             handle(conn, event, len(text))
         # Closing: keep reading so pings and the peer's close are seen while the pump
@@ -345,18 +360,6 @@ def settle_audio(engine: Engine, config: dict[str, Any]) -> None:
     opening.check_audio(rate, config)
     if rate is not None and "audio" in config:
         config["audio"] = negotiate(config["audio"], rate).as_event()
-
-
-async def _decode_large(text: str | bytes) -> Event:
-    """``decode``, with a checkpoint between slices of the work (``decode_steps``)."""
-    steps = decode_steps(text)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            event: Event = done.value
-            return event
-        await trio.lowlevel.checkpoint()
 
 
 def _gone_while_opening() -> ConnectionClosed:

@@ -32,7 +32,9 @@ import trio
 from ...core import events, opening
 from ...core.events import Reason
 from ...core.session import Commit, Registry, Session, State, Terminal, Usage
-from ...core.wire import ProtocolError, encode
+from ...core.spelling import Frame, Spelling
+from ...core.wire import ProtocolError
+from ...dialects import NATIVE, Dialect
 from ...engines.api import Engine
 from ..config import ServerConfig
 from .connection import Connection
@@ -108,6 +110,8 @@ class Observer:
 class Sessions:
     config: ServerConfig
     close_timeout_s: float
+    dialect: Dialect = NATIVE
+    """The dialect its connections speak, and its sessions are written in."""
     registry: Registry = attrs.field(init=False)
     timers: Timers = attrs.field(factory=Timers, init=False)
     observers: list[Observer] = attrs.field(factory=list, init=False)
@@ -132,7 +136,7 @@ class Sessions:
     hand-over ends it."""
 
     def __attrs_post_init__(self) -> None:
-        self.registry = Registry(self.config.core_limits)
+        self.registry = Registry(self.config.core_limits, spelling=self.dialect)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -206,10 +210,16 @@ class Sessions:
         return not self.shutting_down and self.slots_held < max_sessions
 
     def admit(
-        self, config: dict[str, object], principal: str | None = None, locked: bool = False
+        self,
+        config: dict[str, object],
+        principal: str | None = None,
+        locked: bool = False,
+        dialect: Dialect | None = None,
     ) -> tuple[Session, str]:
-        """Take a slot for a new OPENING session (ProtocolError: full, or draining)."""
-        return self.registry.admit(config, principal, locked)
+        """Take a slot for a new OPENING session, written in ``dialect`` (that of the
+        connection opening it; by default ``self.dialect``). ProtocolError: full, or
+        draining."""
+        return self.registry.admit(config, principal, locked, dialect or self.dialect)
 
     def undelivered(self, session: Session) -> None:
         """Its ``session.created`` was not delivered: nothing ran, the slot is free now."""
@@ -383,13 +393,13 @@ class Sessions:
         once too: ``detached``)."""
         self.registry.shutting_down = True
         self._drain_deadline = trio.current_time() + self.config.drain_timeout_s
-        going = encode(events.going_away(round(self.config.drain_timeout_s * 1000)))
+        going = events.going_away(round(self.config.drain_timeout_s * 1000))
         for runner in list(self._runners.values()):
             if self.handing_over is not None and self.handing_over(runner):
                 continue
             conn = runner.conn
             if conn is not None and runner.session.is_current(conn.generation):
-                conn.push(going)
+                conn.push(runner.session.frame(going))
             else:
                 self.detached(runner)
 
@@ -417,11 +427,11 @@ class Sessions:
             return 0
         return round(max(0.0, self._drain_deadline - trio.current_time()) * 1000)
 
-    def going_away_frame(self) -> str | None:
+    def going_away_frame(self, spelling: Spelling) -> Frame | None:
         """While draining: ``session.going_away`` with the time left now."""
         if self._drain_deadline is None:
             return None
-        return encode(events.going_away(self.going_away_ms()))
+        return spelling.frame(events.going_away(self.going_away_ms()))
 
     # -- changes -----------------------------------------------------------------------
 

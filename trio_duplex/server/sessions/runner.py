@@ -21,6 +21,7 @@ from __future__ import annotations
 import binascii
 import logging
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -29,7 +30,6 @@ import trio
 from ..._pace import Pace
 from ...audio import AudioConfig, Decoder, Encoder, negotiate
 from ...core import events, opening
-from ...core.binary import parse_input
 from ...core.events import EventType, Reason
 from ...core.frames import CloseCode
 from ...core.migration import Frozen
@@ -53,7 +53,8 @@ from ...core.protocol import (
     check_locked as check_locked,
 )
 from ...core.session import Commit, Emitted, Session, State, Terminal, Usage, audio_ms
-from ...core.wire import ConfigBudget, ProtocolError, encode
+from ...core.spelling import Frame, Spelling
+from ...core.wire import ConfigBudget, ProtocolError
 from ...engines.api import (
     Engine,
     EngineSession,
@@ -97,7 +98,7 @@ class Owner(Protocol):
     def detached(self, runner: SessionRunner) -> None:
         """The session lost its connection and waits for a resume."""
 
-    def going_away_frame(self) -> str | None:
+    def going_away_frame(self, spelling: Spelling) -> Frame | None:
         """While the server drains: the warning for a newly attached connection."""
 
     @property
@@ -208,8 +209,11 @@ class SessionRunner:
     _end_decided: trio.Event = attrs.field(factory=trio.Event)
     _attaching: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     """Engines waiting in ``EngineSession.wait_attached``."""
+    _frame: Callable[[Event], Frame] = attrs.field(init=False)
+    """The session's dialect's ``frame``, bound once: what its other answers are written by."""
 
     def __attrs_post_init__(self) -> None:
+        self._frame = self.session.spelling.frame
         self._inbox = Inbox(self.max_pending_input, self.max_input_bytes, self._report_consumed)
         budget = ConfigBudget.of(self.session.config, self.max_config_bytes)
         decoding: _AudioIn | None = None
@@ -324,7 +328,7 @@ class SessionRunner:
         else:
             target = None
         if target is not None:
-            target.finish([encode(terminal.event)], terminal.close_code)
+            target.finish([self._frame(terminal.event)], terminal.close_code)
         log.info(
             "session %s ended: %s",
             session.id,
@@ -457,9 +461,9 @@ class SessionRunner:
             old.release_waiters()
             if commit.replaced == old.generation:
                 replaced = events.replaced(self.session.id, commit.generation)
-                old.finish([encode(replaced)], CloseCode.REPLACED, flush=False)
+                old.finish([self._frame(replaced)], CloseCode.REPLACED, flush=False)
                 old.abort_after(self.owner.close_timeout_s)
-        going_away = self.owner.going_away_frame()
+        going_away = self.owner.going_away_frame(self.session.spelling)
         if going_away is not None:  # attached during the drain: warn it too
             conn.push(going_away)
         self._attaching.unpark_all()
@@ -564,17 +568,13 @@ class SessionRunner:
             await self._wait_drained(conn)
 
     async def _emit_audio(self, fields: Event, payloads: list[bytes]) -> None:
-        """Sequence each payload as an output delta: a binary message, or ``fields``
-        with the payload as base64 ``audio``."""
-        session = self.session
-        binary = self._binary
+        """Sequence each payload as an output delta, as the session's dialect writes it:
+        on the binary lane, or as ``fields`` carrying the payload."""
+        emit_audio = self.session.emit_audio
+        carrier = None if self._binary else fields
         for payload in payloads:
             now = trio.current_time()
-            if binary:
-                emitted = session.emit_audio(payload, now)
-            else:
-                audio = binascii.b2a_base64(payload, newline=False).decode("ascii")
-                emitted = session.emit({**fields, "audio": audio}, now)
+            emitted = emit_audio(payload, now, carrier)
             conn = self._deliver(emitted, now)
             if conn is not None:
                 await self._wait_drained(conn)
@@ -627,20 +627,18 @@ class SessionRunner:
         return reported
 
     def handle_binary(self, conn: Connection, data: bytes) -> None:
-        """One binary message from ``conn``: input audio on the binary lane (protocol
-        v2), handled as the ``input_audio_buffer.append`` it stands for."""
+        """One binary message from ``conn``: input audio on the binary lane, decoded by
+        the connection's dialect and handled as the ``input_audio_buffer.append`` it
+        stands for."""
         if not self.session.is_current(conn.generation):
             return
         try:
             if not self._binary:
                 raise binary_not_negotiated()
-            seq, payload = parse_input(data)
+            event = conn.dialect.decode_binary(data)
         except ProtocolError as exc:
-            self._refuse(conn, refusal(exc, None))
+            self._refuse(conn, refusal(exc, None, self.session.spelling))
             return
-        event: Event = {"type": _APPEND, "audio": payload}
-        if seq:
-            event["client_event_seq"] = seq
         self.handle(conn, event, len(data))
 
     def _refuse(self, conn: Connection, decision: Decision) -> None:

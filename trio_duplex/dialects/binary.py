@@ -20,8 +20,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from .events import ErrorCode
-from .wire import ProtocolError
+from ..core.events import ErrorCode
+from ..core.wire import ProtocolError
 
 INPUT_AUDIO: Final = 1
 OUTPUT_AUDIO: Final = 2

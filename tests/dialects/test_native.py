@@ -1,4 +1,4 @@
-"""The wire JSON: our fast paths give exactly what the json module's own calls give."""
+"""The native dialect's JSON: our fast paths give exactly what the json module's own calls give."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_duplex.core import wire
-from trio_duplex.core.wire import MAX_DEPTH, ProtocolError, _loads, decode, encode
+from trio_duplex.core.wire import ProtocolError
+from trio_duplex.dialects import jsonwire, native
+from trio_duplex.dialects.jsonwire import MAX_DEPTH, _loads, encode
+from trio_duplex.dialects.native import decode, decode_steps
 
 json_values = st.recursive(
     st.none()
@@ -143,7 +145,7 @@ def test_a_lone_surrogate_is_refused_at_any_allowed_depth() -> None:
 
 def run_steps(text: str | bytes) -> tuple[dict[str, Any], int]:
     """Drive ``decode_steps`` to its end: the event, and how many times it yielded."""
-    steps = wire.decode_steps(text)
+    steps = decode_steps(text)
     yields = 0
     while True:
         try:
@@ -214,9 +216,9 @@ def event_texts(draw: st.DrawFn) -> str:
 def test_sliced_decoding_gives_what_decode_gives(text: str) -> None:
     # Every text through the sliced path (thresholds cut down to a few characters).
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(wire, "LARGE", 0)
-        patch.setattr(wire, "SLICE", 3)
-        patch.setattr(wire, "_WALK_SLICE", 2)
+        patch.setattr(native, "LARGE", 0)
+        patch.setattr(jsonwire, "SLICE", 3)
+        patch.setattr(jsonwire, "_WALK_SLICE", 2)
         expected = outcome(decode, text)
         if text.lstrip(" \t\n\r")[:1] != "{":
             # Not an object: refused unparsed (decode would say bad_event or invalid_json).
@@ -244,8 +246,8 @@ def test_sliced_decoding_gives_what_decode_gives(text: str) -> None:
 )
 def test_sliced_decoding_of_edge_cases(text: str) -> None:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(wire, "LARGE", 0)
-        patch.setattr(wire, "SLICE", 4)
+        patch.setattr(native, "LARGE", 0)
+        patch.setattr(jsonwire, "SLICE", 4)
         assert outcome(stepped, text) == outcome(decode, text)
 
 
@@ -256,26 +258,26 @@ def test_a_large_audio_append_is_decoded_in_many_small_steps() -> None:
     text = json.dumps({"type": "input_audio_buffer.append", "audio": audio, "event_id": "e"})
     event, yields = run_steps(text)
     assert event == {"type": "input_audio_buffer.append", "audio": audio, "event_id": "e"}
-    assert yields >= len(text) // wire.SLICE
+    assert yields >= len(text) // jsonwire.SLICE
     # Small messages take the plain path: no yield.
     assert run_steps('{"type":"x"}') == ({"type": "x"}, 0)
 
 
 def test_a_large_text_that_is_not_an_object_is_refused_unparsed() -> None:
-    text = "[" + "1," * wire.LARGE + "1]"
+    text = "[" + "1," * jsonwire.LARGE + "1]"
     assert outcome(stepped, text) == ("error", "bad_event")
 
 
 # -- the orjson paths give the json module's results, errors included ------------------
 
-PAD = "p" * wire.ORJSON_FROM  # a text this long is parsed by orjson first
+PAD = "p" * jsonwire.ORJSON_FROM  # a text this long is parsed by orjson first
 
 
 @settings(max_examples=300, deadline=None)
 @given(json_values)
 def test_long_texts_parse_as_json_loads_does(value: Any) -> None:
     text = reference({"pad": PAD, "v": value})
-    assert len(text) >= wire.ORJSON_FROM
+    assert len(text) >= jsonwire.ORJSON_FROM
     parsed = _loads(text)
     assert parsed == json.loads(text)
     assert reference(parsed) == text  # the same types too (an int stays an int)

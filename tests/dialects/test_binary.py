@@ -1,4 +1,4 @@
-"""The binary audio lane's 12-byte header (core.binary): built, parsed, and fuzzed."""
+"""The binary audio lane's 12-byte header (dialects/binary.py): built, parsed, and fuzzed."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_duplex.core import binary
 from trio_duplex.core.wire import ProtocolError
+from trio_duplex.dialects import binary
 
 
 def test_the_header_is_the_documented_layout() -> None:
