@@ -17,6 +17,7 @@ room in its queue and the audio decoder (``AudioDecoding``) are handed in.
 
 from __future__ import annotations
 
+import binascii
 import enum
 from collections.abc import Callable, Collection
 from typing import Any, NamedTuple, Protocol
@@ -43,13 +44,9 @@ class EngineRules(Protocol):
 
 
 class AudioDecoding(Protocol):
-    """The shell's audio input decoder (a session with negotiated audio): the wire's
-    ``audio`` to the engine's PCM16, in two steps so that the machine can refuse for want
-    of room between them (the codec's state only ever sees audio that goes on)."""
-
-    def unwrap(self, audio: str) -> bytes:
-        """Base64 text (from JSON) to its bytes; ProtocolError (``bad_base64``) if it is
-        not valid base64. (The binary lane's audio is bytes already.)"""
+    """A session's audio input decoder (``audio.Decoder``, for a session with negotiated
+    audio): the wire's format to the engine's PCM16. The machine calls it only for audio
+    that goes on (not a resend, and with room): the codec's state sees nothing else."""
 
     def decode(self, audio: bytes) -> bytes:
         """Those bytes, in the session's input format, to the engine's PCM16."""
@@ -196,7 +193,16 @@ class ClientEvents:
     audio), else None; ``audio_in``: for an engine without one, the client event types
     whose base64 ``audio`` is counted in ``usage`` (bytes per millisecond)."""
 
-    __slots__ = ("_audio", "_audio_in", "_budget", "_heartbeat_ack", "_room", "engine", "session")
+    __slots__ = (
+        "_audio",
+        "_audio_in",
+        "_budget",
+        "_heartbeat_ack",
+        "_pcm_per_ms",
+        "_room",
+        "engine",
+        "session",
+    )
 
     def __init__(
         self,
@@ -206,6 +212,7 @@ class ClientEvents:
         room: Callable[[int], bool],
         audio: AudioDecoding | None = None,
         audio_in: dict[str, int] | None = None,
+        pcm_per_ms: int = 48,
     ) -> None:
         self.session = session
         self.engine = engine
@@ -213,6 +220,7 @@ class ClientEvents:
         self._room = room
         self._audio = audio
         self._audio_in = audio_in or {}
+        self._pcm_per_ms = pcm_per_ms
         self._heartbeat_ack: Decision | None = None
 
     def receive(self, event: Event, size: int, generation: int, now: float) -> Decision:
@@ -292,12 +300,18 @@ class ClientEvents:
             return False
         raw = event.get("audio")
         if isinstance(raw, str):
-            raw = audio.unwrap(raw)
+            try:
+                raw = binascii.a2b_base64(raw, strict_mode=True)
+            except (binascii.Error, ValueError):
+                raise bad_base64() from None
         elif not isinstance(raw, bytes):  # (bytes: from the binary lane)
             raise ProtocolError(ErrorCode.BAD_EVENT, "audio must be a base64 string", param="audio")
         if not self._room(size):
             raise backpressure()
-        event["audio"] = audio.decode(raw)
+        pcm = event["audio"] = audio.decode(raw)
+        usage = self.session.usage
+        if usage.audio_ms_in is not None:
+            usage.audio_ms_in += len(pcm) / self._pcm_per_ms
         return True
 
     def _to_engine(self, event: Event, kind: str, size: int) -> Decision:

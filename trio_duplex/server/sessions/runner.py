@@ -18,7 +18,6 @@ the server or the sessions module. What a client event means is the core's
 
 from __future__ import annotations
 
-import binascii
 import logging
 import math
 from collections.abc import Callable
@@ -39,7 +38,6 @@ from ...core.protocol import (
     Action,
     ClientEvents,
     Decision,
-    bad_base64,
     binary_not_negotiated,
     refusal,
 )
@@ -52,7 +50,7 @@ from ...core.protocol import (
 from ...core.protocol import (
     check_locked as check_locked,
 )
-from ...core.session import Commit, Emitted, Session, State, Terminal, Usage, audio_ms
+from ...core.session import Commit, Emitted, Session, State, Terminal, audio_ms
 from ...core.spelling import Frame, Spelling
 from ...core.wire import ConfigBudget, ProtocolError
 from ...engines.api import (
@@ -216,7 +214,7 @@ class SessionRunner:
         self._frame = self.session.spelling.frame
         self._inbox = Inbox(self.max_pending_input, self.max_input_bytes, self._report_consumed)
         budget = ConfigBudget.of(self.session.config, self.max_config_bytes)
-        decoding: _AudioIn | None = None
+        decoding: Decoder | None = None
         audio_in: dict[str, int] = {}
         usage = self.session.usage
         rate = engine_audio_rate(self.engine)
@@ -224,7 +222,7 @@ class SessionRunner:
             # Negotiated when the session opened (settle_audio): this cannot refuse.
             audio = self.audio = negotiate(self.session.config.get("audio"), rate)
             self._pcm_per_ms = rate // 500
-            decoding = _AudioIn(Decoder(audio.input, rate), usage, self._pcm_per_ms)
+            decoding = Decoder(audio.input, rate)
             self._encoder = Encoder(audio.output, rate)
             self._binary = audio.wire == "binary"
             if usage.audio_ms_in is None:  # (a session restored by a migration counts on)
@@ -240,7 +238,13 @@ class SessionRunner:
             if self._audio_out and usage.audio_ms_out is None:
                 usage.audio_ms_out = 0.0
         self._machine = ClientEvents(
-            self.session, self.engine, budget, self._inbox.has_room, decoding, audio_in
+            self.session,
+            self.engine,
+            budget,
+            self._inbox.has_room,
+            decoding,
+            audio_in,
+            self._pcm_per_ms,
         )
 
     # -- lifetime ----------------------------------------------------------------------
@@ -649,28 +653,6 @@ class SessionRunner:
             conn.push(decision.frame)
         else:  # (config_locked) the connection ends; the session detaches
             conn.finish([decision.frame], decision.close_code)
-
-
-@attrs.define(eq=False)
-class _AudioIn:
-    """Client audio (the wire's format) to the engine's PCM16, for the machine
-    (core.protocol.AudioDecoding), counting what it decodes in the session's usage."""
-
-    decoder: Decoder
-    usage: Usage
-    pcm_per_ms: int
-
-    def unwrap(self, audio: str) -> bytes:
-        try:
-            return binascii.a2b_base64(audio, strict_mode=True)
-        except (binascii.Error, ValueError):
-            raise bad_base64() from None
-
-    def decode(self, audio: bytes) -> bytes:
-        pcm = self.decoder.decode(audio)
-        if self.usage.audio_ms_in is not None:
-            self.usage.audio_ms_in += len(pcm) / self.pcm_per_ms
-        return pcm
 
 
 def engine_broke(where: str, exc: BaseException) -> ProtocolError:
