@@ -340,3 +340,39 @@ def run_node_tests(node: str, files: Sequence[str], env: Mapping[str, str]) -> t
     assert passed is not None, output
     assert re.search(r"^# fail 0$", output, re.MULTILINE), output
     return int(passed.group(1)), output
+
+
+# -- the shape of an error event (docs/protocol.md, Errors) ------------------------------
+
+RETRYABLE = {
+    "resource_exhausted",
+    "input_backpressure",
+    "session_resume_conflict",
+    "server_shutting_down",
+    "unexpected_client_event_seq",
+}
+ERROR_KEYS = {
+    "type",
+    "code",
+    "message",
+    "retryable",
+    "event_id",
+    "param",
+    "client_event_seq",  # protocol v2: the seq of the event refused
+    "expected_client_event_seq",  # v2: for unexpected_client_event_seq
+}
+
+
+def assert_error_shape(error: dict[str, Any]) -> None:
+    """An ``error`` event as docs/protocol.md, Errors, shapes every one."""
+    assert error["type"] == "error"
+    assert set(error) <= ERROR_KEYS, error
+    assert {"code", "message", "retryable"} <= set(error)
+    assert isinstance(error["code"], str) and error["code"]
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["retryable"] is (error["code"] in RETRYABLE)
+    if "event_id" in error:
+        assert isinstance(error["event_id"], str)
+    if "param" in error:
+        assert isinstance(error["param"], str)
+    assert "server_event_seq" not in error

@@ -28,26 +28,11 @@ from trio_duplex.core.session import Registry, Session, State
 from trio_duplex.core.wire import ConfigBudget, ProtocolError
 from trio_duplex.dialects import NATIVE
 
+from ..helpers import assert_error_shape
+
 IDLE = 300.0
 TEXT = "input.text.append"
 AUDIO = "input_audio_buffer.append"
-RETRYABLE = {
-    "resource_exhausted",
-    "input_backpressure",
-    "session_resume_conflict",
-    "server_shutting_down",
-    "unexpected_client_event_seq",
-}
-ERROR_KEYS = {
-    "type",
-    "code",
-    "message",
-    "retryable",
-    "event_id",
-    "param",
-    "client_event_seq",
-    "expected_client_event_seq",
-}
 
 
 @attrs.define
@@ -130,15 +115,6 @@ def machine(
     budget = ConfigBudget.of(session.config, max_config_bytes)
     events = ClientEvents(session, rules, budget, room, decoder, audio_in)
     return Machine(events, session, rules, room, decoder)
-
-
-def assert_error_shape(error: dict[str, Any]) -> None:
-    assert error["type"] == "error"
-    assert set(error) <= ERROR_KEYS, error
-    assert isinstance(error["code"], str) and error["code"]
-    assert isinstance(error["message"], str) and error["message"]
-    assert error["retryable"] is (error["code"] in RETRYABLE)
-    assert "server_event_seq" not in error
 
 
 def text(seq: int | None = None, value: object = "x", **more: Any) -> dict[str, Any]:

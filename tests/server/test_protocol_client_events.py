@@ -14,39 +14,7 @@ from trio.testing import MockClock
 from trio_duplex import ServerConfig
 from trio_duplex.testing import ScriptedEngine, running_server
 
-from ..helpers import echo
-
-RETRYABLE = {
-    "resource_exhausted",
-    "input_backpressure",
-    "session_resume_conflict",
-    "server_shutting_down",
-}
-ERROR_KEYS = {
-    "type",
-    "code",
-    "message",
-    "retryable",
-    "event_id",
-    "param",
-    "client_event_seq",  # protocol v2: the seq of the event refused
-    "expected_client_event_seq",  # v2: for unexpected_client_event_seq
-}
-
-
-def assert_error_shape(error: dict[str, Any]) -> None:
-    assert error["type"] == "error"
-    assert set(error) <= ERROR_KEYS, error
-    assert {"code", "message", "retryable"} <= set(error)
-    assert isinstance(error["code"], str) and error["code"]
-    assert isinstance(error["message"], str) and error["message"]
-    assert error["retryable"] is (error["code"] in RETRYABLE)
-    if "event_id" in error:
-        assert isinstance(error["event_id"], str)
-    if "param" in error:
-        assert isinstance(error["param"], str)
-    assert "server_event_seq" not in error
-
+from ..helpers import assert_error_shape, echo
 
 # -- heartbeat -------------------------------------------------------------------------------
 
