@@ -1,5 +1,13 @@
-"""docs/protocol.md, Transport: endpoint, text frames, event_id, max_event_bytes, pings, and
-bad frames that must never take down the server or another session."""
+"""docs/protocol.md, Transport, as the shell serves it: the endpoint and the HTTP upgrade,
+binary frames, the first message's event_id, that the server reads with max_event_bytes
+(exactly it passes, one byte over is 1009, before and after the session opens), pings,
+ordering, and bad frames that must never take down the server or another session.
+
+The rules themselves are plain tests of the sans-IO parts: how a message is measured
+against the bound (UTF-8 bytes, fragment headers counted, the first fault decides) in
+tests/core/test_event_bound.py and tests/core/test_frames.py; what an ill-shaped message
+is refused as and the event_id an error echoes in tests/core/test_event_id.py and
+tests/dialects/test_native.py."""
 
 from __future__ import annotations
 
@@ -156,46 +164,6 @@ async def test_binary_frame_mid_session_is_bad_event_and_session_goes_on(
 
 
 @pytest.mark.parametrize(
-    "message",
-    ["[1,2]", '"text"', "42", "null", '{"no_type":1}', '{"type":7}', '{"type":null}'],
-)
-async def test_frame_that_is_not_an_object_with_string_type_is_bad_event(
-    autojump_clock: MockClock, message: str
-) -> None:
-    async with running_server() as sim:
-        client, _ = await sim.open_session()
-        await client.send_raw(message)
-        error = await client.receive()
-        assert (error["type"], error["code"]) == ("error", "bad_event")
-        await echo(client, "goes on")
-
-
-@pytest.mark.parametrize(
-    ("event", "code"),
-    [
-        ({"type": "no.such.event"}, "unknown_event"),
-        ({"type": "input.text.append", "text": 5}, "bad_event"),
-        ({"type": "input.text.append", "text": "x", "client_event_seq": -1}, "bad_event"),
-        ({"type": "session.event_ack", "server_event_seq": 99}, "invalid_event_ack"),
-        ({"type": "session.update", "session": "nope"}, "bad_event"),
-        (
-            {"type": "session.resume", "session_id": "s", "resume_token": "t"},
-            "unsupported_session_resume",
-        ),
-    ],
-)
-async def test_event_id_is_echoed_mid_session(
-    autojump_clock: MockClock, event: dict[str, Any], code: str
-) -> None:
-    async with running_server() as sim:
-        client, _ = await sim.open_session()
-        error = await client.send_and_receive({**event, "event_id": "evt-42"})
-        assert error["type"] == "error"
-        assert error["code"] == code
-        assert error["event_id"] == "evt-42"
-
-
-@pytest.mark.parametrize(
     ("event", "code"),
     [
         ({"type": "no.such.event"}, "unknown_event"),
@@ -213,44 +181,6 @@ async def test_event_id_is_echoed_for_a_bad_first_message(
         assert (error["type"], error["code"]) == ("error", code)
         assert error["event_id"] == "first-1"
         assert sim.server.slots_held == 0
-
-
-@pytest.mark.parametrize("message", ['{"event_id":"first-2"}', '{"event_id":"first-2","type":5}'])
-async def test_event_id_is_echoed_for_a_first_message_without_type(
-    autojump_clock: MockClock, message: str
-) -> None:
-    async with running_server() as sim:
-        client = await sim.connect()
-        await client.send_raw(message)
-        error = await client.receive()
-        assert (error["type"], error["code"]) == ("error", "bad_event")
-        assert error.get("event_id") == "first-2"
-
-
-async def test_event_id_is_echoed_mid_session_without_type(autojump_clock: MockClock) -> None:
-    async with running_server() as sim:
-        client, _ = await sim.open_session()
-        await client.send_raw('{"event_id":"mid-1","type":5}')
-        error = await client.receive()
-        assert (error["code"], error.get("event_id")) == ("bad_event", "mid-1")
-
-
-async def test_event_id_that_is_not_a_string_is_bad_event(autojump_clock: MockClock) -> None:
-    async with running_server() as sim:
-        client, _ = await sim.open_session()
-        error = await client.send_and_receive(
-            {"type": "input.text.append", "text": "x", "event_id": 12}
-        )
-        assert (error["type"], error["code"]) == ("error", "bad_event")
-        assert "event_id" not in error
-
-
-async def test_no_event_id_means_none_in_the_error(autojump_clock: MockClock) -> None:
-    async with running_server() as sim:
-        client, _ = await sim.open_session()
-        error = await client.send_and_receive({"type": "no.such.event"})
-        assert error["code"] == "unknown_event"
-        assert "event_id" not in error
 
 
 # -- max_event_bytes ----------------------------------------------------------------------
@@ -279,42 +209,8 @@ async def test_one_byte_over_max_event_bytes_closes_1009(
         await client.send_raw(echo_message(101))
         assert await client.receive_until_closed() == []
         assert client.close_code == 1009
+        assert sim.server.slots_held == (0 if first else 1)  # a lost session is detached
         await assert_still_serving(sim)
-
-
-@pytest.mark.parametrize("first", [True, False], ids=["first-message", "mid-session"])
-async def test_size_counts_utf8_bytes_not_characters(
-    autojump_clock: MockClock, first: bool
-) -> None:
-    # 60 two-byte characters: 60 characters but 120 bytes, over a bound of 100.
-    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
-        if first:
-            client = await sim.connect()
-        else:
-            client, _ = await sim.open_session()
-        await client.send_raw("é" * 60)
-        assert await client.receive_until_closed() == []
-        assert client.close_code == 1009
-        assert sim.server.slots_held == (0 if first else 1)
-
-
-async def test_size_counts_bytes_of_four_byte_characters(autojump_clock: MockClock) -> None:
-    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
-        client, _ = await sim.open_session()
-        # 30 characters, 120 bytes, inside a valid event.
-        await client.send({"type": "input.text.append", "text": "😀" * 30})
-        assert await client.receive_until_closed() == []
-        assert client.close_code == 1009
-
-
-async def test_same_characters_under_the_byte_bound_are_accepted(autojump_clock: MockClock) -> None:
-    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
-        client, _ = await sim.open_session()
-        # 50 two-byte characters = 100 bytes: not JSON, so invalid_json, not a close.
-        await client.send_raw("é" * 50)
-        error = await client.receive()
-        assert (error["type"], error["code"]) == ("error", "invalid_json")
-        await echo(client, "still open")
 
 
 async def test_1009_detaches_the_session_which_stays_resumable(autojump_clock: MockClock) -> None:
@@ -329,56 +225,6 @@ async def test_1009_detaches_the_session_which_stays_resumable(autojump_clock: M
         assert resumed["type"] == "session.resumed"
         reply = await echo(client2, "two")
         assert reply["server_event_seq"] == 2
-
-
-async def test_fragmented_message_over_the_bound_closes_1009(
-    autojump_clock: MockClock, raw_ws: RawWs
-) -> None:
-    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
-        client = await raw_ws(sim)
-        await client.send({"type": "session.update", "session": {}})
-        assert (await client.receive())["type"] == "session.created"
-        # Three fragments of 40 bytes: each fits, the message (120 bytes) does not.
-        for part in ['{"type":"input.text.append","text":"aa', "a" * 40, "a" * 40]:
-            await client.send_bytes(client.frame(part, fin=False))
-        await client.send_bytes(client.frame('"}'))
-        assert await client.receive_until_closed() == []
-        assert client.close_code == 1009
-        await assert_still_serving(sim)
-
-
-async def test_fragmented_multibyte_message_over_the_byte_bound_closes_1009(
-    autojump_clock: MockClock, raw_ws: RawWs
-) -> None:
-    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
-        client = await raw_ws(sim)
-        await client.send({"type": "session.update", "session": {}})
-        assert (await client.receive())["type"] == "session.created"
-        # Two fragments of 25 two-byte characters: 50 characters, 100 bytes, plus the
-        # JSON around them: over 100 bytes but far under 100 characters.
-        await client.send_bytes(client.frame('{"type":"input.text.append","text":"', fin=False))
-        await client.send_bytes(client.frame("é" * 25, fin=False))
-        await client.send_bytes(client.frame("é" * 25, fin=False))
-        await client.send_bytes(client.frame('"}'))
-        assert await client.receive_until_closed() == []
-        assert client.close_code == 1009
-
-
-async def test_fragmented_message_under_the_bound_is_one_event(
-    autojump_clock: MockClock, raw_ws: RawWs
-) -> None:
-    # 100 bytes of payload and four 6-byte fragment headers, which count too
-    async with running_server(ServerConfig(max_event_bytes=124)) as sim:
-        client = await raw_ws(sim)
-        await client.send({"type": "session.update", "session": {}})
-        assert (await client.receive())["type"] == "session.created"
-        message = echo_message(100)
-        for start in range(0, 100, 30):
-            end = min(start + 30, 100)
-            await client.send_bytes(client.frame(message[start:end], fin=end == 100))
-        reply = await client.receive()
-        assert reply["type"] == "response.output_text.delta"
-        assert reply["server_event_seq"] == 1
 
 
 # -- frames that must not take down the server -------------------------------------------
@@ -512,19 +358,6 @@ async def test_random_bytes_after_the_handshake_end_only_that_connection(
         assert reply["server_event_seq"] == 1
         await assert_still_serving(sim)
         assert bystander.close_code is None
-
-
-async def test_two_oversize_frames_in_one_write_close_1009(
-    autojump_clock: MockClock, raw_ws: RawWs
-) -> None:
-    async with running_server(ServerConfig(max_event_bytes=100)) as sim:
-        attacker = await raw_ws(sim)
-        await attacker.send({"type": "session.update", "session": {}})
-        assert (await attacker.receive())["type"] == "session.created"
-        await attacker.send_bytes(attacker.frame("a" * 200) + attacker.frame("b" * 200))
-        assert await attacker.receive_until_closed() == []
-        assert attacker.close_code == 1009
-        await assert_still_serving(sim)
 
 
 # -- pings ----------------------------------------------------------------------------------
