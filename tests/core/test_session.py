@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from trio_duplex.core import opening
 from trio_duplex.core.events import Reason
 from trio_duplex.core.limits import Limits
 from trio_duplex.core.session import Commit, Registry, Session, State, Terminal
@@ -489,6 +490,29 @@ def test_a_resume_cannot_commit_after_the_session_ended() -> None:
     assert session.state is State.CLOSING
     assert session.abort_resume(attempt, 3.0) is None
     assert session.begin_close(Reason.SHUTDOWN, 4.0) is None
+
+
+@pytest.mark.parametrize("attached", [False, True], ids=["detached", "attached"])
+def test_a_session_ending_during_a_resume(attached: bool) -> None:
+    """docs/protocol.md, Ending: if a connection was attached, the terminal event goes to
+    it and the resumer is refused (session_resume_expired, 4001); if the session was
+    detached, the terminal goes to no attachment: the resumer, the only one who can hear
+    it, is owed it."""
+    session, token = opened(make_registry())
+    if not attached:
+        session.detach(1, 0.0)
+    attempt = session.begin_resume(token, 0, 1.0)
+    terminal = session.begin_close(Reason.SHUTDOWN, 2.0)
+    assert terminal is not None
+    assert (terminal.event["type"], terminal.reason, terminal.close_code) == (
+        "session.closed",
+        Reason.SHUTDOWN,
+        1001,
+    )
+    assert terminal.generation == (1 if attached else None)
+    assert session.commit_resume(attempt, 3.0) is None
+    error = opening.ended_during_resume()
+    assert (error.code, error.close_code) == ("session_resume_expired", 4001)
 
 
 def test_a_closed_session_cannot_be_resumed() -> None:

@@ -1,5 +1,14 @@
-"""docs/protocol.md, Ending and Close codes: engine_finished, engine_error, server shutdown
-with its drain, and failures inside one connection that must not take down the server."""
+"""docs/protocol.md, Ending and Close codes, as the shell carries them out: the engine task
+returning or raising (engine_finished, engine_error), what reaches the client and in which
+order, server shutdown with its drain (going_away, its timing, detached sessions ending at
+once, resumes and opens racing it), and failures inside one connection that must not take
+down the server.
+
+The rules themselves are plain tests of the core (no trio, time as a number): which
+terminal event, reason and close code a session ends with, exactly once, to which
+attachment, and that the slot is held until release, in tests/core/test_session.py; the
+refusals while shutting down (server_shutting_down, 1001, retryable, echoing the
+event_id) in tests/core/test_session.py and tests/core/test_event_id.py."""
 
 from __future__ import annotations
 
@@ -388,17 +397,6 @@ async def test_session_ending_during_a_resume(autojump_clock: MockClock, attache
             assert resuming.close_code == 1001
         assert sim.server.slots_held == 0
         assert not sim.server.sessions.registry.sessions
-
-
-async def test_server_shutting_down_for_an_open_echoes_event_id(autojump_clock: MockClock) -> None:
-    async with serving(ServerConfig(drain_timeout_s=1)) as (sim, _):
-        await sim.open_session()
-        sim.server.begin_shutdown()
-        client = await sim.connect()
-        await client.send({"type": "session.update", "session": {}, "event_id": "open-2"})
-        events = await client.receive_until_closed()
-        assert events[0]["code"] == "server_shutting_down"
-        assert events[0].get("event_id") == "open-2"
 
 
 # -- failures inside one connection ---------------------------------------------------------------
