@@ -1,17 +1,28 @@
-"""The first message's rules (core/opening.py), with no trio and no socket."""
+"""The first message's rules (core/opening.py), with no trio and no socket; then what a
+first message opens, driven on the core's ``Registry``, ``Session`` and ``ClientEvents``
+(docs/protocol.md, Opening a session: the first message, admission, the delivery rule).
+What only the shell decides (the config timeout, ``?autostart=1``, the codec, a send that
+fails, concurrency): tests/server/test_protocol_opening.py."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import attrs
 import pytest
 
 from trio_duplex.core import opening
 from trio_duplex.core.credentials import digest
 from trio_duplex.core.events import ErrorCode, Event
 from trio_duplex.core.frames import CloseCode
+from trio_duplex.core.limits import Limits
 from trio_duplex.core.opening import OPEN, Grant, Open, Resume
-from trio_duplex.core.wire import ProtocolError
+from trio_duplex.core.protocol import IGNORE, TO_ENGINE, Action, ClientEvents, Decision, check_input
+from trio_duplex.core.replay import Replay
+from trio_duplex.core.session import Registry, Session, State
+from trio_duplex.core.wire import ConfigBudget, ProtocolError
+from trio_duplex.dialects import NATIVE
 
 RESUME: Event = {
     "type": "session.resume",
@@ -116,3 +127,233 @@ def test_the_server_s_own_state_is_not_the_client_s_fault() -> None:
     still_opening = opening.not_resumable()
     assert still_opening.code == ErrorCode.SESSION_RESUME_EXPIRED
     assert still_opening.close_code == CloseCode.RESUME_REFUSED
+
+
+# -- a first message that opens a session, from the rules to the open session ---------------
+#
+# ``first_message`` asks the core what the session shell (server/sessions/opening.py's
+# ``Opener``) asks, in its order; each outcome is then driven on the real ``Registry``,
+# ``Session`` and ``ClientEvents``.
+
+TEXT = "input.text.append"
+UPDATE: Event = {"type": "session.update", "session": {}}
+MAX_CONFIG = 64 * 1024
+
+
+class Rules:
+    """The echo engine's check: it takes text, which must be a string."""
+
+    accepts = frozenset({TEXT})
+
+    def check(self, event: dict[str, Any]) -> None:
+        if not isinstance(event.get("text"), str):
+            raise ProtocolError(ErrorCode.BAD_EVENT, "text must be a string", param="text")
+
+
+def registry(**limits: Any) -> Registry:
+    return Registry(Limits(**limits), spelling=NATIVE)
+
+
+@attrs.define
+class Opened:
+    registry: Registry
+    session: Session
+    token: str
+    first: Event | None
+    """The event the session handles first (None: a ``session.update`` opened it)."""
+
+    def created(self) -> dict[str, Any]:
+        created: dict[str, Any] = json.loads(self.registry.created_frame(self.session, self.token))
+        return created
+
+    def receive(self, event: Event, now: float = 0.0) -> Decision:
+        budget = ConfigBudget.of(self.session.config, MAX_CONFIG)
+        events = ClientEvents(self.session, Rules(), budget, lambda size: True)
+        return events.receive(event, 10, self.session.generation, now)
+
+
+def first_message(reg: Registry, event: Event, grant: Grant = OPEN) -> Opened:
+    """Open a session for a first message that is not a resume, as the shell does: the
+    input check of an update, ``open_with``, the engine's check and ``check_first_event``
+    of another event, then admission and the delivery of ``session.created``."""
+    assert opening.first_step(grant, event) is None
+    if event["type"] == "session.update":
+        check_input(None, event)
+    plan = opening.open_with(grant, event, MAX_CONFIG)
+    if plan.first is not None:
+        check_input(Rules(), plan.first)
+        opening.check_first_event(plan.first)
+    session, token = reg.admit(plan.config, grant.principal, grant.locked is not None)
+    session.handshake_delivered(0.0, opening_event=plan.first is not None)
+    return Opened(reg, session, token, plan.first)
+
+
+def test_session_update_opens_a_session_with_that_configuration() -> None:
+    reg = registry()
+    config = {"voice": "alloy", "nested": {"a": [1, 2]}}
+    opened = first_message(reg, {"type": "session.update", "session": config})
+    assert opened.first is None  # nothing more for the engine
+    created = opened.created()
+    assert created["type"] == "session.created"
+    assert created["session"] == config
+    assert reg.slots_held == 1
+    assert opened.receive({"type": TEXT, "text": "hi"}) is TO_ENGINE
+
+
+def test_the_server_allocates_distinct_ids_and_tokens() -> None:
+    reg = registry()
+    created = [first_message(reg, UPDATE).created() for _ in range(5)]
+    assert len({c["session_id"] for c in created}) == 5
+    assert len({c["resume_token"] for c in created}) == 5
+    # A session_id offered by the client is not used.
+    mine = first_message(reg, {**UPDATE, "session_id": "sess_mine"}).created()
+    assert mine["session_id"] != "sess_mine"
+    assert mine["session"] == {}
+
+
+def test_session_created_is_not_journaled() -> None:
+    opened = first_message(registry(), UPDATE)
+    opened.created()
+    session = opened.session
+    assert session.journal.head == 0 and len(session.journal) == 0
+    session.detach(1, 0.0)
+    attempt = session.begin_resume(opened.token, 0, 1.0)
+    writes: list[dict[str, Any]] = []
+    replay = Replay(attempt)
+    while frames := replay.next_frames(1.0):
+        writes.extend(json.loads(frame) for frame in frames)
+    # Nothing to replay: the resumed event alone.
+    assert [e["type"] for e in writes] == ["session.resumed"]
+
+
+def test_other_valid_first_event_opens_default_session_and_is_handled() -> None:
+    first: Event = {"type": TEXT, "text": "first", "client_event_seq": 1}
+    opened = first_message(registry(), first)
+    assert opened.first == first
+    assert opened.created()["session"] == {}
+    assert opened.receive(first) is TO_ENGINE
+    # The first input counted as received.
+    opened.session.detach(1, 0.0)
+    attempt = opened.session.begin_resume(opened.token, 0, 1.0)
+    assert opened.session.resumed_event(attempt)["last_received_client_event_seq"] == 1
+
+
+def test_heartbeat_as_first_message_opens_and_is_answered() -> None:
+    opened = first_message(registry(), {"type": "session.heartbeat"})
+    decision = opened.receive({"type": "session.heartbeat"})
+    assert decision.action is Action.REPLY and decision.frame is not None
+    assert json.loads(decision.frame) == {
+        "type": "session.heartbeat_ack",
+        "session_id": opened.session.id,
+    }
+
+
+def test_event_ack_zero_as_first_message_opens_a_session() -> None:
+    ack: Event = {"type": "session.event_ack", "server_event_seq": 0}
+    opened = first_message(registry(), ack)
+    assert opened.first == ack
+    assert opened.receive(ack) is IGNORE  # no error follows the created
+
+
+def test_session_close_as_first_message_opens_then_closes() -> None:
+    reg = registry()
+    opened = first_message(reg, {"type": "session.close"})
+    decision = opened.receive({"type": "session.close"})
+    assert decision.action is Action.END and decision.terminal is not None
+    assert decision.terminal.event == {
+        "type": "session.closed",
+        "session_id": opened.session.id,
+        "reason": "client_close",
+        "usage": decision.terminal.event["usage"],
+    }
+    assert decision.terminal.close_code == 1000
+    assert decision.terminal.generation == 1  # to the connection that opened it
+    assert reg.release(opened.session)
+    assert reg.slots_held == 0
+
+
+BAD_FIRST: list[tuple[Event, str]] = [
+    ({"type": TEXT, "text": 5}, "bad_event"),
+    ({"type": TEXT, "text": "x", "client_event_seq": 0}, "bad_event"),
+    ({"type": "session.update", "session": "x"}, "bad_event"),
+    ({"type": "session.update"}, "bad_event"),
+    ({"type": "no.such.event"}, "unknown_event"),
+    ({"type": "session.event_ack", "server_event_seq": 1}, "invalid_event_ack"),
+    ({"type": "session.event_ack", "server_event_seq": -1}, "invalid_event_ack"),
+    ({"type": "session.event_ack", "server_event_seq": "0"}, "invalid_event_ack"),
+    ({"type": "session.event_ack"}, "invalid_event_ack"),
+]
+"""The first messages the core refuses (what the dialect cannot decode is the shell's:
+tests/server/test_protocol_opening.py)."""
+
+
+@pytest.mark.parametrize(("event", "code"), BAD_FIRST)
+def test_bad_first_message_opens_no_session(event: Event, code: str) -> None:
+    reg = registry()
+    exc = refusal(first_message, reg, event)
+    assert exc.code == code
+    assert exc.retryable is False
+    assert exc.close_code is None  # the connection stays open
+    assert reg.slots_held == 0 and not reg.sessions
+    # The connection may still open a session.
+    first_message(reg, UPDATE)
+    assert reg.slots_held == 1
+
+
+# -- admission ---------------------------------------------------------------------------------
+
+
+def test_full_server_refuses_with_resource_exhausted_and_1013() -> None:
+    reg = registry(max_sessions=2)
+    first_message(reg, UPDATE)
+    first_message(reg, UPDATE)
+    exc = refusal(first_message, reg, UPDATE)
+    assert exc.code == ErrorCode.RESOURCE_EXHAUSTED
+    assert exc.close_code == 1013
+    error = exc.to_event(UPDATE)
+    assert error["retryable"] is True
+    assert isinstance(error["message"], str) and error["message"]
+    assert reg.slots_held == 2
+
+
+def test_a_detached_session_holds_its_slot_until_it_expires() -> None:
+    reg = registry(max_sessions=1, disconnect_grace_s=30)
+    first = first_message(reg, UPDATE)
+    first.receive({"type": TEXT, "text": "x"}, now=0.0)  # it spoke: the whole grace
+    first.session.detach(1, 0.0)
+    assert first.session.poll(29.0) is None
+    assert refusal(first_message, reg, UPDATE).code == ErrorCode.RESOURCE_EXHAUSTED
+    terminal = first.session.poll(30.0)
+    assert terminal is not None and terminal.reason == "disconnect_grace_expired"
+    assert reg.release(first.session)
+    assert reg.slots_held == 0
+    first_message(reg, UPDATE)
+
+
+def test_an_opening_session_holds_a_slot() -> None:
+    reg = registry(max_sessions=1)
+    session, _ = reg.admit({})  # session.created cannot be sent yet
+    assert session.state is State.OPENING
+    assert reg.slots_held == 1
+    assert refusal(first_message, reg, UPDATE).code == ErrorCode.RESOURCE_EXHAUSTED
+    session.handshake_delivered(0.0)
+    assert session.is_current(1)
+
+
+def test_refused_open_leaves_slots_as_they_were() -> None:
+    reg = registry(max_sessions=1)
+    owner = first_message(reg, UPDATE)
+    for _ in range(3):
+        assert refusal(first_message, reg, UPDATE).code == ErrorCode.RESOURCE_EXHAUSTED
+    assert reg.slots_held == 1
+    assert owner.receive({"type": "session.close"}).action is Action.END
+    assert reg.release(owner.session)
+    first_message(reg, UPDATE)  # the slot came back, once
+    assert refusal(first_message, reg, UPDATE).code == ErrorCode.RESOURCE_EXHAUSTED
+
+
+def test_delivered_created_makes_the_session_resumable() -> None:
+    opened = first_message(registry(), UPDATE)
+    opened.session.detach(1, 0.0)
+    attempt = opened.session.begin_resume(opened.token, 0, 1.0)
+    assert opened.session.commit_resume(attempt, 1.0) is not None

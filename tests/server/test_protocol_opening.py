@@ -1,10 +1,18 @@
-"""docs/protocol.md, Opening a session: the first message, the config timeout, ?autostart=1,
-admission, session.created and the delivery rule."""
+"""docs/protocol.md, Opening a session, through a server: what only the session shell
+decides. The limits ``ServerConfig`` hands to ``session.created``; a first event handed
+to the engine after ``session.created``; what the dialect cannot decode; the config
+timeout; ``?autostart=1``; admission of any opening event, autostart, and a slot held
+through a slow teardown; the delivery rule when the send of ``session.created`` is held,
+cut or fails; concurrent opens.
+
+The opening rules' own tests, no trio: what a first message may be and what it opens
+(its configuration, a first event other than ``session.update``, the refused first
+messages), admission and slots, and resumability once delivered in
+tests/core/test_opening.py; the session's states and slots in tests/core/test_session.py."""
 
 from __future__ import annotations
 
 from typing import Any
-from unittest.mock import ANY
 
 import pytest
 import trio
@@ -15,8 +23,6 @@ from trio_duplex import ServerConfig
 from trio_duplex.engines.api import EngineSession
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.testing import SimClient, running_server
-
-from ..helpers import speak
 
 UPDATE = {"type": "session.update", "session": {}}
 
@@ -43,20 +49,6 @@ async def expect_refused(client: SimClient, code: str, close_code: int) -> dict[
 
 
 # -- what the first message opens ----------------------------------------------------------
-
-
-async def test_session_update_opens_a_session_with_that_configuration(
-    autojump_clock: MockClock,
-) -> None:
-    async with running_server() as sim:
-        client = await sim.connect()
-        config = {"voice": "alloy", "nested": {"a": [1, 2]}}
-        created = await client.send_and_receive({"type": "session.update", "session": config})
-        assert created["type"] == "session.created"
-        assert created["session"] == config
-        assert sim.server.slots_held == 1
-        reply = await client.send_and_receive({"type": "input.text.append", "text": "hi"})
-        assert reply == {"type": "response.output_text.delta", "text": "hi", "server_event_seq": 1}
 
 
 async def test_session_created_fields(autojump_clock: MockClock) -> None:
@@ -109,28 +101,6 @@ async def test_default_limits_in_session_created(autojump_clock: MockClock) -> N
         }
 
 
-async def test_the_server_allocates_distinct_ids_and_tokens(autojump_clock: MockClock) -> None:
-    async with running_server() as sim:
-        created = [(await sim.open_session())[1] for _ in range(5)]
-        assert len({c["session_id"] for c in created}) == 5
-        assert len({c["resume_token"] for c in created}) == 5
-        # A session_id offered by the client is not used.
-        client = await sim.connect()
-        mine = await client.send_and_receive({**UPDATE, "session_id": "sess_mine"})
-        assert mine["session_id"] != "sess_mine"
-
-
-async def test_session_created_is_not_journaled(autojump_clock: MockClock) -> None:
-    async with running_server() as sim:
-        client, created = await sim.open_session()
-        await client.transport.cut()
-        client2, resumed = await sim.resume(created["session_id"], created["resume_token"], 0)
-        assert resumed["type"] == "session.resumed"
-        # Nothing to replay: the next frame is the answer to the heartbeat.
-        ack = await client2.send_and_receive({"type": "session.heartbeat"})
-        assert ack["type"] == "session.heartbeat_ack"
-
-
 async def test_other_valid_first_event_opens_default_session_and_is_handled(
     autojump_clock: MockClock,
 ) -> None:
@@ -152,43 +122,6 @@ async def test_other_valid_first_event_opens_default_session_and_is_handled(
         assert resumed["last_received_client_event_seq"] == 1
 
 
-async def test_heartbeat_as_first_message_opens_and_is_answered(autojump_clock: MockClock) -> None:
-    async with running_server() as sim:
-        client = await sim.connect()
-        await client.send({"type": "session.heartbeat"})
-        created = await client.receive()
-        assert created["type"] == "session.created"
-        ack = await client.receive()
-        assert ack == {"type": "session.heartbeat_ack", "session_id": created["session_id"]}
-
-
-async def test_event_ack_zero_as_first_message_opens_a_session(autojump_clock: MockClock) -> None:
-    async with running_server() as sim:
-        client = await sim.connect()
-        ack = {"type": "session.event_ack", "server_event_seq": 0}
-        created = await client.send_and_receive(ack)
-        assert created["type"] == "session.created"
-        # No error followed the created: the next frame answers the next event.
-        ack = await client.send_and_receive({"type": "session.heartbeat"})
-        assert ack["type"] == "session.heartbeat_ack"
-
-
-async def test_session_close_as_first_message_opens_then_closes(autojump_clock: MockClock) -> None:
-    async with running_server() as sim:
-        client = await sim.connect()
-        await client.send({"type": "session.close"})
-        events = await client.receive_until_closed()
-        assert [e["type"] for e in events] == ["session.created", "session.closed"]
-        assert events[1] == {
-            "type": "session.closed",
-            "session_id": events[0]["session_id"],
-            "reason": "client_close",
-            "usage": ANY,
-        }
-        assert client.close_code == 1000
-        assert sim.server.slots_held == 0
-
-
 BAD_FIRST: list[tuple[str | bytes, str]] = [
     ("{not json", "invalid_json"),
     (b"binary", "bad_event"),
@@ -206,7 +139,12 @@ BAD_FIRST: list[tuple[str | bytes, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("message", "code"), BAD_FIRST)
+SHELL_BAD_FIRST = BAD_FIRST[:5]
+"""What the dialect cannot decode, and a text the echo engine's own check refuses (the
+rest of the list: tests/core/test_opening.py)."""
+
+
+@pytest.mark.parametrize(("message", "code"), SHELL_BAD_FIRST)
 async def test_bad_first_message_opens_no_session(
     autojump_clock: MockClock, message: str | bytes, code: str
 ) -> None:
@@ -323,20 +261,6 @@ async def test_without_autostart_1_the_server_waits_for_a_first_message(
 # -- admission -----------------------------------------------------------------------------
 
 
-async def test_full_server_refuses_with_resource_exhausted_and_1013(
-    autojump_clock: MockClock,
-) -> None:
-    async with running_server(ServerConfig(max_sessions=2)) as sim:
-        await sim.open_session()
-        await sim.open_session()
-        client = await sim.connect()
-        await client.send(UPDATE)
-        error = await expect_refused(client, "resource_exhausted", 1013)
-        assert error["retryable"] is True
-        assert isinstance(error["message"], str) and error["message"]
-        assert sim.server.slots_held == 2
-
-
 @pytest.mark.parametrize(
     "first",
     [
@@ -371,36 +295,6 @@ async def test_resource_exhausted_echoes_event_id(autojump_clock: MockClock) -> 
         assert error.get("event_id") == "open-1"
 
 
-async def test_a_detached_session_holds_its_slot_until_it_expires(
-    autojump_clock: MockClock,
-) -> None:
-    async with running_server(ServerConfig(max_sessions=1, disconnect_grace_s=30)) as sim:
-        first, _ = await sim.open_session()
-        await speak(first)
-        await first.transport.cut()
-        await trio.sleep(29)
-        client = await sim.connect()
-        await client.send(UPDATE)
-        await expect_refused(client, "resource_exhausted", 1013)
-        await trio.sleep(1.5)
-        assert sim.server.slots_held == 0
-        await sim.open_session()
-
-
-async def test_an_opening_session_holds_a_slot(autojump_clock: MockClock) -> None:
-    async with running_server(ServerConfig(max_sessions=1)) as sim:
-        opening = await sim.connect()
-        gate = opening.transport.hold()  # session.created cannot be sent yet
-        await opening.send(UPDATE)
-        await trio.testing.wait_all_tasks_blocked()
-        assert sim.server.slots_held == 1
-        client = await sim.connect()
-        await client.send(UPDATE)
-        await expect_refused(client, "resource_exhausted", 1013)
-        gate.set()
-        assert (await opening.receive())["type"] == "session.created"
-
-
 async def test_a_closing_session_holds_its_slot_until_teardown_finished(
     autojump_clock: MockClock,
 ) -> None:
@@ -418,19 +312,6 @@ async def test_a_closing_session_holds_its_slot_until_teardown_finished(
         assert trio.current_time() - start == pytest.approx(5)
         assert sim.server.slots_held == 0
         await sim.open_session()
-
-
-async def test_refused_open_leaves_slots_as_they_were(autojump_clock: MockClock) -> None:
-    async with running_server(ServerConfig(max_sessions=1)) as sim:
-        owner, _ = await sim.open_session()
-        for _ in range(3):
-            client = await sim.connect()
-            await client.send(UPDATE)
-            await expect_refused(client, "resource_exhausted", 1013)
-        assert sim.server.slots_held == 1
-        await owner.send({"type": "session.close"})
-        await owner.receive_until_closed()
-        await sim.open_session()  # the slot came back, once
 
 
 # -- the delivery rule ---------------------------------------------------------------------
@@ -482,16 +363,6 @@ async def test_undelivered_created_closes_the_session_and_frees_the_slot_at_once
         await client.receive_until_closed()
         assert client.close_code == 4001
         await sim.open_session()
-
-
-async def test_delivered_created_makes_the_session_resumable(autojump_clock: MockClock) -> None:
-    async with running_server() as sim:
-        client = await sim.connect()
-        created = await client.send_and_receive(UPDATE)
-        await client.transport.cut()
-        await trio.sleep(1)
-        _, resumed = await sim.resume(created["session_id"], created["resume_token"])
-        assert resumed["type"] == "session.resumed"
 
 
 async def test_concurrent_opens_never_overshoot_max_sessions(autojump_clock: MockClock) -> None:
