@@ -376,3 +376,17 @@ def assert_error_shape(error: dict[str, Any]) -> None:
     if "param" in error:
         assert isinstance(error["param"], str)
     assert "server_event_seq" not in error
+
+
+def resume_event(
+    session_id: str, token: str, last: int | None = None, **extra: object
+) -> dict[str, Any]:
+    """A ``session.resume`` (``last``: its ``last_received_server_event_seq``, if any)."""
+    event: dict[str, Any] = {
+        "type": "session.resume",
+        "session_id": session_id,
+        "resume_token": token,
+    }
+    if last is not None:
+        event["last_received_server_event_seq"] = last
+    return {**event, **extra}

@@ -24,7 +24,7 @@ from trio_duplex.core.session import Registry, Session, State, Terminal
 from trio_duplex.core.wire import ConfigBudget, ProtocolError
 from trio_duplex.dialects import NATIVE
 
-from ..helpers import assert_error_shape
+from ..helpers import assert_error_shape, resume_event
 
 TEXT = "input.text.append"
 DELTA = "response.output_text.delta"
@@ -109,19 +109,6 @@ def detached_session(registry: Registry, events: int = 0, now: float = 0.0) -> C
         conn.echo(f"e{n + 1}", now)
     assert conn.lost(now)
     return conn
-
-
-def resume_event(
-    session_id: str, token: str, last: int | None = None, **extra: object
-) -> dict[str, Any]:
-    event: dict[str, Any] = {
-        "type": "session.resume",
-        "session_id": session_id,
-        "resume_token": token,
-    }
-    if last is not None:
-        event["last_received_server_event_seq"] = last
-    return {**event, **extra}
 
 
 def start_resume(registry: Registry, event: dict[str, Any], now: float = 0.0) -> Replay:

@@ -18,6 +18,7 @@ from trio_duplex.core.limits import Limits
 from trio_duplex.core.protocol import Action
 from trio_duplex.core.session import Registry
 
+from ..helpers import resume_event
 from .driving import (
     Conn,
     advance,
@@ -26,7 +27,6 @@ from .driving import (
     open_session,
     refused,
     resume,
-    resume_event,
     state_of,
 )
 

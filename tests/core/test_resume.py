@@ -17,7 +17,7 @@ from trio_duplex.core.events import Reason
 from trio_duplex.core.protocol import Action
 from trio_duplex.core.session import State
 
-from ..helpers import assert_error_shape
+from ..helpers import assert_error_shape, resume_event
 from .driving import (
     TEXT,
     advance,
@@ -27,7 +27,6 @@ from .driving import (
     open_session,
     refused,
     resume,
-    resume_event,
     start_resume,
     state_of,
 )

@@ -22,20 +22,7 @@ from trio.testing import MockClock
 from trio_duplex import ServerConfig
 from trio_duplex.testing import ScriptedEngine, SimClient, Simulation, running_server
 
-from ..helpers import echo, state_of
-
-
-def resume_event(
-    session_id: str, token: str, last: int | None = None, **extra: object
-) -> dict[str, Any]:
-    event: dict[str, Any] = {
-        "type": "session.resume",
-        "session_id": session_id,
-        "resume_token": token,
-    }
-    if last is not None:
-        event["last_received_server_event_seq"] = last
-    return {**event, **extra}
+from ..helpers import echo, resume_event, state_of
 
 
 async def refused(
