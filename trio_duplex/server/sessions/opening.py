@@ -26,6 +26,7 @@ from ...core import opening
 from ...core.events import ErrorCode, Event, EventType
 from ...core.frames import CloseCode
 from ...core.opening import OPEN, Grant, Resume
+from ...core.protocol import CheckFailed, check_input
 from ...core.replay import Replay
 from ...core.session import State
 from ...core.wire import ProtocolError
@@ -34,13 +35,7 @@ from ..config import ServerConfig
 from .connection import Connection, decode_large
 from .owner import Sessions
 from .placement import Placement, SingleProcess
-from .runner import (
-    CheckFailed,
-    SessionRunner,
-    check_input,
-    engine_broke,
-    only_trio_cancellation,
-)
+from .runner import SessionRunner, engine_broke, only_trio_cancellation
 from .websocket import ConnectionClosed, WebSocket
 
 log = logging.getLogger("trio_duplex")

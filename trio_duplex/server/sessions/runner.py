@@ -41,15 +41,6 @@ from ...core.protocol import (
     binary_not_negotiated,
     refusal,
 )
-from ...core.protocol import (  # re-exported: the opening calls them from here
-    CheckFailed as CheckFailed,
-)
-from ...core.protocol import (
-    check_input as check_input,
-)
-from ...core.protocol import (
-    check_locked as check_locked,
-)
 from ...core.session import Commit, Emitted, Session, State, Terminal, audio_ms
 from ...core.spelling import Frame, Spelling
 from ...core.wire import ConfigBudget, ProtocolError
