@@ -144,7 +144,7 @@ def test_a_restored_session_resumes_where_it_was() -> None:
     data = export(old, Frozen({"n": 10}, 4)).to_bytes()
 
     registry = Registry(limits(), spelling=NATIVE)
-    moved = restore(Record.from_bytes(data, max_bytes=MAX), registry.config, now=100.0)
+    moved = restore(Record.from_bytes(data, max_bytes=MAX), registry.limits, now=100.0)
     registry.adopt(moved)
     assert registry.slots_held == 1 and registry.sessions[moved.id] is moved
 
@@ -212,18 +212,18 @@ def test_adopt_refuses_as_admit_does_and_a_session_already_here() -> None:
     source, _ = opened(Registry(limits(), spelling=NATIVE))
     record = export(source, Frozen(b"", 0))
     registry = Registry(limits(max_sessions=1), spelling=NATIVE)
-    registry.adopt(restore(record, registry.config, 0.0))
+    registry.adopt(restore(record, registry.limits, 0.0))
     with pytest.raises(ProtocolError) as here:
-        registry.adopt(restore(record, registry.config, 0.0))
+        registry.adopt(restore(record, registry.limits, 0.0))
     assert here.value.code == ErrorCode.SESSION_RESUME_CONFLICT
     other, _ = opened(Registry(limits(), spelling=NATIVE))
     with pytest.raises(ProtocolError) as full:
-        registry.adopt(restore(export(other, Frozen(b"", 0)), registry.config, 0.0))
+        registry.adopt(restore(export(other, Frozen(b"", 0)), registry.limits, 0.0))
     assert full.value.code == ErrorCode.RESOURCE_EXHAUSTED
     draining = Registry(limits(), spelling=NATIVE)
     draining.shutting_down = True
     with pytest.raises(ProtocolError) as down:
-        draining.adopt(restore(record, draining.config, 0.0))
+        draining.adopt(restore(record, draining.limits, 0.0))
     assert down.value.code == ErrorCode.SERVER_SHUTTING_DOWN
     assert draining.slots_held == 0
     with pytest.raises(ValueError):  # only a detached session

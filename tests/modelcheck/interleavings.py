@@ -325,7 +325,7 @@ class World:
     def clone(self) -> World:
         w = World.__new__(World)
         old = self.registry
-        reg = Registry(old.config, {}, old.slots_held, old.shutting_down, spelling=old.spelling)
+        reg = Registry(old.limits, {}, old.slots_held, old.shutting_down, spelling=old.spelling)
         w.registry, w.now, w.slots = reg, self.now, []
         for slot in self.slots:
             n = Slot.__new__(Slot)
@@ -483,9 +483,9 @@ class World:
                 f"admit refused with {exc.code}",
             )
             require(
-                exc.code == "server_shutting_down" or held >= self.registry.config.max_sessions,
+                exc.code == "server_shutting_down" or held >= self.registry.limits.max_sessions,
                 "refused_with_free_slot",
-                f"{held} of {self.registry.config.max_sessions}",
+                f"{held} of {self.registry.limits.max_sessions}",
             )
             return
         require(s.state is State.OPENING and s.generation == 1, "bad_open", repr(s))
@@ -934,9 +934,9 @@ class World:
         reg = self.registry
         open_slots = sum(slot.status in ("opening", "open") for slot in self.slots)
         require(
-            reg.slots_held <= reg.config.max_sessions,
+            reg.slots_held <= reg.limits.max_sessions,
             "slots_over_max",
-            f"{reg.slots_held} > {reg.config.max_sessions}",
+            f"{reg.slots_held} > {reg.limits.max_sessions}",
         )
         require(
             reg.slots_held == open_slots == len(reg.sessions),

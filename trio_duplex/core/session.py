@@ -454,7 +454,7 @@ def _shutting_down() -> ProtocolError:
 class Registry:
     """Every session of a server, and the admission slots they hold."""
 
-    config: Limits
+    limits: Limits
     sessions: dict[str, Session] = attrs.field(factory=dict)
     slots_held: int = 0
     shutting_down: bool = False
@@ -475,9 +475,9 @@ class Registry:
         session = Session(
             id="sess_" + secrets.token_hex(12),
             config=session_config,
-            limits=self.config,
+            limits=self.limits,
             credentials=credentials,
-            journal=Journal(self.config.journal_max_bytes, self.config.journal_ttl_s),
+            journal=Journal(self.limits.journal_max_bytes, self.limits.journal_ttl_s),
             principal=principal,
             config_locked=locked,
             spelling=self.spelling if spelling is None else spelling,
@@ -500,10 +500,10 @@ class Registry:
     def _take_slot(self) -> None:
         if self.shutting_down:
             raise _shutting_down()
-        if self.slots_held >= self.config.max_sessions:
+        if self.slots_held >= self.limits.max_sessions:
             raise ProtocolError(
                 ErrorCode.RESOURCE_EXHAUSTED,
-                f"all {self.config.max_sessions} session slots are in use",
+                f"all {self.limits.max_sessions} session slots are in use",
                 close_code=CloseCode.TRY_AGAIN_LATER,
             )
         self.slots_held += 1
@@ -514,7 +514,7 @@ class Registry:
 
     def created_event(self, session: Session, token: str) -> Event:
         return events.created(
-            session.id, session.config, token, session.generation, self.config.advertised()
+            session.id, session.config, token, session.generation, self.limits.advertised()
         )
 
     def release(self, session: Session) -> bool:
