@@ -390,3 +390,27 @@ def resume_event(
     if last is not None:
         event["last_received_server_event_seq"] = last
     return {**event, **extra}
+
+
+RESUMED_FIELDS = {
+    "type",
+    "session_id",
+    "session",
+    "resume_token",
+    "attachment_generation",
+    "last_received_client_event_seq",
+    "consumed_client_event_seq",  # protocol v2
+}
+"""Every field of a ``session.resumed`` (docs/protocol.md, Resuming)."""
+
+
+def echo_message(size: int, char: str = "a") -> str:
+    """An ``input.text.append`` whose UTF-8 encoding is exactly ``size`` bytes."""
+    head = '{"type":"input.text.append","text":"'
+    tail = '"}'
+    room = size - len(head) - len(tail)
+    width = len(char.encode())
+    assert room >= 0 and room % width == 0, (size, char)
+    message = head + char * (room // width) + tail
+    assert len(message.encode()) == size
+    return message

@@ -12,21 +12,10 @@ from trio_duplex.core.frames import FrameReader, Item, Opcode
 from trio_duplex.core.wire import ProtocolError
 from trio_duplex.dialects import NATIVE
 
+from ..helpers import echo_message
 from .test_frames import frame
 
 BOUND = 100
-
-
-def echo_message(size: int, char: str = "a") -> str:
-    """An ``input.text.append`` whose UTF-8 encoding is exactly ``size`` bytes."""
-    head = '{"type":"input.text.append","text":"'
-    tail = '"}'
-    room = size - len(head) - len(tail)
-    width = len(char.encode())
-    assert room >= 0 and room % width == 0, (size, char)
-    message = head + char * (room // width) + tail
-    assert len(message.encode()) == size
-    return message
 
 
 def text(message: str, *, fin: bool = True, opcode: int = Opcode.TEXT) -> bytes:

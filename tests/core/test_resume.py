@@ -17,7 +17,7 @@ from trio_duplex.core.events import Reason
 from trio_duplex.core.protocol import Action
 from trio_duplex.core.session import State
 
-from ..helpers import assert_error_shape, resume_event
+from ..helpers import RESUMED_FIELDS, assert_error_shape, resume_event
 from .driving import (
     TEXT,
     advance,
@@ -161,15 +161,7 @@ def test_resumed_fields_then_replay_then_live() -> None:
     conn.lost()
     new, writes = resume(registry, conn.session.id, conn.token, 1)
     resumed, *replay = writes
-    assert set(resumed) == {
-        "type",
-        "session_id",
-        "session",
-        "resume_token",
-        "attachment_generation",
-        "last_received_client_event_seq",
-        "consumed_client_event_seq",  # protocol v2
-    }
+    assert set(resumed) == RESUMED_FIELDS
     assert resumed["type"] == "session.resumed"
     assert resumed["session_id"] == conn.session.id
     assert resumed["session"] == {"voice": "v"}

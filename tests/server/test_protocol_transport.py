@@ -24,7 +24,7 @@ from trio_websocket import ConnectionRejected, wrap_client_stream
 from trio_duplex import ServerConfig
 from trio_duplex.testing import Simulation, running_server
 
-from ..helpers import RawClient, RawHttp, RawWs, echo
+from ..helpers import RawClient, RawHttp, RawWs, echo, echo_message
 
 UPGRADE = (
     "GET {path} HTTP/1.1\r\n"
@@ -49,18 +49,6 @@ async def assert_still_serving(sim: Simulation, text: str = "still here") -> Non
     reply = await client.send_and_receive({"type": "input.text.append", "text": text})
     assert reply["type"] == "response.output_text.delta"
     assert reply["text"] == text
-
-
-def echo_message(size: int, char: str = "a") -> str:
-    """An ``input.text.append`` whose UTF-8 encoding is exactly ``size`` bytes."""
-    head = '{"type":"input.text.append","text":"'
-    tail = '"}'
-    room = size - len(head) - len(tail)
-    width = len(char.encode())
-    assert room >= 0 and room % width == 0, (size, char)
-    message = head + char * (room // width) + tail
-    assert len(message.encode()) == size
-    return message
 
 
 # -- endpoint -----------------------------------------------------------------------------
