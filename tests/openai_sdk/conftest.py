@@ -1,11 +1,13 @@
-"""The official OpenAI SDKs, each where it can run unchanged: the Python SDK with its
+"""The OpenAI SDKs, each where it can run unchanged: the official Python SDK with its
 ``realtime`` extra in a venv of its own (the extra pins ``websockets<16``; the project
-uses 17), the Node SDK from its own ``package.json``.
+uses 17), LiveKit Agents' OpenAI plugin in another, the official Node SDK from its own
+``package.json``.
 
-``.ci/run`` makes both: ``.venv-openai`` at the repository's root from
-``requirements.txt``, and ``node/node_modules`` by ``npm ci``. Run elsewhere, a missing
-one is built once, in a cache dir keyed by the hash of its pins; in CI (``CI`` set) a
-missing or stale one fails the tests, never skips them.
+``.ci/run`` makes them: ``.venv-openai`` and ``.venv-livekit`` at the repository's root
+from ``requirements.txt`` and ``livekit-requirements.txt``, and ``node/node_modules`` by
+``npm ci``. Run elsewhere, a missing one is built once, in a cache dir
+(``~/.cache/trio-duplex``) keyed by the hash of its pins; in CI (``CI`` set) a missing
+or stale one fails the tests, never skips them.
 """
 
 from __future__ import annotations
@@ -32,8 +34,6 @@ REPO = HERE.parents[1]
 REQUIREMENTS = HERE / "requirements.txt"
 NODE_DIR = HERE / "node"
 CI_VENV = REPO / ".venv-openai"
-VENV_VARIABLE = "TRIO_DUPLEX_OPENAI_VENV"
-"""A venv made from requirements.txt elsewhere: used instead of .venv-openai."""
 INSTALL_TIMEOUT = 600.0
 
 
@@ -77,52 +77,85 @@ def _run_install(command: list[str], cwd: Path | None = None) -> None:
     assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout}{done.stderr}"
 
 
-# -- the Python SDK ----------------------------------------------------------------------
+# -- the Python SDKs, each in a venv of its own ----------------------------------------
 
 
-def pinned_openai_version() -> str:
-    match = re.search(r"^openai\[realtime\]==(\S+)$", REQUIREMENTS.read_text(), re.M)
-    assert match is not None, f"{REQUIREMENTS} pins no openai[realtime]==VERSION"
-    return match.group(1)
+@attrs.frozen
+class VenvSpec:
+    requirements: Path
+    folder: Path
+    """Where .ci/run makes it."""
+    package: str
+    """The pinned package whose version shows the venv is this one."""
+    module: str
+    """What imports it, and prints its version."""
+
+    def pinned(self) -> str:
+        pattern = rf"^{re.escape(self.package)}(?:\[[^]]*\])?==(\S+)$"
+        match = re.search(pattern, self.requirements.read_text(), re.M)
+        assert match is not None, f"{self.requirements} pins no {self.package}==VERSION"
+        return match.group(1)
+
+
+OPENAI_VENV = VenvSpec(
+    REQUIREMENTS, CI_VENV, "openai", "import openai, websockets; print(openai.__version__)"
+)
+LIVEKIT_VENV = VenvSpec(
+    HERE / "livekit-requirements.txt",
+    REPO / ".venv-livekit",
+    "livekit-plugins-openai",
+    "import livekit.plugins.openai as p; print(p.__version__)",
+)
 
 
 def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def _openai_version_in(python: Path) -> str | None:
-    probe = "import openai, websockets; print(openai.__version__)"
-    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60)
+def _version_in(python: Path, probe: str) -> str | None:
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120)
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def _build_venv(folder: Path) -> None:
-    _run_install([sys.executable, "-m", "venv", str(folder)])
-    python = str(_venv_python(folder))
-    _run_install([python, "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)])
+def sdk_python(spec: VenvSpec) -> Path:
+    """The Python of a venv holding ``spec``'s pins: .ci/run's, or else (outside CI)
+    one built once in the cache dir."""
+    want = spec.pinned()
+    venv = spec.folder
+    if not venv.exists():
+        if _in_ci():
+            pytest.fail(
+                f"no venv at {venv}: .ci/run makes it with `python -m venv {venv.name} && "
+                f"{venv.name}/bin/pip install -r {spec.requirements.relative_to(REPO)}`"
+            )
+
+        def build(folder: Path) -> None:
+            _run_install([sys.executable, "-m", "venv", str(folder)])
+            python = str(_venv_python(folder))
+            _run_install([python, "-m", "pip", "install", "-q", "-r", str(spec.requirements)])
+
+        name = f"{spec.folder.name.lstrip('.')}-{_digest(spec.requirements)}"
+        venv = _build_once(_cache_root() / name, build)
+    python = _venv_python(venv)
+    found = _version_in(python, spec.module)
+    if found != want:
+        pytest.fail(
+            f"{venv} has {spec.package} {found or '(none, or it does not import)'}, "
+            f"{spec.requirements.name} pins {want}: rebuild it (rm -r {venv}, then .ci/run's steps)"
+        )
+    return python
 
 
 @pytest.fixture(scope="session")
 def openai_python() -> Path:
     """The Python of a venv holding the pinned ``openai[realtime]``."""
-    want = pinned_openai_version()
-    named = os.environ.get(VENV_VARIABLE)
-    venv = Path(named) if named else CI_VENV
-    if not venv.exists():
-        if named or _in_ci():
-            pytest.fail(
-                f"no venv at {venv}: .ci/run makes it with `python3 -m venv .venv-openai && "
-                f".venv-openai/bin/pip install -r {REQUIREMENTS.relative_to(REPO)}`"
-            )
-        venv = _build_once(_cache_root() / f"openai-venv-{_digest(REQUIREMENTS)}", _build_venv)
-    python = _venv_python(venv)
-    found = _openai_version_in(python)
-    if found != want:
-        pytest.fail(
-            f"{venv} has openai {found or '(none, or it does not import)'}, "
-            f"{REQUIREMENTS.name} pins {want}: rebuild it (rm -r {venv}, then .ci/run's steps)"
-        )
-    return python
+    return sdk_python(OPENAI_VENV)
+
+
+@pytest.fixture(scope="session")
+def livekit_python() -> Path:
+    """The Python of a venv holding the pinned ``livekit-plugins-openai``."""
+    return sdk_python(LIVEKIT_VENV)
 
 
 # -- the Node SDK ------------------------------------------------------------------------
