@@ -1,13 +1,13 @@
 """The OpenAI SDKs, each where it can run unchanged: the official Python SDK with its
 ``realtime`` extra in a venv of its own (the extra pins ``websockets<16``; the project
-uses 17), LiveKit Agents' OpenAI plugin in another, the official Node SDK from its own
-``package.json``.
+uses 17), LiveKit Agents' OpenAI plugin and Pipecat's OpenAI realtime service in one
+each, the official Node SDK from its own ``package.json``.
 
-``.ci/run`` makes them: ``.venv-openai`` and ``.venv-livekit`` at the repository's root
-from ``requirements.txt`` and ``livekit-requirements.txt``, and ``node/node_modules`` by
-``npm ci``. Run elsewhere, a missing one is built once, in a cache dir
-(``~/.cache/trio-duplex``) keyed by the hash of its pins; in CI (``CI`` set) a missing
-or stale one fails the tests, never skips them.
+``.ci/run`` makes them: ``.venv-openai``, ``.venv-livekit`` and ``.venv-pipecat`` at the
+repository's root from ``requirements.txt``, ``livekit-requirements.txt`` and
+``pipecat-requirements.txt``, and ``node/node_modules`` by ``npm ci``. Run elsewhere, a
+missing one is built once, in a cache dir (``~/.cache/trio-duplex``) keyed by the hash of
+its pins; in CI (``CI`` set) a missing or stale one fails the tests, never skips them.
 """
 
 from __future__ import annotations
@@ -107,6 +107,13 @@ LIVEKIT_VENV = VenvSpec(
     "import livekit.plugins.openai as p; print(p.__version__)",
 )
 
+PIPECAT_VENV = VenvSpec(
+    HERE / "pipecat-requirements.txt",
+    REPO / ".venv-pipecat",
+    "pipecat-ai",
+    "import pipecat; print(pipecat.__version__)",
+)
+
 
 def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
@@ -156,6 +163,12 @@ def openai_python() -> Path:
 def livekit_python() -> Path:
     """The Python of a venv holding the pinned ``livekit-plugins-openai``."""
     return sdk_python(LIVEKIT_VENV)
+
+
+@pytest.fixture(scope="session")
+def pipecat_python() -> Path:
+    """The Python of a venv holding the pinned ``pipecat-ai[openai]``."""
+    return sdk_python(PIPECAT_VENV)
 
 
 # -- the Node SDK ------------------------------------------------------------------------
