@@ -3,10 +3,11 @@
 
 Run in the venv of ``requirements.txt``, never the project's (it imports neither
 trio_duplex nor the tests): ``python sdk_python.py --base-url http://H:P/v1 --voice-url
-http://H:P2/v1 --api-key K [SCENARIO ...]``. Every event is read with the connection's
-own ``recv()`` (the SDK's models) and also validated by the SDK's pydantic union,
-strictly. Prints one JSON object, scenario → what it saw (or ``{"crash": traceback}``),
-which ``test_python_sdk.py`` asserts on.
+http://H:P2/v1 --speech-url http://H:P3/v1 --speech-audio PCM --api-key K
+[SCENARIO ...]`` (the echo, voice and speech engines' servers). Every event is read with
+the connection's own ``recv()`` (the SDK's models) and also validated by the SDK's
+pydantic union, strictly. Prints one JSON object, scenario → what it saw (or ``{"crash":
+traceback}``), which ``test_python_sdk.py`` asserts on.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import time
 import traceback
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -172,8 +174,8 @@ async def text_scenario(args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
-async def audio_scenario(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
-    client = AsyncOpenAI(api_key=args.api_key, base_url=base_url, max_retries=0)
+async def audio_scenario(args: argparse.Namespace) -> dict[str, Any]:
+    client = AsyncOpenAI(api_key=args.api_key, base_url=args.base_url, max_retries=0)
     sent = pcm16(300)
     async with client.realtime.connect(model="gpt-realtime-test") as conn:
         reader = Reader(conn)
@@ -203,6 +205,44 @@ async def audio_scenario(args: argparse.Namespace, base_url: str) -> dict[str, A
             "sent_bytes": len(sent),
             "sent_sha": sha(sent),
             "turn": turn_summary(events),
+        }
+
+
+async def speech_scenario(args: argparse.Namespace) -> dict[str, Any]:
+    """A spoken sentence (24 kHz PCM16 from ``--speech-audio``) to the speech engine, with
+    server-side turn detection: it hears the turn, transcribes it and answers aloud."""
+    client = AsyncOpenAI(api_key=args.api_key, base_url=args.speech_url, max_retries=0)
+    sent: bytes = args.speech_pcm
+    async with client.realtime.connect(model="gpt-realtime-test") as conn:
+        reader = Reader(conn)
+        await reader.until("session.created")
+        pcm: AudioPCMParam = {"type": "audio/pcm", "rate": 24000}
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "audio": {
+                    "input": {"format": pcm, "turn_detection": {"type": "server_vad"}},
+                    "output": {"format": pcm},
+                },
+            }
+        )
+        await reader.until("session.updated")
+        for start in range(0, len(sent), 960):  # 20 ms a chunk, sent as fast as it goes
+            await conn.input_audio_buffer.append(
+                audio=base64.b64encode(sent[start : start + 960]).decode()
+            )
+        heard = await reader.until("conversation.item.input_audio_transcription.completed")
+        events = await reader.until("response.done")
+        turn = turn_summary(events)
+        audio = b"".join(
+            base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
+        )
+        return {
+            "answer": base64.b64encode(audio).decode(),
+            **reader.record(),
+            "heard_types": [e.type for e in heard],
+            "transcript": heard[-1].transcript,
+            "turn": turn,
         }
 
 
@@ -308,8 +348,8 @@ async def _refusal(client: AsyncOpenAI) -> list[Any]:
 SCENARIOS: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] = {
     "session": session_scenario,
     "text": text_scenario,
-    "audio_echo": lambda args: audio_scenario(args, args.base_url),
-    "audio_voice": lambda args: audio_scenario(args, args.voice_url),
+    "audio_echo": audio_scenario,
+    "audio_speech": speech_scenario,
     "cancel": cancel_scenario,
     "error": error_scenario,
     "client_secret": client_secret_scenario,
@@ -330,11 +370,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--base-url", required=True, help="the echo server, http://H:P/v1")
     parser.add_argument("--voice-url", required=True, help="the voice server, http://H:P/v1")
+    parser.add_argument("--speech-url", help="the speech server, http://H:P/v1")
+    parser.add_argument("--speech-audio", help="a spoken sentence, 24 kHz PCM16")
     parser.add_argument("--api-key", required=True)
     parser.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)} (all)")
     args = parser.parse_args()
     if unknown := set(args.scenarios) - set(SCENARIOS):
         parser.error(f"no scenario {sorted(unknown)}")
+    args.speech_pcm = Path(args.speech_audio).read_bytes() if args.speech_audio else b""
     json.dump(asyncio.run(run(args)), sys.stdout, default=str)
 
 

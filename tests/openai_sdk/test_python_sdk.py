@@ -2,24 +2,31 @@
 conversation with ``trio-duplex serve`` over ``/v1/realtime``: the session, a text turn,
 an audio turn, a cancel mid-response, errors, and a client secret.
 
-``sdk_python.py`` runs every scenario once in that venv against two servers (the echo
-engine and the voice engine, both behind ``--api-key-file``) and prints what the SDK's
+``sdk_python.py`` runs every scenario once in that venv against three servers (the
+echo, voice and speech engines, each behind ``--api-key-file``) and prints what the SDK's
 own models read; each test here asserts one scenario's outcome exactly.
 """
 
 from __future__ import annotations
 
+import base64
+import importlib.util
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import soxr  # type: ignore[import-untyped]
 
 from tests.helpers import Servers
+from tests.speech_audio import DOOR, is_speech, needs_speech, spoken
+from tests.speech_audio import RATE as SPEECH_RATE
 
 from .conftest import API_KEY
-from .sdk_python import LONG_TEXT, TEXT, pcm16, sha
+from .sdk_python import LONG_TEXT, SCENARIOS, TEXT, pcm16, sha
 
 pytestmark = pytest.mark.integration
 SCRIPT = Path(__file__).with_name("sdk_python.py")
@@ -46,19 +53,42 @@ def http_base(url: str) -> str:
     return "http://" + url.removeprefix("ws://").removesuffix("/duplex")
 
 
+def speech_available() -> bool:
+    return shutil.which("espeak-ng") is not None and bool(importlib.util.find_spec("pocketsphinx"))
+
+
 @pytest.fixture(scope="module")
-def seen(openai_python: Path, module_servers: Servers, key_file: Path) -> dict[str, Any]:
+def seen(
+    openai_python: Path,
+    module_servers: Servers,
+    key_file: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
     keys = ("--api-key-file", str(key_file))
-    echo, voice = module_servers.start_many(
-        ("--engine", "echo", *keys), ("--engine", "voice", *keys)
-    )
+    engines = ["echo", "voice", *(["speech"] if speech_available() else [])]
+    started = module_servers.start_many(*(("--engine", name, *keys) for name in engines))
+    urls = {name: http_base(server.url) for name, server in zip(engines, started, strict=True)}
     command = [str(openai_python), str(SCRIPT), "--api-key", API_KEY]
-    command += ["--base-url", http_base(echo.url), "--voice-url", http_base(voice.url)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    command += ["--base-url", urls["echo"], "--voice-url", urls["voice"]]
+    scenarios = [name for name in SCENARIOS if name != "audio_speech"]
+    if "speech" in urls:
+        folder = tmp_path_factory.mktemp("speech")
+        (folder / "in.pcm").write_bytes(at_rate(spoken(DOOR), SPEECH_RATE, 24_000))
+        command += ["--speech-url", urls["speech"], "--speech-audio", str(folder / "in.pcm")]
+        scenarios.append("audio_speech")
+    done = subprocess.run(
+        [*command, *scenarios], capture_output=True, text=True, timeout=RUN_TIMEOUT
+    )
     assert done.returncode == 0, f"{SCRIPT.name} failed:\n{done.stdout}\n{done.stderr}"
     results = json.loads(done.stdout)
     assert isinstance(results, dict)
     return results
+
+
+def at_rate(pcm: bytes, rate: int, to: int) -> bytes:
+    samples = np.frombuffer(pcm, dtype=np.int16)
+    out: bytes = soxr.resample(samples, rate, to).astype(np.int16).tobytes()
+    return out
 
 
 def scenario(seen: dict[str, Any], name: str) -> dict[str, Any]:
@@ -135,12 +165,24 @@ def test_an_audio_turn_comes_back_from_echo(seen: dict[str, Any]) -> None:
     assert types[-1] == "response.done"
 
 
-def test_an_audio_turn_is_answered_by_voice(seen: dict[str, Any]) -> None:
-    record = scenario(seen, "audio_voice")
+@needs_speech
+def test_a_spoken_turn_is_heard_transcribed_and_answered_aloud(seen: dict[str, Any]) -> None:
+    """The speech engine with server-side turn detection: the SDK only appends audio."""
+    record = scenario(seen, "audio_speech")
+    heard = record["heard_types"]
+    assert heard.index("input_audio_buffer.speech_started") < heard.index(
+        "input_audio_buffer.speech_stopped"
+    )
+    assert "input_audio_buffer.committed" in heard
+    assert heard[-1] == "conversation.item.input_audio_transcription.completed"
+    assert {"open", "door"} <= set(record["transcript"].split()), record["transcript"]
     turn = record["turn"]
     assert turn["status"] == "completed"
-    assert turn["audio_bytes"] > 0 and turn["audio_bytes"] % 2 == 0
-    assert turn["transcript"] == turn.get("transcript_done", "")
+    assert turn["transcript"] == turn["transcript_done"] == f"you said: {record['transcript']}."
+    answer = base64.b64decode(record["answer"])
+    assert len(answer) == turn["audio_bytes"] > 24_000  # over half a second of reply
+    assert is_speech(at_rate(answer, 24_000, SPEECH_RATE))
+    assert not is_speech(bytes(len(answer)))  # (the check can fail)
 
 
 def test_a_cancel_mid_response(seen: dict[str, Any]) -> None:
