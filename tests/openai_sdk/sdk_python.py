@@ -130,11 +130,13 @@ def turn_summary(events: list[Any]) -> dict[str, Any]:
 async def session_scenario(args: argparse.Namespace) -> dict[str, Any]:
     client = AsyncOpenAI(api_key=args.api_key, base_url=args.base_url, max_retries=0)
     async with client.realtime.connect(model="gpt-realtime-test") as conn:
-        reader = Reader(conn)
-        created = await reader.next()
+        events = aiter(conn)  # the connection's async iteration, this once
+        created: Any = await asyncio.wait_for(anext(events), TIMEOUT)
         session = created.session
         return {
-            **reader.record(),
+            "types": [created.type],
+            "classes": [type(created).__name__],
+            "event_ids": [created.event_id],
             "session_class": type(session).__name__,
             "session": session.to_dict(),
             "extension_keys": sorted(set(created.to_dict()) - {"type", "event_id", "session"}),
