@@ -5,7 +5,8 @@ LiveKit room: the session is driven as an ``AgentSession`` drives it, through
 ``interrupt``).
 
 Run in the venv of ``livekit-requirements.txt``, never the project's: ``python
-sdk_livekit.py --base-url http://H:P/v1 --voice-url http://H:P2/v1 --api-key K``.
+sdk_livekit.py --base-url http://H:P/v1 --voice-url http://H:P2/v1 --speech-url
+http://H:P3/v1 --speech-audio PCM --api-key K [SCENARIO ...]``.
 Prints one JSON object, scenario → what the plugin gave (or ``{"crash": traceback}``),
 which ``test_livekit.py`` asserts on.
 """
@@ -14,19 +15,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
+import base64
 import json
 import math
 import struct
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from livekit import rtc
 from livekit.agents import llm
 from livekit.plugins import openai
+from openai.types.realtime.realtime_audio_input_turn_detection import ServerVad
 
 TIMEOUT = 20.0
 RATE = 24_000
@@ -39,10 +42,6 @@ def pcm16(ms: int, hz: float = 440.0) -> bytes:
     return b"".join(
         struct.pack("<h", int(8000 * math.sin(2 * math.pi * hz * n / RATE))) for n in range(count)
     )
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class Session:
@@ -64,6 +63,12 @@ class Session:
     async def reply(self, *, cancel_after_audio: bool = False) -> dict[str, Any]:
         """generate_reply, then read its one message's text and audio to the end."""
         generation = await asyncio.wait_for(self.session.generate_reply(), TIMEOUT)
+        return await self.read(generation, cancel_after_audio=cancel_after_audio)
+
+    async def read(
+        self, generation: llm.GenerationCreatedEvent, *, cancel_after_audio: bool = False
+    ) -> dict[str, Any]:
+        """A generation's one message, its text and audio read to the end."""
         messages = []
         async for message in generation.message_stream:
             messages.append(message)
@@ -91,7 +96,7 @@ class Session:
             "modalities": await asyncio.wait_for(message.modalities, TIMEOUT),
             "text": text,
             "audio_bytes": len(audio),
-            "audio_sha": sha(bytes(audio)),
+            "audio": base64.b64encode(bytes(audio)).decode(),
         }
 
     async def close(self) -> dict[str, Any]:
@@ -100,7 +105,11 @@ class Session:
 
 
 def model(
-    args: argparse.Namespace, http: aiohttp.ClientSession, base_url: str, modality: str
+    args: argparse.Namespace,
+    http: aiohttp.ClientSession,
+    base_url: str,
+    modality: str,
+    turn_detection: ServerVad | None = None,
 ) -> openai.realtime.RealtimeModel:
     return openai.realtime.RealtimeModel(
         model="gpt-realtime-test",
@@ -108,7 +117,7 @@ def model(
         api_key=args.api_key,
         http_session=http,
         modalities=[modality],
-        turn_detection=None,
+        turn_detection=turn_detection,
         input_audio_transcription=None,
     )
 
@@ -145,7 +154,7 @@ async def audio_scenario(args: argparse.Namespace, http: aiohttp.ClientSession) 
         reply = await session.reply()
     finally:
         closed = await session.close()
-    return {**closed, "reply": reply, "sent_bytes": len(sent), "sent_sha": sha(sent)}
+    return {**closed, "reply": reply, "sent_bytes": len(sent)}
 
 
 async def cancel_scenario(args: argparse.Namespace, http: aiohttp.ClientSession) -> dict[str, Any]:
@@ -158,9 +167,35 @@ async def cancel_scenario(args: argparse.Namespace, http: aiohttp.ClientSession)
     return {**closed, "reply": reply}
 
 
+async def speech_scenario(args: argparse.Namespace, http: aiohttp.ClientSession) -> dict[str, Any]:
+    """A voice agent's own path: server-side turn detection (the speech engine) hears a
+    spoken sentence pushed as a room's track would, and the server starts the response
+    (a generation the plugin did not ask for)."""
+    vad = ServerVad(type="server_vad")
+    session = Session(model(args, http, args.speech_url, "audio", turn_detection=vad))
+    generations: asyncio.Queue[llm.GenerationCreatedEvent] = asyncio.Queue()
+    heard: list[str] = []
+    session.session.on("generation_created", generations.put_nowait)
+    session.session.on("input_audio_transcription_completed", lambda e: heard.append(e.transcript))
+    sent: bytes = args.speech_pcm
+    try:
+        for start in range(0, len(sent), 960):
+            chunk = sent[start : start + 960]
+            session.session.push_audio(rtc.AudioFrame(chunk, RATE, 1, len(chunk) // 2))
+        reply = await session.read(await asyncio.wait_for(generations.get(), TIMEOUT))
+    finally:
+        closed = await session.close()
+    return {**closed, "reply": reply, "heard": heard}
+
+
 SCENARIOS: dict[
     str, Callable[[argparse.Namespace, aiohttp.ClientSession], Awaitable[dict[str, Any]]]
-] = {"text": text_scenario, "audio_echo": audio_scenario, "cancel": cancel_scenario}
+] = {
+    "text": text_scenario,
+    "audio_echo": audio_scenario,
+    "cancel": cancel_scenario,
+    "speech": speech_scenario,
+}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -178,11 +213,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--base-url", required=True, help="the echo server, http://H:P/v1")
     parser.add_argument("--voice-url", required=True, help="the voice server, http://H:P/v1")
+    parser.add_argument("--speech-url", help="the speech server, http://H:P/v1")
+    parser.add_argument("--speech-audio", help="a spoken sentence, 24 kHz PCM16")
     parser.add_argument("--api-key", required=True)
     parser.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)} (all)")
     args = parser.parse_args()
     if unknown := set(args.scenarios) - set(SCENARIOS):
         parser.error(f"no scenario {sorted(unknown)}")
+    args.speech_pcm = Path(args.speech_audio).read_bytes() if args.speech_audio else b""
     json.dump(asyncio.run(run(args)), sys.stdout, default=str)
 
 

@@ -20,11 +20,12 @@ import pytest
 from tests.helpers import Servers
 
 from .conftest import API_KEY
-from .sdk_pipecat import LONG_TEXT, TEXT, pcm16, sha
+from .sdk_python import LONG_TEXT, pcm16, sha
 
 pytestmark = pytest.mark.integration
 SCRIPT = Path(__file__).with_name("sdk_pipecat.py")
 RUN_TIMEOUT = 240.0
+TEXT = "hello from pipecat"  # as sdk_pipecat.py says it (that script imports pipecat)
 
 
 def ws_url(url: str) -> str:
