@@ -45,6 +45,7 @@ class Reader {
     this.waiter = null;
     this.types = [];
     this.eventIds = [];
+    this.seen = [];
     this.errors = [];
     this.socketErrors = [];
     rt.on('event', (event) => this.push(event));
@@ -60,6 +61,11 @@ class Reader {
         this.socketErrors.push(String(error && error.message));
         this.push({ type: '(socket error)', message: String(error && error.message) });
       }
+    });
+    // A close wakes a reader waiting for more (with what the server said before it).
+    rt.socket.addEventListener('close', (event) => {
+      const said = this.queue.concat(this.seen).filter((e) => e.type === 'error').map((e) => e.error);
+      this.push({ type: '(socket closed)', message: `closed ${event.code} after ${JSON.stringify(said)}` });
     });
   }
 
@@ -84,6 +90,8 @@ class Reader {
     }
     const event = this.queue.shift();
     if (event.type === '(socket error)') throw new Error(`socket error: ${event.message}`);
+    if (event.type === '(socket closed)') throw new Error(event.message);
+    this.seen.push(event);
     this.types.push(event.type);
     this.eventIds.push(event.event_id ?? null);
     return event;
