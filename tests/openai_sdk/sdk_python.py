@@ -31,6 +31,7 @@ from openai import APIStatusError, AsyncOpenAI
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 from openai.types.realtime import RealtimeServerEvent
 from openai.types.realtime.realtime_audio_formats_param import AudioPCM as AudioPCMParam
+from websockets.exceptions import ConnectionClosed
 
 TIMEOUT = 20.0
 """Each wait for the server's next event, in seconds."""
@@ -62,9 +63,15 @@ class Reader:
         self.classes: list[str] = []
         self.invalid: list[str] = []
         self.event_ids: list[str | None] = []
+        self.errors: list[dict[str, Any]] = []
 
     async def next(self) -> Any:
-        event = await asyncio.wait_for(self.conn.recv(), TIMEOUT)
+        try:
+            event = await asyncio.wait_for(self.conn.recv(), TIMEOUT)
+        except ConnectionClosed as exc:  # say what the server said before it closed
+            raise RuntimeError(f"{exc!r} after the errors {self.errors}") from exc
+        if event.type == "error":
+            self.errors.append(event.error.to_dict())
         self.types.append(event.type)
         self.classes.append(type(event).__name__)
         self.event_ids.append(getattr(event, "event_id", None))
