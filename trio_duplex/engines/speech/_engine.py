@@ -16,6 +16,14 @@ import attrs
 import trio
 
 from ..api import BadEvent, Engine, EngineSession, Event
+from ..conversation import (
+    EVENTS,
+    RESPONSE_EVENTS,
+    Conversation,
+    check_response_event,
+    conversing,
+    new_item_id,
+)
 from ..turns import Turns, send_end, send_live, speak_unless_cancelled
 from ._capacity import check_available, default_max_sessions, shared_limiter
 from ._recognise import BYTES_PER_SECOND, SAMPLE_RATE, Heard, Hearing
@@ -62,7 +70,9 @@ class _Response:
 class SpeechEngine(Engine):
     """Hears 16 kHz PCM16, answers each turn with ``responder``'s text, spoken."""
 
-    accepts = frozenset({"input_audio_buffer.append", "input.text.append", "response.cancel"})
+    accepts = frozenset(
+        {"input_audio_buffer.append", "input.text.append", *EVENTS, *RESPONSE_EVENTS}
+    )
     audio_rate: int | None = SAMPLE_RATE
 
     default_max_sessions = staticmethod(default_max_sessions)
@@ -104,6 +114,14 @@ class SpeechEngine(Engine):
         # Turns' transcripts awaiting a response, and the one speaking.
         self._turns = Turns[str, _Response](_Response)
         self._audio_in = trio.lowlevel.ParkingLot()
+        self._fed = trio.lowlevel.ParkingLot()  # woken after each feed of the recogniser
+        self.conversation = Conversation()  # (its audio is the recogniser's: none kept)
+        self._outbox: deque[Event] = deque()  # the reader's answers not yet sequenced
+        self._turn_item: str | None = None  # the id of the turn heard going on (conversing)
+        self._heard: list[str] = []  # without turn detection: turns' text since a commit
+        self._partial = ""  # the last guess at the turn going on
+        self._skip_turn = False  # the turn going on was committed (or cleared) already
+        self._session_config: Mapping[str, Any] = self.config
 
     def check(self, event: Event) -> None:
         kind = event["type"]
@@ -113,9 +131,10 @@ class SpeechEngine(Engine):
                 raise BadEvent("text must be a string", param="text")
             if len(text) > MAX_TYPED_CHARS:  # it goes into the history and the snapshot
                 raise BadEvent(f"text is over {MAX_TYPED_CHARS} characters", param="text")
-        elif kind == "response.cancel":
-            if not isinstance(event.get("response_id", ""), str):
-                raise BadEvent("response_id must be a string", param="response_id")
+        elif kind in RESPONSE_EVENTS:
+            check_response_event(event)
+        else:
+            self.conversation.check(event)
 
     # -- the reader ------------------------------------------------------------------
 
@@ -135,12 +154,14 @@ class SpeechEngine(Engine):
         recogniser: RemoteRecogniser,
         limiter: trio.CapacityLimiter,
     ) -> None:
+        self._session_config = session.config  # (live: session.update changes it)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(
                 self._turns.speak, functools.partial(self._respond, session, limiter=limiter)
             )
             nursery.start_soon(self._listen, session, recogniser, limiter)
-            await self._turns.read(session, self._take, self._full)
+            await self._flush(session)  # (restored: answers the last node had not sent)
+            await self._turns.read(session, functools.partial(self._take, session), self._full)
             self._audio_in.unpark_all()
 
     def _full(self) -> bool:
@@ -148,16 +169,61 @@ class SpeechEngine(Engine):
         # answers the client's next audio with input_backpressure.
         return len(self._buffer) >= self.max_buffered_bytes or len(self._turns.queued) > MAX_QUEUED
 
-    def _take(self, event: Event) -> None:
+    async def _take(self, session: EngineSession, event: Event) -> None:
         kind = event["type"]
         if kind == "input_audio_buffer.append":
             self._buffer += event["audio"]
+            self.conversation.append_audio(event["audio"])
             self._audio_in.unpark_all()
         elif kind == "input.text.append":  # a typed turn: answered like a spoken one
             self._turns.cancel(None)
             self._queue_turn(event["text"])
         elif kind == "response.cancel":
             self._turns.cancel(event.get("response_id"))
+        elif kind == "response.create":  # the latest user message, answered
+            turn = self.conversation.latest_user()
+            self._queue_turn("" if turn is None else turn.text)
+        elif kind == "input_audio_buffer.commit":
+            while self._buffer and not self._turns.input_ended:
+                await self._fed.park()  # the recogniser hears all of it first
+            self._outbox.extend(self._commit())
+            await self._flush(session)
+        else:
+            if kind == "input_audio_buffer.clear":
+                self._buffer.clear()  # (not yet heard: never will be)
+                self._heard, self._partial = [], ""
+                self._skip_turn = self._turn_started
+            self._outbox.extend(self.conversation.take(event))
+            await self._flush(session)
+
+    def _commit(self) -> list[Event]:
+        """A commit: what was heard since the last one is a user turn (a turn going on
+        ends here, by its latest guess)."""
+        words = [*self._heard, self._partial] if self._turn_started else self._heard
+        text = " ".join(w for w in words if w)
+        self._heard, self._partial = [], ""
+        self._skip_turn = self._turn_started
+        item_id = self.conversation.commit_audio()
+        if item_id is None:
+            return []
+        return [
+            *self.conversation.committed_events(item_id, done=False),
+            *self.conversation.transcribed(item_id, text),
+        ]
+
+    async def _flush(self, session: EngineSession) -> None:
+        while self._outbox:
+            await session.send(self._outbox[0])
+            self._outbox.popleft()
+
+    def _detects_turns(self) -> bool:
+        """Server-side turn detection is on (``turn_detection`` not null)."""
+        return self._session_config.get("turn_detection", {}) is not None
+
+    def _answers_turns(self) -> bool:
+        """A detected turn is answered at once (OpenAI's ``create_response``, default true)."""
+        detection = self._session_config.get("turn_detection")
+        return not (isinstance(detection, dict) and detection.get("create_response") is False)
 
     def _queue_turn(self, transcript: str) -> None:
         self.history.append({"role": "user", "text": transcript})
@@ -185,26 +251,42 @@ class SpeechEngine(Engine):
             del self._buffer[: len(chunk)]
             self._replay += chunk
             self._turns.make_room()
+            self._fed.unpark_all()
             for hearing in heard:
                 await self._hear(session, hearing)
             if not recogniser.in_turn:  # quiet: keep only what a new turn may start in
                 self._trim(recogniser.fed - KEEP_BYTES)
 
     async def _hear(self, session: EngineSession, hearing: Hearing) -> None:
+        conversing_ = conversing(self._session_config)
+        if (conversing_ and not self._detects_turns()) or self._skip_turn:
+            self._hear_only(hearing)  # turns are the client's commits
+            return
         if hearing.kind is Heard.STARTED:
             if self._turn_started:  # restored mid-turn: this turn was announced
                 return
             self._turns.cancel(None)  # barge-in: the user speaks over the response
             start_ms = self._base_ms + hearing.start_s * 1000
-            await session.send(
-                {"type": "input_audio_buffer.speech_started", "audio_start_ms": round(start_ms)}
-            )
+            started: Event = {
+                "type": "input_audio_buffer.speech_started",
+                "audio_start_ms": round(start_ms),
+            }
+            if conversing_:
+                self._turn_item = started["item_id"] = new_item_id()
+            await session.send(started)
             self._turn_started = True
         elif hearing.kind is Heard.PARTIAL:
+            self._partial = hearing.text
             delta = self._firm_delta(hearing.text.split())
             if delta:
-                await session.send({"type": "input_audio.transcript.delta", "text": delta})
+                heard: Event = {"type": "input_audio.transcript.delta", "text": delta}
+                if self._turn_item is not None:
+                    heard["item_id"] = self._turn_item
+                await session.send(heard)
                 self._turn_words += delta.split()
+        elif conversing_:
+            await self._turns.wait_room(self._no_room_for_turn)  # its response must have room
+            await self._end_turn(session, hearing)
         else:
             await self._turns.wait_room(self._no_room_for_turn)  # its response must have room
             self._turns.cancel(None)
@@ -214,6 +296,46 @@ class SpeechEngine(Engine):
             self._last_guesses.clear()
             self._trim(hearing.offset)
             self._queue_turn(hearing.text)
+
+    def _hear_only(self, hearing: Hearing) -> None:
+        """No turn detection (or a turn the client committed): words are kept for the
+        client's commit, nothing is announced."""
+        if hearing.kind is Heard.STARTED:
+            self._turn_started = True
+        elif hearing.kind is Heard.PARTIAL:
+            self._partial = hearing.text
+        else:
+            if not self._skip_turn and hearing.text:
+                self._heard.append(hearing.text)
+            self._turn_started, self._skip_turn, self._partial = False, False, ""
+            self._trim(hearing.offset)
+
+    async def _end_turn(self, session: EngineSession, hearing: Hearing) -> None:
+        """A turn detected has ended: it is committed, its transcript done, answered."""
+        item_id = self._turn_item or new_item_id()
+        self._turns.cancel(None)
+        end_ms = self._base_ms + hearing.offset * 1000 / BYTES_PER_SECOND
+        await session.send(
+            {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": round(end_ms),
+             "item_id": item_id}
+        )  # fmt: skip
+        self.conversation.clear_audio()
+        self.conversation.add(
+            {"id": item_id, "type": "message", "role": "user",
+             "content": [{"type": "input_audio", "transcript": None}]}
+        )  # fmt: skip
+        answers = self.conversation.committed_events(item_id, done=False)
+        answers += self.conversation.transcribed(item_id, hearing.text)
+        self._turn_started, self._turn_item, self._partial = False, None, ""
+        self._turn_words = []
+        self._last_guesses.clear()
+        self._trim(hearing.offset)
+        for event in answers:
+            await session.send(event)
+        if self._answers_turns():
+            self._queue_turn(hearing.text)
+        else:
+            self.history.append({"role": "user", "text": hearing.text})
 
     def _no_room_for_turn(self) -> bool:
         return len(self._turns.queued) >= MAX_QUEUED
@@ -249,8 +371,13 @@ class SpeechEngine(Engine):
         self, session: EngineSession, response: _Response, *, limiter: trio.CapacityLimiter
     ) -> None:
         response_id = response.response_id
+        conversing_ = conversing(self._session_config)
         if not response.created:
-            await session.send({"type": "response.created", "response_id": response_id})
+            created: Event = {"type": "response.created", "response_id": response_id}
+            if conversing_:  # (speech always speaks: the text is the audio's transcript)
+                created["output_modalities"] = ["audio"]
+                self.conversation.begin_response(response_id)
+            await session.send(created)
             response.created = True
             await speak_unless_cancelled(
                 response, functools.partial(self._play, session, response, limiter)
@@ -260,7 +387,11 @@ class SpeechEngine(Engine):
         elif not response.finished:  # restored mid-reply: responder and audio left behind
             response.cancelled = True
             response.finished = True
-        self.history.append({"role": "assistant", "text": "".join(response.said).strip()})
+        said = "".join(response.said).strip()
+        self.history.append({"role": "assistant", "text": said})
+        if conversing_:
+            status = "incomplete" if response.cancelled else "completed"
+            self.conversation.end_response(response_id, said, ["audio"], status)
         await send_end(session, response)
 
     async def _play(
@@ -371,10 +502,37 @@ class SpeechEngine(Engine):
                 speaking.cancelled,
                 tuple(speaking.said),
             ),
+            {
+                "conversation": self.conversation.snapshot(),
+                "outbox": list(self._outbox),
+                "turn_item": self._turn_item,
+                "heard": list(self._heard),
+                "partial": self._partial,
+                "skip_turn": self._skip_turn,
+            },
         ).write()
 
     def restore(self, state: bytes | dict[str, Any]) -> None:
         got = State.read(state)  # all checked before anything is taken
+        conversation, outbox = Conversation(), deque[Event]()
+        talk = got.talk or {}
+        if got.talk is not None:
+            conversation.restore(talk.get("conversation"))
+            outbox.extend(talk.get("outbox", None) or ())
+            ok = (
+                all(isinstance(e, dict) for e in outbox)
+                and isinstance(talk.get("turn_item"), str | None)
+                and isinstance(talk.get("heard"), list)
+                and all(isinstance(t, str) for t in talk["heard"])
+                and isinstance(talk.get("partial"), str)
+                and type(talk.get("skip_turn")) is bool
+            )
+            if not ok:
+                raise ValueError("speech snapshot: 'talk' is malformed")
+        self.conversation, self._outbox = conversation, outbox
+        self._turn_item = talk.get("turn_item")
+        self._heard, self._partial = list(talk.get("heard", [])), talk.get("partial", "")
+        self._skip_turn = talk.get("skip_turn", False)
         speaking = got.speaking
         if speaking is not None:
             self._turns.speaking = _Response(
