@@ -1,0 +1,101 @@
+"""The speech engine's conversation: its detected turns announced as items (a conversing
+session), and with ``turn_detection: null`` turns that are the client's commits (real
+recognition and synthesis, real time: its subprocesses do not run on a MockClock)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from trio_duplex.engines.api import EngineSession, Event, Inbox
+from trio_duplex.engines.speech import SpeechEngine
+
+from ..speech_audio import DOOR, frames, needs_speech, spoken
+
+
+async def talk(
+    config: dict[str, Any], inputs: list[Event], until: Callable[[list[Event]], bool]
+) -> list[Event]:
+    """Run a speech engine on ``inputs`` (checked and queued as the reader would) until
+    ``until(outputs)``; then a list of what it sent."""
+    engine = SpeechEngine(config)
+    inbox = Inbox(10_000)
+    outputs: list[Event] = []
+    changed = trio.lowlevel.ParkingLot()
+
+    async def emit(event: Event) -> None:
+        outputs.append(event)
+        changed.unpark_all()
+
+    session = EngineSession("sess_talk", config, inbox=inbox, emit=emit)
+    for event in inputs:
+        engine.check(event)
+        inbox.put_nowait(event)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(engine.run, session)
+            while not until(outputs):
+                await changed.park()
+            nursery.cancel_scope.cancel()
+    return outputs
+
+
+def ended(outputs: list[Event]) -> bool:
+    return any(e["type"] in ("response.done", "response.cancelled") for e in outputs)
+
+
+def kinds(outputs: list[Event]) -> list[str]:
+    skip = {"input_audio.transcript.delta", "response.output_audio.delta",
+            "response.output_text.delta"}  # fmt: skip
+    return [e["type"] for e in outputs if e["type"] not in skip]
+
+
+def audio(pcm: bytes) -> list[Event]:
+    return [{"type": "input_audio_buffer.append", "audio": f} for f in frames(pcm)]
+
+
+@needs_speech
+async def test_a_detected_turn_is_an_item_answered_at_once() -> None:
+    outputs = await talk({"output_modalities": ["audio"]}, audio(spoken(DOOR)), ended)
+    assert kinds(outputs) == [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "input_audio.transcript.done",
+        "conversation.item.done",
+        "response.created",
+        "response.done",
+    ]
+    by = {e["type"]: e for e in outputs}
+    item_id = by["input_audio_buffer.speech_started"]["item_id"]
+    assert item_id.startswith("item_")
+    named = ("input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+             "input_audio.transcript.done")  # fmt: skip
+    assert {by[k].get("item_id") for k in named} == {item_id}
+    done = by["conversation.item.done"]["item"]
+    assert done["id"] == item_id and done["status"] == "completed"
+    assert "door" in done["content"][0]["transcript"].split()
+    assert by["response.created"]["output_modalities"] == ["audio"]
+    assert any(e["type"] == "response.output_audio.delta" for e in outputs)
+
+
+@needs_speech
+async def test_without_turn_detection_a_commit_is_the_turn_and_create_answers_it() -> None:
+    config: dict[str, Any] = {"turn_detection": None}
+    inputs = [*audio(spoken(DOOR)), {"type": "input_audio_buffer.commit"}]
+    outputs = await talk(config, inputs, lambda o: "conversation.item.done" in kinds(o))
+    assert kinds(outputs) == [
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "input_audio.transcript.done",
+        "conversation.item.done",
+    ]  # no speech_started, and no response until response.create
+    transcript = outputs[-1]["item"]["content"][0]["transcript"]
+    assert "door" in transcript.split() and outputs[2]["text"] == transcript
+    answered = await talk(config, [*inputs, {"type": "response.create"}], ended)
+    assert kinds(answered)[-2:] == ["response.created", "response.done"]
+    said = "".join(e["text"] for e in answered if e["type"] == "response.output_text.delta")
+    assert "door" in said.split()
