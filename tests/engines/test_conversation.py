@@ -18,6 +18,7 @@ from trio_duplex.engines.api import BadEvent, Engine, EngineSession, Event, Inbo
 from trio_duplex.engines.conversation import Conversation, assistant_item_id
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.engines.voice import FRAME_BYTES, VoiceEngine
+from trio_duplex.testing import running_server
 
 OPENAI = {"output_modalities": ["audio"]}  # a session that converses (as OpenAI's do)
 PCM = bytes(range(256)) * 40  # 10240 bytes of "audio"
@@ -374,3 +375,32 @@ async def test_voice_migrates_a_conversation_and_restores_voice_1(
 def _voice_1() -> dict[str, Any]:
     return {"state": "voice/1", "responses": 1, "speaking": None, "queued": ["hi"],
             "audio_bytes_received": 0, "max_queued": 16}  # fmt: skip
+
+
+# -- over the native dialect, through a server -------------------------------------------
+
+
+async def test_a_native_client_converses_and_an_unknown_id_is_a_typed_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running_server(engine_factory=EchoEngine, fail_after_s=30) as sim:
+        client, _ = await sim.open_session()
+        await client.send(user_text("hi", id="u1"))
+        added, done = await client.receive(), await client.receive()
+        assert (added["type"], done["type"]) == (
+            "conversation.item.added",
+            "conversation.item.done",
+        )
+        assert done["item"]["id"] == "u1" and done["item"]["status"] == "completed"
+        await client.send({"type": "conversation.item.retrieve", "item_id": "nope"})
+        error = await client.receive()
+        assert (error["type"], error["code"], error["param"]) == ("error", "bad_event", "item_id")
+        await client.send({"type": "response.create"})  # the session goes on
+        answer = [await client.receive() for _ in range(3)]
+        assert [e["type"] for e in answer] == [
+            "response.created",
+            "response.output_text.delta",
+            "response.done",
+        ]
+        assert answer[1]["text"] == "hi" and answer[0]["output_modalities"] == ["text"]
+        await client.aclose()
