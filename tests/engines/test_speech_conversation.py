@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import trio
 
 from trio_duplex.engines.api import EngineSession, Event, Inbox
@@ -99,3 +100,19 @@ async def test_without_turn_detection_a_commit_is_the_turn_and_create_answers_it
     assert kinds(answered)[-2:] == ["response.created", "response.done"]
     said = "".join(e["text"] for e in answered if e["type"] == "response.output_text.delta")
     assert "door" in said.split()
+
+
+@needs_speech
+def test_a_speech_1_snapshot_restores_and_a_bad_talk_is_refused() -> None:
+    state = SpeechEngine().snapshot()
+    assert state["state"] == "speech/2"
+    old = {k: v for k, v in state.items() if k != "talk"} | {"state": "speech/1"}
+    engine = SpeechEngine()
+    engine.restore(old)  # (before the conversation: restored with an empty one)
+    assert engine.snapshot() == state
+    for bad in ({"talk": None}, {"talk": {**state["talk"], "heard": [1]}}):
+        with pytest.raises(ValueError, match="speech snapshot"):
+            SpeechEngine().restore(state | bad)
+    talk = state["talk"] | {"heard": ["open"], "partial": "the do", "turn_item": "item_x"}
+    engine.restore(state | {"talk": talk})
+    assert engine.snapshot()["talk"] == talk

@@ -112,7 +112,7 @@ def check_item(item: object) -> None:
         raise BadEvent(
             f"item.id must be a string of 1 to {MAX_ID_CHARS} characters", param="item.id"
         )
-    kind = item.get("type")
+    kind = item.get("type", "message")  # (OpenAI's default)
     if kind in _OTHER_ITEMS:
         return
     if kind != "message":
@@ -283,6 +283,7 @@ class Conversation:
         its id. The oldest items go once past the bounds (never the one just added)."""
         item_id = item.get("id") or new_item_id()
         item["id"] = item_id
+        item.setdefault("type", "message")
         item.setdefault("object", "realtime.item")
         if item.get("type") == "message":
             item.setdefault("status", "completed")
