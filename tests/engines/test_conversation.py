@@ -5,7 +5,7 @@ EngineSession under the mock clock (the events a native client gets as they are)
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -19,6 +19,9 @@ from trio_duplex.engines.conversation import Conversation, assistant_item_id
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.engines.voice import FRAME_BYTES, VoiceEngine
 from trio_duplex.testing import running_server
+
+from .migration import Script, drive, sweep
+from .migration import audio as mig_audio
 
 OPENAI = {"output_modalities": ["audio"]}  # a session that converses (as OpenAI's do)
 PCM = bytes(range(256)) * 40  # 10240 bytes of "audio"
@@ -404,3 +407,46 @@ async def test_a_native_client_converses_and_an_unknown_id_is_a_typed_error(
         ]
         assert answer[1]["text"] == "hi" and answer[0]["output_modalities"] == ["text"]
         await client.aclose()
+
+
+# -- migration: a conversation cut anywhere loses and repeats nothing ---------------------
+
+
+def _ask(**response: Any) -> Event:
+    return {"type": "response.create"} | ({"response": response} if response else {})
+
+
+ECHO_TALK: Script = [
+    (0, user_text("one", id="u1")),
+    (2, _ask()),
+    (5, mig_audio(PCM[:770])),
+    (6, {"type": "conversation.item.retrieve", "item_id": "u1"}),
+    (7, {"type": "conversation.item.delete", "item_id": "u1"}),
+    (8, user_text("two", id="u2")),
+    (10, _ask()),
+]
+VOICE_TALK: Script = [
+    (0, user_text("hello big world", id="u1")),
+    (2, _ask(output_modalities=["text"])),
+    (7, _ask()),
+    (59, {"type": "conversation.item.retrieve", "item_id": "item_resp_2"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("make", "script", "outputs", "frames"),
+    [(EchoEngine, ECHO_TALK, 13, 0), (VoiceEngine, VOICE_TALK, 60, 47)],
+    ids=["echo", "voice"],
+)
+async def test_a_conversation_migrated_anywhere_goes_on_exactly(
+    autojump_clock: trio.testing.MockClock,
+    make: Callable[[], Engine],
+    script: Script,
+    outputs: int,
+    frames: int,
+) -> None:
+    base = await drive(make, script)
+    assert len(base.outputs) == outputs
+    assert base.outputs[-1]["type"] in ("response.done", "conversation.item.retrieved")
+    for cut in sweep(script, outputs, frames):
+        assert (await drive(make, script, [cut])).outputs == base.outputs, str(cut)
