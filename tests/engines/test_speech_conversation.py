@@ -4,6 +4,8 @@ recognition and synthesis, real time: its subprocesses do not run on a MockClock
 
 from __future__ import annotations
 
+import json
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +16,7 @@ from trio_duplex.engines.api import EngineSession, Event, Inbox
 from trio_duplex.engines.speech import SpeechEngine
 
 from ..speech_audio import DOOR, frames, needs_speech, spoken
+from .migration import Client, Cut, Node
 
 
 async def talk(
@@ -116,3 +119,52 @@ def test_a_speech_1_snapshot_restores_and_a_bad_talk_is_refused() -> None:
     talk = state["talk"] | {"heard": ["open"], "partial": "the do", "turn_item": "item_x"}
     engine.restore(state | {"talk": talk})
     assert engine.snapshot()["talk"] == talk
+
+
+async def converse_in(config: dict[str, Any], pcm: bytes, cuts: list[Cut]) -> list[Event]:
+    """Speak ``pcm`` to a speech engine in a session of ``config``, migrating it at each
+    cut, until its response ends (test_speech.converse, for a conversing session)."""
+    client = Client(deque((0, {"type": "input_audio_buffer.append", "audio": f})
+                          for f in frames(pcm)), {})  # fmt: skip
+    engine = SpeechEngine(config)
+
+    async def stop_at_the_end(stop: trio.CancelScope) -> None:
+        while not ended(client.outputs):
+            await client.progress.park()
+        stop.cancel()
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.feed)
+            for cut in [*cuts, None]:
+                with trio.CancelScope() as stop:
+                    node = Node("sess_mig", config, Inbox(1), _never, client=client,
+                                stop=stop, cut=cut)  # fmt: skip
+                    if cut is None:
+                        nursery.start_soon(stop_at_the_end, stop)
+                    await engine.run(node)
+                if cut is None:
+                    break
+                state = json.loads(json.dumps(engine.snapshot()))
+                engine = SpeechEngine(config)
+                engine.restore(state)
+            nursery.cancel_scope.cancel()
+    return client.outputs
+
+
+async def _never(event: Event) -> None:
+    raise AssertionError("Node.send records events itself")
+
+
+@needs_speech
+@pytest.mark.parametrize("where", ["input_audio_buffer.committed", "conversation.item.added"])
+async def test_a_turn_announced_is_migrated_mid_announcement_with_nothing_lost(where: str) -> None:
+    config = {"output_modalities": ["audio"]}
+    pcm = spoken(DOOR)
+    whole = await converse_in(config, pcm, [])
+    n = 1 + [e["type"] for e in whole].index(where)
+    migrated = await converse_in(config, pcm, [Cut("send", n, after=True)])
+    assert kinds(migrated) == kinds(whole)
+    ids = {e.get("item_id") or e.get("item", {}).get("id") for e in migrated
+           if e["type"].startswith(("input_audio", "conversation"))}  # fmt: skip
+    assert len(ids) == 1 and None not in ids  # one turn, one item, named alike throughout

@@ -16,20 +16,14 @@ import attrs
 import trio
 
 from ..api import BadEvent, Engine, EngineSession, Event
-from ..conversation import (
-    EVENTS,
-    RESPONSE_EVENTS,
-    Conversation,
-    check_response_event,
-    conversing,
-    new_item_id,
-)
+from ..conversation import EVENTS, RESPONSE_EVENTS, check_response_event, conversing
 from ..turns import Turns, send_end, send_live, speak_unless_cancelled
 from ._capacity import check_available, default_max_sessions, shared_limiter
 from ._recognise import BYTES_PER_SECOND, SAMPLE_RATE, Heard, Hearing
 from ._remote import RemoteRecogniser
 from ._snapshot import Speaking, State
 from ._synthesise import MAX_CLAUSE_CHARS, clauses, synthesise
+from ._talk import Talk, answers_turns, detects_turns
 
 log = logging.getLogger("trio_duplex.engines.speech")
 
@@ -114,13 +108,9 @@ class SpeechEngine(Engine):
         # Turns' transcripts awaiting a response, and the one speaking.
         self._turns = Turns[str, _Response](_Response)
         self._audio_in = trio.lowlevel.ParkingLot()
-        self._fed = trio.lowlevel.ParkingLot()  # woken after each feed of the recogniser
-        self.conversation = Conversation()  # (its audio is the recogniser's: none kept)
-        self._outbox: deque[Event] = deque()  # the reader's answers not yet sequenced
-        self._turn_item: str | None = None  # the id of the turn heard going on (conversing)
-        self._heard: list[str] = []  # without turn detection: turns' text since a commit
-        self._partial = ""  # the last guess at the turn going on
-        self._skip_turn = False  # the turn going on was committed (or cleared) already
+        self._heard_all = trio.lowlevel.ParkingLot()  # woken once the buffer is all heard
+        self._hearing = False  # the listener has audio out of the buffer, not yet heard
+        self._talk = Talk()  # the conversation's items, and the words kept for a commit
         self._session_config: Mapping[str, Any] = self.config
 
     def check(self, event: Event) -> None:
@@ -134,7 +124,7 @@ class SpeechEngine(Engine):
         elif kind in RESPONSE_EVENTS:
             check_response_event(event)
         else:
-            self.conversation.check(event)
+            self._talk.conversation.check(event)
 
     # -- the reader ------------------------------------------------------------------
 
@@ -160,7 +150,7 @@ class SpeechEngine(Engine):
                 self._turns.speak, functools.partial(self._respond, session, limiter=limiter)
             )
             nursery.start_soon(self._listen, session, recogniser, limiter)
-            await self._flush(session)  # (restored: answers the last node had not sent)
+            await self._talk.flush(session)  # (restored: answers the last node had not sent)
             await self._turns.read(session, functools.partial(self._take, session), self._full)
             self._audio_in.unpark_all()
 
@@ -173,7 +163,7 @@ class SpeechEngine(Engine):
         kind = event["type"]
         if kind == "input_audio_buffer.append":
             self._buffer += event["audio"]
-            self.conversation.append_audio(event["audio"])
+            self._talk.conversation.append_audio(event["audio"])
             self._audio_in.unpark_all()
         elif kind == "input.text.append":  # a typed turn: answered like a spoken one
             self._turns.cancel(None)
@@ -181,49 +171,18 @@ class SpeechEngine(Engine):
         elif kind == "response.cancel":
             self._turns.cancel(event.get("response_id"))
         elif kind == "response.create":  # the latest user message, answered
-            turn = self.conversation.latest_user()
+            turn = self._talk.conversation.latest_user()
             self._queue_turn("" if turn is None else turn.text)
         elif kind == "input_audio_buffer.commit":
-            while self._buffer and not self._turns.input_ended:
-                await self._fed.park()  # the recogniser hears all of it first
-            self._outbox.extend(self._commit())
-            await self._flush(session)
+            while (self._buffer or self._hearing) and not self._turns.input_ended:
+                await self._heard_all.park()  # the recogniser hears all of it first
+            self._talk.commit(self._turn_started)
+            await self._talk.flush(session)
         else:
             if kind == "input_audio_buffer.clear":
                 self._buffer.clear()  # (not yet heard: never will be)
-                self._heard, self._partial = [], ""
-                self._skip_turn = self._turn_started
-            self._outbox.extend(self.conversation.take(event))
-            await self._flush(session)
-
-    def _commit(self) -> list[Event]:
-        """A commit: what was heard since the last one is a user turn (a turn going on
-        ends here, by its latest guess)."""
-        words = [*self._heard, self._partial] if self._turn_started else self._heard
-        text = " ".join(w for w in words if w)
-        self._heard, self._partial = [], ""
-        self._skip_turn = self._turn_started
-        item_id = self.conversation.commit_audio()
-        if item_id is None:
-            return []
-        return [
-            *self.conversation.committed_events(item_id, done=False),
-            *self.conversation.transcribed(item_id, text),
-        ]
-
-    async def _flush(self, session: EngineSession) -> None:
-        while self._outbox:
-            await session.send(self._outbox[0])
-            self._outbox.popleft()
-
-    def _detects_turns(self) -> bool:
-        """Server-side turn detection is on (``turn_detection`` not null)."""
-        return self._session_config.get("turn_detection", {}) is not None
-
-    def _answers_turns(self) -> bool:
-        """A detected turn is answered at once (OpenAI's ``create_response``, default true)."""
-        detection = self._session_config.get("turn_detection")
-        return not (isinstance(detection, dict) and detection.get("create_response") is False)
+            self._talk.take(event, self._turn_started)
+            await self._talk.flush(session)
 
     def _queue_turn(self, transcript: str) -> None:
         self.history.append({"role": "user", "text": transcript})
@@ -243,7 +202,9 @@ class SpeechEngine(Engine):
                     return
                 await self._audio_in.park()
                 continue
+            await self._announce(session)  # (restored: what the last node had not sent)
             chunk = bytes(self._buffer[:CHUNK_BYTES])
+            self._hearing = True
             # The limiter holds the processes computing at once to the cores. A cancel
             # here ends the session: its recogniser (its state mid-request) goes with it.
             async with limiter:
@@ -251,15 +212,16 @@ class SpeechEngine(Engine):
             del self._buffer[: len(chunk)]
             self._replay += chunk
             self._turns.make_room()
-            self._fed.unpark_all()
             for hearing in heard:
                 await self._hear(session, hearing)
+            self._hearing = False
+            self._heard_all.unpark_all()
             if not recogniser.in_turn:  # quiet: keep only what a new turn may start in
                 self._trim(recogniser.fed - KEEP_BYTES)
 
     async def _hear(self, session: EngineSession, hearing: Hearing) -> None:
         conversing_ = conversing(self._session_config)
-        if (conversing_ and not self._detects_turns()) or self._skip_turn:
+        if (conversing_ and not detects_turns(self._session_config)) or self._talk.skip_turn:
             self._hear_only(hearing)  # turns are the client's commits
             return
         if hearing.kind is Heard.STARTED:
@@ -272,16 +234,16 @@ class SpeechEngine(Engine):
                 "audio_start_ms": round(start_ms),
             }
             if conversing_:
-                self._turn_item = started["item_id"] = new_item_id()
+                started["item_id"] = self._talk.start_turn()
             await session.send(started)
             self._turn_started = True
         elif hearing.kind is Heard.PARTIAL:
-            self._partial = hearing.text
+            self._talk.partial = hearing.text
             delta = self._firm_delta(hearing.text.split())
             if delta:
                 heard: Event = {"type": "input_audio.transcript.delta", "text": delta}
-                if self._turn_item is not None:
-                    heard["item_id"] = self._turn_item
+                if self._talk.turn_item is not None:
+                    heard["item_id"] = self._talk.turn_item
                 await session.send(heard)
                 self._turn_words += delta.split()
         elif conversing_:
@@ -302,40 +264,35 @@ class SpeechEngine(Engine):
         client's commit, nothing is announced."""
         if hearing.kind is Heard.STARTED:
             self._turn_started = True
-        elif hearing.kind is Heard.PARTIAL:
-            self._partial = hearing.text
-        else:
-            if not self._skip_turn and hearing.text:
-                self._heard.append(hearing.text)
-            self._turn_started, self._skip_turn, self._partial = False, False, ""
+            return
+        done = hearing.kind is Heard.DONE
+        self._talk.hear(hearing.text, done)
+        if done:
+            self._turn_started = False
             self._trim(hearing.offset)
 
     async def _end_turn(self, session: EngineSession, hearing: Hearing) -> None:
         """A turn detected has ended: it is committed, its transcript done, answered."""
-        item_id = self._turn_item or new_item_id()
         self._turns.cancel(None)
         end_ms = self._base_ms + hearing.offset * 1000 / BYTES_PER_SECOND
-        await session.send(
-            {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": round(end_ms),
-             "item_id": item_id}
-        )  # fmt: skip
-        self.conversation.clear_audio()
-        self.conversation.add(
-            {"id": item_id, "type": "message", "role": "user",
-             "content": [{"type": "input_audio", "transcript": None}]}
-        )  # fmt: skip
-        answers = self.conversation.committed_events(item_id, done=False)
-        answers += self.conversation.transcribed(item_id, hearing.text)
-        self._turn_started, self._turn_item, self._partial = False, None, ""
+        self._talk.announcing += self._talk.end_turn(hearing.text, end_ms)
+        self._turn_started = False
         self._turn_words = []
         self._last_guesses.clear()
         self._trim(hearing.offset)
-        for event in answers:
-            await session.send(event)
-        if self._answers_turns():
-            self._queue_turn(hearing.text)
+        if answers_turns(self._session_config):
+            self._talk.then_answer = hearing.text  # once announced (a snapshot keeps it)
         else:
             self.history.append({"role": "user", "text": hearing.text})
+        await self._announce(session)
+
+    async def _announce(self, session: EngineSession) -> None:
+        """Send the turn's announcement, then queue its answer: in that order, wherever a
+        migration stop lands (the next node sends the rest, then queues it)."""
+        await self._talk.announce(session)
+        if self._talk.then_answer is not None:
+            self._queue_turn(self._talk.then_answer)
+            self._talk.then_answer = None
 
     def _no_room_for_turn(self) -> bool:
         return len(self._turns.queued) >= MAX_QUEUED
@@ -376,7 +333,7 @@ class SpeechEngine(Engine):
             created: Event = {"type": "response.created", "response_id": response_id}
             if conversing_:  # (speech always speaks: the text is the audio's transcript)
                 created["output_modalities"] = ["audio"]
-                self.conversation.begin_response(response_id)
+                self._talk.conversation.begin_response(response_id)
             await session.send(created)
             response.created = True
             await speak_unless_cancelled(
@@ -391,7 +348,7 @@ class SpeechEngine(Engine):
         self.history.append({"role": "assistant", "text": said})
         if conversing_:
             status = "incomplete" if response.cancelled else "completed"
-            self.conversation.end_response(response_id, said, ["audio"], status)
+            self._talk.conversation.end_response(response_id, said, ["audio"], status)
         await send_end(session, response)
 
     async def _play(
@@ -502,37 +459,12 @@ class SpeechEngine(Engine):
                 speaking.cancelled,
                 tuple(speaking.said),
             ),
-            {
-                "conversation": self.conversation.snapshot(),
-                "outbox": list(self._outbox),
-                "turn_item": self._turn_item,
-                "heard": list(self._heard),
-                "partial": self._partial,
-                "skip_turn": self._skip_turn,
-            },
+            self._talk.state(),
         ).write()
 
     def restore(self, state: bytes | dict[str, Any]) -> None:
         got = State.read(state)  # all checked before anything is taken
-        conversation, outbox = Conversation(), deque[Event]()
-        talk = got.talk or {}
-        if got.talk is not None:
-            conversation.restore(talk.get("conversation"))
-            outbox.extend(talk.get("outbox", None) or ())
-            ok = (
-                all(isinstance(e, dict) for e in outbox)
-                and isinstance(talk.get("turn_item"), str | None)
-                and isinstance(talk.get("heard"), list)
-                and all(isinstance(t, str) for t in talk["heard"])
-                and isinstance(talk.get("partial"), str)
-                and type(talk.get("skip_turn")) is bool
-            )
-            if not ok:
-                raise ValueError("speech snapshot: 'talk' is malformed")
-        self.conversation, self._outbox = conversation, outbox
-        self._turn_item = talk.get("turn_item")
-        self._heard, self._partial = list(talk.get("heard", [])), talk.get("partial", "")
-        self._skip_turn = talk.get("skip_turn", False)
+        talk = Talk.read(got.talk)  # (checked too, before anything is taken)
         speaking = got.speaking
         if speaking is not None:
             self._turns.speaking = _Response(
@@ -550,6 +482,7 @@ class SpeechEngine(Engine):
         self.history.extend(got.history)
         self._turns.queued = deque(got.queued)
         self._turns.responses = got.responses
+        self._talk = talk
 
 
 __all__ = ["MAX_CLAUSE_CHARS", "Responder", "SpeechEngine", "say_back"]
