@@ -11,7 +11,9 @@ The conversation (docs/engines.md): ``conversation.item.*`` and
 ``response.create`` answers the latest user message: a text one by its text
 (``response.created {response_id, output_modalities: ["text"]}``, one
 ``response.output_text.delta``, ``response.done``), a committed audio one by that audio
-(``["audio"]``, ``response.output_audio.delta`` of 100 ms each, ``response.done``);
+(``["audio"]``, ``response.output_audio.delta`` of 100 ms each, ``response.done``;
+a native session's appends are echoed at once and not kept, so its commit makes an item
+with no audio, answered like no turn);
 with no user message, ``response.created`` and ``response.done`` alone. The turn's kind
 decides the modality (an echo cannot turn audio into text). A response is sent whole
 before the next event is read, so a ``response.cancel`` finds nothing to cancel and is
