@@ -94,15 +94,22 @@ def test_unknown_item_ids_are_bad_events_naming_item_id() -> None:
         assert caught.value.param == "item_id"
 
 
-def test_ids_are_judged_in_queue_order() -> None:
+def test_ids_are_judged_in_queue_order_and_a_refused_event_may_come_again() -> None:
     conversation = Conversation()
-    conversation.check(user_text("hi", id="a"))  # queued, not yet taken: known after it
+    create, delete = user_text("hi", id="a"), {"type": "conversation.item.delete", "item_id": "a"}
+    conversation.check(create)  # queued, not yet taken: known to the events after it
     conversation.check({"type": "conversation.item.retrieve", "item_id": "a"})
+    conversation.check(create)  # (the first one may have met backpressure: sent again)
+    conversation.check(delete)
+    conversation.check(delete)  # the same
+    conversation.take(create)
     with pytest.raises(BadEvent, match="already"):
-        conversation.check(user_text("hi", id="a"))
-    conversation.check({"type": "conversation.item.delete", "item_id": "a"})
-    with pytest.raises(BadEvent):
+        conversation.check(create)  # an item holds it now
+    assert conversation.take(delete) == [{"type": "conversation.item.deleted", "item_id": "a"}]
+    assert conversation.take(delete) == []  # gone meanwhile: answered with nothing
+    with pytest.raises(BadEvent) as caught:
         conversation.check({"type": "conversation.item.retrieve", "item_id": "a"})
+    assert caught.value.param == "item_id"
 
 
 @pytest.mark.parametrize(
@@ -135,6 +142,8 @@ def test_an_empty_commit_is_refused_and_clear_answers_cleared() -> None:
         conversation.check({"type": "input_audio_buffer.commit"})
     conversation.check({"type": "input_audio_buffer.append", "audio": b"\0\0"})
     conversation.check({"type": "input_audio_buffer.commit"})
+    conversation.check({"type": "input_audio_buffer.commit"})  # (a resend, or a second)
+    assert conversation.take({"type": "input_audio_buffer.commit"}) == []  # nothing appended
     assert conversation.take({"type": "input_audio_buffer.clear"}) == [
         {"type": "input_audio_buffer.cleared"}
     ]

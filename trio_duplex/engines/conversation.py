@@ -180,16 +180,20 @@ class Conversation:
     _bytes: int = 0
     buffer: bytearray = attrs.Factory(bytearray)  # audio appended and kept since commit/clear
     buffered: int = 0  # bytes appended since the last commit/clear, kept or not
-    _checked_ids: set[str] = attrs.Factory(set)  # ids as ``check`` sees them (queue order)
-    _checked_audio: int = 0  # appended since a commit/clear, as ``check`` sees them
+    _checked_ids: set[str] = attrs.Factory(set)  # ids held, and those of creates checked
+    _checked_audio: int = 0  # bytes of appends checked, ever
 
     # -- checks (the connection's reader, before the event is queued) -----------------
 
     def check(self, event: Event) -> None:
         """Validate a conversation or buffer event (others pass); raises BadEvent.
 
-        Ids are judged in the order events are queued: an item created by an event
-        still queued is known to the events after it, one deleted is not."""
+        An event it passes may still be refused after it (``input_backpressure``) and
+        sent again, so it judges nothing a refusal could make wrong: an item id is known
+        once an item holds it or a create of it was checked (one still queued is known to
+        the events after it), and stays known until the item goes; a client id is
+        refused only if an item holds it; a commit only if no audio was ever appended.
+        What it passes and ``take`` then finds gone is answered with nothing."""
         kind = event["type"]
         if kind == "input_audio_buffer.append":
             audio = event.get("audio")
@@ -197,9 +201,6 @@ class Conversation:
         elif kind == "input_audio_buffer.commit":
             if not self._checked_audio:
                 raise BadEvent("the input audio buffer is empty: nothing to commit")
-            self._checked_audio = 0
-        elif kind == "input_audio_buffer.clear":
-            self._checked_audio = 0
         elif kind == "conversation.item.create":
             item = event.get("item")
             check_item(item)
@@ -211,7 +212,7 @@ class Conversation:
                 )
             item_id = item.get("id")
             if item_id is not None:
-                if item_id in self._checked_ids:
+                if item_id in self._items:
                     raise BadEvent(
                         f"an item {item_id!r} is already in the conversation", param="item.id"
                     )
@@ -225,8 +226,6 @@ class Conversation:
                     value = event.get(key)
                     if type(value) is not int or value < 0:
                         raise BadEvent(f"{key} must be an integer >= 0", param=key)
-            elif kind == "conversation.item.delete":
-                self._checked_ids.discard(item_id)
 
     # -- answering (the engine's reader) ------------------------------------------------
 
