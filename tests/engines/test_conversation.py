@@ -84,6 +84,18 @@ def test_create_answers_added_then_done_with_its_id_and_status() -> None:
     assert second[0]["previous_item_id"] == item["id"] and second[1]["item"]["id"] == "mine"
 
 
+def test_previous_item_id_places_the_item() -> None:
+    conversation = Conversation()
+    for name in ("a", "b"):
+        conversation.take(user_text(name, id=name))
+    first = conversation.take(user_text("x", id="x") | {"previous_item_id": "root"})
+    middle = conversation.take(user_text("y", id="y") | {"previous_item_id": "x"})
+    assert "previous_item_id" not in first[0] and middle[0]["previous_item_id"] == "x"
+    assert [item["id"] for item in conversation.snapshot()["items"]] == ["x", "y", "a", "b"]
+    turn = conversation.latest_user()
+    assert turn is not None and turn.item_id == "b"
+
+
 def test_unknown_item_ids_are_bad_events_naming_item_id() -> None:
     conversation = Conversation()
     for kind in ("retrieve", "delete", "truncate"):

@@ -241,9 +241,11 @@ class Conversation:
             self.clear_audio()
             return [{"type": "input_audio_buffer.cleared"}]
         if kind == "conversation.item.create":
-            item = dict(event["item"])
-            previous = self.last_id()
-            item_id = self.add(item)
+            item_id = self.add(dict(event["item"]))
+            after = event.get("previous_item_id")
+            if after == "root" or after in self._items:
+                self._move_after(item_id, None if after == "root" else after)
+            previous = self._previous(item_id)
             added: Event = {"type": "conversation.item.added", "item": self.public(item_id)}
             if previous is not None:
                 added["previous_item_id"] = previous
@@ -378,6 +380,16 @@ class Conversation:
             return [done]
         self.update(item_id, content=[{"type": "input_audio", "transcript": text}])
         return [done, {"type": "conversation.item.done", "item": self.public(item_id)}]
+
+    def _move_after(self, item_id: str, after: str | None) -> None:
+        """Put an item right after ``after`` (None: first), as ``previous_item_id`` asks."""
+        if after == item_id:
+            return
+        item = self._items.pop(item_id)
+        order = list(self._items.items())
+        at = 0 if after is None else 1 + next(i for i, (k, _) in enumerate(order) if k == after)
+        order.insert(at, (item_id, item))
+        self._items = dict(order)
 
     def _previous(self, item_id: str) -> str | None:
         before = None
