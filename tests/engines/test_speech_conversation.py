@@ -168,3 +168,24 @@ async def test_a_turn_announced_is_migrated_mid_announcement_with_nothing_lost(w
     ids = {e.get("item_id") or e.get("item", {}).get("id") for e in migrated
            if e["type"].startswith(("input_audio", "conversation"))}  # fmt: skip
     assert len(ids) == 1 and None not in ids  # one turn, one item, named alike throughout
+
+
+@needs_speech
+async def test_a_text_only_session_gets_the_reply_written_not_spoken() -> None:
+    item = {"type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "open the door"}]}  # fmt: skip
+    inputs: list[Event] = [
+        {"type": "conversation.item.create", "item": item},
+        {"type": "response.create"},
+    ]
+    outputs = await talk({"output_modalities": ["text"]}, inputs, ended)
+    assert kinds(outputs) == [
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.created",
+        "response.done",
+    ]
+    assert outputs[2]["output_modalities"] == ["text"]
+    said = [e["text"] for e in outputs if e["type"] == "response.output_text.delta"]
+    assert "".join(said) == "you said: open the door."
+    assert not any(e["type"] == "response.output_audio.delta" for e in outputs)

@@ -28,7 +28,9 @@ is announced as an item: ``speech_started {audio_start_ms, item_id}``, the trans
 deltas, ``speech_stopped {audio_end_ms, item_id}``, ``input_audio_buffer.committed``,
 ``conversation.item.added``, ``input_audio.transcript.done {text, item_id}``,
 ``conversation.item.done``, then its response (``response.created`` carries
-``output_modalities: ["audio"]``) unless ``turn_detection.create_response`` is false.
+``output_modalities: ["audio"]``; a session whose ``output_modalities`` is ``["text"]``
+gets ``["text"]`` and the reply written, not spoken) unless
+``turn_detection.create_response`` is false.
 With ``turn_detection: null`` nothing is announced and nothing answered by itself: a
 commit makes what was heard since the last one a turn (``committed``, ``item.added``,
 ``transcript.done``, ``item.done``), and ``response.create`` answers it.

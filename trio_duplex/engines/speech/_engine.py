@@ -329,15 +329,19 @@ class SpeechEngine(Engine):
     ) -> None:
         response_id = response.response_id
         conversing_ = conversing(self._session_config)
+        # The session's output_modalities ["text"]: the reply is written, not spoken.
+        modalities = self._session_config.get("output_modalities")
+        modalities = ["text"] if conversing_ and modalities == ["text"] else ["audio"]
         if not response.created:
             created: Event = {"type": "response.created", "response_id": response_id}
-            if conversing_:  # (speech always speaks: the text is the audio's transcript)
-                created["output_modalities"] = ["audio"]
+            if conversing_:  # (["audio"]: the text deltas are the audio's transcript)
+                created["output_modalities"] = modalities
                 self._talk.conversation.begin_response(response_id)
             await session.send(created)
             response.created = True
+            answer = self._play if modalities == ["audio"] else self._write
             await speak_unless_cancelled(
-                response, functools.partial(self._play, session, response, limiter)
+                response, functools.partial(answer, session, response, limiter)
             )
             # No checkpoint since the scope closed: a later cancel cannot reach this one.
             response.finished = True
@@ -348,7 +352,7 @@ class SpeechEngine(Engine):
         self.history.append({"role": "assistant", "text": said})
         if conversing_:
             status = "incomplete" if response.cancelled else "completed"
-            self._talk.conversation.end_response(response_id, said, ["audio"], status)
+            self._talk.conversation.end_response(response_id, said, modalities, status)
         await send_end(session, response)
 
     async def _play(
@@ -382,6 +386,31 @@ class SpeechEngine(Engine):
                         index += 1
             # Done when the last frame has played, not when it was sent.
             await trio.sleep_until(start + index * FRAME_SECONDS)
+
+    async def _write(
+        self, session: EngineSession, response: _Response, limiter: trio.CapacityLimiter
+    ) -> None:
+        """A text-only reply: the responder's clauses as text deltas, as they come."""
+        del limiter  # (nothing to synthesise)
+        async with contextlib.aclosing(self._reply(response.transcript)) as reply:
+            pending = ""
+            async for piece in reply:
+                ready, pending = clauses(pending + piece)
+                for clause in ready:
+                    await self._write_clause(session, response, clause)
+            ready, rest = clauses(pending)
+            for clause in [*ready, rest] if rest.strip() else ready:
+                await self._write_clause(session, response, clause)
+
+    async def _write_clause(self, session: EngineSession, response: _Response, clause: str) -> None:
+        clause = " ".join(clause.split())
+        text = clause if not response.said else " " + clause
+        await send_live(
+            session,
+            {"type": "response.output_text.delta", "response_id": response.response_id,
+             "text": text},
+        )  # fmt: skip
+        response.said.append(text)
 
     async def _synthesise(
         self,
