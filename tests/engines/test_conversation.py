@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from trio_duplex.engines.api import BadEvent, Engine, EngineSession, Event, Inbox
-from trio_duplex.engines.conversation import Conversation, assistant_item_id
+from trio_duplex.engines.conversation import MAX_PENDING_IDS, Conversation, assistant_item_id
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.engines.voice import FRAME_BYTES, VoiceEngine
 from trio_duplex.testing import running_server
@@ -175,6 +175,15 @@ def test_the_store_is_bounded_in_count_and_bytes() -> None:
     big = Conversation(max_buffer_bytes=100, keep_audio=True)
     big.append_audio(bytes(1000))
     assert len(big.buffer) == 100 and big.buffered == 1000
+
+
+def test_creates_checked_and_never_taken_are_bounded() -> None:
+    conversation = Conversation()
+    conversation.take(user_text("kept", id="kept"))
+    for n in range(5000):  # each refused after its check (backpressure), never taken
+        conversation.check(user_text("x", id=f"ghost{n}"))
+    assert len(conversation.snapshot()["checked_ids"]) <= 1 + MAX_PENDING_IDS
+    conversation.check({"type": "conversation.item.retrieve", "item_id": "kept"})
 
 
 def test_a_snapshot_restores_the_same_conversation() -> None:

@@ -32,6 +32,7 @@ MAX_ITEMS: Final = 256
 MAX_BYTES: Final = 4 * 1024 * 1024
 MAX_BUFFER_BYTES: Final = 24_000 * 2 * 30  # 30 s of 24 kHz PCM16
 MAX_ID_CHARS: Final = 64  # OpenAI's own limit on a client's item id is 32
+MAX_PENDING_IDS: Final = 1024  # ids of creates checked and not yet taken (see ``check``)
 VERSION: Final = "conversation/1"  # the shape of the snapshot; a restore refuses any other
 
 ITEM_EVENTS: Final = frozenset(
@@ -216,6 +217,10 @@ class Conversation:
                     raise BadEvent(
                         f"an item {item_id!r} is already in the conversation", param="item.id"
                     )
+                if len(self._checked_ids) >= len(self._items) + MAX_PENDING_IDS:
+                    # Creates checked and never taken (refused after their check): forget
+                    # them, so that a client's refused creates cannot grow this.
+                    self._checked_ids = set(self._items)
                 self._checked_ids.add(item_id)
         elif kind in ITEM_EVENTS:
             item_id = event.get("item_id")
@@ -454,6 +459,8 @@ class Conversation:
             raise ValueError(f"conversation snapshot: {exc}") from None
         if not all(isinstance(i, str) for i in ids):
             raise ValueError("conversation snapshot: 'checked_ids' must hold ids")
+        if len(items) > self.max_items or len(ids) > self.max_items + MAX_PENDING_IDS:
+            raise ValueError("conversation snapshot: more items or ids than its bounds hold")
         try:
             kept = {str(k): base64.b64decode(v, validate=True) for k, v in audio.items()}
             buffer = base64.b64decode(state.get("buffer", ""), validate=True)
@@ -462,5 +469,5 @@ class Conversation:
         self._items, self._audio, self._bytes = {}, {}, 0
         for item in items:
             self.add(dict(item), kept.get(item["id"]))
-        self.buffer, self.buffered = bytearray(buffer), buffered
+        self.buffer, self.buffered = bytearray(buffer[-self.max_buffer_bytes :]), buffered
         self._checked_ids, self._checked_audio = set(ids), checked_audio
