@@ -82,7 +82,7 @@ def check_item(item: object, param: str = "item") -> None:
     if "id" in item:
         check_item_id(item["id"], f"{param}.id")
     status = item.get("status")
-    if status is not None and status not in _STATUSES:
+    if status is not None and (not isinstance(status, str) or status not in _STATUSES):
         raise _bad(
             f"{param}.status must be one of {', '.join(sorted(_STATUSES))}", f"{param}.status"
         )

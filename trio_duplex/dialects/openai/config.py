@@ -72,8 +72,8 @@ def _modalities(value: object) -> bool:
     return (
         isinstance(value, list)
         and 0 < len(value) <= 2
-        and len(set(value)) == len(value)
         and all(v in OUTPUT_MODALITIES for v in value)
+        and len(set(value)) == len(value)
     )
 
 
@@ -204,7 +204,9 @@ def _audio(value: object, out: Event, param: str) -> None:
         if key == "wire":
             if part not in ("json", "binary"):
                 raise ProtocolError(
-                    ErrorCode.UNSUPPORTED_AUDIO_FORMAT, f"{where} must be json or binary", where
+                    ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
+                    f"{where} must be json or binary",
+                    param=where,
                 )
             audio["wire"] = part
         elif key == "input":

@@ -164,7 +164,9 @@ class OpenAIShaper:
 
     def _done(self, event: Event) -> list[Event]:
         status = event.get("status", "completed")
-        return self._end(event, status if status in _ENDS else "completed")
+        return self._end(
+            event, status if isinstance(status, str) and status in _ENDS else "completed"
+        )
 
     def _cancelled(self, event: Event) -> list[Event]:
         return self._end(event, "cancelled")
@@ -206,7 +208,7 @@ class OpenAIShaper:
         if status != "completed":
             details: Event = {"type": status}
             reason = event.get("reason", "client_cancelled" if status == "cancelled" else None)
-            if reason in _REASONS:
+            if isinstance(reason, str) and reason in _REASONS:
                 details["reason"] = reason
             if status == "failed":
                 details["error"] = {"type": "server_error", "code": event.get("code")}
