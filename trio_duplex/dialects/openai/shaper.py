@@ -35,13 +35,21 @@ _REASONS: Final = frozenset(
     {"turn_detected", "client_cancelled", "max_output_tokens", "content_filter"}
 )
 _ENDS: Final = frozenset({"completed", "incomplete", "failed", "cancelled"})
+_TEXT_DELTA: Final = "response.output_text.delta"
+_TRANSCRIPT_DELTA: Final = "response.output_audio_transcript.delta"
 _NO_TOKENS: Final = {"type": "tokens", "input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
 
 
 @attrs.define(eq=False)
 class _Response:
     audio: bool
+    item_id: str
     text: list[str] = attrs.field(factory=list)
+
+    @property
+    def delta(self) -> str:
+        """The type of its text deltas: an audio response's text is its transcript."""
+        return _TRANSCRIPT_DELTA if self.audio else _TEXT_DELTA
 
 
 def _where(response_id: str) -> Event:
@@ -98,7 +106,7 @@ class OpenAIShaper:
     def _begin(self, response_id: str, audio: bool) -> list[Event]:
         while len(self._open) >= MAX_OPEN:
             del self._open[next(iter(self._open))]
-        self._open[response_id] = _Response(audio)
+        self._open[response_id] = _Response(audio, assistant_item_id(response_id))
         item = _item(response_id, "in_progress", [])
         where = _where(response_id)
         return [
@@ -140,26 +148,46 @@ class OpenAIShaper:
         return response_id, self._open[response_id], opened
 
     def _text(self, event: Event) -> list[Event]:
-        if not isinstance(event.get("response_id"), str) or "item_id" in event:
+        # The per-event path: one lookup, one dict.
+        response_id = event.get("response_id")
+        if type(response_id) is not str or "item_id" in event:
             return [event]
-        response_id, response, out = self._response(event, False)
+        response = self._open.get(response_id)
+        out: list[Event] = []
+        if response is None:
+            _, response, out = self._response(event, False)
         text = event.get("text", "")
         response.text.append(text)
-        kind = (
-            "response.output_audio_transcript.delta"
-            if response.audio
-            else "response.output_text.delta"
+        out.append(
+            {
+                "type": response.delta,
+                "response_id": response_id,
+                "item_id": response.item_id,
+                "output_index": 0,
+                "content_index": 0,
+                "delta": text,
+            }
         )
-        out.append({"type": kind, **_where(response_id), "delta": text})
         return out
 
     def _audio(self, event: Event) -> list[Event]:
-        if not isinstance(event.get("response_id"), str) or "item_id" in event:
+        response_id = event.get("response_id")
+        if type(response_id) is not str or "item_id" in event:
             return [event]
-        response_id, _, out = self._response(event, True)
-        delta = {"type": "response.output_audio.delta", **_where(response_id)}
-        delta["audio"] = event.get("audio")  # for the runner's encoder and audio_frame
-        out.append(delta)
+        response = self._open.get(response_id)
+        out: list[Event] = []
+        if response is None:
+            _, response, out = self._response(event, True)
+        out.append(
+            {
+                "type": "response.output_audio.delta",
+                "response_id": response_id,
+                "item_id": response.item_id,
+                "output_index": 0,
+                "content_index": 0,
+                "audio": event.get("audio"),  # for the runner's encoder, and audio_frame
+            }
+        )
         return out
 
     def _done(self, event: Event) -> list[Event]:
@@ -297,7 +325,8 @@ class OpenAIShaper:
                 and isinstance(entry[2], str)
             ):
                 raise ValueError("OpenAI shaper state: an open response is [id, audio, text]")
-            shaper._open[entry[0]] = _Response(entry[1], [entry[2]] if entry[2] else [])
+            text = [entry[2]] if entry[2] else []
+            shaper._open[entry[0]] = _Response(entry[1], assistant_item_id(entry[0]), text)
         for key in ("heard", "last_user"):
             value = state.get(key)
             if value is not None and not isinstance(value, str):

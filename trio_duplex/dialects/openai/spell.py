@@ -89,12 +89,10 @@ _SPECIAL: Final[Mapping[str, Callable[[Event], Event]]] = {
 
 def frame(event: Event) -> Frame:
     """One server event as OpenAI's JSON text (ValueError/TypeError as ``encode``)."""
-    special = _SPECIAL.get(event["type"])
-    if special is not None:
-        return encode(special(event))
+    if event["type"] in _SPECIAL:
+        return encode(_SPECIAL[event["type"]](event))
     seq = event.get("server_event_seq")
-    eid = unjournaled_id() if seq is None else f"event_{seq}"
-    return encode({**event, "event_id": eid})
+    return encode({**event, "event_id": unjournaled_id() if seq is None else f"event_{seq}"})
 
 
 def audio_frame(seq: int, payload: bytes, fields: Event | None) -> Frame:
