@@ -26,6 +26,10 @@ from .config import to_session
 Event = dict[str, Any]
 _b2a = binascii.b2a_base64
 _counter = itertools.count(1)
+_AUDIO_DELTA: Final = "response.output_audio.delta"
+_SHAPED_AUDIO: Final = frozenset(
+    {"type", "response_id", "item_id", "output_index", "content_index", "audio"}
+)
 _ERROR_KEYS: Final = frozenset({"type", "code", "message", "param", "event_id"})
 
 
@@ -100,6 +104,20 @@ def audio_frame(seq: int, payload: bytes, fields: Event | None) -> Frame:
     in ``delta``, or a kind-2 binary message on our binary lane (``fields`` None)."""
     if fields is None:
         return output_message(seq, payload)
+    delta = _b2a(payload, newline=False).decode("ascii")
+    if fields.keys() == _SHAPED_AUDIO:  # the shaper's delta: the per-event path
+        return encode(
+            {
+                "type": _AUDIO_DELTA,
+                "event_id": f"event_{seq}",
+                "response_id": fields["response_id"],
+                "item_id": fields["item_id"],
+                "output_index": fields["output_index"],
+                "content_index": fields["content_index"],
+                "delta": delta,
+                "server_event_seq": seq,
+            }
+        )
     event = {**fields, "event_id": f"event_{seq}"}
     event.pop("audio", None)
     response_id = event.get("response_id")
@@ -107,6 +125,6 @@ def audio_frame(seq: int, payload: bytes, fields: Event | None) -> Frame:
         event["item_id"] = assistant_item_id(response_id)
         event["output_index"] = 0
         event["content_index"] = 0
-    event["delta"] = _b2a(payload, newline=False).decode("ascii")
+    event["delta"] = delta
     event["server_event_seq"] = seq
     return encode(event)
