@@ -28,7 +28,7 @@ from trio_duplex.core.wire import ProtocolError
 from trio_duplex.dialects import Dialect
 from trio_duplex.dialects.binary import input_message
 from trio_duplex.dialects.openai import OPENAI
-from trio_duplex.dialects.openai.config import default_audio, defaults
+from trio_duplex.dialects.openai.config import default_audio, defaults, to_session
 
 Event = dict[str, Any]
 AUDIO = base64.b64encode(b"\x00\x01" * 240).decode()
@@ -312,3 +312,26 @@ def test_a_bad_opening_query_is_refused(
     with pytest.raises(ProtocolError) as refused:
         OPENAI.opening(query, bearer)
     assert (refused.value.code, refused.value.param) == (code, param)
+
+
+def test_the_session_object_written_reads_back_as_the_same_config() -> None:
+    config: Event = {
+        **defaults("gpt-realtime"),
+        "instructions": "hi",
+        "voice": "cedar",
+        "speed": 1.2,
+        "turn_detection": {"type": "server_vad", "threshold": 0.4},
+        "input_audio_transcription": {"model": "whisper-1"},
+        "input_audio_noise_reduction": None,
+        "tools": [],
+        "tool_choice": "auto",
+        "max_output_tokens": "inf",
+        "tracing": None,
+        "truncation": "auto",
+        "prompt": None,
+        "include": ["item.input_audio_transcription.logprobs"],
+    }
+    config["audio"]["wire"] = "binary"
+    session: Any = to_session(config, "sess_1")
+    del session["id"], session["object"]  # OpenAI's own, never a client's to set
+    assert update(session) == config

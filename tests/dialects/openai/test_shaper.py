@@ -89,6 +89,7 @@ def test_a_text_response_is_openais_structure_event_by_event() -> None:
     assert isinstance(done, ResponseDoneEvent)
     assert done.response.status == "completed" and done.response.id == "resp_1"
     assert done.response.output_modalities == ["text"]
+    assert done.response.usage is not None and done.response.usage.total_tokens == 0
     [item] = done.response.output or []
     assert isinstance(item, RealtimeConversationItemAssistantMessage)
     assert item.id == item_id and item.status == "completed"

@@ -82,6 +82,17 @@ def _content(audio: bool, text: str) -> Event:
     return {"type": "output_text", "text": text}
 
 
+def _usage() -> Event:
+    """A response's ``usage``: no tokens (clients that count them find zeros, not null)."""
+    return {
+        "total_tokens": 0,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "input_token_details": {"text_tokens": 0, "audio_tokens": 0, "cached_tokens": 0},
+        "output_token_details": {"text_tokens": 0, "audio_tokens": 0},
+    }
+
+
 def _modalities(audio: bool) -> list[str]:
     return ["audio"] if audio else ["text"]
 
@@ -232,6 +243,7 @@ class OpenAIShaper:
             "status": status,
             "output": [dict(item)],
             "output_modalities": _modalities(audio),
+            "usage": _usage(),
         }
         if status != "completed":
             details: Event = {"type": status}
