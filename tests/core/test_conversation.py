@@ -9,12 +9,31 @@ import pytest
 
 from trio_duplex.core.conversation import (
     MAX_ID,
+    assistant_item,
     assistant_item_id,
     check_item,
     check_item_id,
     new_item_id,
 )
 from trio_duplex.core.wire import ProtocolError
+
+
+def test_assistant_items() -> None:
+    assert assistant_item("r", None, audio=True, status="in_progress") == {
+        "id": "item_r",
+        "object": "realtime.item",
+        "type": "message",
+        "role": "assistant",
+        "status": "in_progress",
+        "content": [],
+    }
+    spoken = assistant_item("r", "hi", audio=True)
+    assert spoken["content"] == [{"type": "output_audio", "transcript": "hi"}]
+    assert spoken["status"] == "completed"
+    written = assistant_item("r", "hi", audio=False, status="incomplete")
+    assert written["content"] == [{"type": "output_text", "text": "hi"}]
+    check_item(spoken)
+    check_item(written)
 
 
 def test_ids() -> None:

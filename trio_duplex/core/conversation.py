@@ -4,8 +4,9 @@ Items are OpenAI Realtime's (``conversation.item.create``'s ``item``) in every d
 ``{id?, type: "message", role, content: [...]}``, or a ``function_call``,
 ``function_call_output`` or ``mcp_approval_response``, which are checked and stored but
 never answered by the built-in engines. A response's assistant item has an id derived
-from the response's (``assistant_item_id``), so a dialect that writes OpenAI's full
-response structure and the engine's conversation store name it alike.
+from the response's (``assistant_item_id``) and one shape (``assistant_item``), so a
+dialect that writes OpenAI's full response structure and an engine's conversation store
+name and write it alike. An item without ``type`` is a message.
 """
 
 from __future__ import annotations
@@ -59,6 +60,27 @@ def assistant_item_id(response_id: str) -> str:
 def new_item_id() -> str:
     """A fresh item id for an item the client gave none: ``item_`` and 24 hex digits."""
     return "item_" + secrets.token_hex(12)
+
+
+def assistant_item(
+    response_id: str, text: str | None, *, audio: bool, status: str = "completed"
+) -> dict[str, Any]:
+    """A response's assistant item as OpenAI writes it: one part, its text as
+    ``output_text`` or, for an audio response, as the ``output_audio`` transcript; no part
+    while ``text`` is None (the item just announced). The OpenAI dialect's shaper writes
+    this; an engine's conversation store that holds the same answers retrieve alike."""
+    content: list[dict[str, Any]] = []
+    if text is not None:
+        spoken = {"type": "output_audio", "transcript": text}
+        content.append(spoken if audio else {"type": "output_text", "text": text})
+    return {
+        "id": assistant_item_id(response_id),
+        "object": "realtime.item",
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": content,
+    }
 
 
 def _bad(message: str, param: str) -> ProtocolError:

@@ -4,8 +4,9 @@
 client events into the core's canonical ones (decode.py, config.py), writes the core's
 server events as OpenAI's (spell.py), and gives each session a shaper that expands an
 engine's compact response events into OpenAI's full structure (shaper.py). It speaks
-first: the upgrade itself opens the session (``opening``). Resume, ``event_id``-free
-extensions and the binary audio lane are ours, seen only by clients that use them.
+first: the upgrade itself opens the session (``opening``). Our extensions (resume and
+its ``resume`` object, ``server_event_seq``, ``client_event_seq``, our control events,
+Opus and the binary audio lane) are seen only by clients that use them.
 """
 
 from __future__ import annotations

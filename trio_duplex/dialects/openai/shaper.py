@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import attrs
 
-from ...core.conversation import assistant_item_id, new_item_id
+from ...core.conversation import assistant_item, assistant_item_id, new_item_id
 from .config import to_session
 
 Event = dict[str, Any]
@@ -65,23 +65,6 @@ def _part(audio: bool, text: str) -> Event:
     return {"type": "audio", "transcript": text} if audio else {"type": "text", "text": text}
 
 
-def _item(response_id: str, status: str, content: list[Event]) -> Event:
-    return {
-        "id": assistant_item_id(response_id),
-        "object": "realtime.item",
-        "type": "message",
-        "role": "assistant",
-        "status": status,
-        "content": content,
-    }
-
-
-def _content(audio: bool, text: str) -> Event:
-    if audio:
-        return {"type": "output_audio", "transcript": text}
-    return {"type": "output_text", "text": text}
-
-
 def _usage() -> Event:
     """A response's ``usage``: no tokens (clients that count them find zeros, not null)."""
     return {
@@ -118,7 +101,7 @@ class OpenAIShaper:
         while len(self._open) >= MAX_OPEN:
             del self._open[next(iter(self._open))]
         self._open[response_id] = _Response(audio, assistant_item_id(response_id))
-        item = _item(response_id, "in_progress", [])
+        item = assistant_item(response_id, None, audio=audio, status="in_progress")
         where = _where(response_id)
         return [
             {
@@ -227,7 +210,7 @@ class OpenAIShaper:
             out.append({"type": "response.output_text.done", **where, "text": text})
         out.append({"type": "response.content_part.done", **where, "part": _part(audio, text)})
         item_status = "completed" if status == "completed" else "incomplete"
-        item = _item(response_id, item_status, [_content(audio, text)])
+        item = assistant_item(response_id, text, audio=audio, status=item_status)
         out.append(
             {
                 "type": "response.output_item.done",
