@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.realtime import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemInputAudioTranscriptionDeltaEvent,
@@ -260,6 +263,10 @@ def test_a_restore_continues_the_heard_item() -> None:
     second = OpenAIShaper.restore(defaults(), json.loads(json.dumps(first.state())))
     [stopped] = second.shape({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 2})
     assert stopped["item_id"] == started["item_id"]
+    second.shape({"type": "input_audio_buffer.committed"})
+    third = OpenAIShaper.restore(defaults(), json.loads(json.dumps(second.state())))
+    [transcript] = third.shape({"type": "input_audio.transcript.done", "text": "hi"})
+    assert transcript["item_id"] == started["item_id"]  # the transcript of the item committed
 
 
 @pytest.mark.parametrize(
@@ -286,4 +293,87 @@ def test_open_responses_are_bounded() -> None:
         shaper.shape({"type": "response.created", "response_id": f"r{n}"})
     assert [entry[0] for entry in shaper.state()["open"]] == [
         f"r{n}" for n in range(5, MAX_OPEN + 5)
+    ]
+
+
+RIDS = st.sampled_from(["resp_a", "resp_b", "resp_c"])
+ENGINE_EVENTS = st.one_of(
+    st.builds(
+        lambda rid, audio: {
+            "type": "response.created",
+            "response_id": rid,
+            **({"output_modalities": ["audio"]} if audio else {}),
+        },
+        RIDS,
+        st.booleans(),
+    ),
+    st.builds(
+        lambda rid, text: {"type": "response.output_text.delta", "response_id": rid, "text": text},
+        RIDS,
+        st.text(max_size=5),
+    ),
+    st.builds(
+        lambda rid, audio: {
+            "type": "response.output_audio.delta",
+            "response_id": rid,
+            "audio": audio,
+        },
+        RIDS,
+        st.binary(min_size=2, max_size=8),
+    ),
+    st.builds(
+        lambda rid, status: {"type": "response.done", "response_id": rid, "status": status},
+        RIDS,
+        st.sampled_from(["completed", "incomplete", "failed"]),
+    ),
+    st.builds(lambda rid: {"type": "response.cancelled", "response_id": rid}, RIDS),
+    st.builds(
+        lambda item: {
+            "type": "input_audio_buffer.speech_started",
+            "audio_start_ms": 0,
+            "item_id": item,
+        },
+        st.sampled_from(["item_1", "item_2"]),
+    ),
+    st.just({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 10}),
+    st.just({"type": "input_audio_buffer.committed"}),
+    st.builds(
+        lambda done, text: {
+            "type": "input_audio.transcript." + ("done" if done else "delta"),
+            "text": text,
+        },
+        st.booleans(),
+        st.text(max_size=5),
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(ENGINE_EVENTS, max_size=14), st.data())
+def test_any_engine_sequence_is_valid_openai_and_survives_a_migration(
+    engine: list[Event], data: st.DataObject
+) -> None:
+    # (the first user item heard is named by the engine: no random id to compare)
+    engine = [
+        {"type": "input_audio_buffer.speech_started", "audio_start_ms": 0, "item_id": "u"},
+        *engine,
+    ]
+    whole = shaped_frames(OPENAI.shaper(defaults()), [dict(e) for e in engine])
+    for frame in whole:
+        validate(frame)
+    cut = data.draw(st.integers(0, len(engine)))
+    first = OPENAI.shaper(defaults())
+    before = shaped_frames(first, [dict(e) for e in engine[:cut]])
+    second = OPENAI.restore_shaper(defaults(), json.loads(json.dumps(first.state())))
+    after = shaped_frames(second, [dict(e) for e in engine[cut:]], len(before))
+    assert _named(before + after) == _named(whole)
+
+
+def _named(frames: list[str]) -> list[str]:
+    """Fresh item ids (random) renamed by order of appearance: a restore must reuse the
+    ones it knew, and may make new ones only where the first run did."""
+    names: dict[str, str] = {}
+    return [
+        re.sub(r"item_[0-9a-f]{24}", lambda m: names.setdefault(m[0], f"item#{len(names)}"), f)
+        for f in frames
     ]
