@@ -9,20 +9,30 @@ import typing
 from typing import Any
 
 import pytest
+from openai._utils import maybe_transform
 from openai.types.realtime import (
     ConversationItemCreateEventParam,
     ConversationItemDeleteEventParam,
     ConversationItemRetrieveEventParam,
     ConversationItemTruncateEventParam,
+    InputAudioBufferAppendEvent,
     InputAudioBufferAppendEventParam,
     InputAudioBufferClearEventParam,
     InputAudioBufferCommitEventParam,
+    RealtimeAudioConfig,
+    RealtimeAudioConfigInput,
+    RealtimeAudioConfigOutput,
     RealtimeClientEventParam,
+    RealtimeSessionCreateRequest,
     RealtimeSessionCreateRequestParam,
+    ResponseCancelEvent,
     ResponseCancelEventParam,
     ResponseCreateEventParam,
+    ResponseCreateEventWithReferencesParam,
+    SessionUpdateEvent,
     SessionUpdateEventParam,
 )
+from openai.types.realtime.realtime_audio_formats import AudioPCMU
 
 from trio_duplex.core.wire import ProtocolError
 from trio_duplex.dialects import Dialect
@@ -31,11 +41,15 @@ from trio_duplex.dialects.openai import OPENAI
 from trio_duplex.dialects.openai.config import default_audio, defaults, to_session
 
 Event = dict[str, Any]
+SENT: Any = RealtimeClientEventParam | ResponseCreateEventWithReferencesParam
 AUDIO = base64.b64encode(b"\x00\x01" * 240).decode()
 
 
 def wire(event: object) -> str:
-    return json.dumps(event)
+    """The text the SDK's connection sends for a client event given as its TypedDict
+    (``send`` in openai/resources/realtime/realtime.py)."""
+    sent = maybe_transform(event, SENT)
+    return json.dumps(sent)
 
 
 def test_it_is_a_dialect() -> None:
@@ -335,3 +349,41 @@ def test_the_session_object_written_reads_back_as_the_same_config() -> None:
     session: Any = to_session(config, "sess_1")
     del session["id"], session["object"]  # OpenAI's own, never a client's to set
     assert update(session) == config
+
+
+def test_the_sdks_event_models_as_it_sends_them() -> None:
+    sent = [
+        SessionUpdateEvent(
+            type="session.update",
+            session=RealtimeSessionCreateRequest(
+                type="realtime",
+                instructions="be kind",
+                audio=RealtimeAudioConfig(
+                    input=RealtimeAudioConfigInput(format=AudioPCMU(type="audio/pcmu")),
+                    output=RealtimeAudioConfigOutput(voice="ash"),
+                ),
+            ),
+        ),
+        InputAudioBufferAppendEvent(type="input_audio_buffer.append", audio=AUDIO),
+        ResponseCancelEvent(type="response.cancel"),
+    ]
+    decoded = [OPENAI.decode(e.to_json(use_api_names=True, exclude_unset=True)) for e in sent]
+    assert decoded[0]["session"] == {
+        "instructions": "be kind",
+        "audio": {
+            "wire": "json",
+            "input": {"format": "g711_ulaw", "rate": 8000},
+            "output": {"format": "pcm16", "rate": 24000},
+        },
+        "voice": "ash",
+    }
+    assert decoded[1] == {"type": "input_audio_buffer.append", "audio": AUDIO}
+    assert decoded[2] == {"type": "response.cancel"}
+
+
+def test_a_response_may_name_items_by_reference() -> None:
+    event: ResponseCreateEventWithReferencesParam = {
+        "type": "response.create",
+        "response": {"input": [{"type": "item_reference", "id": "item_1"}]},
+    }
+    assert OPENAI.decode(wire(event)) == event
