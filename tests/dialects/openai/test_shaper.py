@@ -26,7 +26,7 @@ from trio_duplex.core import events
 from trio_duplex.core.conversation import assistant_item_id
 from trio_duplex.dialects.openai import OPENAI, OpenAIShaper
 from trio_duplex.dialects.openai.config import defaults
-from trio_duplex.dialects.openai.shaper import MAX_OPEN
+from trio_duplex.dialects.openai.shaper import MAX_OPEN, MAX_TEXT
 
 from .reference import shaped_frames, validate
 
@@ -377,3 +377,21 @@ def _named(frames: list[str]) -> list[str]:
         re.sub(r"item_[0-9a-f]{24}", lambda m: names.setdefault(m[0], f"item#{len(names)}"), f)
         for f in frames
     ]
+
+
+def test_the_text_kept_is_bounded() -> None:
+    shaper = OPENAI.shaper(defaults())
+    chunk = "x" * (MAX_TEXT // 2 + 1)
+    for _ in range(3):
+        [delta] = shaper.shape(
+            {"type": "response.output_text.delta", "response_id": "r0", "text": chunk}
+        )[-1:]
+        assert delta["delta"] == chunk  # every delta goes out whole
+    [[_, _, kept]] = shaper.state()["open"]
+    assert len(kept) == MAX_TEXT
+    done = shaper.shape({"type": "response.done", "response_id": "r0"})
+    assert len(done[0]["text"]) == MAX_TEXT
+    with pytest.raises(ValueError, match="too long"):
+        OPENAI.restore_shaper(
+            defaults(), {"state": "openai-shaper/1", "open": [["r", False, "x" * (MAX_TEXT + 1)]]}
+        )

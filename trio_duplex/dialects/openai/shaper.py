@@ -31,6 +31,10 @@ MAX_OPEN = 16
 """Responses open at once before the oldest is forgotten (an engine that never ends
 them must not grow the state without bound)."""
 
+MAX_TEXT = 1 << 20
+"""Characters of a response's text kept for its ``*.done`` events and its item: the
+bound on the shaper's memory (beyond it, the deltas still go out, the whole is cut)."""
+
 _REASONS: Final = frozenset(
     {"turn_detected", "client_cancelled", "max_output_tokens", "content_filter"}
 )
@@ -45,6 +49,8 @@ class _Response:
     audio: bool
     item_id: str
     text: list[str] = attrs.field(factory=list)
+    kept: int = 0
+    """Characters of ``text``: it stops growing at ``MAX_TEXT``."""
 
     @property
     def delta(self) -> str:
@@ -151,7 +157,9 @@ class OpenAIShaper:
         if response is None:
             _, response, out = self._response(event, False)
         text = event.get("text", "")
-        response.text.append(text)
+        if response.kept < MAX_TEXT and isinstance(text, str):
+            response.text.append(text[: MAX_TEXT - response.kept])
+            response.kept += len(text)
         out.append(
             {
                 "type": response.delta,
@@ -321,7 +329,10 @@ class OpenAIShaper:
             ):
                 raise ValueError("OpenAI shaper state: an open response is [id, audio, text]")
             text = [entry[2]] if entry[2] else []
-            shaper._open[entry[0]] = _Response(entry[1], assistant_item_id(entry[0]), text)
+            if len(entry[2]) > MAX_TEXT:
+                raise ValueError("OpenAI shaper state: a response's text is too long")
+            item_id = assistant_item_id(entry[0])
+            shaper._open[entry[0]] = _Response(entry[1], item_id, text, len(entry[2]))
         for key in ("heard", "last_user"):
             value = state.get(key)
             if value is not None and not isinstance(value, str):
