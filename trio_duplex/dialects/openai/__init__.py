@@ -19,12 +19,12 @@ import attrs
 from ...core.events import ErrorCode
 from ...core.wire import ProtocolError
 from ..jsonwire import LARGE
-from .config import defaults
+from .config import defaults, to_config, to_session
 from .decode import decode, decode_binary, decode_steps
 from .shaper import OpenAIShaper
 from .spell import audio_frame, frame
 
-__all__ = ["OPENAI", "OpenAI", "OpenAIShaper"]
+__all__ = ["OPENAI", "OpenAI", "OpenAIShaper", "defaults", "to_config", "to_session"]
 
 MAX_MODEL = 256
 """The longest ``?model=`` accepted (any value is, and stored in config ``model``)."""

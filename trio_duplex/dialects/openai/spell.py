@@ -3,7 +3,7 @@
 Every event gets an ``event_id``: ``event_<server_event_seq>`` for a journaled one (the
 same text is journaled, sent and replayed), else ``event_x<n>`` from a process-wide
 counter. ``error`` nests its fields as OpenAI does; ``session.created`` carries the
-OpenAI session object and, for a client that resumes, our ``resume`` object;
+OpenAI session object and our ``resume`` object (a field OpenAI's clients ignore);
 ``session.resumed`` keeps its native fields with the session object as OpenAI's; our
 other control events keep their native names and fields. Engine events come already
 shaped (shaper.py); ``frame`` only adds their ``event_id``.
