@@ -130,14 +130,14 @@ def test_ids_are_judged_in_queue_order_and_a_refused_event_may_come_again() -> N
         ([], "item"),
         ({"type": "note"}, "item.type"),
         ({"type": "message", "role": "robot", "content": []}, "item.role"),
-        ({"type": "message", "role": "user", "content": "hi"}, "item.content"),
+        ({"type": "message", "role": "user", "content": "hi"}, "item"),
         (
             {"type": "message", "role": "user", "content": [{"type": "input_text"}]},
             "item.content[0].text",
         ),
         (
             {"type": "message", "role": "user", "content": [{"type": "image"}]},
-            "item.content[0].type",
+            "item.content[0]",
         ),
         ({"type": "message", "role": "user", "content": [], "id": ""}, "item.id"),
     ],

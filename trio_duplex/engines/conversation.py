@@ -20,18 +20,20 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import secrets
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import attrs
 
+from ..core import conversation as core
+from ..core.conversation import assistant_item_id as assistant_item_id  # (re-exported)
+from ..core.conversation import new_item_id as new_item_id
+from ..core.wire import ProtocolError
 from .api import BadEvent, Event
 
 MAX_ITEMS: Final = 256
 MAX_BYTES: Final = 4 * 1024 * 1024
 MAX_BUFFER_BYTES: Final = 24_000 * 2 * 30  # 30 s of 24 kHz PCM16
-MAX_ID_CHARS: Final = 64  # OpenAI's own limit on a client's item id is 32
 MAX_PENDING_IDS: Final = 1024  # ids of creates checked and not yet taken (see ``check``)
 VERSION: Final = "conversation/1"  # the shape of the snapshot; a restore refuses any other
 
@@ -48,20 +50,7 @@ EVENTS: Final = ITEM_EVENTS | BUFFER_EVENTS
 """The client events ``take`` answers (``input_audio_buffer.append`` is the engine's: it
 calls ``append_audio``)."""
 RESPONSE_EVENTS: Final = frozenset({"response.create", "response.cancel"})
-_ROLES: Final = frozenset({"user", "assistant", "system"})
 _TEXT_PARTS: Final = {"input_text": "text", "output_text": "text", "text": "text"}
-_OTHER_ITEMS: Final = frozenset({"function_call", "function_call_output"})
-
-
-def assistant_item_id(response_id: str) -> str:
-    """A response's assistant item: ``"item_" + response_id`` (the dialect's shaper names
-    it so too). A stand-in for ``trio_duplex.core.conversation.assistant_item_id``."""
-    return "item_" + response_id
-
-
-def new_item_id() -> str:
-    """A user item's id: ``item_`` and 24 hex digits."""
-    return "item_" + secrets.token_hex(12)
 
 
 def conversing(config: Mapping[str, Any]) -> bool:
@@ -104,39 +93,24 @@ def check_response_event(event: Event) -> None:
 
 
 def check_item(item: object) -> None:
-    """An item in OpenAI's shape (the contract's): a message of a known role whose
-    content parts are texts or audio, or another item type (stored, never answered)."""
-    if not isinstance(item, dict):
-        raise BadEvent("item must be an object", param="item")
-    item_id = item.get("id")
-    if item_id is not None and not (isinstance(item_id, str) and 0 < len(item_id) <= MAX_ID_CHARS):
-        raise BadEvent(
-            f"item.id must be a string of 1 to {MAX_ID_CHARS} characters", param="item.id"
-        )
-    kind = item.get("type", "message")  # (OpenAI's default)
-    if kind in _OTHER_ITEMS:
-        return
-    if kind != "message":
-        raise BadEvent(
-            "item.type must be message, function_call or function_call_output", param="item.type"
-        )
-    if item.get("role") not in _ROLES:
-        raise BadEvent("item.role must be user, assistant or system", param="item.role")
+    """An item in OpenAI's shape (``core.conversation.check_item``): a message of a known
+    role whose content parts are texts or audio, or another item type (stored, never
+    answered). Raises BadEvent naming the field."""
+    try:
+        core.check_item(item)
+    except ProtocolError as exc:
+        raise BadEvent(exc.message, param=exc.param) from None
+
+
+def _stored(item: dict[str, Any]) -> dict[str, Any]:
+    """An item as the store holds it, in the shape ``check_item`` takes: its parts'
+    unset fields (a transcript not yet recognised: None) left out."""
     content = item.get("content")
     if not isinstance(content, list):
-        raise BadEvent("item.content must be a list", param="item.content")
-    for index, part in enumerate(content):
-        where = f"item.content[{index}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _TEXT_PARTS:
-            if not isinstance(part.get("text"), str):
-                raise BadEvent(f"{where}.text must be a string", param=f"{where}.text")
-        elif kind in ("input_audio", "output_audio", "audio"):
-            for key in ("audio", "transcript"):
-                if not isinstance(part.get(key, ""), str | None):
-                    raise BadEvent(f"{where}.{key} must be a string", param=f"{where}.{key}")
-        else:
-            raise BadEvent(f"{where}.type is not a text or audio part", param=f"{where}.type")
+        return item
+    parts = [{k: v for k, v in p.items() if v is not None} if isinstance(p, dict) else p
+             for p in content]  # fmt: skip
+    return item | {"content": parts}
 
 
 def item_text(item: Mapping[str, Any]) -> str:
@@ -408,22 +382,18 @@ class Conversation:
 
     def begin_response(self, response_id: str) -> None:
         """A response starts: its assistant item (``assistant_item_id``), in progress."""
-        self.add(
-            {"id": assistant_item_id(response_id), "type": "message", "role": "assistant",
-             "status": "in_progress", "content": []}
-        )  # fmt: skip
+        self.add(core.assistant_item(response_id, None, audio=False, status="in_progress"))
 
     def end_response(
         self, response_id: str, text: str, modalities: Iterable[str], status: str
     ) -> None:
         """A response ended: its item holds what it said (``completed``, or
-        ``incomplete`` when cancelled or cut)."""
-        kind = "output_audio" if "audio" in modalities else "output_text"
-        key = "transcript" if kind == "output_audio" else "text"
-        item_id = assistant_item_id(response_id)
-        if item_id not in self._items:
-            self.begin_response(response_id)
-        self.update(item_id, status=status, content=[{"type": kind, key: text}])
+        ``incomplete`` when cancelled or cut), as the OpenAI dialect's shaper writes it."""
+        item = core.assistant_item(response_id, text, audio="audio" in modalities, status=status)
+        if item["id"] in self._items:
+            self.update(item["id"], status=status, content=item["content"])
+        else:
+            self.add(item)
 
     # -- migration ----------------------------------------------------------------------
 
@@ -452,7 +422,7 @@ class Conversation:
             raise ValueError("conversation snapshot: its audio counts are not counts")
         try:
             for item in items:
-                check_item(item)
+                check_item(_stored(item) if isinstance(item, dict) else item)
                 if not isinstance(item.get("id"), str):
                     raise ValueError("conversation snapshot: an item has no id")
         except BadEvent as exc:
