@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 import trio
 
+from trio_duplex.dialects.openai.config import defaults
 from trio_duplex.engines.api import EngineSession, Event, Inbox
 from trio_duplex.engines.speech import SpeechEngine
 
 from ..speech_audio import DOOR, frames, needs_speech, spoken
 from .migration import Client, Cut, Node
+from .test_openai_shapes import check_all
 
 
 async def talk(
@@ -84,6 +86,8 @@ async def test_a_detected_turn_is_an_item_answered_at_once() -> None:
     assert "door" in done["content"][0]["transcript"].split()
     assert by["response.created"]["output_modalities"] == ["audio"]
     assert any(e["type"] == "response.output_audio.delta" for e in outputs)
+    # Through the OpenAI dialect's shaper, every frame is one the SDK reads.
+    assert "response.done" in check_all(defaults(), outputs)
 
 
 @needs_speech
