@@ -1,0 +1,162 @@
+"""``POST /v1/realtime/client_secrets``: OpenAI's client secrets, which are our client
+tokens (tokens.py) in OpenAI's HTTP shape.
+
+The request is ``{expires_after?: {anchor: "created_at", seconds}, session?: {type:
+"realtime", ...}}`` with ``Authorization: Bearer API_KEY``; the answer ``200 {value,
+expires_at, session}``. The value is a client token: one use, within ``seconds`` (10 to
+7200, default 600, at most ``--client-token-max-ttl``), its session's configuration
+locked, counted against the key's principal as ``POST /v1/client_tokens`` counts. Every
+refusal is OpenAI's error object, ``{"error": {message, type, param, code}}``, with a
+fixed message (never the client's input).
+
+Sans-IO: the Gate (auth.py) calls ``request`` and ``answer``; the transport is http.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ...core.wire import ConfigBudget, ProtocolError
+from ...dialects.jsonwire import encode
+
+CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
+"""``POST`` here with an API key: an OpenAI client secret for a browser."""
+
+DEFAULT_SECONDS = 600
+"""OpenAI's default life of a client secret (at most ``--client-token-max-ttl``)."""
+FEWEST_SECONDS, MOST_SECONDS = 10, 7200
+"""OpenAI's bounds of ``expires_after.seconds``."""
+
+_TYPES = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", "origin_not_allowed"),
+    404: ("invalid_request_error", "not_found"),
+    413: ("invalid_request_error", "request_too_large"),
+    429: ("requests", "rate_limit_exceeded"),
+    503: ("server_error", "server_overloaded"),
+}
+"""OpenAI's error ``type`` and ``code`` by status."""
+
+
+def error(status: int, message: str, param: str | None = None, code: str | None = None) -> bytes:
+    """OpenAI's HTTP error body (``openai.APIStatusError`` reads ``type``, ``code``,
+    ``param`` from it)."""
+    kind, default_code = _TYPES.get(status, ("server_error", None))
+    body = {"message": message, "type": kind, "param": param, "code": code or default_code}
+    return json.dumps({"error": body}).encode()
+
+
+@attrs.frozen
+class Refusal(Exception):
+    """A request refused: its status and OpenAI error body."""
+
+    status: int
+    body: bytes
+
+
+def _bad(message: str, param: str | None = None, code: str | None = None) -> Refusal:
+    return Refusal(400, error(400, message, param, code))
+
+
+@attrs.frozen
+class SecretRequest:
+    """A checked request: the secret's life, the configuration it locks (compact JSON,
+    or None), and the session object the answer shows."""
+
+    seconds: float
+    locked: bytes | None
+    session: dict[str, Any]
+
+
+def request(body: dict[str, Any], max_ttl_s: float, max_config_bytes: int) -> SecretRequest:
+    """Check a request's parsed body. Refusal (400): a field of the wrong shape."""
+    if any(key not in ("expires_after", "session") for key in body):
+        raise _bad("the body may hold expires_after and session only", None, "unknown_parameter")
+    seconds = _seconds(body.get("expires_after"), max_ttl_s)
+    session = body.get("session")
+    if session is not None:
+        if not isinstance(session, dict):
+            raise _bad("session must be an object", "session")
+        if session.get("type") != "realtime":
+            raise _bad('session.type must be "realtime"', "session.type", "invalid_value")
+        _check_fields(session)
+    config, shown = openai_session(session)
+    locked = None
+    if config is not None:
+        try:
+            ConfigBudget.of(config, max_config_bytes)
+        except ProtocolError as exc:
+            raise _bad(exc.message, "session", exc.code) from None
+        locked = encode(config).encode()  # kept compact, parsed again when spent
+    return SecretRequest(seconds, locked, shown)
+
+
+def _seconds(expires_after: object, max_ttl_s: float) -> float:
+    if expires_after is None:
+        return min(DEFAULT_SECONDS, max_ttl_s)
+    if not isinstance(expires_after, dict):
+        raise _bad("expires_after must be an object", "expires_after")
+    if any(key not in ("anchor", "seconds") for key in expires_after):
+        raise _bad("expires_after may hold anchor and seconds only", "expires_after")
+    if expires_after.get("anchor", "created_at") != "created_at":
+        raise _bad('expires_after.anchor must be "created_at"', "expires_after.anchor")
+    if "seconds" not in expires_after:
+        return min(DEFAULT_SECONDS, max_ttl_s)
+    seconds = expires_after["seconds"]
+    most = min(MOST_SECONDS, max_ttl_s)
+    if type(seconds) is not int or not FEWEST_SECONDS <= seconds <= most:
+        message = f"expires_after.seconds must be an integer in [{FEWEST_SECONDS}, {most:g}]"
+        raise _bad(message, "expires_after.seconds", "invalid_value")
+    return float(seconds)
+
+
+_FIELDS: dict[str, Callable[[object], bool]] = {
+    "model": lambda value: isinstance(value, str),
+    "instructions": lambda value: isinstance(value, str),
+    "output_modalities": lambda value: (
+        isinstance(value, list) and all(item in ("text", "audio") for item in value)
+    ),
+    "max_output_tokens": lambda value: value == "inf" or (type(value) is int and value > 0),
+    "audio": lambda value: isinstance(value, dict),
+    "tools": lambda value: isinstance(value, list) and all(isinstance(t, dict) for t in value),
+    "include": lambda value: isinstance(value, list) and all(isinstance(i, str) for i in value),
+    "tool_choice": lambda value: isinstance(value, str | dict),
+    "tracing": lambda value: value is None or value == "auto" or isinstance(value, dict),
+    "truncation": lambda value: isinstance(value, str | dict),
+    "prompt": lambda value: value is None or isinstance(value, dict),
+}
+"""The top-level fields of OpenAI's session object that are checked here, by shape only
+(the dialect's translation checks what is inside)."""
+
+
+def _check_fields(session: dict[str, Any]) -> None:
+    for key, fits in _FIELDS.items():
+        if key in session and not fits(session[key]):
+            raise _bad("a session field has the wrong type", f"session.{key}", "invalid_type")
+
+
+def openai_session(session: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The seam between OpenAI's session object and ours: the configuration a secret
+    locks (None: none locked) and the session object its answer shows.
+
+    Until the dialect's translation (trio_duplex/dialects/openai/config.py) is wired in,
+    the object is locked as given, without its ``type``, and shown back as given."""
+    shown = {**(session or {}), "type": "realtime", "object": "realtime.session"}
+    shown["id"] = "sess_" + secrets.token_hex(12)  # the session opened gets its own id
+    if session is None:
+        return None, shown
+    return {key: value for key, value in session.items() if key != "type"}, shown
+
+
+def answer(value: str, expires_at: int, session: dict[str, Any]) -> bytes:
+    """The 200's body."""
+    return json.dumps({"value": value, "expires_at": expires_at, "session": session}).encode()
+
+
+__all__ = ["CLIENT_SECRETS_PATH", "Refusal", "SecretRequest", "answer", "error", "request"]
