@@ -287,6 +287,12 @@ async def test_on_a_resume_the_bearer_is_a_resume_token_only(
 
         # The resume token stands in for the key: it grants that session's resume only.
         assert resuming(token) == Grant(None, resume_of=sid)
+        query = HttpRequest(
+            f"/v1/realtime?resume={sid}", Headers([("Authorization", f"Bearer {KEY}")])
+        )
+        assert gate.authorize_realtime(query, None) is None  # the query decides which rule
+        opening = HttpRequest("/v1/realtime?model=m", Headers([("Authorization", f"Bearer {KEY}")]))
+        assert gate.authorize_realtime(opening, None) == Grant("acme")
         assert resuming(token, "subprotocol") == Grant(None, resume_of=sid)
         # A key is not a resume token (it would not resume anything): 401.
         assert resuming(KEY) is None

@@ -2,15 +2,16 @@
 session's resume token for its resume.
 
 With ``--api-key-file FILE`` (or ``--auth module:callable``) every upgrade must present a
-credential, in one of two places: ``Authorization: Bearer CREDENTIAL``, or (browsers
-cannot set headers on a WebSocket) an offered subprotocol
-``trio-duplex.bearer.CREDENTIAL``. The credential is an API key, whose ``NAME`` becomes
-the session's principal; a client token (``POST /v1/client_tokens``: one use, a TTL,
-maybe a locked configuration, bounded per principal and in bytes: tokens.py); or the
-current resume token of a live session, which allows exactly one thing: the first
-message is that session's ``session.resume``. The verifier, if any, looks at the headers
-first. Anything else is refused with 401 before the upgrade, with nothing said about
-which part was wrong.
+credential (``bearer``): ``Authorization: Bearer CREDENTIAL``, or (browsers cannot set
+headers on a WebSocket) an offered subprotocol ``trio-duplex.bearer.CREDENTIAL`` or
+OpenAI's ``openai-insecure-api-key.CREDENTIAL``, never selected. The credential is an API
+key (keys.py), whose ``NAME`` becomes the session's principal; a client token (``POST
+/v1/client_tokens``, or OpenAI's ``POST /v1/realtime/client_secrets``: one use, a TTL,
+maybe a locked configuration, bounded per principal and in bytes: tokens.py,
+client_secrets.py); or the current resume token of a live session, which allows exactly
+one thing: the first message (or the upgrade's ``?resume=``) is that session's resume.
+The verifier, if any, looks at the headers first. Anything else is refused with 401
+before the upgrade, with nothing said about which part was wrong.
 
 Keys are kept as SHA-256 digests and every comparison runs against every key, in
 constant time (``hmac.compare_digest``); no key is ever logged or in a ``repr``.
@@ -18,15 +19,13 @@ constant time (``hmac.compare_digest``); no key is ever logged or in a ``repr``.
 
 from __future__ import annotations
 
-import hmac
-import importlib
 import json
 import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import attrs
 import trio
@@ -39,6 +38,7 @@ from ...dialects.jsonwire import decode_object, encode
 from ..config import ServerConfig
 from . import client_secrets
 from .client_secrets import CLIENT_SECRETS_PATH
+from .keys import KeyFileError, KeyRing, Verifier, load_verifier
 from .throttle import Failures, Throttled
 from .tokens import ClientToken, ClientTokens, Refused, TokenLimits, digest
 
@@ -49,68 +49,6 @@ BEARER_SUBPROTOCOL = "trio-duplex.bearer."
 OPENAI_KEY_SUBPROTOCOL = "openai-insecure-api-key."
 """OpenAI's form of the same (browsers; the Node SDK always offers it): never selected."""
 _CARRIERS = (BEARER_SUBPROTOCOL, OPENAI_KEY_SUBPROTOCOL)
-
-
-class KeyFileError(ValueError):
-    """The API key file cannot be used; the message names the file and the line, never a
-    key."""
-
-
-@attrs.define(eq=False, repr=False)
-class KeyRing:
-    """The API keys: ``NAME`` by SHA-256 digest."""
-
-    _keys: list[tuple[bytes, str]] = attrs.field(factory=list)
-
-    @classmethod
-    def load(cls, path: str) -> KeyRing:
-        """Read ``NAME:KEY`` lines (``#`` comments and blank lines ignored)."""
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise KeyFileError(f"{path}: cannot read it ({type(exc).__name__})") from None
-        keys: list[tuple[bytes, str]] = []
-        names: set[str] = set()
-        for number, line in enumerate(text.splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            name, sep, key = line.partition(":")
-            name, key = name.strip(), key.strip()
-            if not sep or not name or not key:
-                raise KeyFileError(f"{path}, line {number}: not NAME:KEY")
-            if name in names:
-                raise KeyFileError(f"{path}, line {number}: the name {name!r} is there twice")
-            names.add(name)
-            keys.append((digest(key), name))
-        if not keys:
-            raise KeyFileError(f"{path}: no keys in it")
-        return cls(keys)
-
-    def principal(self, credential: str) -> str | None:
-        """The name of the key ``credential`` is, if any: compared with every key."""
-        presented = digest(credential)
-        found = None
-        for key, name in self._keys:
-            if hmac.compare_digest(presented, key):
-                found = name
-        return found
-
-    def holds(self) -> Callable[[bytes], bool]:
-        """Is a digest one of these keys? For the server's own records (a client token's
-        key), never a presented credential: a set, so that a reload's revocation costs
-        one lookup per token, not one comparison per token and key."""
-        return frozenset(key for key, _ in self._keys).__contains__
-
-    @property
-    def names(self) -> frozenset[str]:
-        return frozenset(name for _, name in self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def __repr__(self) -> str:
-        return f"<KeyRing of {len(self._keys)} keys>"
 
 
 def presented(headers: Mapping[str, str], offered: Iterable[str]) -> str | None:
@@ -155,26 +93,6 @@ POST_PATHS = (TOKENS_PATH, CLIENT_SECRETS_PATH)
 
 def _json_error(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
-
-
-Verifier = Callable[[Mapping[str, str]], "str | None"]
-"""``--auth module:callable``: given an upgrade's request headers (names as sent; look
-them up case-insensitively), return the principal, or None to refuse (401). It runs on
-the event loop, before the upgrade: it must be quick (a JWT's signature check is)."""
-
-
-def load_verifier(spec: str) -> Verifier:
-    """Resolve ``package.module:callable`` (ValueError: a message fit for a terminal)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"--auth {spec!r} is not 'package.module:callable'")
-    try:
-        verifier = getattr(importlib.import_module(module_name), attr)
-    except Exception as exc:  # ImportError, SyntaxError, AttributeError, its own errors
-        raise ValueError(f"--auth {spec!r} cannot be loaded: {type(exc).__name__}: {exc}") from None
-    if not callable(verifier):
-        raise ValueError(f"--auth {spec!r} is not callable")
-    return verifier  # type: ignore[no-any-return]
 
 
 @attrs.define(eq=False, repr=False)
@@ -248,6 +166,15 @@ class Gate:
         if client is not None:  # spent now: it opens this one session
             return Grant(client.principal, locked=client.locked())
         return self._resume_grant(credential, peer, now)
+
+    def authorize_realtime(
+        self, request: Request, peer: str | None = None
+    ) -> Grant | Throttled | None:
+        """An upgrade of OpenAI's path: ``authorize_resume`` with ``?resume=`` in its
+        query, else ``authorize``."""
+        if "resume" in parse_qs(urlsplit(request.path).query, keep_blank_values=True):
+            return self.authorize_resume(request, peer)
+        return self.authorize(request, peer)
 
     def authorize_resume(
         self, request: Request, peer: str | None = None
@@ -479,6 +406,7 @@ __all__ = [
     "KeyFileError",
     "KeyRing",
     "Throttled",
+    "Verifier",
     "bearer",
     "carries_credential",
     "digest",
