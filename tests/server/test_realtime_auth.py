@@ -209,6 +209,7 @@ TOO_BIG = {"type": "realtime", "instructions": "y" * 66_000}
         (post({"session": [1]}), 400, "session"),
         (post({"session": {"instructions": "x"}}), 400, "session.type"),
         (post({"session": {"type": "transcription"}}), 400, "session.type"),
+        (post({"session": {"type": "realtime", "instructions": []}}), 400, "session.instructions"),
         (post({"session": TOO_BIG}), 400, "session"),  # config_too_large
         (post({"session": TOO_BIG | {"x": "y" * 4000}}), 413, None),  # > a first message
         (post(extra="Origin: http://elsewhere\r\n"), 403, None),

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from ...core.events import ErrorCode
 from ...core.wire import ConfigBudget, ProtocolError
 from ...dialects.jsonwire import encode
 
@@ -80,20 +81,17 @@ def request(body: dict[str, Any], max_ttl_s: float, max_config_bytes: int) -> Se
         raise _bad("the body may hold expires_after and session only", None, "unknown_parameter")
     seconds = _seconds(body.get("expires_after"), max_ttl_s)
     session = body.get("session")
-    if session is not None:
-        if not isinstance(session, dict):
-            raise _bad("session must be an object", "session")
-        if session.get("type") != "realtime":
-            raise _bad('session.type must be "realtime"', "session.type", "invalid_value")
-        _check_fields(session)
-    config, shown = openai_session(session)
-    locked = None
-    if config is not None:
-        try:
+    if session is not None and not isinstance(session, dict):
+        raise _bad("session must be an object", "session")
+    try:
+        config, shown = openai_session(session)
+        if config is not None:
             ConfigBudget.of(config, max_config_bytes)
-        except ProtocolError as exc:
-            raise _bad(exc.message, "session", exc.code) from None
-        locked = encode(config).encode()  # kept compact, parsed again when spent
+    except ProtocolError as exc:  # (a bad_event's message may quote the client's keys)
+        if exc.code == ErrorCode.BAD_EVENT:
+            raise _bad("the session object is not valid", exc.param, "invalid_value") from None
+        raise _bad(exc.message, "session", exc.code) from None
+    locked = None if config is None else encode(config).encode()  # parsed again when spent
     return SecretRequest(seconds, locked, shown)
 
 
@@ -136,21 +134,29 @@ _FIELDS: dict[str, Callable[[object], bool]] = {
 
 
 def _check_fields(session: dict[str, Any]) -> None:
+    if session.get("type") != "realtime":
+        raise ProtocolError(ErrorCode.BAD_EVENT, "not realtime", param="session.type")
     for key, fits in _FIELDS.items():
         if key in session and not fits(session[key]):
-            raise _bad("a session field has the wrong type", f"session.{key}", "invalid_type")
+            raise ProtocolError(ErrorCode.BAD_EVENT, "wrong type", param=f"session.{key}")
 
 
 def openai_session(session: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """The seam between OpenAI's session object and ours: the configuration a secret
-    locks (None: none locked) and the session object its answer shows.
+    locks (None: none locked) and the session object its answer shows. ProtocolError
+    (its ``param`` the field at fault): a session OpenAI would refuse.
 
     Until the dialect's translation (trio_duplex/dialects/openai/config.py) is wired in,
-    the object is locked as given, without its ``type``, and shown back as given."""
+    the object's top-level shape is checked, it is locked as given without its ``type``,
+    and shown back as given. With it: ``config = defaults() | to_config(session)`` (the
+    whole configuration the session gets, OpenAI's defaults included) and ``shown =
+    to_session(config, session_id)``."""
+    session_id = "sess_" + secrets.token_hex(12)  # the session opened gets its own id
     shown = {**(session or {}), "type": "realtime", "object": "realtime.session"}
-    shown["id"] = "sess_" + secrets.token_hex(12)  # the session opened gets its own id
+    shown["id"] = session_id
     if session is None:
         return None, shown
+    _check_fields(session)
     return {key: value for key, value in session.items() if key != "type"}, shown
 
 
