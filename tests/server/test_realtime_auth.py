@@ -66,6 +66,10 @@ def authorization(credential: str) -> list[tuple[bytes, bytes]]:
     return [(b"Authorization", f"Bearer {credential}".encode())]
 
 
+def authorization_of(credential: str) -> list[tuple[str, str]]:
+    return [("Authorization", f"Bearer {credential}")]
+
+
 def post(
     body: bytes | dict[str, Any] = b"",
     key: str | None = KEY,
@@ -288,12 +292,17 @@ async def test_on_a_resume_the_bearer_is_a_resume_token_only(
 
         # The resume token stands in for the key: it grants that session's resume only.
         assert resuming(token) == Grant(None, resume_of=sid)
-        query = HttpRequest(
-            f"/v1/realtime?resume={sid}", Headers([("Authorization", f"Bearer {KEY}")])
-        )
-        assert gate.authorize_realtime(query, None) is None  # the query decides which rule
-        opening = HttpRequest("/v1/realtime?model=m", Headers([("Authorization", f"Bearer {KEY}")]))
-        assert gate.authorize_realtime(opening, None) == Grant("acme")
+        # The Gate applies that rule on the paths told, with ?resume= only.
+        gate.resuming_paths = frozenset({"/v1/realtime"})
+        for path, grant in [
+            (f"/v1/realtime?resume={sid}", None),
+            ("/v1/realtime?model=m", Grant("acme")),
+            (f"/v1/duplex?resume={sid}", Grant("acme")),
+        ]:
+            keyed = HttpRequest(path, Headers([("Authorization", f"Bearer {KEY}")]))
+            assert gate.authorize(keyed, None) == grant, path
+        by_token = HttpRequest(f"/v1/realtime?resume={sid}", Headers(authorization_of(token)))
+        assert gate.authorize(by_token, None) == Grant(None, resume_of=sid)
         assert resuming(token, "subprotocol") == Grant(None, resume_of=sid)
         # A key is not a resume token (it would not resume anything): 401.
         assert resuming(KEY) is None

@@ -109,6 +109,9 @@ class Gate:
     elsewhere: bool = False
     """Cluster mode: a credential nothing here knows may be the resume token of a session
     on another node; it is let through to send that resume (``Grant.elsewhere``)."""
+    resuming_paths: frozenset[str] = frozenset()
+    """The paths whose upgrade resumes a session named in its query (``?resume=ID``:
+    OpenAI's, ``--realtime-path``): there the bearer is the resume token."""
     failures: Failures = attrs.field(factory=Failures, init=False)
     """Cluster mode: such credentials whose resume failed, by address."""
     _refusals_quiet_until: dict[Refused, float] = attrs.field(factory=dict, init=False)
@@ -150,7 +153,12 @@ class Gate:
 
     def authorize(self, request: Request, peer: str | None = None) -> Grant | Throttled | None:
         """What the upgrade's credential allows (auth.py), or None: 401; Throttled:
-        ``peer``'s unknown credentials failed too often (cluster mode)."""
+        ``peer``'s unknown credentials failed too often (cluster mode). On one of
+        ``resuming_paths`` with ``?resume=``: ``authorize_resume``."""
+        if self.resuming_paths:
+            url = urlsplit(request.path)
+            if url.path in self.resuming_paths and "resume" in parse_qs(url.query, True):
+                return self.authorize_resume(request, peer)
         if self.verifier is not None:
             who = self._verified(request.headers)
             if who is not None:
@@ -166,15 +174,6 @@ class Gate:
         if client is not None:  # spent now: it opens this one session
             return Grant(client.principal, locked=client.locked())
         return self._resume_grant(credential, peer, now)
-
-    def authorize_realtime(
-        self, request: Request, peer: str | None = None
-    ) -> Grant | Throttled | None:
-        """An upgrade of OpenAI's path: ``authorize_resume`` with ``?resume=`` in its
-        query, else ``authorize``."""
-        if "resume" in parse_qs(urlsplit(request.path).query, keep_blank_values=True):
-            return self.authorize_resume(request, peer)
-        return self.authorize(request, peer)
 
     def authorize_resume(
         self, request: Request, peer: str | None = None
