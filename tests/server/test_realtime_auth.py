@@ -258,6 +258,18 @@ async def test_a_principal_at_its_limit_gets_429_and_others_do_not(
         assert answer_of(await raw_http(sim, post(key=OTHER_KEY)))[0] == 429
 
 
+async def test_an_allowed_origin_may_ask_for_a_client_secret(
+    autojump_clock: MockClock, raw_http: RawHttp, key_file: str
+) -> None:
+    config = ServerConfig(api_key_file=key_file, allow_origin=("https://app.example",))
+    async with running_server(config) as sim:
+        allowed = post(extra="Origin: https://app.example\r\n")
+        assert answer_of(await raw_http(sim, allowed))[0] == 200
+        other = post(extra="Origin: https://evil.example\r\n")
+        status, body = answer_of(await raw_http(sim, other))
+        assert status == 403 and openai_error(body)["code"] == "origin_not_allowed"
+
+
 async def test_without_keys_there_are_no_client_secrets(
     autojump_clock: MockClock, raw_http: RawHttp
 ) -> None:
