@@ -179,6 +179,9 @@ async def test_a_client_secret_opens_exactly_one_session_with_its_locked_session
         assert factory.last.session is not None and factory.last.session.principal == "acme"
         opened = sim.session(created["session_id"])
         assert opened is not None and opened.config_locked
+        # The configuration locked is ours, translated from OpenAI's (its defaults too).
+        assert opened.config["audio"]["input"] == {"format": "pcm16", "rate": 24000}
+        assert opened.config["output_modalities"] == ["audio"]
         # Spent: nothing more.
         _, again = await upgrade(sim, headers=authorization(value))
         assert isinstance(again, RejectConnection) and again.status_code == 401
@@ -214,6 +217,14 @@ TOO_BIG = {"type": "realtime", "instructions": "y" * 66_000}
         (post({"session": {"instructions": "x"}}), 400, "session.type"),
         (post({"session": {"type": "transcription"}}), 400, "session.type"),
         (post({"session": {"type": "realtime", "instructions": []}}), 400, "session.instructions"),
+        (post({"session": {"type": "realtime", "x": 1}}), 400, "session.x"),  # unknown
+        (
+            post(
+                {"session": {"type": "realtime", "audio": {"input": {"format": {"type": "mp3"}}}}}
+            ),
+            400,
+            "session.audio.input.format.type",
+        ),
         (post({"session": TOO_BIG}), 400, "session"),  # config_too_large
         (post({"session": TOO_BIG | {"x": "y" * 4000}}), 413, None),  # > a first message
         (post(extra="Origin: http://elsewhere\r\n"), 403, None),
@@ -239,6 +250,32 @@ async def test_bad_client_secret_requests_get_openais_errors(
             assert error["code"] == "invalid_api_key"
             assert b"\r\nWWW-Authenticate: Bearer\r\n" in answer
         assert not sim.server.gate.tokens
+
+
+async def test_a_client_secrets_session_is_openais_translated_into_ours(
+    autojump_clock: MockClock, raw_http: RawHttp, key_file: str
+) -> None:
+    asked = {
+        "session": {
+            "type": "realtime",
+            "output_modalities": ["text"],
+            "audio": {"input": {"format": {"type": "audio/pcmu"}}, "output": {"voice": "ash"}},
+        }
+    }
+    async with running_server(ServerConfig(api_key_file=key_file)) as sim:
+        status, issued = answer_of(await raw_http(sim, post(asked)))
+        assert status == 200, issued
+        SECRET_RESPONSE.validate_python(issued, strict=True)
+        shown = issued["session"]
+        assert shown["audio"]["input"]["format"] == {"type": "audio/pcmu"}
+        assert shown["audio"]["output"]["voice"] == "ash"
+        assert shown["output_modalities"] == ["text"]
+        token = sim.server.gate.tokens.take(issued["value"], trio.current_time())
+        assert token is not None
+        locked = token.locked()
+        assert locked is not None
+        assert locked["audio"]["input"] == {"format": "g711_ulaw", "rate": 8000}
+        assert locked["voice"] == "ash" and locked["output_modalities"] == ["text"]
 
 
 async def test_a_principal_at_its_limit_gets_429_and_others_do_not(

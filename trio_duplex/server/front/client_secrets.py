@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -24,6 +23,7 @@ import attrs
 from ...core.events import ErrorCode
 from ...core.wire import ConfigBudget, ProtocolError
 from ...dialects.jsonwire import encode
+from ...dialects.openai import defaults, to_config, to_session
 
 CLIENT_SECRETS_PATH = "/v1/realtime/client_secrets"
 """``POST`` here with an API key: an OpenAI client secret for a browser."""
@@ -83,6 +83,8 @@ def request(body: dict[str, Any], max_ttl_s: float, max_config_bytes: int) -> Se
     session = body.get("session")
     if session is not None and not isinstance(session, dict):
         raise _bad("session must be an object", "session")
+    if session is not None and session.get("type") != "realtime":  # (OpenAI requires it)
+        raise _bad('session.type must be "realtime"', "session.type", "invalid_value")
     try:
         config, shown = openai_session(session)
         if config is not None:
@@ -90,7 +92,7 @@ def request(body: dict[str, Any], max_ttl_s: float, max_config_bytes: int) -> Se
     except ProtocolError as exc:  # (a bad_event's message may quote the client's keys)
         if exc.code == ErrorCode.BAD_EVENT:
             raise _bad("the session object is not valid", exc.param, "invalid_value") from None
-        raise _bad(exc.message, "session", exc.code) from None
+        raise _bad(exc.message, exc.param or "session", exc.code) from None
     locked = None if config is None else encode(config).encode()  # parsed again when spent
     return SecretRequest(seconds, locked, shown)
 
@@ -114,50 +116,17 @@ def _seconds(expires_after: object, max_ttl_s: float) -> float:
     return float(seconds)
 
 
-_FIELDS: dict[str, Callable[[object], bool]] = {
-    "model": lambda value: isinstance(value, str),
-    "instructions": lambda value: isinstance(value, str),
-    "output_modalities": lambda value: (
-        isinstance(value, list) and all(item in ("text", "audio") for item in value)
-    ),
-    "max_output_tokens": lambda value: value == "inf" or (type(value) is int and value > 0),
-    "audio": lambda value: isinstance(value, dict),
-    "tools": lambda value: isinstance(value, list) and all(isinstance(t, dict) for t in value),
-    "include": lambda value: isinstance(value, list) and all(isinstance(i, str) for i in value),
-    "tool_choice": lambda value: isinstance(value, str | dict),
-    "tracing": lambda value: value is None or value == "auto" or isinstance(value, dict),
-    "truncation": lambda value: isinstance(value, str | dict),
-    "prompt": lambda value: value is None or isinstance(value, dict),
-}
-"""The top-level fields of OpenAI's session object that are checked here, by shape only
-(the dialect's translation checks what is inside)."""
-
-
-def _check_fields(session: dict[str, Any]) -> None:
-    if session.get("type") != "realtime":
-        raise ProtocolError(ErrorCode.BAD_EVENT, "not realtime", param="session.type")
-    for key, fits in _FIELDS.items():
-        if key in session and not fits(session[key]):
-            raise ProtocolError(ErrorCode.BAD_EVENT, "wrong type", param=f"session.{key}")
-
-
 def openai_session(session: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """The seam between OpenAI's session object and ours: the configuration a secret
-    locks (None: none locked) and the session object its answer shows. ProtocolError
-    (its ``param`` the field at fault): a session OpenAI would refuse.
-
-    Until the dialect's translation (trio_duplex/dialects/openai/config.py) is wired in,
-    the object's top-level shape is checked, it is locked as given without its ``type``,
-    and shown back as given. With it: ``config = defaults() | to_config(session)`` (the
-    whole configuration the session gets, OpenAI's defaults included) and ``shown =
-    to_session(config, session_id)``."""
+    """The configuration a secret locks (None: none locked) and the session object its
+    answer shows, by the OpenAI dialect's translation: the whole configuration the
+    session gets (OpenAI's defaults, then what ``session`` sets), written back as
+    OpenAI's session object. ProtocolError (its ``param`` the field at fault): a session
+    OpenAI would refuse (an unknown field too)."""
     session_id = "sess_" + secrets.token_hex(12)  # the session opened gets its own id
-    shown = {**(session or {}), "type": "realtime", "object": "realtime.session"}
-    shown["id"] = session_id
     if session is None:
-        return None, shown
-    _check_fields(session)
-    return {key: value for key, value in session.items() if key != "type"}, shown
+        return None, to_session(defaults(), session_id)
+    config = defaults() | to_config(session)
+    return config, to_session(config, session_id)
 
 
 def answer(value: str, expires_at: int, session: dict[str, Any]) -> bytes:
