@@ -193,3 +193,21 @@ async def test_a_text_only_session_gets_the_reply_written_not_spoken() -> None:
     said = [e["text"] for e in outputs if e["type"] == "response.output_text.delta"]
     assert "".join(said) == "you said: open the door."
     assert not any(e["type"] == "response.output_audio.delta" for e in outputs)
+
+
+@needs_speech
+async def test_a_commit_mid_turn_commits_the_item_speech_started_named() -> None:
+    pcm = spoken(DOOR)
+    cut = 48_000  # 1.5 s: half a second of silence, then a second of the sentence
+    inputs = [*audio(pcm[:cut]), {"type": "input_audio_buffer.commit"}, *audio(pcm[cut:])]
+    outputs = await talk(
+        {"output_modalities": ["audio"]}, inputs, lambda o: "conversation.item.done" in kinds(o)
+    )
+    assert kinds(outputs) == [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "input_audio.transcript.done",
+        "conversation.item.done",
+    ]  # the client's commit ended the turn: no speech_stopped, no response by itself
+    assert outputs[0]["item_id"] == outputs[-1]["item"]["id"]

@@ -328,15 +328,17 @@ class Conversation:
         self.buffer.clear()
         self.buffered = 0
 
-    def commit_audio(self, transcript: str | None = None) -> str | None:
+    def commit_audio(self, transcript: str | None = None, item_id: str | None = None) -> str | None:
         """The buffer becomes a user item (None: nothing was appended since the last
-        commit or clear); returns its id. ``transcript`` None: not recognised (yet)."""
+        commit or clear); returns its id (``item_id`` if given: the one a turn's
+        ``speech_started`` named). ``transcript`` None: not recognised (yet)."""
         if not self.buffered:
             return None
         audio = bytes(self.buffer) if self.keep_audio else None
         self.clear_audio()
         part: dict[str, Any] = {"type": "input_audio", "transcript": transcript}
-        return self.add({"type": "message", "role": "user", "content": [part]}, audio)
+        item = {"type": "message", "role": "user", "content": [part]}
+        return self.add(item if item_id is None else {"id": item_id, **item}, audio)
 
     def committed_events(self, item_id: str, *, done: bool = True) -> list[Event]:
         """``input_audio_buffer.committed``, ``conversation.item.added`` and (unless

@@ -53,7 +53,8 @@ class Talk:
         words = [*self.heard, self.partial] if in_turn else self.heard
         text = " ".join(w for w in words if w)
         self.heard, self.partial, self.skip_turn = [], "", in_turn
-        item_id = self.conversation.commit_audio()
+        named, self.turn_item = (self.turn_item if in_turn else None), None
+        item_id = self.conversation.commit_audio(item_id=named)  # (speech_started's id)
         if item_id is not None:
             self.outbox += self.conversation.committed_events(item_id, done=False)
             self.outbox += self.conversation.transcribed(item_id, text)
