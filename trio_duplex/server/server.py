@@ -46,6 +46,7 @@ import attrs
 import trio
 
 from ..core.events import Reason
+from ..dialects import Dialect, by_name
 from ..engines.api import EngineFactory
 from .config import ServerConfig
 from .front import metrics
@@ -61,6 +62,17 @@ from .sessions.placement import Placement, Releasing, SingleProcess
 from .sessions.watchdog import watching_the_loop
 
 log = logging.getLogger("trio_duplex")
+
+
+def dialects_of(config: ServerConfig) -> dict[str, Dialect]:
+    """The WebSocket paths beside ``--path`` (native), each with its dialect:
+    ``--realtime-path`` (unless empty) speaks OpenAI Realtime."""
+    if not config.realtime_path:
+        return {}
+    try:
+        return {config.realtime_path: by_name("openai")}
+    except ImportError:  # TEMPORARY until trio_duplex.dialects.openai lands
+        return {}
 
 
 @attrs.define(eq=False)
@@ -138,6 +150,7 @@ class DuplexServer:
             self.opener.serve,
             self.sessions.changed,
             self.max_refusing,
+            dialects=dialects_of(config),
         )
 
     def _readiness(self) -> tuple[bool, dict[str, object]]:

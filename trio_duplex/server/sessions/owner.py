@@ -34,7 +34,7 @@ from ...core.events import Reason
 from ...core.session import Commit, Registry, Session, State, Terminal, Usage
 from ...core.spelling import Frame, Spelling
 from ...core.wire import ProtocolError
-from ...dialects import NATIVE, Dialect
+from ...dialects import NATIVE, Dialect, Shaper
 from ...engines.api import Engine
 from ..config import ServerConfig
 from .connection import Connection
@@ -271,7 +271,8 @@ class Sessions:
         # The core lets an OPENING session be closed, but here only a runner, a timer
         # entry or the drain ends a session, and it has none of them yet.
         assert session.terminal is None, "a session ended before it started"
-        runner = self._runner(session, engine)
+        dialect = conn.dialect
+        runner = self._runner(session, engine, dialect, dialect.shaper(session.config))
         runner.prepared = prepared
         runner.attach(conn, Commit(session.generation, None))
         self._start_runner(runner)
@@ -291,15 +292,22 @@ class Sessions:
         return runner
 
     def adopt(
-        self, session: Session, engine: Engine, prepared: Prepared | None = None
+        self,
+        session: Session,
+        engine: Engine,
+        prepared: Prepared | None = None,
+        *,
+        dialect: Dialect = NATIVE,
+        shaper: Shaper | None = None,
     ) -> SessionRunner:
         """Run a session restored from another node (core/migration.py): DETACHED, with
         no connection, its ``engine`` fresh from the factory and its state ``restore``d
-        by the caller. Its grace runs as any detached session's; a ``session.resume``
+        by the caller, as are ``dialect`` (its ``spelling``) and its ``shaper``. Its
+        grace runs as any detached session's; a ``session.resume``
         (``for_resume``) attaches a client. ProtocolError: refused as ``admit`` refuses
         (full, draining), or the session is already here."""
         self.registry.adopt(session)
-        runner = self._runner(session, engine)
+        runner = self._runner(session, engine, dialect, shaper)
         runner.prepared = prepared
         self._start_runner(runner)
         self.reschedule(runner)
@@ -310,7 +318,9 @@ class Sessions:
         )
         return runner
 
-    def _runner(self, session: Session, engine: Engine) -> SessionRunner:
+    def _runner(
+        self, session: Session, engine: Engine, dialect: Dialect, shaper: Shaper | None
+    ) -> SessionRunner:
         config = self.config
         return SessionRunner(
             self,
@@ -319,6 +329,8 @@ class Sessions:
             config.max_pending_input,
             config.max_input_bytes,
             config.max_config_bytes,
+            dialect=dialect,
+            shaper=shaper,
         )
 
     def _start_runner(self, runner: SessionRunner) -> None:
