@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -242,6 +242,7 @@ class SessionRunner:
             decoding,
             audio_in,
             self._pcm_per_ms,
+            None if rate is None else _Reaudio(self, rate),
         )
 
     # -- lifetime ----------------------------------------------------------------------
@@ -699,6 +700,27 @@ class SessionRunner:
             conn.push(decision.frame)
         else:  # (config_locked) the connection ends; the session detaches
             conn.finish([decision.frame], decision.close_code)
+
+
+@attrs.frozen
+class _Reaudio:
+    """A runner's ``AudioSwitch`` (core/protocol.py): ``session.audio`` changed by a
+    ``session.update`` before any audio passed. The encoder and the binary lane switch
+    as the machine takes the update, so output from then on is in the new format."""
+
+    runner: SessionRunner
+    rate: int
+
+    def negotiate(self, requested: object, /) -> dict[str, Any]:
+        return negotiate(requested, self.rate).as_event()  # ProtocolError: unsupported
+
+    def switch(self, negotiated: dict[str, Any], /) -> Decoder:
+        runner = self.runner
+        audio = runner.audio = negotiate(negotiated, self.rate)
+        runner._encoder = Encoder(audio.output, self.rate)
+        runner._binary = audio.wire == "binary"
+        runner._last_delta = None
+        return Decoder(audio.input, self.rate)
 
 
 def _as_pcm(pcm: object) -> bytes:
