@@ -67,12 +67,7 @@ log = logging.getLogger("trio_duplex")
 def dialects_of(config: ServerConfig) -> dict[str, Dialect]:
     """The WebSocket paths beside ``--path`` (native), each with its dialect:
     ``--realtime-path`` (unless empty) speaks OpenAI Realtime."""
-    if not config.realtime_path:
-        return {}
-    try:
-        return {config.realtime_path: by_name("openai")}
-    except ImportError:  # TEMPORARY until trio_duplex.dialects.openai lands
-        return {}
+    return {config.realtime_path: by_name("openai")} if config.realtime_path else {}
 
 
 @attrs.define(eq=False)
@@ -151,6 +146,10 @@ class DuplexServer:
             self.sessions.changed,
             self.max_refusing,
             dialects=dialects_of(config),
+        )
+        # There the upgrade's ?resume= resumes, its bearer the session's resume token.
+        self.gate.resuming_paths = frozenset(
+            path for path, dialect in self.door.dialects.items() if dialect.speaks_first
         )
 
     def _readiness(self) -> tuple[bool, dict[str, object]]:
