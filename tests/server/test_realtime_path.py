@@ -225,6 +225,39 @@ async def test_realtime_path_moves_the_endpoint() -> None:
             assert (await receive(ws))["type"] == "session.created"
 
 
+async def scrape(url: str) -> str:
+    """GET /metrics on the server's own listener, as a scraper would."""
+    host, port = url.removeprefix("ws://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := await stream.receive_some():
+            answer += chunk
+    return answer.decode()
+
+
+async def test_metrics_count_sessions_and_events_by_dialect() -> None:
+    async with serving() as url:
+        async with connect(f"{url}/v1/realtime") as ws:
+            await receive(ws)
+            await send(ws, type="response.create", response={"output_modalities": ["text"]})
+            shaped = await until(ws, "response.done")
+            text = await scrape(url)
+            assert 'trio_duplex_dialect_sessions{dialect="openai"} 1.0' in text
+        async with connect(f"{url}/v1/duplex") as ws:
+            await send(ws, type="session.update", session={})
+            await ws.recv()
+        text = await scrape(url)
+        assert 'trio_duplex_dialect_sessions_opened_total{dialect="openai"} 1.0' in text
+        assert 'trio_duplex_dialect_sessions_opened_total{dialect="native"} 1.0' in text
+        assert "trio_duplex_sessions_opened_total 2.0" in text  # the series of before
+        out = (
+            f'trio_duplex_dialect_events_total{{dialect="openai",direction="out"}} {len(shaped)}.0'
+        )
+        assert out in text  # every shaped event counts
+
+
 def test_the_openai_dialect_is_a_dialect() -> None:
     from trio_duplex.dialects import Dialect, by_name
 

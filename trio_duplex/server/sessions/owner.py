@@ -76,6 +76,10 @@ class Totals:
     replayed_events: int = 0
     ended: Usage = attrs.field(factory=Usage)
     """The sum of the usage of every session that has ended."""
+    opened_by: dict[str, int] = attrs.field(factory=dict)
+    """``opened`` by the sessions' dialect (``native``, ``openai``)."""
+    ended_by: dict[str, tuple[int, int]] = attrs.field(factory=dict)
+    """By dialect: the events in and out of every session that has ended."""
 
     def count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
@@ -277,6 +281,7 @@ class Sessions:
         runner.attach(conn, Commit(session.generation, None))
         self._start_runner(runner)
         self.totals.opened += 1
+        self.totals.count(self.totals.opened_by, dialect.name)
         self.reschedule(runner)
         if self._drained:  # delivered after the drain ended: it ends with the others
             runner.end(Reason.SHUTDOWN)
@@ -363,6 +368,9 @@ class Sessions:
             ended.events_out += usage.events_out
             ended.bytes_out += usage.bytes_out
             ended.resumes += usage.resumes
+            by = self.totals.ended_by
+            events_in, events_out = by.get(runner.dialect.name, (0, 0))
+            by[runner.dialect.name] = (events_in + usage.events_in, events_out + usage.events_out)
             self._released(runner.session)
         del self._runners[runner.session.id]
         self.timers.forget(runner)
