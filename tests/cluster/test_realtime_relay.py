@@ -10,15 +10,18 @@ same resume on b's native path is refused, as a session resumes on its own path 
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 
 import pytest
+import trio
 from websockets.trio.client import ClientConnection
 
 from trio_duplex.cluster.store import Store
 
 from ..helpers import ServerProcess
 from .test_relay import drop, receive, send, ws_to
+from .test_serve import TIMEOUT
 
 pytestmark = pytest.mark.integration
 
@@ -79,3 +82,41 @@ async def test_an_openai_resume_is_relayed_to_its_home(
         await send(on_b, {"type": "session.close"})
         closed = await heard_until(on_b, "session.closed")
         assert json.dumps(closed[-1]).count("client_close") == 1
+
+
+def append(seq: int) -> dict[str, object]:
+    return {
+        "type": "input_audio_buffer.append",
+        "audio": "AAAAAAAAAAAAAAAA",
+        "client_event_seq": seq,
+    }
+
+
+async def test_an_openai_session_handed_over_by_a_drain_resumes_on_another_node(
+    nodes: Callable[..., list[ServerProcess]], store: Store
+) -> None:
+    a, b = nodes("ab", "--relay-port", "0")
+    async with ws_to(realtime(a)) as on_a:
+        created = await receive(on_a)
+        heard = []
+        for seq in (1, 2):
+            await send(on_a, append(seq))
+            heard.append(await receive(on_a))
+        drop(on_a)
+    a.proc.send_signal(signal.SIGTERM)  # detached: handed over to the cluster
+    assert await trio.to_thread.run_sync(a.wait, TIMEOUT * 2) == 0
+    assert "handed over to the cluster" in a.log
+    resume = created["resume"]
+    last = heard[0]["server_event_seq"]
+    query = f"?resume={resume['session_id']}&last_received_server_event_seq={last}"
+    async with ws_to(realtime(b, query), resume["resume_token"]) as on_b:
+        resumed = await receive(on_b)
+        assert resumed["type"] == "session.resumed", resumed
+        assert await receive(on_b) == heard[1]  # the journal moved, in OpenAI's spelling
+        await send(on_b, append(3))
+        later = await receive(on_b)
+        assert later["type"] == heard[1]["type"]
+        assert later["server_event_seq"] == heard[1]["server_event_seq"] + 1
+        assert str(later["event_id"]) == f"event_{later['server_event_seq']}"
+    home = await store.locate(resume["session_id"], "observer")
+    assert (home.kind, home.node_id) == ("home", "b")
