@@ -258,6 +258,32 @@ async def test_metrics_count_sessions_and_events_by_dialect() -> None:
         assert out in text  # every shaped event counts
 
 
+async def test_a_client_gone_with_its_upgrade_holds_no_slot() -> None:
+    """The upgrade opens the session: a close frame sent with it (read with the upgrade)
+    leaves the session undelivered, its slot free at once (the handshake rule)."""
+    async with serving(ServerConfig(port=0, max_sessions=1)) as url:
+        host, port = url.removeprefix("ws://").split(":")
+        upgrade = (
+            f"GET /v1/realtime HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+        close = bytes([0x88, 0x82, 1, 2, 3, 4, 0x03 ^ 1, 0xE8 ^ 2])  # masked close 1000
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(upgrade + close)
+            answer = b""
+            try:
+                while chunk := await stream.receive_some():
+                    answer += chunk
+            except trio.BrokenResourceError:  # a reset ends it too
+                pass
+        assert answer.startswith(b"HTTP/1.1 101 ")
+        assert b"session.created" not in answer
+        async with connect(f"{url}/v1/realtime") as ws:  # the one slot is free
+            assert (await receive(ws))["type"] == "session.created"
+
+
 def test_the_openai_dialect_is_a_dialect() -> None:
     from trio_duplex.dialects import Dialect, by_name
 
