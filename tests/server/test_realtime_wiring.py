@@ -15,6 +15,7 @@ import json
 from collections.abc import AsyncIterator, Generator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 import pytest
@@ -250,3 +251,33 @@ def test_native_neither_speaks_first_nor_shapes() -> None:
     assert dialect.restore_shaper({}, {}) is None
     with pytest.raises(ValueError, match="no shaper state"):
         dialect.restore_shaper({}, {"notes": 1})
+
+
+def test_the_router_gives_each_path_its_dialect_and_a_relay_the_one_it_names() -> None:
+    from websockets.datastructures import Headers
+    from websockets.http11 import Request
+
+    from trio_duplex.core.opening import OPEN, Grant
+    from trio_duplex.dialects.openai import OPENAI
+    from trio_duplex.server.front.router import DIALECT_HEADER, Answer, Router, Upgrade
+
+    relayed = Grant(None, resume_of="s", relayed=True)
+    router = Router(
+        "/v1/duplex",
+        dialects={SPEAKER_PATH: SPEAKER},
+        relay=("/relay", lambda request: (relayed, {})),
+    )
+
+    def route(path: str, *headers: tuple[str, str]) -> Answer | Upgrade:
+        request = Request(path, Headers([("Host", "example.com"), *headers]))
+        return router.route(request, urlsplit(path), None)
+
+    assert route("/v1/duplex") == Upgrade(OPEN, dialect=NATIVE)
+    assert route(SPEAKER_PATH + "?model=x") == Upgrade(OPEN, dialect=SPEAKER)
+    assert route("/v1/elsewhere") == Upgrade(OPEN, ours=False)
+    assert route("/relay") == Upgrade(relayed, dialect=NATIVE)  # (a node before dialects)
+    assert route("/relay", (DIALECT_HEADER, "openai")) == Upgrade(relayed, dialect=OPENAI)
+    for bad in ([(DIALECT_HEADER, "klingon")], [(DIALECT_HEADER, "openai")] * 2):
+        refused = route("/relay", *bad)
+        assert isinstance(refused, Answer)
+        assert (refused.raw or b"").startswith(b"HTTP/1.1 400")
