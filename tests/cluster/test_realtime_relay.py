@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import trio
@@ -30,11 +31,20 @@ def realtime(node: ServerProcess, query: str = "") -> str:
     return node.url.replace("/v1/duplex", "/v1/realtime") + query
 
 
-async def heard_until(ws: ClientConnection, kind: str) -> list[dict[str, object]]:
+async def heard_until(ws: ClientConnection, kind: str) -> list[dict[str, Any]]:
     seen = [await receive(ws)]
     while seen[-1]["type"] != kind:
         seen.append(await receive(ws))
     return seen
+
+
+async def text_turn(ws: ClientConnection, seq: int, text: str) -> list[dict[str, Any]]:
+    """A user's text message and ``response.create`` (client events ``seq``, ``seq + 1``):
+    every event heard until the echo's ``response.done``."""
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    await send(ws, {"type": "conversation.item.create", "item": item, "client_event_seq": seq})
+    await send(ws, {"type": "response.create", "client_event_seq": seq + 1})
+    return await heard_until(ws, "response.done")
 
 
 @pytest.mark.parametrize("relay_port", [False, True])
@@ -45,15 +55,7 @@ async def test_an_openai_resume_is_relayed_to_its_home(
     async with ws_to(realtime(a)) as on_a:
         created = await receive(on_a)
         assert created["type"] == "session.created"
-        await send(
-            on_a,
-            {
-                "type": "input_audio_buffer.append",
-                "audio": "AAAAAAAAAAAAAAAA",
-                "client_event_seq": 1,
-            },
-        )
-        first = await receive(on_a)  # the echo engine's answer, shaped
+        first = await text_turn(on_a, 1, "hello")  # the echo's answer, shaped
         drop(on_a)
     resume = created["resume"]
     home = await store.locate(resume["session_id"], "observer")
@@ -75,8 +77,9 @@ async def test_an_openai_resume_is_relayed_to_its_home(
     async with ws_to(realtime(b, query), resume["resume_token"]) as on_b:
         resumed = await receive(on_b)
         assert resumed["type"] == "session.resumed", resumed
-        assert resumed["last_received_client_event_seq"] == 1
-        assert await receive(on_b) == first  # replayed as a wrote it, in OpenAI's spelling
+        assert resumed["last_received_client_event_seq"] == 2
+        replayed = [await receive(on_b) for _ in first]
+        assert replayed == first  # replayed as a wrote it, in OpenAI's spelling
         await send(on_b, {"type": "session.heartbeat"})
         assert (await receive(on_b))["type"] == "session.heartbeat_ack"
         await send(on_b, {"type": "session.close"})
@@ -98,10 +101,7 @@ async def test_an_openai_session_handed_over_by_a_drain_resumes_on_another_node(
     a, b = nodes("ab", "--relay-port", "0")
     async with ws_to(realtime(a)) as on_a:
         created = await receive(on_a)
-        heard = []
-        for seq in (1, 2):
-            await send(on_a, append(seq))
-            heard.append(await receive(on_a))
+        heard = await text_turn(on_a, 1, "one")
         drop(on_a)
     a.proc.send_signal(signal.SIGTERM)  # detached: handed over to the cluster
     assert await trio.to_thread.run_sync(a.wait, TIMEOUT * 2) == 0
@@ -112,11 +112,12 @@ async def test_an_openai_session_handed_over_by_a_drain_resumes_on_another_node(
     async with ws_to(realtime(b, query), resume["resume_token"]) as on_b:
         resumed = await receive(on_b)
         assert resumed["type"] == "session.resumed", resumed
-        assert await receive(on_b) == heard[1]  # the journal moved, in OpenAI's spelling
-        await send(on_b, append(3))
-        later = await receive(on_b)
-        assert later["type"] == heard[1]["type"]
-        assert later["server_event_seq"] == heard[1]["server_event_seq"] + 1
-        assert str(later["event_id"]) == f"event_{later['server_event_seq']}"
+        replayed = [await receive(on_b) for _ in heard[1:]]
+        assert replayed == heard[1:]  # the journal moved, in OpenAI's spelling
+        later = await text_turn(on_b, 3, "two")  # the restored engine and shaper go on
+        assert later[0]["server_event_seq"] == heard[-1]["server_event_seq"] + 1
+        assert all(e["event_id"] == f"event_{e['server_event_seq']}" for e in later)
+        assert [e["type"] for e in later] == [e["type"] for e in heard]
+        assert later[-1]["response"]["id"] != heard[-1]["response"]["id"]
     home = await store.locate(resume["session_id"], "observer")
     assert (home.kind, home.node_id) == ("home", "b")
