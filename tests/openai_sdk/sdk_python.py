@@ -322,13 +322,16 @@ async def client_secret_scenario(args: argparse.Namespace) -> dict[str, Any]:
         "value_is_not_the_key": secret.value != args.api_key,
     }
     ephemeral = AsyncOpenAI(api_key=secret.value, base_url=args.base_url, max_retries=0)
-    async with ephemeral.realtime.connect(model="gpt-realtime-test") as conn:
-        reader = Reader(conn)
-        created = (await reader.until("session.created"))[-1]
-        record["created_session"] = created.session.to_dict()
-        events = await _text_turn(conn, reader, "secret turn")
-        record.update(reader.record())
-        record["turn"] = turn_summary(events)
+    try:  # (its own failure, so that the secret's issue is judged on its own)
+        async with ephemeral.realtime.connect(model="gpt-realtime-test") as conn:
+            reader = Reader(conn)
+            created = (await reader.until("session.created"))[-1]
+            record["created_session"] = created.session.to_dict()
+            events = await _text_turn(conn, reader, "secret turn")
+            record.update(reader.record())
+            record["turn"] = turn_summary(events)
+    except Exception:
+        record["connect_crash"] = traceback.format_exc()
     record["reused"] = await _refusal(ephemeral)
     record["wrong_key"] = await _refusal(
         AsyncOpenAI(api_key="sk-not-a-key", base_url=args.base_url, max_retries=0)

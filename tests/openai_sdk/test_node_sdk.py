@@ -24,7 +24,7 @@ from tests.helpers import Servers
 
 from .conftest import API_KEY, NODE_DIR, Certs, NodeSdk
 from .sdk_python import LONG_TEXT
-from .test_python_sdk import TEXT_RESPONSE, response_part
+from .test_python_sdk import OPENING_UNDER_A_LOCK, TEXT_RESPONSE, response_part
 
 pytestmark = pytest.mark.integration
 SCRIPT = NODE_DIR / "conversation.cjs"
@@ -161,10 +161,18 @@ def test_a_wrong_key_is_refused(seen: dict[str, Any]) -> None:
     assert record["types"] == []
 
 
-def test_a_client_secret(seen: dict[str, Any]) -> None:
-    record = scenario(seen, "client_secret")
+def test_a_client_secret_is_issued(seen: dict[str, Any]) -> None:
+    record = seen["client_secret"]
+    assert "crash" not in record, record["crash"]
     assert record["secret_session"]["type"] == "realtime"
     assert record["secret_session"]["output_modalities"] == ["text"]
     assert 590 <= record["expires_in"] <= 600
+    assert record["value_is_ephemeral"]
+
+
+@pytest.mark.xfail(strict=True, reason=OPENING_UNDER_A_LOCK)
+def test_a_client_secret_opens_its_session(seen: dict[str, Any]) -> None:
+    record = scenario(seen, "client_secret")
+    assert "connect_crash" not in record, record["connect_crash"]
     assert record["created_session"]["instructions"] == "be brief"
     assert_text_turn(record["turn"], "secret turn")

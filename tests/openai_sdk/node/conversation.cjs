@@ -299,17 +299,19 @@ const scenarios = {
       expires_after: { anchor: 'created_at', seconds: 600 },
       session: { type: 'realtime', instructions: 'be brief', output_modalities: ['text'] },
     });
+    const issued = {
+      secret_session: secret.session,
+      expires_in: secret.expires_at - Math.floor(Date.now() / 1000),
+      value_is_ephemeral: typeof secret.value === 'string' && secret.value !== args.apiKey,
+    };
     const { rt, reader } = await open(OpenAIRealtimeWebSocket, secret.value, args.baseURL);
     try {
       const [created] = await reader.until('session.created');
       const events = await textTurn(rt, reader, 'secret turn');
-      return {
-        ...reader.record(),
-        secret_session: secret.session,
-        expires_in: secret.expires_at - Math.floor(Date.now() / 1000),
-        created_session: created.session,
-        turn: turnSummary(events),
-      };
+      return { ...reader.record(), ...issued, created_session: created.session, turn: turnSummary(events) };
+    } catch (error) {
+      // (its own failure, so that the secret's issue is judged on its own)
+      return { ...reader.record(), ...issued, connect_crash: String((error && error.stack) || error) };
     } finally {
       await close(rt);
     }
