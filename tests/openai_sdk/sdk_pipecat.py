@@ -87,9 +87,15 @@ class Bot:
         self.worker.event_handler("on_pipeline_started")(self._on_started)
         self.frames: list[str] = []
         self.errors: list[str] = []
+        self.items: list[list[Any]] = []  # each item the service saw done: [role, status]
+        self.service.event_handler("on_conversation_item_updated")(self._on_item)
 
     async def _on_started(self, worker: object, frame: object) -> None:
         self.started.set()
+
+    async def _on_item(self, service: object, item_id: str, item: Any) -> None:
+        if item is not None:
+            self.items.append([item.role, item.status])
 
     async def __aenter__(self) -> Bot:
         runner = WorkerRunner()
@@ -125,7 +131,7 @@ class Bot:
                 return frames
 
     def record(self) -> dict[str, Any]:
-        return {"frames": self.frames, "errors": self.errors}
+        return {"frames": self.frames, "errors": self.errors, "items": self.items}
 
 
 def summary(frames: list[Frame]) -> dict[str, Any]:

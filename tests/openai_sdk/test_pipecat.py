@@ -62,6 +62,7 @@ def test_a_text_turn(seen: dict[str, Any]) -> None:
     turn = record["turn"]
     assert turn["text"] == TEXT
     assert turn["audio_bytes"] == 0
+    assert record["items"][-1] == ["assistant", "completed"]
     assert record["frames"][-1] == "LLMFullResponseEndFrame"
 
 
@@ -82,3 +83,4 @@ def test_an_interruption_cancels_the_response(seen: dict[str, Any]) -> None:
     assert 0 < turn["audio_bytes"] < 24000 * 2 * 10  # some of the answer, not all
     assert LONG_TEXT.startswith(turn["text"])
     assert record["frames"][-1] == "LLMFullResponseEndFrame"
+    assert record["items"][-1] == ["assistant", "incomplete"]  # the response was cancelled
