@@ -99,3 +99,63 @@ async def test_under_a_locked_model_the_upgrade_asks_for_that_model_or_none(
                 assert first["error"]["code"] == "config_locked"
                 assert first["error"]["param"] == "model"
                 assert await closed_with(client) == 1008
+
+
+RESTATED = {
+    "type": "realtime",
+    "instructions": "be brief",
+    "output_modalities": ["text"],
+    "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}}},
+}
+
+
+async def test_a_locked_session_takes_an_update_that_restates_it_and_refuses_a_change(
+    autojump_clock: MockClock, raw_http: RawHttp, key_file: str
+) -> None:
+    # Was: any session.update of a locked session was config_locked and closed 1008.
+    async with running_server(ServerConfig(api_key_file=key_file), EchoEngine) as sim:
+        client = await upgrade(sim, "/v1/realtime", await secret(sim, raw_http, LOCKED))
+        created = await client.receive()
+        assert created["type"] == "session.created", created
+        await client.send({"type": "session.update", "session": RESTATED})
+        updated = await client.receive()
+        assert updated["type"] == "session.updated", updated
+        assert updated["session"]["instructions"] == "be brief"
+        changed = RESTATED | {"instructions": "be evil"}
+        await client.send({"type": "session.update", "event_id": "e1", "session": changed})
+        error = (await client.receive())["error"]
+        assert (error["code"], error["param"], error["event_id"]) == (
+            "config_locked",
+            "session.instructions",
+            "e1",
+        )
+        # OpenAI's rule: the connection goes on after an error; nothing changed.
+        await client.send({"type": "session.update", "session": {"type": "realtime"}})
+        again = await client.receive()
+        assert again["type"] == "session.updated"
+        assert again["session"]["instructions"] == "be brief"
+        opened = sim.session(created["resume"]["session_id"])
+        assert opened is not None and opened.config["instructions"] == "be brief"
+        await client.send({"type": "session.close"})
+
+
+async def test_natively_a_locked_update_that_changes_a_field_still_closes_1008(
+    autojump_clock: MockClock, raw_http: RawHttp, key_file: str
+) -> None:
+    async with running_server(ServerConfig(api_key_file=key_file), EchoEngine) as sim:
+        answer = await raw_http(sim, post("/v1/client_tokens", {"session": {"voice": "a"}}))
+        token = json.loads(answer.partition(b"\r\n\r\n")[2])["token"]
+        stream, _ = await sim.listener.connect()
+        client = RawClient(stream)
+        auth = [(b"Authorization", f"Bearer {token}".encode())]
+        request = Request(host="sim", target="/v1/duplex", extra_headers=auth)
+        await client.send_bytes(client.ws.send(request))
+        assert isinstance(await client.next_event(), AcceptConnection)
+        await client.send({"type": "session.update", "session": {}})
+        assert (await client.receive())["type"] == "session.created"
+        await client.send({"type": "session.update", "session": {"voice": "a"}})
+        assert (await client.receive())["type"] == "session.updated"  # a restatement
+        await client.send({"type": "session.update", "session": {"voice": "b"}})
+        error = await client.receive()
+        assert (error["code"], error["param"]) == ("config_locked", "session.voice")
+        assert await closed_with(client) == 1008
