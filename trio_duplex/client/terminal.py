@@ -185,8 +185,9 @@ class Printer:
 
     def event(self, event: dict[str, Any]) -> None:
         if self.raw_json:
-            if isinstance(event.get("audio"), bytes):  # the binary lane: shown as in JSON
-                event = {**event, "audio": base64.b64encode(event["audio"]).decode("ascii")}
+            field = self.dialect.output_audio_field
+            if isinstance(event.get(field), bytes):  # the binary lane: shown as in JSON
+                event = {**event, field: base64.b64encode(event[field]).decode("ascii")}
             self.out.write(json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n")
         else:
             self.out.write(self._compact(event) + "\n")
