@@ -28,6 +28,8 @@ from trio_duplex.client import (
 )
 from trio_duplex.client.dialect import NATIVE, OPENAI, dialect_named, text_of
 from trio_duplex.client.transport import audio_event
+from trio_duplex.core import events
+from trio_duplex.dialects import openai as server_dialect
 from trio_duplex.dialects.binary import output_message
 
 from .helpers import Event, resumed
@@ -351,3 +353,42 @@ def test_model_every_event_once_in_order_through_any_cuts(
     assert not up and not down and not state.outbox
     assert server.inputs == sent
     assert delivered == list(range(1, server.head + 1))
+
+
+# -- against the server's own spelling (trio_duplex.dialects.openai) ----------------------
+
+
+def test_what_the_servers_dialect_writes_is_what_the_client_reads() -> None:
+    limits = {"idle_ttl_s": 60, "journal_max_bytes": 1 << 20, "max_event_bytes": 1 << 16}
+    config = server_dialect.to_config({"type": "realtime", "instructions": "x"})
+    wrote = server_dialect.OPENAI.frame(events.created("s9", config, "tok-1", 1, limits))
+    state = SessionState({"instructions": "x"}, dialect=OPENAI)
+    assert isinstance(wrote, str)
+    state.on_handshake(json.loads(wrote), now=0.0)
+    assert (state.session_id, state.resume_token, state.limits.idle_ttl_s) == ("s9", "tok-1", 60)
+    assert state.config["type"] == "realtime" and state.config["instructions"] == "x"
+    # Every frame the client writes decodes on the server as the event it meant.
+    state.enqueue({"type": "response.create"})
+    frames = drain(state)
+    decoded = [server_dialect.OPENAI.decode(json.dumps(f)) for f in frames]
+    assert [(e["type"], e.get("client_event_seq")) for e in decoded] == [
+        ("session.update", 1),
+        ("response.create", 2),
+    ]
+    assert decoded[0]["session"]["instructions"] == "x"
+    refusal = events.error("input_backpressure", "full")
+    refusal["client_event_seq"] = 2
+    written = server_dialect.OPENAI.frame(refusal)
+    assert isinstance(written, str)
+    assert state.on_event(json.loads(written), len(written), 1.0) is Verdict.INTERNAL
+    assert state.rewinds == 1
+    back = events.resumed("s9", config, "tok-2", 2, 1, 1)
+    url = state.opening_url(URL)
+    assert server_dialect.opening(
+        urllib.parse.parse_qs(urllib.parse.urlsplit(url).query), "tok-1"
+    ) == (events.resume("s9", "tok-1", 0))
+    resumed_text = server_dialect.OPENAI.frame(back)
+    assert isinstance(resumed_text, str)
+    assert state.on_handshake(json.loads(resumed_text), now=2.0).resumed
+    assert state.resume_token == "tok-2" and [o.seq for o in state.outbox] == [2]
+    assert [f.get("client_event_seq") for f in drain(state, 2.0)] == [2]  # resent
