@@ -466,6 +466,7 @@ async def run(
     except _Refused as exc:
         printer.status(str(exc))
         return 2
+    printer.dialect = opening.dialect  # (it reads the events as that wire spells them)
     state = _Run(args, printer, audio, mic)
     shown = " ".join(opening.urls)
     try:
@@ -640,9 +641,7 @@ def main(argv: Sequence[str]) -> int:
         and "NO_COLOR" not in os.environ
         and os.environ.get("TERM") != "dumb"
     )
-    printer = Printer(
-        sys.stdout, sys.stderr, raw_json=args.json, color=color, dialect=dialect_named(args.dialect)
-    )
+    printer = Printer(sys.stdout, sys.stderr, raw_json=args.json, color=color)
     try:
         return trio.run(_main, args, printer)
     except KeyboardInterrupt:  # a Ctrl-C before the signal receiver was installed
