@@ -8,6 +8,7 @@ and in order, across resumes by the upgrade's query.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -222,3 +223,24 @@ async def test_binary_lane_audio_turns_exactly_once_across_cuts(
                                 break
             assert session.generation > 1
     assert replies == turns
+
+
+async def test_a_debug_log_of_a_resume_shows_no_token(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The resume token is the bearer credential of the upgrade on /v1/realtime (the URL
+    holds only the session id and a seq): websockets' DEBUG header lines redact it."""
+    caplog.set_level(logging.DEBUG)
+    tokens: list[str] = []
+    async with sim_server(engines=Engines()) as (_sim, net):
+        async with client(net, random.Random(0)) as session:
+            tokens.append(session.resume_state().resume_token)
+            await net.cut()
+            for event in turn("after the cut"):
+                await session.send(event)
+            assert await answers(session, 1, []) == ["after the cut"]
+            tokens.append(session.resume_state().resume_token)
+    assert session.generation == 2 and "resume=" in caplog.text  # the resume was logged
+    assert "<redacted>" in caplog.text
+    for token in tokens:
+        assert token not in caplog.text
