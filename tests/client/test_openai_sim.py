@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import attrs
@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from trio_duplex import ServerConfig
-from trio_duplex.client import ClientSession, ResumeRefused, connect
+from trio_duplex.client import ClientSession, ResumeRefused, SessionReplaced, connect
 from trio_duplex.client.dialect import text_of
 from trio_duplex.engines.api import Engine, EngineSession
 
@@ -39,21 +39,27 @@ class TurnEngine(Engine):
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = dict(config)
         self.received: list[Event] = []
+        self.session: EngineSession | None = None
         self._ids = itertools.count(1)
 
     async def run(self, session: EngineSession) -> None:
+        self.session = session
         heard = ""
         async for event in session:
             self.received.append(event)
             if event["type"] == "conversation.item.create":
                 heard = event["item"]["content"][0]["text"]
                 continue
-            response_id = f"resp_{next(self._ids)}"
-            await session.send({"type": "response.created", "response_id": response_id})
-            await session.send(
-                {"type": "response.output_text.delta", "response_id": response_id, "text": heard}
-            )
-            await session.send({"type": "response.done", "response_id": response_id})
+            await self.respond(heard)
+
+    async def respond(self, text: str) -> None:
+        """One text response (also from the test: output the client did not ask for)."""
+        assert self.session is not None
+        response_id = f"resp_{next(self._ids)}"
+        await self.session.send({"type": "response.created", "response_id": response_id})
+        delta = {"type": "response.output_text.delta", "response_id": response_id, "text": text}
+        await self.session.send(delta)
+        await self.session.send({"type": "response.done", "response_id": response_id})
 
 
 @attrs.define
@@ -244,3 +250,63 @@ async def test_a_debug_log_of_a_resume_shows_no_token(
     assert "<redacted>" in caplog.text
     for token in tokens:
         assert token not in caplog.text
+
+
+async def test_a_takeover_ends_the_older_client(autojump_clock: trio.abc.Clock) -> None:
+    async with sim_server(engines=Engines()) as (_sim, net):
+        async with client(net, random.Random(0)) as first:
+            resume = first.resume_state()
+            async with connect(
+                URL, resume=resume, options=FAST, open_stream=net.open_stream, dialect="openai"
+            ) as second:
+                replaced = [e async for e in _until(first, "session.replaced")][-1]
+                assert replaced["attachment_generation"] == 2 and "event_id" in replaced
+                with pytest.raises(SessionReplaced):
+                    await first.receive()
+                for event in turn("mine now"):
+                    await second.send(event)
+                assert await answers(second, 1, []) == ["mine now"]
+
+
+async def test_a_drain_is_surfaced_as_going_away_then_closed(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with sim_server(ServerConfig(drain_timeout_s=3), engines=Engines()) as (sim, net):
+        async with client(net, random.Random(0)) as session:
+            sim.server.begin_shutdown()
+            kinds = [e["type"] async for e in session if "server_event_seq" not in e]
+            assert kinds == ["session.going_away", "session.closed"]
+
+
+async def test_a_journal_gap_is_surfaced_as_resync_required(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engines = Engines()
+    async with sim_server(ServerConfig(journal_max_bytes=4000), engines) as (_sim, net):
+        async with client(net, random.Random(0)) as session:
+            seen: list[Event] = []
+            async for event in session:  # the configuration's answer
+                seen.append(event)
+                if event["type"] == "session.updated":
+                    break
+            net.down = True
+            await net.cut()
+            for i in range(10):
+                await engines.made[0].respond(f"lost {i:02}")
+            net.down = False
+            resync = [e async for e in _until(session, "session.resync_required")][-1]
+            assert resync["reason"] == "journal_gap" and "event_id" in resync
+            dropped = resync["dropped_through_seq"]
+            assert dropped > seen[-1]["server_event_seq"]
+            later = await answers(session, 1, seen)
+            assert later[0].startswith("lost ") and later[0] != "lost 00"
+            after = [e for e in seen if e.get("server_event_seq", 0) > dropped]
+            seqs = [e["server_event_seq"] for e in after]
+            assert seqs == list(range(dropped + 1, dropped + 1 + len(seqs)))  # the rest, whole
+
+
+async def _until(session: ClientSession, kind: str) -> AsyncIterator[Event]:
+    async for event in session:
+        yield event
+        if event["type"] == kind:
+            return
