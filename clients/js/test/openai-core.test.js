@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { ProtocolViolation, ResumeRefused, ServerRefused, SessionCore, audioBytes } from "../src/trio-duplex.js";
+import { ProtocolViolation, ResumeRefused, ServerRefused, SessionCore, audioBytes, connect } from "../src/trio-duplex.js";
 
 const ACKS = { everyEvents: 3, everyBytes: 1 << 20, maxDelayMs: 500 };
 const HEARTBEAT = { intervalMs: 15000, timeoutMs: 10000, confirmEvery: 64 };
@@ -109,4 +109,8 @@ test("openai: session.updated states the whole configuration; output audio is de
   assert.deepEqual(core.config, whole);
   assert.equal(core.audioWire, "binary");
   assert.deepEqual([...audioBytes({ type: "response.output_audio.delta", delta: "AAEC" })], [0, 1, 2]);
+});
+
+test("an unknown dialect is refused at once", async () => {
+  await assert.rejects(connect(URL_, { dialect: "klingon", WebSocket: class {} }), TypeError);
 });
