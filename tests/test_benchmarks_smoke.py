@@ -398,3 +398,11 @@ def test_the_speech_benchmark_runs_a_step_and_admission(tmp_path: Path) -> None:
     (admission,) = report["admission"]
     assert admission["sessions"] > admission["opened"] > 0, admission
     assert set(admission["refused"]) == {"resource_exhausted"}, admission
+
+
+def test_the_dialect_url_is_the_servers_realtime_path() -> None:
+    from benchmarks.suite._dialects import dialect_url
+
+    url = "ws://127.0.0.1:9/v1/duplex"
+    assert dialect_url(url, "native") == url
+    assert dialect_url(url, "openai") == "ws://127.0.0.1:9/v1/realtime?model=bench"
