@@ -148,7 +148,6 @@ async def test_an_upstream_error_reaches_the_client_as_an_error() -> None:
             "message": "no response in progress",
             "param": None,
             "event_id": None,
-            "error_type": "invalid_request_error",
         }
 
 

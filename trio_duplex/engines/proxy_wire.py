@@ -35,7 +35,6 @@ _NESTED: Final = {
     "turn_detection": ("input", "turn_detection"),
     "input_audio_transcription": ("input", "transcription"),
     "input_audio_noise_reduction": ("input", "noise_reduction"),
-    "noise_reduction": ("input", "noise_reduction"),
     "voice": ("output", "voice"),
     "speed": ("output", "speed"),
 }
@@ -119,17 +118,17 @@ def _client_formats(event: Event, config: Mapping[str, Any]) -> None:
 
 
 def _error(event: Event) -> Event:
-    """OpenAI's ``{error: {type, code, message, param, event_id}}`` as the canonical
-    error (its fields flat) that the dialect's writer spells as OpenAI's again."""
+    """OpenAI's ``{error: {type, code, message, param, event_id, ...}}`` as the canonical
+    error (its fields flat) that the dialect's writer nests again: the same fields, but
+    ``error.type``, which the writer gives (``invalid_request_error``)."""
     error = event.get("error")
-    fields = error if isinstance(error, dict) else {}
-    out: Event = {
+    fields = {k: v for k, v in error.items() if k != "type"} if isinstance(error, dict) else {}
+    message = fields.get("message")
+    return {
+        **fields,
         "type": _ERROR,
         "code": fields.get("code"),
-        "message": fields.get("message") if isinstance(fields.get("message"), str) else "",
+        "message": message if isinstance(message, str) else "",
         "param": fields.get("param"),
         "event_id": fields.get("event_id"),
     }
-    if isinstance(fields.get("type"), str):
-        out["error_type"] = fields["type"]
-    return out
