@@ -97,12 +97,18 @@ def test_the_relay_path_takes_signed_requests_only() -> None:
 
 
 def test_posts_and_heads_are_told_apart_before_parsing() -> None:
-    def issue(headers: Headers, body: bytes) -> tuple[int, bytes]:
-        return 200, b"{}"
+    class Posts:
+        def answer_post(self, path: str, headers: Headers, body: bytes) -> tuple[int, bytes]:
+            return 200, b"{}"
 
-    router = Router(PATH, endpoints(), issue_token=issue)
+        def post_error(self, path: str, status: int, message: str) -> bytes:
+            return b"{}"
+
+    router = Router(PATH, endpoints(), posts=Posts())
     assert router.posts_token(b"POST /v1/client_tokens HTTP/1.1\r\n\r\n")
     assert router.posts_token(b"POST /v1/client_tokens?x=1 HTTP/1.1\r\n\r\n")
     assert not router.posts_token(b"POST /v1/client_tokensX HTTP/1.1\r\n\r\n")
+    assert router.posts_token(b"POST /v1/realtime/client_secrets HTTP/1.1\r\n\r\n")
+    assert not router.posts_token(b"POST /v1/realtime/client_secretsX HTTP/1.1\r\n\r\n")
     assert not Router(PATH).posts_token(b"POST /v1/client_tokens HTTP/1.1\r\n\r\n")
     assert router.answer_head(b"HEAD / HTTP/1.1\r\n\r\n") is None  # no demo pages

@@ -175,7 +175,7 @@ class Door:
             self.endpoints,
             config.allow_origin,
             authorize=None if gate.open else gate.authorize,
-            issue_token=gate.issue_token,
+            posts=gate,
             relay=self.relay if relay_only or config.relay_port is None else None,
         )
         # Until it carries a session, a connection's messages are small: the first one

@@ -9,15 +9,12 @@ before it reaches a WebSocket.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import re
 from collections.abc import Callable, Sequence
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
 import trio
-from websockets.datastructures import Headers
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
@@ -26,9 +23,8 @@ from ...core.events import SUBPROTOCOL
 from ...core.opening import Grant
 from ..sessions.faults import FAULTS
 from ..sessions.websocket import RECEIVE_SIZE, WebSocket
-from .auth import TOKENS_PATH
-from .http import origin_allowed
-from .router import Answer, IssueToken, Router, Upgrade, plain
+from .http import MAX_POST_BYTES, answer_post
+from .router import Answer, Router, Upgrade, plain
 
 _MAX_REQUEST_BYTES = 16384
 """The largest request head taken (431 beyond)."""
@@ -68,88 +64,6 @@ _BAD_TARGET = Answer(
 
 _REFUSAL_REASONS = {404: "not_found"}
 """The ``trio_duplex_handshake_refusals_total`` reason of an upgrade answered so."""
-
-
-MAX_POST_BYTES = 80 * 1024
-"""The largest body of a POST by default (a client token's request: a configuration
-and a TTL); the server passes its first message's bound (``first_message_bytes``)."""
-_DISCARD_BYTES = 1024 * 1024
-"""A body over the bound is still read, up to this size, before the 413."""
-_CONTENT_LENGTH = re.compile(r"[0-9]{1,16}")
-"""ASCII digits only: ``str.isdigit`` takes ``²``, which ``int`` then refuses."""
-
-_PHRASES = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    413: "Content Too Large",
-    429: "Too Many Requests",
-    503: "Service Unavailable",
-}
-
-
-async def _post(
-    stream: trio.abc.Stream,
-    head: bytes,
-    body: bytes,
-    issue_token: IssueToken,
-    where: str,
-    origins: tuple[str, ...],
-    max_bytes: int,
-) -> None:
-    """Answer a POST: only ``auth.TOKENS_PATH`` takes one (``issue_token`` answers it).
-    Whatever the request holds, the answer is a status and a JSON error, never an
-    exception: the fault is logged at INFO, at the fault log's rate."""
-    line, *lines = head.decode("latin-1").split("\r\n")
-    parts = line.split(" ")
-    headers = Headers()  # case-insensitive, as a verifier (--auth) expects
-    for header in lines:
-        name, sep, value = header.partition(":")
-        if sep:
-            headers[name.strip()] = value.strip()
-    lengths = headers.get_all("Content-Length")
-    length = int(lengths[0]) if len(lengths) == 1 and _CONTENT_LENGTH.fullmatch(lengths[0]) else -1
-    if len(parts) != 3 or parts[1].partition("?")[0] != TOKENS_PATH:
-        status, answer = 404, b'{"error": "no such endpoint"}'
-    elif not origin_allowed(headers.get_all("Origin"), headers.get_all("Host"), origins):
-        status, answer = 403, b'{"error": "origin not allowed"}'
-    elif "Transfer-Encoding" in headers or length < 0:
-        status, answer = 400, b'{"error": "a body needs one Content-Length, in digits"}'
-    elif length > max_bytes:
-        status, answer = 413, json.dumps({"error": f"the body exceeds {max_bytes} bytes"}).encode()
-        # Read (and drop) a body of moderate size first: closing with unread bytes resets
-        # the connection, and the client may then lose the answer.
-        left = length - len(body) if length <= _DISCARD_BYTES else 0
-        while left > 0:
-            data = await stream.receive_some(RECEIVE_SIZE)
-            if not data:
-                return
-            left -= len(data)
-    else:
-        if len(body) < length and headers.get_all("Expect") == ["100-continue"]:
-            await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")  # (curl waits 1 s else)
-        while len(body) < length:
-            data = await stream.receive_some(RECEIVE_SIZE)
-            if not data:
-                return
-            body += data
-        status, answer = issue_token(headers, body[:length])
-    if status != 200:
-        FAULTS.report(where, f"{status} to a POST")
-    extra = ["Cache-Control: no-store"]
-    if status == 401:
-        extra.append("WWW-Authenticate: Bearer")
-    if status in (429, 503):
-        extra.append(f"Retry-After: {RETRY_AFTER_S}")
-    reply = (
-        f"HTTP/1.1 {status} {_PHRASES.get(status, 'Error')}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(answer)}\r\n"
-        + "".join(f"{line}\r\n" for line in extra)
-        + "Connection: close\r\n\r\n"
-    )
-    await stream.send_all(reply.encode() + answer)
 
 
 def _refusal_reason(exc: BaseException | None) -> str:
@@ -222,8 +136,8 @@ async def accept_websocket(
         return None
     # A GET upgrade has no body: frames the client sent at once come right after it.
     head, early = received
-    if router.issue_token is not None and router.posts_token(head):
-        await _post(stream, head, early, router.issue_token, where, router.origins, max_post_bytes)
+    if router.posts is not None and router.posts_token(head):
+        await answer_post(stream, head, early, router.posts, where, router.origins, max_post_bytes)
         return None
     if (page := router.answer_head(head)) is not None:
         await stream.send_all(page)

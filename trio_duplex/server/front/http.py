@@ -1,9 +1,11 @@
-"""Plain HTTP answers beside the WebSocket endpoint: health, readiness and metrics.
+"""Plain HTTP answers beside the WebSocket endpoint: health, readiness, metrics, POSTs.
 
 ``GET /healthz`` (200 while the process serves), ``GET /readyz`` (200 while new sessions
 are accepted, 503 while draining or with every slot held), both JSON, and
 ``GET /metrics`` (Prometheus text, metrics.py). No authentication: with
 ``--metrics-port`` they move to a listener of their own, meant to stay internal.
+``answer_post`` reads and answers a POST (a client token's, a client secret's: the Gate
+in auth.py says what), its body bounded.
 
 The router (router.py) asks ``Endpoints.answer`` about each request's path before the
 upgrade, and the handshake tells ``refused`` why it turned one away; ``serve_internal`` serves the
@@ -13,11 +15,16 @@ separate listener, which answers nothing else.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 import trio
+from websockets.datastructures import Headers
 
+from ..sessions.faults import FAULTS
+from ..sessions.websocket import RECEIVE_SIZE
 from .demo import DemoPages
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -159,3 +166,103 @@ async def serve_internal(stream: trio.abc.Stream, endpoints: Endpoints) -> None:
         return
     path = parts[1].decode("latin-1").split("?", 1)[0]
     await stream.send_all(endpoints.respond(path) or _NOT_FOUND)
+
+
+MAX_POST_BYTES = 80 * 1024
+"""The largest body of a POST by default (a client token's request: a configuration
+and a TTL); the server passes its first message's bound (``first_message_bytes``)."""
+_DISCARD_BYTES = 1024 * 1024
+"""A body over the bound is still read, up to this size, before the 413."""
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,16}")
+"""ASCII digits only: ``str.isdigit`` takes ``²``, which ``int`` then refuses."""
+POST_RETRY_AFTER_S = 1
+"""The ``Retry-After`` of a 429 or 503 to a POST."""
+
+_PHRASES = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    413: "Content Too Large",
+    429: "Too Many Requests",
+    503: "Service Unavailable",
+}
+
+
+class Posts(Protocol):
+    """What answers the POSTs (the Gate, auth.py)."""
+
+    def answer_post(self, path: str, headers: Headers, body: bytes) -> tuple[int, bytes]:
+        """A whole request's status and JSON body (404 for a path not taken)."""
+        ...
+
+    def post_error(self, path: str, status: int, message: str) -> bytes:
+        """A refusal's JSON body, as ``path``'s endpoint words errors."""
+        ...
+
+
+async def answer_post(
+    stream: trio.abc.Stream,
+    head: bytes,
+    body: bytes,
+    posts: Posts,
+    where: str,
+    origins: tuple[str, ...],
+    max_bytes: int,
+) -> None:
+    """Answer a POST (``posts`` says how). Whatever the request holds, the answer is a
+    status and a JSON error, never an exception: the fault is logged at INFO, at the
+    fault log's rate."""
+    line, *lines = head.decode("latin-1").split("\r\n")
+    parts = line.split(" ")
+    path = parts[1].partition("?")[0] if len(parts) == 3 else ""
+    headers = Headers()  # case-insensitive, as a verifier (--auth) expects
+    for header in lines:
+        name, sep, value = header.partition(":")
+        if sep:
+            headers[name.strip()] = value.strip()
+    lengths = headers.get_all("Content-Length")
+    length = int(lengths[0]) if len(lengths) == 1 and _CONTENT_LENGTH.fullmatch(lengths[0]) else -1
+    status = 0
+    if len(parts) != 3:
+        status, message = 404, "no such endpoint"
+    elif not origin_allowed(headers.get_all("Origin"), headers.get_all("Host"), origins):
+        status, message = 403, "origin not allowed"
+    elif "Transfer-Encoding" in headers or length < 0:
+        status, message = 400, "a body needs one Content-Length, in digits"
+    elif length > max_bytes:
+        status, message = 413, f"the body exceeds {max_bytes} bytes"
+        # Read (and drop) a body of moderate size first: closing with unread bytes resets
+        # the connection, and the client may then lose the answer.
+        left = length - len(body) if length <= _DISCARD_BYTES else 0
+        while left > 0:
+            data = await stream.receive_some(RECEIVE_SIZE)
+            if not data:
+                return
+            left -= len(data)
+    if status:
+        answer = posts.post_error(path, status, message)
+    else:
+        if len(body) < length and headers.get_all("Expect") == ["100-continue"]:
+            await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")  # (curl waits 1 s else)
+        while len(body) < length:
+            data = await stream.receive_some(RECEIVE_SIZE)
+            if not data:
+                return
+            body += data
+        status, answer = posts.answer_post(path, headers, body[:length])
+    if status != 200:
+        FAULTS.report(where, f"{status} to a POST")
+    extra = ["Cache-Control: no-store"]
+    if status == 401:
+        extra.append("WWW-Authenticate: Bearer")
+    if status in (429, 503):
+        extra.append(f"Retry-After: {POST_RETRY_AFTER_S}")
+    reply = (
+        f"HTTP/1.1 {status} {_PHRASES.get(status, 'Error')}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(answer)}\r\n"
+        + "".join(f"{line}\r\n" for line in extra)
+        + "Connection: close\r\n\r\n"
+    )
+    await stream.send_all(reply.encode() + answer)

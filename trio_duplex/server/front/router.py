@@ -20,20 +20,17 @@ from collections.abc import Callable
 from urllib.parse import SplitResult
 
 import attrs
-from websockets.datastructures import Headers
 from websockets.http11 import Request
 
 from ...core.opening import OPEN, Grant
-from .auth import TOKENS_PATH
-from .http import Endpoints, origin_allowed
+from .auth import POST_PATHS
+from .http import Endpoints, Posts, origin_allowed
 from .throttle import Throttled
 
 Authorize = Callable[[Request, str | None], Grant | Throttled | None]
 """The credential's check (``Gate.authorize``): a grant, a throttle, or nothing (401)."""
 RelayCheck = Callable[[Request], tuple[Grant, dict[str, str]] | None]
 """Cluster mode: a relayed resume's grant and its 101's headers, if its signature holds."""
-IssueToken = Callable[[Headers, bytes], tuple[int, bytes]]
-"""A client token's POST: its status and JSON body (``Gate.issue_token``)."""
 
 
 def plain(status: str, text: str, *headers: str) -> bytes:
@@ -91,7 +88,7 @@ _RELAY_UNSIGNED = Answer(
 )
 _NO_CREDENTIAL = Answer(_UNAUTHORIZED, "401: no valid credential", "unauthorized")
 
-_POST_TOKENS = (f"POST {TOKENS_PATH} ".encode(), f"POST {TOKENS_PATH}?".encode())
+_POSTS = tuple(f"POST {path}{end}".encode() for path in POST_PATHS for end in " ?")
 
 
 @attrs.frozen
@@ -104,13 +101,14 @@ class Router:
     origins: tuple[str, ...] = ()
     """``--allow-origin``: those, or any with ``*``; none: only the Host's own origin."""
     authorize: Authorize | None = None
-    issue_token: IssueToken | None = None
+    posts: Posts | None = None
+    """Client tokens' and client secrets' POSTs (``Gate``)."""
     relay: tuple[str, RelayCheck] | None = None
     """Cluster mode: the relay's path, and the check of a request's signature."""
 
     def posts_token(self, head: bytes) -> bool:
-        """A client token's POST (answered by ``issue_token``, body and all)."""
-        return self.issue_token is not None and head.startswith(_POST_TOKENS)
+        """A POST of a client token or secret (answered by ``posts``, body and all)."""
+        return self.posts is not None and head.startswith(_POSTS)
 
     def answer_head(self, head: bytes) -> bytes | None:
         """A HEAD request, answered as the demo pages would a GET (websockets parses
@@ -146,4 +144,4 @@ class Router:
         return _NO_CREDENTIAL if found is None else Upgrade(found)
 
 
-__all__ = ["Answer", "Authorize", "IssueToken", "RelayCheck", "Router", "Upgrade", "plain"]
+__all__ = ["Answer", "Authorize", "RelayCheck", "Router", "Upgrade", "plain"]

@@ -1,0 +1,397 @@
+"""The shaper: an engine's compact events become OpenAI's full response structure, each
+event valid to the SDK; its state survives JSON and continues identically."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openai.types.realtime import (
+    ConversationItemInputAudioTranscriptionCompletedEvent,
+    ConversationItemInputAudioTranscriptionDeltaEvent,
+    InputAudioBufferCommittedEvent,
+    InputAudioBufferSpeechStartedEvent,
+    InputAudioBufferSpeechStoppedEvent,
+    RealtimeConversationItemAssistantMessage,
+    ResponseDoneEvent,
+    SessionUpdatedEvent,
+)
+
+from trio_duplex.core import events
+from trio_duplex.core.conversation import assistant_item_id
+from trio_duplex.dialects.openai import OPENAI, OpenAIShaper
+from trio_duplex.dialects.openai.config import defaults
+from trio_duplex.dialects.openai.shaper import MAX_OPEN, MAX_TEXT
+
+from .reference import shaped_frames, validate
+
+Event = dict[str, Any]
+
+
+def response(rid: str, *, audio: bool, end: Event | None = None) -> list[Event]:
+    created: Event = {"type": "response.created", "response_id": rid}
+    if audio:
+        created["output_modalities"] = ["audio"]
+    body: list[Event] = [
+        created,
+        {"type": "response.output_text.delta", "response_id": rid, "text": "Hel"},
+    ]
+    if audio:
+        body.append(
+            {"type": "response.output_audio.delta", "response_id": rid, "audio": b"\x01\x00" * 8}
+        )
+    body.append({"type": "response.output_text.delta", "response_id": rid, "text": "lo"})
+    body.append(end or {"type": "response.done", "response_id": rid})
+    return body
+
+
+TEXT_TYPES = [
+    "response.created",
+    "response.output_item.added",
+    "conversation.item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+]
+AUDIO_TYPES = [
+    "response.created",
+    "response.output_item.added",
+    "conversation.item.added",
+    "response.content_part.added",
+    "response.output_audio_transcript.delta",
+    "response.output_audio.delta",
+    "response.output_audio_transcript.delta",
+    "response.output_audio.done",
+    "response.output_audio_transcript.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+]
+
+
+def test_a_text_response_is_openais_structure_event_by_event() -> None:
+    frames = shaped_frames(OPENAI.shaper(defaults()), response("resp_1", audio=False))
+    models = [validate(f) for f in frames]
+    assert [m.type for m in models] == TEXT_TYPES
+    item_id = assistant_item_id("resp_1")
+    assert models[4].delta == "Hel" and models[4].item_id == item_id
+    assert models[6].text == "Hello"
+    assert models[7].part.type == "text" and models[7].part.text == "Hello"
+    done = models[-1]
+    assert isinstance(done, ResponseDoneEvent)
+    assert done.response.status == "completed" and done.response.id == "resp_1"
+    assert done.response.output_modalities == ["text"]
+    assert done.response.usage is not None and done.response.usage.total_tokens == 0
+    [item] = done.response.output or []
+    assert isinstance(item, RealtimeConversationItemAssistantMessage)
+    assert item.id == item_id and item.status == "completed"
+    assert [(c.type, c.text) for c in item.content] == [("output_text", "Hello")]
+    # each journaled event's id is its seq: the same text is journaled and replayed
+    assert [m.event_id for m in models] == [f"event_{n}" for n in range(1, len(models) + 1)]
+
+
+def test_an_audio_response_carries_its_text_as_the_transcript() -> None:
+    frames = shaped_frames(OPENAI.shaper(defaults()), response("resp_2", audio=True))
+    models = [validate(f) for f in frames]
+    assert [m.type for m in models] == AUDIO_TYPES
+    audio = models[5]
+    assert base64.b64decode(audio.delta) == b"\x01\x00" * 8
+    assert audio.item_id == "item_resp_2"
+    assert json.loads(frames[5])["server_event_seq"] == 6
+    assert models[8].transcript == "Hello"
+    assert models[9].part.type == "audio" and models[9].part.transcript == "Hello"
+    done = models[-1]
+    assert done.response.output_modalities == ["audio"]
+    [item] = done.response.output or []
+    assert [(c.type, c.transcript) for c in item.content] == [("output_audio", "Hello")]
+
+
+@pytest.mark.parametrize(
+    ("end", "status", "details"),
+    [
+        ({"type": "response.done", "status": "completed"}, "completed", None),
+        ({"type": "response.done", "status": "incomplete"}, "incomplete", ("incomplete", None)),
+        (
+            {"type": "response.done", "status": "incomplete", "reason": "max_output_tokens"},
+            "incomplete",
+            ("incomplete", "max_output_tokens"),
+        ),
+        ({"type": "response.done", "status": "failed"}, "failed", ("failed", None)),
+        ({"type": "response.cancelled"}, "cancelled", ("cancelled", "client_cancelled")),
+        (
+            {"type": "response.cancelled", "reason": "turn_detected"},
+            "cancelled",
+            ("cancelled", "turn_detected"),
+        ),
+    ],
+)
+def test_each_end_gives_its_status(
+    end: Event, status: str, details: tuple[str, str | None] | None
+) -> None:
+    end = {**end, "response_id": "resp_3"}
+    frames = shaped_frames(OPENAI.shaper(defaults()), response("resp_3", audio=True, end=end))
+    models = [validate(f) for f in frames]
+    assert [m.type for m in models] == AUDIO_TYPES  # the same closing events every time
+    done = models[-1].response
+    assert done.status == status
+    item_status = "completed" if status == "completed" else "incomplete"
+    assert models[-3].item.status == models[-2].item.status == item_status
+    assert done.output[0].status == item_status
+    if details is None:
+        assert done.status_details is None
+    else:
+        assert (done.status_details.type, done.status_details.reason) == details
+        if status == "failed":
+            assert done.status_details.error.type == "server_error"
+
+
+def test_a_response_the_engine_never_announced_is_opened_by_its_first_delta() -> None:
+    shaper = OPENAI.shaper(defaults())
+    frames = shaped_frames(
+        shaper,
+        [
+            {"type": "response.output_audio.delta", "response_id": "r", "audio": b"\0\0"},
+            {"type": "response.done", "response_id": "r"},
+        ],
+    )
+    types = [validate(f).type for f in frames]
+    assert types[:5] == [*AUDIO_TYPES[:4], "response.output_audio.delta"]
+    assert types[-1] == "response.done"
+
+
+def test_events_in_openais_shape_already_pass_through() -> None:
+    shaper = OPENAI.shaper(defaults())
+    full = {"type": "response.created", "response": {"id": "r", "object": "realtime.response"}}
+    delta = {
+        "type": "response.output_text.delta",
+        "response_id": "r",
+        "item_id": "i",
+        "output_index": 0,
+        "content_index": 0,
+        "delta": "x",
+    }
+    custom = {"type": "upstream.thing", "x": 1}
+    for event in (full, delta, custom):
+        assert shaper.shape(event) == [event]
+    assert shaper.state()["open"] == []
+
+
+def test_turns_and_transcripts_get_openais_names_and_ids() -> None:
+    shaper = OPENAI.shaper(defaults())
+    frames = shaped_frames(
+        shaper,
+        [
+            {"type": "input_audio_buffer.speech_started", "audio_start_ms": 100},
+            {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 900},
+            {"type": "input_audio_buffer.committed", "item_id": "item_u1"},
+            {"type": "input_audio.transcript.delta", "text": "hel"},
+            {"type": "input_audio.transcript.done", "text": "hello", "item_id": "item_u1"},
+            {"type": "input_audio_buffer.cleared"},
+        ],
+    )
+    started, stopped, committed, delta, done, cleared = (validate(f) for f in frames)
+    assert isinstance(started, InputAudioBufferSpeechStartedEvent)
+    assert isinstance(stopped, InputAudioBufferSpeechStoppedEvent)
+    assert started.item_id == stopped.item_id  # one item heard, named before its commit
+    assert started.audio_start_ms == 100 and stopped.audio_end_ms == 900
+    assert isinstance(committed, InputAudioBufferCommittedEvent)
+    assert committed.item_id == "item_u1"
+    assert isinstance(delta, ConversationItemInputAudioTranscriptionDeltaEvent)
+    assert (delta.item_id, delta.delta, delta.content_index) == ("item_u1", "hel", 0)
+    assert isinstance(done, ConversationItemInputAudioTranscriptionCompletedEvent)
+    assert (done.item_id, done.transcript) == ("item_u1", "hello")
+    assert cleared.type == "input_audio_buffer.cleared"
+
+
+def test_session_updated_is_the_full_session_from_the_live_config() -> None:
+    config = defaults("gpt-realtime")
+    shaper = OPENAI.shaper(config)
+    config.update(
+        {
+            "instructions": "be brief",
+            "voice": "marin",
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 400},
+        }
+    )
+    [out] = shaper.shape(events.updated("sess_9", {"instructions": "be brief"}))
+    out["server_event_seq"] = 3
+    model = validate(OPENAI.frame(out))
+    assert isinstance(model, SessionUpdatedEvent)
+    session: Any = model.session
+    assert session.type == "realtime" and session.model == "gpt-realtime"
+    assert session.instructions == "be brief"
+    assert session.audio.output.voice == "marin"
+    assert session.audio.input.turn_detection.silence_duration_ms == 400
+    assert (
+        session.audio.input.format.type == "audio/pcm" and session.audio.input.format.rate == 24000
+    )
+    assert session.model_extra == {"object": "realtime.session", "id": "sess_9"}
+
+
+def test_state_round_trips_through_json_mid_response() -> None:
+    engine = [
+        *response("resp_5", audio=True),
+        {"type": "input_audio_buffer.speech_started", "audio_start_ms": 5, "item_id": "item_u"},
+        {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 9},
+        {"type": "input_audio_buffer.committed"},
+        {"type": "input_audio.transcript.done", "text": "hi"},
+    ]
+    whole = shaped_frames(OPENAI.shaper(defaults()), engine)
+    for cut in range(len(engine) + 1):
+        first = OPENAI.shaper(defaults())
+        before = shaped_frames(first, engine[:cut])
+        state = json.loads(json.dumps(first.state()))
+        second = OPENAI.restore_shaper(defaults(), state)
+        after = shaped_frames(second, engine[cut:], seq=len(before))
+        assert before + after == whole, cut
+
+
+def test_a_restore_continues_the_heard_item() -> None:
+    first = OPENAI.shaper(defaults())
+    [started] = first.shape({"type": "input_audio_buffer.speech_started", "audio_start_ms": 1})
+    second = OpenAIShaper.restore(defaults(), json.loads(json.dumps(first.state())))
+    [stopped] = second.shape({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 2})
+    assert stopped["item_id"] == started["item_id"]
+    second.shape({"type": "input_audio_buffer.committed"})
+    third = OpenAIShaper.restore(defaults(), json.loads(json.dumps(second.state())))
+    [transcript] = third.shape({"type": "input_audio.transcript.done", "text": "hi"})
+    assert transcript["item_id"] == started["item_id"]  # the transcript of the item committed
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        None,
+        {},
+        {"state": "openai-shaper/0", "open": []},
+        {"state": "openai-shaper/1", "open": {}},
+        {"state": "openai-shaper/1", "open": [["r", "yes", ""]]},
+        {"state": "openai-shaper/1", "open": [["r", True]]},
+        {"state": "openai-shaper/1", "open": [["r", True, ""]] * (MAX_OPEN + 1)},
+        {"state": "openai-shaper/1", "open": [], "heard": 5},
+    ],
+)
+def test_a_bad_state_is_refused(state: Any) -> None:
+    with pytest.raises(ValueError, match="shaper"):
+        OPENAI.restore_shaper(defaults(), state)
+
+
+def test_open_responses_are_bounded() -> None:
+    shaper = OPENAI.shaper(defaults())
+    for n in range(MAX_OPEN + 5):
+        shaper.shape({"type": "response.created", "response_id": f"r{n}"})
+    assert [entry[0] for entry in shaper.state()["open"]] == [
+        f"r{n}" for n in range(5, MAX_OPEN + 5)
+    ]
+
+
+RIDS = st.sampled_from(["resp_a", "resp_b", "resp_c"])
+ENGINE_EVENTS = st.one_of(
+    st.builds(
+        lambda rid, audio: {
+            "type": "response.created",
+            "response_id": rid,
+            **({"output_modalities": ["audio"]} if audio else {}),
+        },
+        RIDS,
+        st.booleans(),
+    ),
+    st.builds(
+        lambda rid, text: {"type": "response.output_text.delta", "response_id": rid, "text": text},
+        RIDS,
+        st.text(max_size=5),
+    ),
+    st.builds(
+        lambda rid, audio: {
+            "type": "response.output_audio.delta",
+            "response_id": rid,
+            "audio": audio,
+        },
+        RIDS,
+        st.binary(min_size=2, max_size=8),
+    ),
+    st.builds(
+        lambda rid, status: {"type": "response.done", "response_id": rid, "status": status},
+        RIDS,
+        st.sampled_from(["completed", "incomplete", "failed"]),
+    ),
+    st.builds(lambda rid: {"type": "response.cancelled", "response_id": rid}, RIDS),
+    st.builds(
+        lambda item: {
+            "type": "input_audio_buffer.speech_started",
+            "audio_start_ms": 0,
+            "item_id": item,
+        },
+        st.sampled_from(["item_1", "item_2"]),
+    ),
+    st.just({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 10}),
+    st.just({"type": "input_audio_buffer.committed"}),
+    st.builds(
+        lambda done, text: {
+            "type": "input_audio.transcript." + ("done" if done else "delta"),
+            "text": text,
+        },
+        st.booleans(),
+        st.text(max_size=5),
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(ENGINE_EVENTS, max_size=14), st.data())
+def test_any_engine_sequence_is_valid_openai_and_survives_a_migration(
+    engine: list[Event], data: st.DataObject
+) -> None:
+    # (the first user item heard is named by the engine: no random id to compare)
+    engine = [
+        {"type": "input_audio_buffer.speech_started", "audio_start_ms": 0, "item_id": "u"},
+        *engine,
+    ]
+    whole = shaped_frames(OPENAI.shaper(defaults()), [dict(e) for e in engine])
+    for frame in whole:
+        validate(frame)
+    cut = data.draw(st.integers(0, len(engine)))
+    first = OPENAI.shaper(defaults())
+    before = shaped_frames(first, [dict(e) for e in engine[:cut]])
+    second = OPENAI.restore_shaper(defaults(), json.loads(json.dumps(first.state())))
+    after = shaped_frames(second, [dict(e) for e in engine[cut:]], len(before))
+    assert _named(before + after) == _named(whole)
+
+
+def _named(frames: list[str]) -> list[str]:
+    """Fresh item ids (random) renamed by order of appearance: a restore must reuse the
+    ones it knew, and may make new ones only where the first run did."""
+    names: dict[str, str] = {}
+    return [
+        re.sub(r"item_[0-9a-f]{24}", lambda m: names.setdefault(m[0], f"item#{len(names)}"), f)
+        for f in frames
+    ]
+
+
+def test_the_text_kept_is_bounded() -> None:
+    shaper = OPENAI.shaper(defaults())
+    chunk = "x" * (MAX_TEXT // 2 + 1)
+    for _ in range(3):
+        [delta] = shaper.shape(
+            {"type": "response.output_text.delta", "response_id": "r0", "text": chunk}
+        )[-1:]
+        assert delta["delta"] == chunk  # every delta goes out whole
+    [[_, _, kept]] = shaper.state()["open"]
+    assert len(kept) == MAX_TEXT
+    done = shaper.shape({"type": "response.done", "response_id": "r0"})
+    assert len(done[0]["text"]) == MAX_TEXT
+    with pytest.raises(ValueError, match="too long"):
+        OPENAI.restore_shaper(
+            defaults(), {"state": "openai-shaper/1", "open": [["r", False, "x" * (MAX_TEXT + 1)]]}
+        )

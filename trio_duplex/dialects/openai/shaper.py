@@ -1,0 +1,357 @@
+"""The shaper: an engine's compact events expanded into OpenAI's full response structure.
+
+One per session (``OpenAIShaper(config)``, ``config`` the session's live configuration).
+An engine says ``response.created {response_id, output_modalities?}``, deltas of text
+or audio, and one end (``response.done {status?}`` or ``response.cancelled``); a client
+of OpenAI's API expects the response object, its one assistant item (id
+``assistant_item_id(response_id)``, output 0, content part 0) announced and closed, and
+``response.done`` with the whole output. Text of an audio response is its transcript
+(``response.output_audio_transcript.*``). The turns heard and the transcripts of the
+user's audio get OpenAI's names and fields; ``session.updated`` gets the full session
+object. Anything else (and an event already in OpenAI's shape, as a proxy to an OpenAI
+upstream sends) passes through as it is.
+
+Its state is the open responses (their text so far) and the user item being heard:
+``state()`` is JSON, and ``restore`` continues exactly where a migration left it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from ...core.conversation import assistant_item, assistant_item_id, new_item_id
+from .config import to_session
+
+Event = dict[str, Any]
+STATE_VERSION: Final = "openai-shaper/1"
+MAX_OPEN = 16
+"""Responses open at once before the oldest is forgotten (an engine that never ends
+them must not grow the state without bound)."""
+
+MAX_TEXT = 1 << 20
+"""Characters of a response's text kept for its ``*.done`` events and its item: the
+bound on the shaper's memory (beyond it, the deltas still go out, the whole is cut)."""
+
+_REASONS: Final = frozenset(
+    {"turn_detected", "client_cancelled", "max_output_tokens", "content_filter"}
+)
+_ENDS: Final = frozenset({"completed", "incomplete", "failed", "cancelled"})
+_TEXT_DELTA: Final = "response.output_text.delta"
+_TRANSCRIPT_DELTA: Final = "response.output_audio_transcript.delta"
+_NO_TOKENS: Final = {"type": "tokens", "input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+
+
+@attrs.define(eq=False)
+class _Response:
+    audio: bool
+    item_id: str
+    text: list[str] = attrs.field(factory=list)
+    kept: int = 0
+    """Characters of ``text``: it stops growing at ``MAX_TEXT``."""
+
+    @property
+    def delta(self) -> str:
+        """The type of its text deltas: an audio response's text is its transcript."""
+        return _TRANSCRIPT_DELTA if self.audio else _TEXT_DELTA
+
+
+def _where(response_id: str) -> Event:
+    return {
+        "response_id": response_id,
+        "item_id": assistant_item_id(response_id),
+        "output_index": 0,
+        "content_index": 0,
+    }
+
+
+def _part(audio: bool, text: str) -> Event:
+    return {"type": "audio", "transcript": text} if audio else {"type": "text", "text": text}
+
+
+def _usage() -> Event:
+    """A response's ``usage``: no tokens (clients that count them find zeros, not null)."""
+    return {
+        "total_tokens": 0,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "input_token_details": {"text_tokens": 0, "audio_tokens": 0, "cached_tokens": 0},
+        "output_token_details": {"text_tokens": 0, "audio_tokens": 0},
+    }
+
+
+def _modalities(audio: bool) -> list[str]:
+    return ["audio"] if audio else ["text"]
+
+
+@attrs.define(eq=False)
+class OpenAIShaper:
+    """``trio_duplex.dialects.Shaper`` for the OpenAI dialect."""
+
+    config: dict[str, Any]
+    _open: dict[str, _Response] = attrs.field(factory=dict)
+    _heard: str | None = None
+    """The id of the user audio item being heard (speech started, not yet committed)."""
+    _last_user: str | None = None
+    """The id of the last user audio item committed: its transcript's."""
+
+    def shape(self, event: Event) -> list[Event]:
+        handler = _HANDLERS.get(event["type"])
+        return [event] if handler is None else handler(self, event)
+
+    # -- responses -------------------------------------------------------------------
+
+    def _begin(self, response_id: str, audio: bool) -> list[Event]:
+        while len(self._open) >= MAX_OPEN:
+            del self._open[next(iter(self._open))]
+        self._open[response_id] = _Response(audio, assistant_item_id(response_id))
+        item = assistant_item(response_id, None, audio=audio, status="in_progress")
+        where = _where(response_id)
+        return [
+            {
+                "type": "response.created",
+                "response": {
+                    "id": response_id,
+                    "object": "realtime.response",
+                    "status": "in_progress",
+                    "output": [],
+                    "output_modalities": _modalities(audio),
+                },
+            },
+            {
+                "type": "response.output_item.added",
+                "response_id": response_id,
+                "output_index": 0,
+                "item": item,
+            },
+            {"type": "conversation.item.added", "item": dict(item)},
+            {"type": "response.content_part.added", **where, "part": _part(audio, "")},
+        ]
+
+    def _created(self, event: Event) -> list[Event]:
+        response_id = event.get("response_id")
+        if not isinstance(response_id, str):
+            return [event]  # OpenAI's own shape (a proxy's upstream), or not ours to shape
+        modalities = event.get("output_modalities")
+        audio = isinstance(modalities, list) and "audio" in modalities
+        return self._begin(response_id, audio)
+
+    def _response(self, event: Event, audio: bool) -> tuple[str, _Response, list[Event]]:
+        """The open response an event is of: opened now if the engine never said so."""
+        response_id = event["response_id"]
+        response = self._open.get(response_id)
+        if response is not None:
+            return response_id, response, []
+        opened = self._begin(response_id, audio)
+        return response_id, self._open[response_id], opened
+
+    def _text(self, event: Event) -> list[Event]:
+        # The per-event path: one lookup, one dict.
+        response_id = event.get("response_id")
+        if type(response_id) is not str or "item_id" in event:
+            return [event]
+        response = self._open.get(response_id)
+        out: list[Event] = []
+        if response is None:
+            _, response, out = self._response(event, False)
+        text = event.get("text", "")
+        if response.kept < MAX_TEXT and isinstance(text, str):
+            response.text.append(text[: MAX_TEXT - response.kept])
+            response.kept += len(text)
+        out.append(
+            {
+                "type": response.delta,
+                "response_id": response_id,
+                "item_id": response.item_id,
+                "output_index": 0,
+                "content_index": 0,
+                "delta": text,
+            }
+        )
+        return out
+
+    def _audio(self, event: Event) -> list[Event]:
+        response_id = event.get("response_id")
+        if type(response_id) is not str or "item_id" in event:
+            return [event]
+        response = self._open.get(response_id)
+        out: list[Event] = []
+        if response is None:
+            _, response, out = self._response(event, True)
+        out.append(
+            {
+                "type": "response.output_audio.delta",
+                "response_id": response_id,
+                "item_id": response.item_id,
+                "output_index": 0,
+                "content_index": 0,
+                "audio": event.get("audio"),  # for the runner's encoder, and audio_frame
+            }
+        )
+        return out
+
+    def _done(self, event: Event) -> list[Event]:
+        status = event.get("status", "completed")
+        return self._end(
+            event, status if isinstance(status, str) and status in _ENDS else "completed"
+        )
+
+    def _cancelled(self, event: Event) -> list[Event]:
+        return self._end(event, "cancelled")
+
+    def _end(self, event: Event, status: str) -> list[Event]:
+        if not isinstance(event.get("response_id"), str):
+            return [event]
+        response_id, response, out = self._response(event, False)
+        del self._open[response_id]
+        audio = response.audio
+        text = "".join(response.text)
+        where = _where(response_id)
+        if audio:
+            out.append({"type": "response.output_audio.done", **where})
+            out.append(
+                {"type": "response.output_audio_transcript.done", **where, "transcript": text}
+            )
+        else:
+            out.append({"type": "response.output_text.done", **where, "text": text})
+        out.append({"type": "response.content_part.done", **where, "part": _part(audio, text)})
+        item_status = "completed" if status == "completed" else "incomplete"
+        item = assistant_item(response_id, text, audio=audio, status=item_status)
+        out.append(
+            {
+                "type": "response.output_item.done",
+                "response_id": response_id,
+                "output_index": 0,
+                "item": item,
+            }
+        )
+        out.append({"type": "conversation.item.done", "item": dict(item)})
+        body: Event = {
+            "id": response_id,
+            "object": "realtime.response",
+            "status": status,
+            "output": [dict(item)],
+            "output_modalities": _modalities(audio),
+            "usage": _usage(),
+        }
+        if status != "completed":
+            details: Event = {"type": status}
+            reason = event.get("reason", "client_cancelled" if status == "cancelled" else None)
+            if isinstance(reason, str) and reason in _REASONS:
+                details["reason"] = reason
+            if status == "failed":
+                details["error"] = {"type": "server_error", "code": event.get("code")}
+            body["status_details"] = details
+        out.append({"type": "response.done", "response": body})
+        return out
+
+    # -- turns heard ----------------------------------------------------------------
+
+    def _user_item(self, event: Event) -> str:
+        item_id = event.get("item_id")
+        if not isinstance(item_id, str):
+            item_id = self._heard or new_item_id()
+        return item_id
+
+    def _speech_started(self, event: Event) -> list[Event]:
+        item_id = self._heard = self._user_item(event)
+        return [{**event, "item_id": item_id}]
+
+    def _speech_stopped(self, event: Event) -> list[Event]:
+        item_id = self._heard = self._user_item(event)
+        return [{**event, "item_id": item_id}]
+
+    def _committed(self, event: Event) -> list[Event]:
+        item_id = self._last_user = self._user_item(event)
+        self._heard = None
+        return [{**event, "item_id": item_id}]
+
+    def _transcript_id(self, event: Event) -> str:
+        item_id = event.get("item_id")
+        if isinstance(item_id, str):
+            return item_id
+        return self._last_user or self._heard or new_item_id()
+
+    def _transcript_delta(self, event: Event) -> list[Event]:
+        return [
+            {
+                "type": "conversation.item.input_audio_transcription.delta",
+                "item_id": self._transcript_id(event),
+                "content_index": 0,
+                "delta": event.get("text", ""),
+            }
+        ]
+
+    def _transcript_done(self, event: Event) -> list[Event]:
+        return [
+            {
+                "type": "conversation.item.input_audio_transcription.completed",
+                "item_id": self._transcript_id(event),
+                "content_index": 0,
+                "transcript": event.get("text", ""),
+                "usage": dict(_NO_TOKENS),  # OpenAI's field is required; we bill no tokens
+            }
+        ]
+
+    def _updated(self, event: Event) -> list[Event]:
+        session_id = event.get("session_id", "")
+        session = to_session(self.config, session_id if isinstance(session_id, str) else "")
+        return [{"type": "session.updated", "session": session}]
+
+    # -- migration ------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "state": STATE_VERSION,
+            "open": [[rid, r.audio, "".join(r.text)] for rid, r in self._open.items()],
+            "heard": self._heard,
+            "last_user": self._last_user,
+        }
+
+    @classmethod
+    def restore(cls, config: dict[str, Any], state: object) -> OpenAIShaper:
+        """The shaper ``state()`` described; ValueError for anything else."""
+        if not isinstance(state, dict) or state.get("state") != STATE_VERSION:
+            raise ValueError(f"not a state of the OpenAI shaper ({STATE_VERSION})")
+        entries = state.get("open")
+        if not isinstance(entries, list) or len(entries) > MAX_OPEN:
+            raise ValueError("OpenAI shaper state: 'open' must be a list of open responses")
+        shaper = cls(config)
+        for entry in entries:
+            if not (
+                isinstance(entry, list)
+                and len(entry) == 3
+                and isinstance(entry[0], str)
+                and type(entry[1]) is bool
+                and isinstance(entry[2], str)
+            ):
+                raise ValueError("OpenAI shaper state: an open response is [id, audio, text]")
+            text = [entry[2]] if entry[2] else []
+            if len(entry[2]) > MAX_TEXT:
+                raise ValueError("OpenAI shaper state: a response's text is too long")
+            item_id = assistant_item_id(entry[0])
+            shaper._open[entry[0]] = _Response(entry[1], item_id, text, len(entry[2]))
+        for key in ("heard", "last_user"):
+            value = state.get(key)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"OpenAI shaper state: {key!r} must be an item id or null")
+        shaper._heard = state.get("heard")
+        shaper._last_user = state.get("last_user")
+        return shaper
+
+
+_HANDLERS: Final[Mapping[str, Callable[[OpenAIShaper, Event], list[Event]]]] = {
+    "response.created": OpenAIShaper._created,
+    "response.output_text.delta": OpenAIShaper._text,
+    "response.output_audio.delta": OpenAIShaper._audio,
+    "response.done": OpenAIShaper._done,
+    "response.cancelled": OpenAIShaper._cancelled,
+    "input_audio_buffer.speech_started": OpenAIShaper._speech_started,
+    "input_audio_buffer.speech_stopped": OpenAIShaper._speech_stopped,
+    "input_audio_buffer.committed": OpenAIShaper._committed,
+    "input_audio.transcript.delta": OpenAIShaper._transcript_delta,
+    "input_audio.transcript.done": OpenAIShaper._transcript_done,
+    "session.updated": OpenAIShaper._updated,
+}
