@@ -7,6 +7,7 @@ The same through ``trio-duplex``'s ``/v1/realtime`` is tests/engines/test_realti
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -215,3 +216,27 @@ def test_our_extension_names_from_the_upstream_are_renamed() -> None:
         "type": "rate_limits.updated",
         "rate_limits": [],
     }
+
+
+def test_a_journaled_error_keeps_its_seq_on_openais_wire() -> None:
+    # Was: written with an unjournaled event_id and no seq, a hole in the client's seqs.
+    from trio_duplex.dialects.openai import OPENAI
+
+    from ..dialects.openai.reference import validate
+
+    upstream = {"type": "error", "error": {"type": "invalid_request_error", "code": "x"}}
+    event = {**relayed(upstream, {}), "server_event_seq": 7}  # type: ignore[dict-item]
+    frame = OPENAI.frame(event)
+    validate(frame)
+    assert isinstance(frame, str)
+    data = json.loads(frame)
+    assert data["event_id"] == "event_7" and data["server_event_seq"] == 7
+    assert data["error"] == {
+        "type": "invalid_request_error",
+        "code": "x",
+        "message": "",
+        "param": None,
+        "event_id": None,
+    }
+    unjournaled = json.loads(OPENAI.frame({"type": "error", "code": "y", "message": "m"}))
+    assert "server_event_seq" not in unjournaled and unjournaled["event_id"].startswith("event_x")
