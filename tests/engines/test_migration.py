@@ -404,7 +404,7 @@ def test_voice_restores_its_own_state() -> None:
     [
         (b"voice", "not a snapshot of the voice engine"),
         ({"state": "echo/1", "unanswered": None}, "not a snapshot of the voice engine"),
-        (voice_state(state="voice/2"), "not a snapshot of the voice engine"),
+        (voice_state(state="voice/9"), "not a snapshot of the voice engine"),
         (voice_state(responses=None), "'responses' is not a int"),
         (voice_state(responses=-1), "'responses' is -1, under 0"),
         (voice_state(max_queued=0), "'max_queued' is 0, under 1"),

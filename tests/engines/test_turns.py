@@ -212,8 +212,9 @@ async def test_the_reader_reads_nothing_while_full_and_a_start_makes_room(
     turns, recorder = new_turns(), Recorder()
     taken: list[str] = []
 
-    def take(event: Event) -> None:
+    async def take(event: Event) -> None:
         taken.append(event["text"])
+        await trio.lowlevel.checkpoint()
         turns.put(event["text"])
 
     def full() -> bool:

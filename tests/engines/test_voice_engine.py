@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_duplex.engines.api import BadEvent, EngineSession, Event, Inbox
+from trio_duplex.engines.conversation import EVENTS
 from trio_duplex.engines.voice import (
     FRAME_BYTES,
     SAMPLE_RATE,
@@ -436,7 +437,8 @@ def test_voice_engine_is_the_registered_factory() -> None:
 
     engine = load_engine_factory("voice")({"a": 1})
     assert isinstance(engine, VoiceEngine)
-    assert engine.accepts == {"input.text.append", "input_audio_buffer.append", "response.cancel"}
+    native = {"input.text.append", "input_audio_buffer.append", "response.cancel"}
+    assert engine.accepts == native | EVENTS | {"response.create"}
 
 
 def test_wav_round_trips_through_the_wave_module() -> None:

@@ -119,7 +119,7 @@ async def test_an_upstream_out_of_capacity_refuses_the_open_through_serve(
 
 def test_the_proxy_in_front_of_trio_duplex_serve_itself(servers: Servers) -> None:
     """trio-duplex's own server as the upstream: it speaks session.update, audio appends
-    and ``response.output_audio.delta`` (in ``audio``), not commit/response.create."""
+    and ``response.output_audio.delta`` (in ``audio``), and its refusals come down."""
 
     async def main() -> None:
         echo = servers.start("--engine", "echo")
@@ -136,10 +136,10 @@ def test_the_proxy_in_front_of_trio_duplex_serve_itself(servers: Servers) -> Non
                 await send(ws, {**append, "audio": base64.b64encode(audio).decode()})
                 echoed = (await receive_until(ws, "response.output_audio.delta"))[-1]
                 assert base64.b64decode(echoed["audio"]) == audio
-                # What it lacks: response.create is not an event the echo engine knows.
-                await send(ws, {"type": "response.create"})
+                # Its refusal (an item it does not hold) comes down as the upstream's.
+                await send(ws, {"type": "conversation.item.retrieve", "item_id": "item_x"})
                 error = (await receive_until(ws, "upstream.error"))[-1]
-                assert error["code"] == "unknown_event"
+                assert (error["code"], error["param"]) == ("bad_event", "item_id")
                 echo.interrupt()  # its drain ends its session: the proxy's upstream is gone
                 got = await receive_until(ws, "session.closed")
                 assert got[-1]["reason"] == "upstream_lost"

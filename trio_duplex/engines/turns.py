@@ -97,17 +97,21 @@ class Turns(Generic[T, R]):
             await self._room.park()
 
     async def read(
-        self, session: EngineSession, take: Callable[[Event], None], full: Callable[[], bool]
+        self,
+        session: EngineSession,
+        take: Callable[[Event], Awaitable[None]],
+        full: Callable[[], bool],
     ) -> None:
         """Hand each client event to ``take`` until input ends, reading none while
-        ``full()`` (so the server answers the client's next input with backpressure)."""
+        ``full()`` (so the server answers the client's next input with backpressure).
+        ``take`` may send (a conversation event's answers): the next event waits for it."""
         while True:
             await self.wait_room(full)
             try:
                 event = await session.receive()
             except trio.EndOfChannel:
                 break
-            take(event)
+            await take(event)
         self.end_input()
 
     async def speak(self, respond: Callable[[R], Awaitable[None]]) -> None:

@@ -42,6 +42,17 @@ Decisions:
   ``input_backpressure``; a cancel sent then waits its turn like any other event.
 - Frames are paced against absolute deadlines; a frame delayed by backpressure is sent
   as soon as possible and the following ones catch up to the schedule.
+The conversation (docs/engines.md, "The conversation"): ``conversation.item.*`` and
+``input_audio_buffer.commit/clear`` are answered by its ``Conversation`` (a committed
+buffer is a user item with no transcript: it hears no words); ``response.create`` queues a
+response that speaks the latest user message's text (its texts and transcripts) as
+``input.text.append`` does, except that ``response.created`` carries
+``output_modalities``: ``["audio"]`` (the text deltas are the audio's transcript), or
+``["text"]`` when the ``response.create`` override or the session's
+``output_modalities`` asks for text only: the words then come as text deltas at once, with
+no audio, then ``response.done``. Each response's assistant item (``item_`` + its id) is
+kept for ``conversation.item.retrieve``.
+
 - It migrates (``snapshot``/``restore``, cluster mode). Its state: the response counter;
   the response being spoken (id, text, whether ``response.created`` was sent, the next
   frame whose audio was not, whether that frame's text delta was, whether a cancel was
@@ -67,6 +78,13 @@ import attrs
 import trio
 
 from .api import BadEvent, Engine, EngineSession, Event
+from .conversation import (
+    EVENTS,
+    RESPONSE_EVENTS,
+    Conversation,
+    check_response_event,
+    output_modalities,
+)
 from .turns import Turns, send_end, send_live, speak_unless_cancelled
 
 SAMPLE_RATE: Final = 24_000
@@ -158,6 +176,24 @@ class _Stage(enum.Enum):
     END = "end"  # only its end is left; a cancel no longer applies
 
 
+@attrs.frozen
+class _Turn:
+    """A text to speak, and the modalities its ``response.created`` names (None: an
+    ``input.text.append``, whose events are as they always were)."""
+
+    text: str
+    modalities: tuple[str, ...] | None = None
+
+    def state(self) -> str | dict[str, Any]:
+        if self.modalities is None:
+            return self.text  # (voice/1's shape)
+        return {"text": self.text, "output_modalities": list(self.modalities)}
+
+
+def _start(response_id: str, turn: _Turn) -> _Response:
+    return _Response(response_id, turn.text, modalities=turn.modalities)
+
+
 @attrs.define(eq=False)
 class _Response:
     """The response being spoken, and exactly where its output stands.
@@ -174,6 +210,8 @@ class _Response:
     delta_sent: bool = False  # that frame's text delta is (it starts a word)
     cancelled: bool = False  # a cancel was read: no more audio, response.cancelled ends it
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)  # what a cancel cancels
+    modalities: tuple[str, ...] | None = None  # a response.create's (text only: next_frame
+    # counts the words sent)
 
     @property
     def finished(self) -> bool:
@@ -188,13 +226,15 @@ class _Response:
             "next_frame": self.next_frame,
             "delta_sent": self.delta_sent,
             "cancelled": self.cancelled,
-        }
+        } | ({} if self.modalities is None else {"modalities": list(self.modalities)})
 
 
 class VoiceEngine(Engine):
     """Speaks ``input.text.append`` as paced synthetic audio; see the module docstring."""
 
-    accepts = frozenset({"input.text.append", "input_audio_buffer.append", "response.cancel"})
+    accepts = frozenset(
+        {"input.text.append", "input_audio_buffer.append", *EVENTS, *RESPONSE_EVENTS}
+    )
     audio_rate: int | None = SAMPLE_RATE  # it hears and speaks 24 kHz mono PCM16 (protocol v2)
 
     def __init__(self, config: Mapping[str, Any] | None = None, *, max_queued: int = 16) -> None:
@@ -203,16 +243,19 @@ class VoiceEngine(Engine):
         self.config = dict(config or {})
         self.max_queued = max_queued
         self.audio_bytes_received = 0
-        self._turns = Turns[str, _Response](_Response)  # the texts queued, the one speaking
+        self._turns = Turns[_Turn, _Response](_start)  # the texts queued, the one speaking
+        self.conversation = Conversation()  # (it keeps no audio: it hears no words)
+        self._outbox: deque[Event] = deque()  # conversation answers not yet sequenced
 
     def check(self, event: Event) -> None:
         kind = event["type"]
         if kind == "input.text.append":
             if not isinstance(event.get("text"), str):
                 raise BadEvent("text must be a string", param="text")
-        elif kind == "response.cancel":
-            if not isinstance(event.get("response_id", ""), str):
-                raise BadEvent("response_id must be a string", param="response_id")
+        elif kind in RESPONSE_EVENTS:
+            check_response_event(event)
+        else:
+            self.conversation.check(event)
 
     async def run(self, session: EngineSession) -> None:
         # The reader never waits on speech, so input (and above all a cancel) is read
@@ -221,34 +264,66 @@ class VoiceEngine(Engine):
             nursery.start_soon(self._turns.speak, functools.partial(self._respond, session))
             # One text over max_queued may be held: read no more until one starts. Once
             # input has ended, the queued responses are still spoken, then run returns.
-            await self._turns.read(session, self._take, self._full)
+            await self._flush(session)  # (restored: answers the last node had not sent)
+            await self._turns.read(session, functools.partial(self._take, session), self._full)
 
     def _full(self) -> bool:
         return len(self._turns.queued) > self.max_queued
 
-    def _take(self, event: Event) -> None:
+    async def _take(self, session: EngineSession, event: Event) -> None:
         kind = event["type"]
         if kind == "input.text.append":
-            self._turns.put(event["text"])
+            self._turns.put(_Turn(event["text"]))
         elif kind == "input_audio_buffer.append":
             self.audio_bytes_received += len(event["audio"])  # PCM16 bytes
+            self.conversation.append_audio(event["audio"])
         elif kind == "response.cancel":
             self._turns.cancel(event.get("response_id"))
+        elif kind == "response.create":
+            turn = self.conversation.latest_user()
+            modalities = output_modalities(session.config, event, "audio")
+            self._turns.put(_Turn("" if turn is None else turn.text, tuple(modalities)))
+        else:
+            self._outbox.extend(self.conversation.take(event))
+            await self._flush(session)
+
+    async def _flush(self, session: EngineSession) -> None:
+        while self._outbox:
+            await session.send(self._outbox[0])
+            self._outbox.popleft()
 
     async def _respond(self, session: EngineSession, response: _Response) -> None:
         response_id = response.response_id
         if response.stage is _Stage.CREATE:
             # A cancel read during this send is kept for after it: created is still sent
             # whole, and no audio follows.
-            await session.send({"type": "response.created", "response_id": response_id})
+            created: Event = {"type": "response.created", "response_id": response_id}
+            if response.modalities is not None:
+                created["output_modalities"] = list(response.modalities)
+                self.conversation.begin_response(response_id)
+            await session.send(created)
             response.stage = _Stage.SPEAK
         if response.stage is _Stage.SPEAK:
-            await speak_unless_cancelled(
-                response, functools.partial(self._stream, session, response)
-            )
+            stream = self._stream if response.modalities != ("text",) else self._write
+            await speak_unless_cancelled(response, functools.partial(stream, session, response))
             # No checkpoint since the scope closed: a later cancel cannot reach this one.
             response.stage = _Stage.END
+        if response.modalities is not None:
+            status = "incomplete" if response.cancelled else "completed"
+            self.conversation.end_response(response_id, response.text, response.modalities, status)
         await send_end(session, response)
+
+    async def _write(self, session: EngineSession, response: _Response) -> None:
+        """A text-only response: its words as text deltas, at once (no audio to pace)."""
+        for index, word in enumerate(response.text.split()):
+            if index >= response.next_frame:  # (restored: the words not yet sent)
+                delta = word if index == 0 else " " + word
+                await send_live(
+                    session,
+                    {"type": "response.output_text.delta", "response_id": response.response_id,
+                     "text": delta},
+                )  # fmt: skip
+                response.next_frame = index + 1
 
     async def _stream(self, session: EngineSession, response: _Response) -> None:
         first = response.next_frame
@@ -281,27 +356,51 @@ class VoiceEngine(Engine):
             "state": _STATE,
             "responses": self._turns.responses,
             "speaking": None if speaking is None else speaking.state(),
-            "queued": list(self._turns.queued),
+            "queued": [turn.state() for turn in self._turns.queued],
             "audio_bytes_received": self.audio_bytes_received,
             "max_queued": self.max_queued,
+            "outbox": list(self._outbox),
+            "conversation": self.conversation.snapshot(),
         }
 
     def restore(self, state: bytes | dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("state") != _STATE:
+        if not isinstance(state, dict) or state.get("state") not in (_STATE, _OLD_STATE):
             raise ValueError(f"not a snapshot of the voice engine ({_STATE}): {_short(state)}")
         responses = _count(state, "responses")
-        queued = _field(state, "queued", list)
-        if not all(isinstance(text, str) for text in queued):
-            raise ValueError("voice snapshot: 'queued' must be a list of texts")
+        queued = [_restore_turn(turn) for turn in _field(state, "queued", list)]
         audio_bytes = _count(state, "audio_bytes_received")
         max_queued = _count(state, "max_queued", minimum=1)
         speaking = state.get("speaking")
-        self._turns.speaking = None if speaking is None else _restore_response(speaking)
+        restored = None if speaking is None else _restore_response(speaking)
+        conversation, outbox = Conversation(), deque[Event]()
+        if state["state"] == _STATE:  # (voice/1 had no conversation)
+            conversation.restore(state.get("conversation"))
+            outbox.extend(_field(state, "outbox", list))
+            if not all(isinstance(event, dict) for event in outbox):
+                raise ValueError("voice snapshot: 'outbox' must be a list of events")
+        self._turns.speaking = restored
         self._turns.responses, self._turns.queued = responses, deque(queued)
         self.audio_bytes_received, self.max_queued = audio_bytes, max_queued
+        self.conversation, self._outbox = conversation, outbox
 
 
-_STATE: Final = "voice/1"  # the shape of the snapshot; a restore refuses any other
+_STATE: Final = "voice/2"  # the shape of the snapshot; a restore takes this and voice/1
+_OLD_STATE: Final = "voice/1"
+
+
+def _restore_turn(state: object) -> _Turn:
+    if isinstance(state, str):
+        return _Turn(state)
+    if isinstance(state, dict):
+        return _Turn(_field(state, "text", str), _modalities(state.get("output_modalities")))
+    raise ValueError(f"voice snapshot: 'queued' must be a list of texts, not {_short(state)}")
+
+
+def _modalities(value: object) -> tuple[str, ...]:
+    if value not in (["audio"], ["text"]):
+        raise ValueError(f"voice snapshot: output_modalities {_short(value)} is not known")
+    assert isinstance(value, list)
+    return tuple(value)
 
 
 def _restore_response(state: object) -> _Response:
@@ -322,6 +421,7 @@ def _restore_response(state: object) -> _Response:
         next_frame,
         _field(state, "delta_sent", bool),
         _field(state, "cancelled", bool),
+        modalities=None if state.get("modalities") is None else _modalities(state["modalities"]),
     )
 
 

@@ -19,6 +19,21 @@ the endpointer hears the speech end. Then, per response: ``response.created
 by its audio as ``response.output_audio.delta {response_id, audio}`` every 20 ms (640
 bytes); ``response.done {response_id}`` once the audio has played, or
 ``response.cancelled {response_id}`` (no audio after it).
+
+The conversation (docs/engines.md, "The conversation"): ``conversation.item.*``,
+``input_audio_buffer.commit/clear`` and ``response.create`` (answering the latest user
+message) are taken too. In a session that converses (its configuration names
+``output_modalities`` or ``turn_detection``, as an OpenAI session's does) a detected turn
+is announced as an item: ``speech_started {audio_start_ms, item_id}``, the transcript
+deltas, ``speech_stopped {audio_end_ms, item_id}``, ``input_audio_buffer.committed``,
+``conversation.item.added``, ``input_audio.transcript.done {text, item_id}``,
+``conversation.item.done``, then its response (``response.created`` carries
+``output_modalities: ["audio"]``; a session whose ``output_modalities`` is ``["text"]``
+gets ``["text"]`` and the reply written, not spoken) unless
+``turn_detection.create_response`` is false.
+With ``turn_detection: null`` nothing is announced and nothing answered by itself: a
+commit makes what was heard since the last one a turn (``committed``, ``item.added``,
+``transcript.done``, ``item.done``), and ``response.create`` answers it.
 """
 
 from ._capacity import (

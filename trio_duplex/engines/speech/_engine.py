@@ -16,12 +16,14 @@ import attrs
 import trio
 
 from ..api import BadEvent, Engine, EngineSession, Event
+from ..conversation import EVENTS, RESPONSE_EVENTS, check_response_event, conversing
 from ..turns import Turns, send_end, send_live, speak_unless_cancelled
 from ._capacity import check_available, default_max_sessions, shared_limiter
 from ._recognise import BYTES_PER_SECOND, SAMPLE_RATE, Heard, Hearing
 from ._remote import RemoteRecogniser
 from ._snapshot import Speaking, State
 from ._synthesise import MAX_CLAUSE_CHARS, clauses, synthesise
+from ._talk import Talk, answers_turns, detects_turns
 
 log = logging.getLogger("trio_duplex.engines.speech")
 
@@ -62,7 +64,9 @@ class _Response:
 class SpeechEngine(Engine):
     """Hears 16 kHz PCM16, answers each turn with ``responder``'s text, spoken."""
 
-    accepts = frozenset({"input_audio_buffer.append", "input.text.append", "response.cancel"})
+    accepts = frozenset(
+        {"input_audio_buffer.append", "input.text.append", *EVENTS, *RESPONSE_EVENTS}
+    )
     audio_rate: int | None = SAMPLE_RATE
 
     default_max_sessions = staticmethod(default_max_sessions)
@@ -104,6 +108,10 @@ class SpeechEngine(Engine):
         # Turns' transcripts awaiting a response, and the one speaking.
         self._turns = Turns[str, _Response](_Response)
         self._audio_in = trio.lowlevel.ParkingLot()
+        self._heard_all = trio.lowlevel.ParkingLot()  # woken once the buffer is all heard
+        self._hearing = False  # the listener has audio out of the buffer, not yet heard
+        self._talk = Talk()  # the conversation's items, and the words kept for a commit
+        self._session_config: Mapping[str, Any] = self.config
 
     def check(self, event: Event) -> None:
         kind = event["type"]
@@ -113,9 +121,10 @@ class SpeechEngine(Engine):
                 raise BadEvent("text must be a string", param="text")
             if len(text) > MAX_TYPED_CHARS:  # it goes into the history and the snapshot
                 raise BadEvent(f"text is over {MAX_TYPED_CHARS} characters", param="text")
-        elif kind == "response.cancel":
-            if not isinstance(event.get("response_id", ""), str):
-                raise BadEvent("response_id must be a string", param="response_id")
+        elif kind in RESPONSE_EVENTS:
+            check_response_event(event)
+        else:
+            self._talk.conversation.check(event)
 
     # -- the reader ------------------------------------------------------------------
 
@@ -135,12 +144,14 @@ class SpeechEngine(Engine):
         recogniser: RemoteRecogniser,
         limiter: trio.CapacityLimiter,
     ) -> None:
+        self._session_config = session.config  # (live: session.update changes it)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(
                 self._turns.speak, functools.partial(self._respond, session, limiter=limiter)
             )
             nursery.start_soon(self._listen, session, recogniser, limiter)
-            await self._turns.read(session, self._take, self._full)
+            await self._talk.flush(session)  # (restored: answers the last node had not sent)
+            await self._turns.read(session, functools.partial(self._take, session), self._full)
             self._audio_in.unpark_all()
 
     def _full(self) -> bool:
@@ -148,16 +159,30 @@ class SpeechEngine(Engine):
         # answers the client's next audio with input_backpressure.
         return len(self._buffer) >= self.max_buffered_bytes or len(self._turns.queued) > MAX_QUEUED
 
-    def _take(self, event: Event) -> None:
+    async def _take(self, session: EngineSession, event: Event) -> None:
         kind = event["type"]
         if kind == "input_audio_buffer.append":
             self._buffer += event["audio"]
+            self._talk.conversation.append_audio(event["audio"])
             self._audio_in.unpark_all()
         elif kind == "input.text.append":  # a typed turn: answered like a spoken one
             self._turns.cancel(None)
             self._queue_turn(event["text"])
         elif kind == "response.cancel":
             self._turns.cancel(event.get("response_id"))
+        elif kind == "response.create":  # the latest user message, answered
+            turn = self._talk.conversation.latest_user()
+            self._queue_turn("" if turn is None else turn.text)
+        elif kind == "input_audio_buffer.commit":
+            while (self._buffer or self._hearing) and not self._turns.input_ended:
+                await self._heard_all.park()  # the recogniser hears all of it first
+            self._talk.commit(self._turn_started)
+            await self._talk.flush(session)
+        else:
+            if kind == "input_audio_buffer.clear":
+                self._buffer.clear()  # (not yet heard: never will be)
+            self._talk.take(event, self._turn_started)
+            await self._talk.flush(session)
 
     def _queue_turn(self, transcript: str) -> None:
         self.history.append({"role": "user", "text": transcript})
@@ -177,7 +202,9 @@ class SpeechEngine(Engine):
                     return
                 await self._audio_in.park()
                 continue
+            await self._announce(session)  # (restored: what the last node had not sent)
             chunk = bytes(self._buffer[:CHUNK_BYTES])
+            self._hearing = True
             # The limiter holds the processes computing at once to the cores. A cancel
             # here ends the session: its recogniser (its state mid-request) goes with it.
             async with limiter:
@@ -187,24 +214,41 @@ class SpeechEngine(Engine):
             self._turns.make_room()
             for hearing in heard:
                 await self._hear(session, hearing)
+            self._hearing = False
+            self._heard_all.unpark_all()
             if not recogniser.in_turn:  # quiet: keep only what a new turn may start in
                 self._trim(recogniser.fed - KEEP_BYTES)
 
     async def _hear(self, session: EngineSession, hearing: Hearing) -> None:
+        conversing_ = conversing(self._session_config)
+        if (conversing_ and not detects_turns(self._session_config)) or self._talk.skip_turn:
+            self._hear_only(hearing)  # turns are the client's commits
+            return
         if hearing.kind is Heard.STARTED:
             if self._turn_started:  # restored mid-turn: this turn was announced
                 return
             self._turns.cancel(None)  # barge-in: the user speaks over the response
             start_ms = self._base_ms + hearing.start_s * 1000
-            await session.send(
-                {"type": "input_audio_buffer.speech_started", "audio_start_ms": round(start_ms)}
-            )
+            started: Event = {
+                "type": "input_audio_buffer.speech_started",
+                "audio_start_ms": round(start_ms),
+            }
+            if conversing_:
+                started["item_id"] = self._talk.start_turn()
+            await session.send(started)
             self._turn_started = True
         elif hearing.kind is Heard.PARTIAL:
+            self._talk.partial = hearing.text
             delta = self._firm_delta(hearing.text.split())
             if delta:
-                await session.send({"type": "input_audio.transcript.delta", "text": delta})
+                heard: Event = {"type": "input_audio.transcript.delta", "text": delta}
+                if self._talk.turn_item is not None:
+                    heard["item_id"] = self._talk.turn_item
+                await session.send(heard)
                 self._turn_words += delta.split()
+        elif conversing_:
+            await self._turns.wait_room(self._no_room_for_turn)  # its response must have room
+            await self._end_turn(session, hearing)
         else:
             await self._turns.wait_room(self._no_room_for_turn)  # its response must have room
             self._turns.cancel(None)
@@ -214,6 +258,41 @@ class SpeechEngine(Engine):
             self._last_guesses.clear()
             self._trim(hearing.offset)
             self._queue_turn(hearing.text)
+
+    def _hear_only(self, hearing: Hearing) -> None:
+        """No turn detection (or a turn the client committed): words are kept for the
+        client's commit, nothing is announced."""
+        if hearing.kind is Heard.STARTED:
+            self._turn_started = True
+            return
+        done = hearing.kind is Heard.DONE
+        self._talk.hear(hearing.text, done)
+        if done:
+            self._turn_started = False
+            self._trim(hearing.offset)
+
+    async def _end_turn(self, session: EngineSession, hearing: Hearing) -> None:
+        """A turn detected has ended: it is committed, its transcript done, answered."""
+        self._turns.cancel(None)
+        end_ms = self._base_ms + hearing.offset * 1000 / BYTES_PER_SECOND
+        self._talk.announcing += self._talk.end_turn(hearing.text, end_ms)
+        self._turn_started = False
+        self._turn_words = []
+        self._last_guesses.clear()
+        self._trim(hearing.offset)
+        if answers_turns(self._session_config):
+            self._talk.then_answer = hearing.text  # once announced (a snapshot keeps it)
+        else:
+            self.history.append({"role": "user", "text": hearing.text})
+        await self._announce(session)
+
+    async def _announce(self, session: EngineSession) -> None:
+        """Send the turn's announcement, then queue its answer: in that order, wherever a
+        migration stop lands (the next node sends the rest, then queues it)."""
+        await self._talk.announce(session)
+        if self._talk.then_answer is not None:
+            self._queue_turn(self._talk.then_answer)
+            self._talk.then_answer = None
 
     def _no_room_for_turn(self) -> bool:
         return len(self._turns.queued) >= MAX_QUEUED
@@ -249,18 +328,31 @@ class SpeechEngine(Engine):
         self, session: EngineSession, response: _Response, *, limiter: trio.CapacityLimiter
     ) -> None:
         response_id = response.response_id
+        conversing_ = conversing(self._session_config)
+        # The session's output_modalities ["text"]: the reply is written, not spoken.
+        modalities = self._session_config.get("output_modalities")
+        modalities = ["text"] if conversing_ and modalities == ["text"] else ["audio"]
         if not response.created:
-            await session.send({"type": "response.created", "response_id": response_id})
+            created: Event = {"type": "response.created", "response_id": response_id}
+            if conversing_:  # (["audio"]: the text deltas are the audio's transcript)
+                created["output_modalities"] = modalities
+                self._talk.conversation.begin_response(response_id)
+            await session.send(created)
             response.created = True
+            answer = self._play if modalities == ["audio"] else self._write
             await speak_unless_cancelled(
-                response, functools.partial(self._play, session, response, limiter)
+                response, functools.partial(answer, session, response, limiter)
             )
             # No checkpoint since the scope closed: a later cancel cannot reach this one.
             response.finished = True
         elif not response.finished:  # restored mid-reply: responder and audio left behind
             response.cancelled = True
             response.finished = True
-        self.history.append({"role": "assistant", "text": "".join(response.said).strip()})
+        said = "".join(response.said).strip()
+        self.history.append({"role": "assistant", "text": said})
+        if conversing_:
+            status = "incomplete" if response.cancelled else "completed"
+            self._talk.conversation.end_response(response_id, said, modalities, status)
         await send_end(session, response)
 
     async def _play(
@@ -294,6 +386,31 @@ class SpeechEngine(Engine):
                         index += 1
             # Done when the last frame has played, not when it was sent.
             await trio.sleep_until(start + index * FRAME_SECONDS)
+
+    async def _write(
+        self, session: EngineSession, response: _Response, limiter: trio.CapacityLimiter
+    ) -> None:
+        """A text-only reply: the responder's clauses as text deltas, as they come."""
+        del limiter  # (nothing to synthesise)
+        async with contextlib.aclosing(self._reply(response.transcript)) as reply:
+            pending = ""
+            async for piece in reply:
+                ready, pending = clauses(pending + piece)
+                for clause in ready:
+                    await self._write_clause(session, response, clause)
+            ready, rest = clauses(pending)
+            for clause in [*ready, rest] if rest.strip() else ready:
+                await self._write_clause(session, response, clause)
+
+    async def _write_clause(self, session: EngineSession, response: _Response, clause: str) -> None:
+        clause = " ".join(clause.split())
+        text = clause if not response.said else " " + clause
+        await send_live(
+            session,
+            {"type": "response.output_text.delta", "response_id": response.response_id,
+             "text": text},
+        )  # fmt: skip
+        response.said.append(text)
 
     async def _synthesise(
         self,
@@ -371,10 +488,12 @@ class SpeechEngine(Engine):
                 speaking.cancelled,
                 tuple(speaking.said),
             ),
+            self._talk.state(),
         ).write()
 
     def restore(self, state: bytes | dict[str, Any]) -> None:
         got = State.read(state)  # all checked before anything is taken
+        talk = Talk.read(got.talk)  # (checked too, before anything is taken)
         speaking = got.speaking
         if speaking is not None:
             self._turns.speaking = _Response(
@@ -392,6 +511,7 @@ class SpeechEngine(Engine):
         self.history.extend(got.history)
         self._turns.queued = deque(got.queued)
         self._turns.responses = got.responses
+        self._talk = talk
 
 
 __all__ = ["MAX_CLAUSE_CHARS", "Responder", "SpeechEngine", "say_back"]

@@ -13,7 +13,8 @@ from typing import Any, Final
 
 import attrs
 
-VERSION: Final = "speech/1"  # the shape of the snapshot; a restore refuses any other
+VERSION: Final = "speech/2"  # the shape of the snapshot; a restore takes this and speech/1
+OLD_VERSION: Final = "speech/1"  # (no conversation: restored with an empty one)
 
 
 @attrs.frozen
@@ -40,6 +41,10 @@ class State:
     queued: tuple[str, ...]  # transcripts awaiting their response
     responses: int  # responses created so far (their ids: resp_1, resp_2, ...)
     speaking: Speaking | None
+    talk: dict[str, Any] | None = None
+    """The conversation's part (speech/2): ``conversation`` (its snapshot), ``outbox``
+    (answers not yet sent), ``turn_item``, ``heard``, ``partial``, ``skip_turn``; checked
+    by the engine's restore."""
 
     def write(self) -> dict[str, Any]:
         speaking = self.speaking
@@ -55,11 +60,12 @@ class State:
             "speaking": None if speaking is None else attrs.asdict(speaking) | {
                 "said": list(speaking.said)
             },
+            "talk": self.talk,
         }  # fmt: skip
 
     @classmethod
     def read(cls, state: object) -> State:
-        if not isinstance(state, dict) or state.get("state") != VERSION:
+        if not isinstance(state, dict) or state.get("state") not in (VERSION, OLD_VERSION):
             raise ValueError(f"not a snapshot of the speech engine ({VERSION})")
         try:
             audio = base64.b64decode(_get(state, "audio", str), validate=True)
@@ -84,6 +90,7 @@ class State:
             _texts(state, "queued"),
             _get(state, "responses", int),
             _speaking(state.get("speaking")),
+            None if state["state"] == OLD_VERSION else _get(state, "talk", dict),
         )
 
 
