@@ -40,6 +40,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("server.sessions.opening", "engine_broke"): "the engine failed before a session existed",
     ("server.sessions.opening", "opening.CONFIG_TIMEOUT"): "no first message within "
     "--config-timeout, by the shell's clock",
+    ("server.sessions.opening", "opening.other_dialect"): "the session's dialect is not its "
+    "connection's (the path's): dialects are the shell's, the core sees spellings only",
     ("server.sessions.opening", "opening.ended_during_resume"): "the session's teardown "
     "(its engine task) ended it while the replay was written",
     ("server.sessions.owner", "engine_broke"): "the engine failed in prepare",

@@ -14,7 +14,7 @@ import base64
 import binascii
 import json
 import struct
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import Any
 
 import pytest
@@ -75,6 +75,17 @@ class Slashed:
         delta["server_event_seq"] = seq
         return self.frame(delta)
 
+    speaks_first = False
+
+    def opening(self, query: Mapping[str, list[str]], bearer: str | None, /) -> None:
+        return None
+
+    def shaper(self, config: Event, /) -> None:
+        return None
+
+    def restore_shaper(self, config: Event, state: Event, /) -> None:
+        return None
+
 
 SLASHED: Dialect = Slashed()
 """Typed as the interface: mypy checks that the toy implements all of it."""
@@ -93,7 +104,7 @@ async def receive(client: SimClient) -> Event:
 
 
 async def open_slashed(sim: Simulation) -> tuple[SimClient, Event]:
-    sim.server.sessions.dialect = SLASHED
+    sim.server.door.dialects[sim.server.config.path] = SLASHED
     client = await sim.connect()
     await send(client, "session/update", session={})
     created = await receive(client)

@@ -30,6 +30,7 @@ FLAGS = {
     "--host",
     "--port",
     "--path",
+    "--realtime-path",
     "--tls-cert",
     "--tls-key",
     "--allow-origin",
@@ -152,6 +153,8 @@ def test_bad_flag_value_exits_2_with_a_clear_message(
         ("--engine", "os:sep"),
         ("--path", "no-slash"),
         ("--path", "/with?query=1"),
+        ("--realtime-path", "no-slash"),
+        ("--realtime-path", "/v1/duplex"),
     ],
 )
 def test_bad_engine_or_path_exits_2_with_a_clear_message(

@@ -42,6 +42,7 @@ from ..core.frames import CloseCode
 from ..core.migration import BadRecord, Record, export, restore
 from ..core.session import State
 from ..core.wire import ProtocolError
+from ..dialects import by_name
 from ..engines.api import Engine, can_migrate, prepares
 from ..server.config import ServerConfig
 from ..server.sessions.opening import settle_audio
@@ -206,6 +207,11 @@ async def adopt(
             await node.unclaim_migration(session_id)
         raise cluster.takeover_token_invalid()
     try:
+        dialect = by_name(record.dialect)
+    except KeyError:
+        log.error("a handed-over session's record names an unknown dialect")
+        raise cluster.record_unusable() from None
+    try:
         config_now = dict(record.config)
         engine = new_engine(config_now)  # ProtocolError: the engine refused (BadEvent), broke
         engine.restore(record.engine_state)
@@ -217,10 +223,17 @@ async def adopt(
         try:
             if prepares(engine):
                 prepared = await sessions.prepare(engine)  # ProtocolError: not ready
-            session = restore(
-                record, config.core_limits, trio.current_time(), sessions.registry.spelling
+            session = restore(record, config.core_limits, trio.current_time(), dialect)
+            state = record.shaper_state
+            # ValueError (a bad state): logged below as a take-over that failed.
+            shaper = (
+                dialect.shaper(session.config)
+                if state is None
+                else dialect.restore_shaper(session.config, state)
             )
-            runner = sessions.adopt(session, engine, prepared)  # ProtocolError: full, ...
+            runner = sessions.adopt(  # ProtocolError: full, ...
+                session, engine, prepared, dialect=dialect, shaper=shaper
+            )
             runner.restore_input(record.pending_input)
         except BaseException:
             if prepared is not None:

@@ -162,6 +162,7 @@ class ClusterPlacement:
             connect_timeout_s=config.handshake_timeout_s,
             write_timeout_s=config.write_timeout_s,
             ssl_context=self.relay_ssl,
+            dialect=conn.dialect.name,
         )
         if not relayed:
             totals.count(totals.resumes, ErrorCode.SESSION_HOME_UNREACHABLE)

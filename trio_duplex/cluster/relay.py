@@ -47,6 +47,7 @@ from websockets.http11 import Request
 from websockets.trio.client import ClientConnection, connect
 
 from ..core.frames import CloseCode
+from ..server.front.router import DIALECT_HEADER
 from ..server.front.tls import TLSError
 from ..server.sessions.connection import Connection
 from ..server.sessions.websocket import ConnectionClosed as ClientGone
@@ -273,8 +274,11 @@ async def relay(
     connect_timeout_s: float,
     write_timeout_s: float,
     ssl_context: ssl.SSLContext | None = None,
+    dialect: str = "native",
 ) -> bool:
-    """Relay ``conn``, whose first message ``first`` is a ``session.resume``, to the home
+    """Relay ``conn``, whose first message ``first`` is a ``session.resume`` (in native
+    JSON, whatever its client speaks: ``dialect``, named to the home, which speaks it on
+    the relayed connection from its first answer), to the home
     node ``home`` advertised at ``url``, until either side closes. Returns False (nothing
     sent to the client, nor to the home) if the home could not be reached, refused the
     upgrade, or did not prove it holds the cluster secret: the caller answers
@@ -287,7 +291,7 @@ async def relay(
         async with connect(
             target,
             ssl=ssl_context if target.startswith("wss:") else None,
-            additional_headers={HEADER: signed.header},
+            additional_headers={HEADER: signed.header, DIALECT_HEADER: dialect},
             compression=None,
             proxy=None,
             ping_interval=None,  # the home pings; websockets answers

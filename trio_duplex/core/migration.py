@@ -74,9 +74,13 @@ class Frozen:
     pending_input: tuple[tuple[dict[str, Any], int], ...] = ()
     """Client events received and not yet taken by the engine, oldest first, each with
     its counted size: the next node's engine takes them first."""
+    dialect: str = "native"
+    """The name of the dialect the session was opened in (``trio_duplex.dialects``)."""
+    shaper_state: dict[str, Any] | None = None
+    """Its dialect's shaper's ``state()``; None: its dialect has no shaper."""
 
     def __repr__(self) -> str:
-        return f"Frozen(resume_client_seq={self.resume_client_seq})"
+        return f"Frozen(resume_client_seq={self.resume_client_seq}, dialect={self.dialect})"
 
 
 @attrs.frozen(repr=False)
@@ -126,6 +130,10 @@ class Record:
     engine_state: EngineState
     pending_input: tuple[tuple[dict[str, Any], int], ...] = ()
     """Client events received and not yet taken by the engine (``Frozen``)."""
+    dialect: str = "native"
+    """The dialect it was opened in, by name; a record without one is native's."""
+    shaper_state: dict[str, Any] | None = None
+    """Its dialect's shaper's state (``Frozen``)."""
     version: int = FORMAT
 
     def __attrs_post_init__(self) -> None:
@@ -172,6 +180,11 @@ class Record:
             if not _shallow(event):
                 raise ValueError(f"a pending event nests deeper than {MAX_DEPTH}")
             _count(size, "a pending event's size")
+        if type(self.dialect) is not str or not 0 < len(self.dialect) <= 64:
+            raise ValueError("dialect must be a string of 1 to 64 characters")
+        shaper = self.shaper_state
+        if shaper is not None and (type(shaper) is not dict or not _shallow(shaper)):
+            raise ValueError(f"shaper_state must be null or an object nested <= {MAX_DEPTH}")
 
     def __repr__(self) -> str:
         return (
@@ -215,6 +228,8 @@ class Record:
                 ]
                 for event, size in self.pending_input
             ],
+            "dialect": self.dialect,
+            "shaper": self.shaper_state,
         }
         try:
             return MAGIC + orjson.dumps(doc)
@@ -275,6 +290,8 @@ def export(session: Session, frozen: Frozen) -> Record:
         ),
         engine_state=frozen.engine_state,
         pending_input=frozen.pending_input,
+        dialect=frozen.dialect,
+        shaper_state=frozen.shaper_state,
     )
 
 
@@ -385,5 +402,7 @@ def _parse(doc: Any) -> Record:
         ),
         engine_state=state,
         pending_input=tuple(queued),
+        dialect=doc.get("dialect", "native"),  # (a record of a node before dialects)
+        shaper_state=doc.get("shaper"),
         version=doc["v"],
     )

@@ -178,6 +178,14 @@ def ended_during_resume() -> ProtocolError:
     )
 
 
+def other_dialect() -> ProtocolError:
+    """A resume on the path of another dialect than the one its session was opened in."""
+    return ProtocolError.resume_refused(
+        ErrorCode.INVALID_SESSION_RESUME,
+        "this session resumes only on the path of the dialect it was opened with",
+    )
+
+
 def not_resumable() -> ProtocolError:
     """A resume of a session still opening (its ``session.created`` not delivered):
     answered as one of a session that does not exist."""
@@ -222,6 +230,7 @@ __all__ = [
     "first_step",
     "not_resumable",
     "open_with",
+    "other_dialect",
     "resume_only",
 ]
 

@@ -52,6 +52,20 @@ class AudioDecoding(Protocol):
         """Those bytes, in the session's input format, to the engine's PCM16."""
 
 
+class AudioSwitch(Protocol):
+    """The shell's audio reconfiguration, for a session with negotiated audio: a
+    ``session.update`` may change ``session.audio`` while no audio has passed either
+    way (OpenAI clients set the format right after ``session.created``)."""
+
+    def negotiate(self, requested: object, /) -> dict[str, Any]:
+        """The effective ``session.audio`` for ``requested``; ProtocolError
+        (unsupported_audio_format) if it cannot be served. Changes nothing."""
+
+    def switch(self, negotiated: dict[str, Any], /) -> AudioDecoding:
+        """Use ``negotiated`` from now on (the output's encoder, the binary lane): the
+        decoder of the input that follows."""
+
+
 class CheckFailed(Exception):
     """An engine's ``check`` (or ``check_locked``) raised something other than a
     ProtocolError: the engine is broken, not the event. What it raised is the
@@ -196,6 +210,7 @@ class ClientEvents:
     __slots__ = (
         "_audio",
         "_audio_in",
+        "_audio_switch",
         "_budget",
         "_heartbeat_ack",
         "_pcm_per_ms",
@@ -213,8 +228,10 @@ class ClientEvents:
         audio: AudioDecoding | None = None,
         audio_in: dict[str, int] | None = None,
         pcm_per_ms: int = 48,
+        audio_switch: AudioSwitch | None = None,
     ) -> None:
         self.session = session
+        self._audio_switch = audio_switch
         self.engine = engine
         self._budget = budget
         self._room = room
@@ -343,16 +360,29 @@ class ClientEvents:
                 param="session",
                 close_code=CloseCode.POLICY_VIOLATION,
             )
+        negotiated = None
         if "audio" in update and update["audio"] != session.config.get("audio"):
-            raise ProtocolError(
-                ErrorCode.BAD_EVENT,
-                "session.audio is set when the session opens and cannot change",
-                param="session.audio",
-            )
+            switch = self._audio_switch
+            usage = session.usage
+            if switch is None or usage.audio_ms_in or usage.audio_ms_out:
+                raise ProtocolError(
+                    ErrorCode.BAD_EVENT,
+                    "session.audio cannot change once audio has passed",
+                    param="session.audio",
+                )
+            negotiated = switch.negotiate(update["audio"])  # ProtocolError: unsupported
+            if negotiated == session.config.get("audio"):
+                negotiated = None  # the same format again: no change
         measured = self._budget.check(update)
         if not self._room(size):
             raise backpressure()
         self._budget.commit(measured)
+        if negotiated is not None:
+            assert self._audio_switch is not None
+            # The engine merges the effective audio into the configuration, as at open;
+            # the input after this event is decoded in the new format.
+            update["audio"] = negotiated
+            self._audio = self._audio_switch.switch(negotiated)
 
     def report_consumed(
         self, event: Event | None, drained: bool, generation: int

@@ -8,18 +8,37 @@ core hands it server events and output audio, and journals and sends the frames 
 returns. The shell binds a dialect's methods once per connection or session. Nothing
 else in the package knows how an event is spelled.
 
-``native`` is protocol v2 (docs/protocol.md): JSON text and the binary audio lane.
+``native`` is protocol v2 (docs/protocol.md): JSON text and the binary audio lane;
+``openai`` (``trio_duplex.dialects.openai``) is OpenAI Realtime GA. A dialect that
+``speaks_first`` opens its session from the upgrade itself (``opening``); one with a
+``shaper`` expands each engine event into its own structure before it is sequenced.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import importlib
+from collections.abc import Generator, Mapping
 from typing import Any, Protocol
 
 from ..core.spelling import Spelling
 from .native import NATIVE
 
-__all__ = ["NATIVE", "Dialect", "Spelling"]
+__all__ = ["DIALECTS", "NATIVE", "Dialect", "Shaper", "Spelling", "by_name"]
+
+
+class Shaper(Protocol):
+    """One session's expansion of the engine's compact events into a dialect's own
+    structure (the OpenAI dialect's ``response.*`` tree). Stateful: it remembers the
+    response under way, and that state moves with a migrated session."""
+
+    def shape(self, event: dict[str, Any], /) -> list[dict[str, Any]]:
+        """One engine event into the events to sequence, in order (each gets its own
+        ``server_event_seq``; the dialect's ``frame`` writes each)."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """What ``Dialect.restore_shaper`` takes back: JSON-able, for a migration record."""
+        ...
 
 
 class Dialect(Spelling, Protocol):
@@ -62,3 +81,45 @@ class Dialect(Spelling, Protocol):
         """A binary message of a session opened for the binary lane, as the client
         event it stands for (``input_audio_buffer.append`` with bytes ``audio``)."""
         ...
+
+    @property
+    def speaks_first(self) -> bool:
+        """The upgrade itself opens (or resumes) the session: ``opening`` says how."""
+        ...
+
+    def opening(
+        self, query: Mapping[str, list[str]], bearer: str | None, /
+    ) -> dict[str, Any] | None:
+        """For a dialect that speaks first: the client event the upgrade (its ``query``
+        and its bearer credential) stands for, handled exactly as a first message:
+        ``session.update`` for a new session, ``session.resume`` for a resume.
+        ProtocolError for a bad query; None: wait for a first message (native)."""
+        ...
+
+    def shaper(self, config: dict[str, Any], /) -> Shaper | None:
+        """A new session's shaper, given its live configuration; None: the engine's
+        events are sequenced as they are, at no cost (native)."""
+        ...
+
+    def restore_shaper(self, config: dict[str, Any], state: dict[str, Any], /) -> Shaper | None:
+        """A migrated session's shaper from its ``Shaper.state()``; ValueError for a bad
+        state. None for a dialect without a shaper."""
+        ...
+
+
+DIALECTS: dict[str, Dialect] = {"native": NATIVE}
+"""The dialects known by name (a migration record's, a relayed resume's), loaded on
+first use beyond native."""
+
+_MODULES = {"openai": "trio_duplex.dialects.openai"}
+
+
+def by_name(name: str) -> Dialect:
+    """The dialect called ``name`` (a migration record's ``dialect``). KeyError: none."""
+    dialect = DIALECTS.get(name)
+    if dialect is None:
+        module = _MODULES.get(name)
+        if module is None:
+            raise KeyError(name)
+        dialect = DIALECTS[name] = getattr(importlib.import_module(module), name.upper())
+    return dialect

@@ -10,7 +10,7 @@ binary message or as base64 ``audio`` in its delta event.
 from __future__ import annotations
 
 import binascii
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import Any, Final
 
 import attrs
@@ -97,6 +97,20 @@ class Native:
     decode_binary = staticmethod(decode_binary)
     frame = staticmethod(encode)
     audio_frame = staticmethod(audio_frame)
+    speaks_first: bool = False
+    """The client's first message opens or resumes the session (``?autostart=1`` aside)."""
+
+    def opening(self, query: Mapping[str, list[str]], bearer: str | None, /) -> None:
+        return None
+
+    def shaper(self, config: dict[str, Any], /) -> None:
+        """No shaping: the engine's events are the native wire's, as they are."""
+        return None
+
+    def restore_shaper(self, config: dict[str, Any], state: dict[str, Any], /) -> None:
+        if state:
+            raise ValueError("the native dialect has no shaper state")
+        return None
 
 
 NATIVE: Final = Native()

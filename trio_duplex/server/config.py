@@ -15,6 +15,9 @@ from ..core.events import DEFAULT_PATH
 from ..core.limits import KiB, Limits, MiB, first_message_bytes
 from . import config_checks as check
 
+REALTIME_PATH = "/v1/realtime"
+"""Where the OpenAI Realtime dialect is served by default (``--realtime-path``)."""
+
 SECONDS = "SECONDS"
 BYTES = "BYTES"
 
@@ -74,6 +77,13 @@ class ServerConfig:
     )
     path: str = attrs.field(
         default=DEFAULT_PATH, validator=check.path, metadata=_flag("WebSocket endpoint path")
+    )
+    realtime_path: str = attrs.field(
+        default=REALTIME_PATH,
+        validator=check.optional_path,
+        metadata=_flag(
+            "WebSocket endpoint speaking the OpenAI Realtime dialect; empty: none", "PATH"
+        ),
     )
     # TLS: both or neither (checked in __attrs_post_init__); the front door reads the
     # files (server/front/tls.py).
@@ -417,6 +427,12 @@ class ServerConfig:
         if self.demo and (self.path == "/" or self.path.startswith("/demo/")):
             # The page's paths are answered before any upgrade: the endpoint would be hidden.
             raise check.ConfigError("path", self.path, "is taken by --demo (/ and /demo/...)")
+        if self.realtime_path == self.path:
+            raise check.ConfigError("realtime_path", self.realtime_path, "is --path already")
+        if self.demo and (self.realtime_path == "/" or self.realtime_path.startswith("/demo/")):
+            raise check.ConfigError(
+                "realtime_path", self.realtime_path, "is taken by --demo (/ and /demo/...)"
+            )
         if self.cluster is None:
             for name in _CLUSTER_ONLY:
                 if getattr(self, name) is not None:

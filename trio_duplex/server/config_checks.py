@@ -52,6 +52,10 @@ path = Rule(
     "must start with '/' and hold no query",
     lambda value: value.startswith("/") and "?" not in value,
 )
+optional_path = Rule(
+    "must be empty (none) or start with '/' and hold no query",
+    lambda value: value == "" or (value.startswith("/") and "?" not in value),
+)
 
 
 def _is_origin(value: str) -> bool:

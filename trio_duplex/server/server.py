@@ -46,6 +46,7 @@ import attrs
 import trio
 
 from ..core.events import Reason
+from ..dialects import Dialect, by_name
 from ..engines.api import EngineFactory
 from .config import ServerConfig
 from .front import metrics
@@ -61,6 +62,12 @@ from .sessions.placement import Placement, Releasing, SingleProcess
 from .sessions.watchdog import watching_the_loop
 
 log = logging.getLogger("trio_duplex")
+
+
+def dialects_of(config: ServerConfig) -> dict[str, Dialect]:
+    """The WebSocket paths beside ``--path`` (native), each with its dialect:
+    ``--realtime-path`` (unless empty) speaks OpenAI Realtime."""
+    return {config.realtime_path: by_name("openai")} if config.realtime_path else {}
 
 
 @attrs.define(eq=False)
@@ -138,6 +145,11 @@ class DuplexServer:
             self.opener.serve,
             self.sessions.changed,
             self.max_refusing,
+            dialects=dialects_of(config),
+        )
+        # There the upgrade's ?resume= resumes, its bearer the session's resume token.
+        self.gate.resuming_paths = frozenset(
+            path for path, dialect in self.door.dialects.items() if dialect.speaks_first
         )
 
     def _readiness(self) -> tuple[bool, dict[str, object]]:

@@ -28,10 +28,11 @@ import attrs
 import trio
 
 from ...core.opening import Grant
+from ...dialects import Dialect
 from ..config import ServerConfig
 from ..sessions.websocket import ConnectionClosed, WebSocket
 from .auth import Gate
-from .handshake import accept_websocket, refuse_unavailable
+from .handshake import Accepted, accept_websocket, refuse_unavailable
 from .http import Endpoints, serve_internal
 from .listen import open_listeners
 from .router import RelayCheck, Router
@@ -49,8 +50,9 @@ _REFUSAL_READ_S = 1.0
 connection over a limit; then it is closed unanswered."""
 _REFUSAL_QUIET_S = 60.0
 
-Serve = Callable[[WebSocket, dict[str, list[str]], Grant], Awaitable[None]]
-"""What a connection past its handshake becomes (the session shell's ``Opener.serve``)."""
+Serve = Callable[[WebSocket, dict[str, list[str]], Grant, Dialect, str | None], Awaitable[None]]
+"""What a connection past its handshake becomes (the session shell's ``Opener.serve``):
+given its WebSocket, query, grant, dialect and (a dialect that speaks first) bearer."""
 
 
 class Listening(enum.Enum):
@@ -72,6 +74,8 @@ class Door:
     max_refusing: int = 64
     relay: tuple[str, RelayCheck] | None = None
     """Cluster mode (set while joined): the relay path, and the check of its signature."""
+    dialects: dict[str, Dialect] = attrs.field(factory=dict)
+    """WebSocket paths other than ``--path`` (native), each with its dialect."""
     counted: int = attrs.field(default=0, init=False)
     """TCP connections counted against ``max_connections`` now."""
     refused: int = attrs.field(default=0, init=False)
@@ -145,7 +149,9 @@ class Door:
             if handshake.cancelled_caught:
                 self.endpoints.refused("timeout")
             if accepted is not None:
-                await self.serve(*accepted)
+                await self.serve(
+                    accepted.ws, accepted.query, accepted.grant, accepted.dialect, accepted.bearer
+                )
         except* (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except* Exception as group:
@@ -165,7 +171,7 @@ class Door:
 
     async def _handshake(
         self, stream: trio.abc.Stream, ip: str | None, relay_only: bool
-    ) -> tuple[WebSocket, dict[str, list[str]], Grant] | None:
+    ) -> Accepted | None:
         """The HTTP handshake (handshake.py). ``relay_only``: from the ``--relay-port``
         listener, which takes relayed resumes only."""
         config, gate = self.config, self.gate
@@ -177,6 +183,7 @@ class Door:
             authorize=None if gate.open else gate.authorize,
             posts=gate,
             relay=self.relay if relay_only or config.relay_port is None else None,
+            dialects={} if relay_only else self.dialects,
         )
         # Until it carries a session, a connection's messages are small: the first one
         # is a configuration or a resume, not audio.

@@ -14,15 +14,17 @@ import math
 from collections.abc import Callable, Sequence
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
+import attrs
 import trio
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
-from ...core.events import SUBPROTOCOL
 from ...core.opening import Grant
+from ...dialects import Dialect
 from ..sessions.faults import FAULTS
 from ..sessions.websocket import RECEIVE_SIZE, WebSocket
+from .auth import bearer
 from .http import MAX_POST_BYTES, answer_post
 from .router import Answer, Router, Upgrade, plain
 
@@ -76,10 +78,33 @@ def _refusal_reason(exc: BaseException | None) -> str:
     return "not a valid HTTP/1.1 request"
 
 
-def _select_subprotocol(_: ServerProtocol, offered: Sequence[Subprotocol]) -> Subprotocol | None:
-    """``trio-duplex`` if offered, else none (never another: a bearer credential offered
-    as ``trio-duplex.bearer.KEY`` must not be echoed back)."""
-    return Subprotocol(SUBPROTOCOL) if SUBPROTOCOL in offered else None
+Select = Callable[[ServerProtocol, Sequence[Subprotocol]], Subprotocol | None]
+
+
+def _selecting(chosen: list[str | None]) -> Select:
+    """The upgrade's subprotocol: its dialect's (``chosen[0]``, set once the path is
+    routed: ``trio-duplex``, ``realtime``) if offered, else none (never another: a
+    credential offered as a subprotocol, ``trio-duplex.bearer.KEY``, must not be
+    echoed back). (websockets binds it as a method: a function, not a callable object.)"""
+
+    def select(_: ServerProtocol, offered: Sequence[Subprotocol]) -> Subprotocol | None:
+        wanted = chosen[0]
+        return Subprotocol(wanted) if wanted is not None and wanted in offered else None
+
+    return select
+
+
+@attrs.frozen
+class Accepted:
+    """An upgrade answered 101: its WebSocket, query, grant and dialect, and for a
+    dialect that speaks first the credential it presented (which may be the resume
+    token that ``Dialect.opening`` resumes with)."""
+
+    ws: WebSocket
+    query: dict[str, list[str]]
+    grant: Grant
+    dialect: Dialect
+    bearer: str | None = attrs.field(default=None, repr=False)
 
 
 def _bare_line_feed(head: bytes, start: int) -> bool:
@@ -121,11 +146,12 @@ async def accept_websocket(
     peer: str | None = None,
     *,
     max_post_bytes: int = MAX_POST_BYTES,
-) -> tuple[WebSocket, dict[str, list[str]], Grant] | None:
+) -> Accepted | None:
     """Read the HTTP upgrade request and answer it.
 
     ``router`` says what the request is for (router.py): plain HTTP, answered here, or
-    an upgrade, which gets 101 and returns the WebSocket, the query and the grant; a
+    an upgrade, which gets 101 (its path's dialect's subprotocol selected if offered)
+    and returns the WebSocket, the query, the grant and the dialect; a
     request that is not an upgrade, or that repeats Host, Origin or Authorization, gets
     400; anything that is not HTTP is dropped: those return None. A client token's POST
     may carry a body of at most ``max_post_bytes``. Bound it with a deadline."""
@@ -142,7 +168,8 @@ async def accept_websocket(
     if (page := router.answer_head(head)) is not None:
         await stream.send_all(page)
         return None
-    protocol = ServerProtocol(select_subprotocol=_select_subprotocol, logger=_quiet)
+    chosen: list[str | None] = [None]
+    protocol = ServerProtocol(select_subprotocol=_selecting(chosen), logger=_quiet)
     parsed = _parse(protocol, head)
     routed = parsed if isinstance(parsed, Answer) else router.route(*parsed, peer)
     if isinstance(routed, Answer):
@@ -150,12 +177,15 @@ async def accept_websocket(
         return None
     assert not isinstance(parsed, Answer)
     request, url = parsed
+    dialect = routed.dialect
+    chosen[0] = dialect.subprotocol
     if not await _upgrade(stream, protocol, request, routed, where, refused):
         return None
     ws = WebSocket(stream, max_message_bytes, write_timeout, peer)
     if early:
         await ws._feed(early)
-    return ws, parse_qs(url.query), routed.grant
+    credential = bearer(request) if dialect.speaks_first else None
+    return Accepted(ws, parse_qs(url.query), routed.grant, dialect, credential)
 
 
 async def _read_head(
@@ -247,4 +277,4 @@ async def _upgrade(
     return response.status_code == 101
 
 
-__all__ = ["RETRY_AFTER_S", "accept_websocket", "refuse_unavailable"]
+__all__ = ["RETRY_AFTER_S", "Accepted", "accept_websocket", "refuse_unavailable"]

@@ -56,6 +56,8 @@ class _Live:
     events_in: int
     events_out: int
     journal_bytes: int
+    by_dialect: dict[str, list[int]]
+    """Per dialect: started sessions live now, events in, events out (ended ones too)."""
 
     @classmethod
     def of(cls, sessions: Sessions) -> _Live:
@@ -68,7 +70,17 @@ class _Live:
             events_in += usage.events_in
             events_out += usage.events_out
             journal_bytes += session.journal.bytes
-        return cls(by_state, events_in, events_out, journal_bytes)
+        by_dialect = {
+            name: [0, events_in, events_out]
+            for name, (events_in, events_out) in sessions.totals.ended_by.items()
+        }
+        for runner in sessions.runners():
+            counts = by_dialect.setdefault(runner.dialect.name, [0, 0, 0])
+            usage = runner.session.usage
+            counts[0] += 1
+            counts[1] += usage.events_in
+            counts[2] += usage.events_out
+        return cls(by_state, events_in, events_out, journal_bytes, by_dialect)
 
 
 class ServerCollector(Collector):
@@ -144,6 +156,31 @@ class ServerCollector(Collector):
         events.add_metric(["in"], live.events_in)
         events.add_metric(["out"], live.events_out)
         yield events
+        # By dialect: series of their own, so that the unlabelled ones above stay as they are.
+        live_by = GaugeMetricFamily(
+            "trio_duplex_dialect_sessions",
+            "Sessions started and not yet ended, by dialect.",
+            labels=["dialect"],
+        )
+        opened_by = CounterMetricFamily(
+            "trio_duplex_dialect_sessions_opened",
+            "Sessions opened (session.created delivered), by dialect.",
+            labels=["dialect"],
+        )
+        events_by = CounterMetricFamily(
+            "trio_duplex_dialect_events",
+            "Session events by dialect: in, client events handled; out, events sequenced.",
+            labels=["dialect", "direction"],
+        )
+        for name in sorted({*live.by_dialect, *totals.opened_by}):
+            running, events_in, events_out = live.by_dialect.get(name, (0, 0, 0))
+            live_by.add_metric([name], running)
+            opened_by.add_metric([name], totals.opened_by.get(name, 0))
+            events_by.add_metric([name, "in"], events_in)
+            events_by.add_metric([name, "out"], events_out)
+        yield live_by
+        yield opened_by
+        yield events_by
         yield CounterMetricFamily(
             "trio_duplex_replayed_events",
             "Journaled events written again by resumes.",

@@ -16,13 +16,14 @@ Sans-IO: it answers with the bytes to send (``Answer``) or the upgrade's grant
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from urllib.parse import SplitResult
 
 import attrs
 from websockets.http11 import Request
 
 from ...core.opening import OPEN, Grant
+from ...dialects import NATIVE, Dialect, by_name
 from .auth import POST_PATHS
 from .http import Endpoints, Posts, origin_allowed
 from .throttle import Throttled
@@ -73,12 +74,14 @@ class Answer:
 
 @attrs.frozen
 class Upgrade:
-    """Go on with the upgrade: the credential's grant, headers for the 101, and
-    whether the path is one this listener takes WebSockets on (else 404)."""
+    """Go on with the upgrade: the credential's grant, headers for the 101, whether
+    the path is one this listener takes WebSockets on (else 404), and the dialect the
+    connection speaks (the path's)."""
 
     grant: Grant
     headers: dict[str, str] = attrs.field(factory=dict)
     ours: bool = True
+    dialect: Dialect = NATIVE
 
 
 _NOT_OURS = Upgrade(OPEN, ours=False)
@@ -87,6 +90,27 @@ _RELAY_UNSIGNED = Answer(
     _RELAY_FORBIDDEN, "403: a relay request not signed for this node", "relay_unsigned"
 )
 _NO_CREDENTIAL = Answer(_UNAUTHORIZED, "401: no valid credential", "unauthorized")
+
+_RELAY_DIALECT = Answer(
+    plain("400 Bad Request", "a relayed resume names one known dialect\n"),
+    "400: a relay request naming no known dialect",
+    "bad_request",
+)
+
+DIALECT_HEADER = "X-Trio-Duplex-Dialect"
+"""A relayed resume's: the dialect its client speaks (absent: native), which the home
+speaks on the relayed connection (the session must be of that dialect)."""
+
+
+def _relayed_dialect(request: Request) -> Dialect | None:
+    names = request.headers.get_all(DIALECT_HEADER)
+    if not names:
+        return NATIVE
+    try:
+        return by_name(names[0]) if len(names) == 1 else None
+    except KeyError:
+        return None
+
 
 _POSTS = tuple(f"POST {path}{end}".encode() for path in POST_PATHS for end in " ?")
 
@@ -105,6 +129,9 @@ class Router:
     """Client tokens' and client secrets' POSTs (``Gate``)."""
     relay: tuple[str, RelayCheck] | None = None
     """Cluster mode: the relay's path, and the check of a request's signature."""
+    dialects: Mapping[str, Dialect] = attrs.field(factory=dict)
+    """The dialect of each WebSocket path (``--realtime-path``'s); ``path`` is native
+    unless named here."""
 
     def posts_token(self, head: bytes) -> bool:
         """A POST of a client token or secret (answered by ``posts``, body and all)."""
@@ -132,16 +159,22 @@ class Router:
         relay = self.relay
         if relay is not None and url.path == relay[0]:
             signed = relay[1](request)
-            return _RELAY_UNSIGNED if signed is None else Upgrade(*signed)
-        if url.path != self.path:
-            return _NOT_OURS
+            if signed is None:
+                return _RELAY_UNSIGNED
+            relayed = _relayed_dialect(request)
+            return _RELAY_DIALECT if relayed is None else Upgrade(*signed, dialect=relayed)
+        dialect = self.dialects.get(url.path)
+        if dialect is None:
+            if url.path != self.path:
+                return _NOT_OURS
+            dialect = NATIVE
         if self.authorize is None:
-            return Upgrade(OPEN)
+            return Upgrade(OPEN, dialect=dialect)
         found = self.authorize(request, peer)
         if isinstance(found, Throttled):
             fault = "429: too many failed resumes from its address"
             return Answer(_throttled(found.retry_after_s), fault, "throttled")
-        return _NO_CREDENTIAL if found is None else Upgrade(found)
+        return _NO_CREDENTIAL if found is None else Upgrade(found, dialect=dialect)
 
 
-__all__ = ["Answer", "Authorize", "RelayCheck", "Router", "Upgrade", "plain"]
+__all__ = ["DIALECT_HEADER", "Answer", "Authorize", "RelayCheck", "Router", "Upgrade", "plain"]

@@ -30,6 +30,7 @@ from ...core.protocol import CheckFailed, check_input
 from ...core.replay import Replay
 from ...core.session import State
 from ...core.wire import ProtocolError
+from ...dialects import NATIVE, Dialect
 from ...engines.api import Engine, EngineFactory, engine_audio_rate, prepares
 from ..config import ServerConfig
 from .connection import Connection, decode_large
@@ -55,8 +56,17 @@ class Opener:
     connections: set[Connection] = attrs.field(factory=set)
     """The connections past their handshake."""
 
-    async def serve(self, ws: WebSocket, query: dict[str, list[str]], grant: Grant = OPEN) -> None:
-        """The whole life of one connection past its handshake."""
+    async def serve(
+        self,
+        ws: WebSocket,
+        query: dict[str, list[str]],
+        grant: Grant = OPEN,
+        dialect: Dialect | None = None,
+        bearer: str | None = None,
+    ) -> None:
+        """The whole life of one connection past its handshake, spoken in ``dialect``
+        (its path's; by default ``Sessions.dialect``). ``bearer``: the credential the
+        upgrade presented, for a dialect that speaks first (its resume token)."""
         conn: Connection | None = None
         try:
             async with Connection.open(
@@ -65,20 +75,25 @@ class Opener:
                 close_timeout=self.close_timeout_s,
                 max_output_bytes=self.config.max_output_bytes,
                 watchers=self.sessions.observers,
-                dialect=self.sessions.dialect,
+                dialect=self.sessions.dialect if dialect is None else dialect,
             ) as conn:
                 self.connections.add(conn)
-                await self._converse(conn, query, grant)
+                await self._converse(conn, query, grant, bearer)
         finally:
             if conn is not None:
                 self.connections.discard(conn)
             self.sessions.changed()
 
-    async def _converse(self, conn: Connection, query: dict[str, list[str]], grant: Grant) -> None:
+    async def _converse(
+        self, conn: Connection, query: dict[str, list[str]], grant: Grant, bearer: str | None
+    ) -> None:
         """The whole conversation on one connection, whatever it turns out to be for."""
         runner: SessionRunner | None = None
         try:
-            if query.get("autostart") == ["1"]:
+            # (A relayed connection's first message is the front node's session.resume.)
+            if conn.dialect.speaks_first and not grant.relayed:
+                runner = await self._spoken_first(conn, query, bearer, grant)
+            elif query.get("autostart") == ["1"]:
                 try:
                     config = opening.autostart(grant)
                     engine = self.new_engine(config)
@@ -97,6 +112,27 @@ class Opener:
             if runner is not None:
                 runner.connection_lost(conn)  # before the close handshake: detach now
 
+    async def _spoken_first(
+        self, conn: Connection, query: dict[str, list[str]], bearer: str | None, grant: Grant
+    ) -> SessionRunner | None:
+        """A dialect that speaks first: the upgrade stands for the first message
+        (``Dialect.opening``), handled as one; no config timeout runs. A refusal is an
+        ``error`` and a close, as ``?autostart=1``'s."""
+        event: Event = {}
+        try:
+            opened = conn.dialect.opening(query, bearer)
+            if opened is None:
+                return await self._first_message(conn, grant)
+            event = opened
+            resume = opening.first_step(grant, event)
+            if resume is not None:
+                return await self._resume(conn, event, resume, grant)
+            return await self._open_with(conn, event, 0, grant)
+        except ProtocolError as exc:
+            error = self._refused(conn, event, exc, grant)
+            conn.finish([error], exc.close_code or CloseCode.GOING_AWAY)
+            return None
+
     def session_bounds(self, conn: Connection) -> None:
         """A connection that carries a session: its own message bound, and pings."""
         config = self.config
@@ -106,7 +142,8 @@ class Opener:
     async def _first_message(self, conn: Connection, grant: Grant) -> SessionRunner | None:
         """Wait for the message that decides what this connection is for."""
         deadline = trio.current_time() + self.config.config_timeout_s
-        dialect = conn.dialect
+        # A relayed resume's first message is the front node's, in native JSON.
+        dialect = NATIVE if grant.relayed else conn.dialect
         while True:
             with trio.move_on_at(deadline) as waiting:
                 text = await conn.ws.get_message()
@@ -246,6 +283,8 @@ class Opener:
             return None
         runner = sessions.for_resume(resume.session_id)
         session = runner.session
+        if session.spelling is not conn.dialect:
+            raise opening.other_dialect()
         now = trio.current_time()
         runner.apply(session.poll(now))  # a due expiry wins before the resume is looked at
         attempt = session.begin_resume(resume.token, resume.last_seq, now)

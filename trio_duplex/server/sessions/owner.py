@@ -34,7 +34,7 @@ from ...core.events import Reason
 from ...core.session import Commit, Registry, Session, State, Terminal, Usage
 from ...core.spelling import Frame, Spelling
 from ...core.wire import ProtocolError
-from ...dialects import NATIVE, Dialect
+from ...dialects import NATIVE, Dialect, Shaper
 from ...engines.api import Engine
 from ..config import ServerConfig
 from .connection import Connection
@@ -76,6 +76,10 @@ class Totals:
     replayed_events: int = 0
     ended: Usage = attrs.field(factory=Usage)
     """The sum of the usage of every session that has ended."""
+    opened_by: dict[str, int] = attrs.field(factory=dict)
+    """``opened`` by the sessions' dialect (``native``, ``openai``)."""
+    ended_by: dict[str, tuple[int, int]] = attrs.field(factory=dict)
+    """By dialect: the events in and out of every session that has ended."""
 
     def count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
@@ -271,11 +275,13 @@ class Sessions:
         # The core lets an OPENING session be closed, but here only a runner, a timer
         # entry or the drain ends a session, and it has none of them yet.
         assert session.terminal is None, "a session ended before it started"
-        runner = self._runner(session, engine)
+        dialect = conn.dialect
+        runner = self._runner(session, engine, dialect, dialect.shaper(session.config))
         runner.prepared = prepared
         runner.attach(conn, Commit(session.generation, None))
         self._start_runner(runner)
         self.totals.opened += 1
+        self.totals.count(self.totals.opened_by, dialect.name)
         self.reschedule(runner)
         if self._drained:  # delivered after the drain ended: it ends with the others
             runner.end(Reason.SHUTDOWN)
@@ -291,15 +297,22 @@ class Sessions:
         return runner
 
     def adopt(
-        self, session: Session, engine: Engine, prepared: Prepared | None = None
+        self,
+        session: Session,
+        engine: Engine,
+        prepared: Prepared | None = None,
+        *,
+        dialect: Dialect = NATIVE,
+        shaper: Shaper | None = None,
     ) -> SessionRunner:
         """Run a session restored from another node (core/migration.py): DETACHED, with
         no connection, its ``engine`` fresh from the factory and its state ``restore``d
-        by the caller. Its grace runs as any detached session's; a ``session.resume``
+        by the caller, as are ``dialect`` (its ``spelling``) and its ``shaper``. Its
+        grace runs as any detached session's; a ``session.resume``
         (``for_resume``) attaches a client. ProtocolError: refused as ``admit`` refuses
         (full, draining), or the session is already here."""
         self.registry.adopt(session)
-        runner = self._runner(session, engine)
+        runner = self._runner(session, engine, dialect, shaper)
         runner.prepared = prepared
         self._start_runner(runner)
         self.reschedule(runner)
@@ -310,7 +323,9 @@ class Sessions:
         )
         return runner
 
-    def _runner(self, session: Session, engine: Engine) -> SessionRunner:
+    def _runner(
+        self, session: Session, engine: Engine, dialect: Dialect, shaper: Shaper | None
+    ) -> SessionRunner:
         config = self.config
         return SessionRunner(
             self,
@@ -319,6 +334,8 @@ class Sessions:
             config.max_pending_input,
             config.max_input_bytes,
             config.max_config_bytes,
+            dialect=dialect,
+            shaper=shaper,
         )
 
     def _start_runner(self, runner: SessionRunner) -> None:
@@ -351,6 +368,9 @@ class Sessions:
             ended.events_out += usage.events_out
             ended.bytes_out += usage.bytes_out
             ended.resumes += usage.resumes
+            by = self.totals.ended_by
+            events_in, events_out = by.get(runner.dialect.name, (0, 0))
+            by[runner.dialect.name] = (events_in + usage.events_in, events_out + usage.events_out)
             self._released(runner.session)
         del self._runners[runner.session.id]
         self.timers.forget(runner)

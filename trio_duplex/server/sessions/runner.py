@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -44,6 +44,7 @@ from ...core.protocol import (
 from ...core.session import Commit, Emitted, Session, State, Terminal, audio_ms
 from ...core.spelling import Frame, Spelling
 from ...core.wire import ConfigBudget, ProtocolError
+from ...dialects import NATIVE, Dialect, Shaper
 from ...engines.api import (
     Engine,
     EngineSession,
@@ -171,6 +172,11 @@ class SessionRunner:
     """A resuming connection owed the terminal event of a session that ended detached."""
     timer: Entry | None = None
     """Its entry in the timer heap (timers.py)."""
+    dialect: Dialect = attrs.field(default=NATIVE, kw_only=True)
+    """The dialect the session was opened in (its ``session.spelling``)."""
+    shaper: Shaper | None = attrs.field(default=None, kw_only=True)
+    """The dialect's expansion of each engine event (``Dialect.shaper``); None: the
+    engine's events are sequenced as they are."""
     abandoned: bool = False
     """Its engine did not return in time once cancelled: the session ended without it."""
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
@@ -236,6 +242,7 @@ class SessionRunner:
             decoding,
             audio_in,
             self._pcm_per_ms,
+            None if rate is None else _Reaudio(self, rate),
         )
 
     # -- lifetime ----------------------------------------------------------------------
@@ -438,7 +445,14 @@ class SessionRunner:
             return None
         # Received and not yet taken: carried over, so nothing the client was told is
         # safe (received) is asked for again.
-        return Frozen(state, session.client_seq, tuple(self._inbox.pending()))
+        shaper = self.shaper
+        return Frozen(
+            state,
+            session.client_seq,
+            tuple(self._inbox.pending()),
+            dialect=self.dialect.name,
+            shaper_state=None if shaper is None else shaper.state(),
+        )
 
     def restore_input(self, pending: tuple[tuple[Event, int], ...]) -> None:
         """Queue, for the engine, the input a migrated session's old node had received
@@ -487,6 +501,9 @@ class SessionRunner:
     async def emit(self, event: Event) -> None:
         """An engine's ``send``: sequence, journal, and write to the attached connection."""
         await self._pace.step()
+        if self.shaper is not None:
+            await self._emit_shaped(event, self.shaper)
+            return
         if self._encoder is not None:
             kind = event["type"]
             if kind in _AUDIO_KINDS:
@@ -541,12 +558,7 @@ class SessionRunner:
         if kind == _DELTA:
             pcm = event.get("audio")
             if type(pcm) is not bytes:
-                if not isinstance(pcm, bytes | bytearray | memoryview):
-                    raise TypeError(
-                        f"an engine with audio_rate sends audio as bytes of PCM16, not "
-                        f"{type(pcm).__name__}"
-                    )
-                pcm = bytes(pcm)
+                pcm = _as_pcm(pcm)
             payloads = encoder.encode(pcm)  # ValueError: not whole samples
             usage = self.session.usage
             if usage.audio_ms_out is not None:
@@ -570,6 +582,50 @@ class SessionRunner:
         for payload in payloads:
             now = trio.current_time()
             emitted = emit_audio(payload, now, carrier)
+            conn = self._deliver(emitted, now)
+            if conn is not None:
+                await self._wait_drained(conn)
+
+    async def _emit_shaped(self, event: Event, shaper: Shaper) -> None:
+        """An engine event of a session whose dialect shapes it: the encoder's rules
+        apply to the engine's own event first (each encoded payload shaped as a delta of
+        its own; the tail before the events that end the audio, none after a cancel),
+        then every event the shaper makes of it is sequenced, in order."""
+        kind = event["type"]
+        encoder = self._encoder
+        if encoder is not None and kind in _AUDIO_KINDS:
+            if kind == _DELTA:
+                pcm = event.get("audio")
+                if type(pcm) is not bytes:
+                    pcm = _as_pcm(pcm)
+                payloads = encoder.encode(pcm)  # ValueError: not whole samples
+                usage = self.session.usage
+                if usage.audio_ms_out is not None:
+                    usage.audio_ms_out += len(pcm) / self._pcm_per_ms
+                self._last_delta = event
+                for payload in payloads:
+                    await self._sequence(shaper.shape({**event, "audio": payload}))
+                return
+            tail = encoder.flush()
+            if tail and kind != _CANCELLED and self._last_delta is not None:
+                for payload in tail:
+                    await self._sequence(shaper.shape({**self._last_delta, "audio": payload}))
+        elif self._audio_out:
+            self._count_audio_out(event)
+        await self._sequence(shaper.shape(event))
+
+    async def _sequence(self, shaped: list[Event]) -> None:
+        """Sequence and deliver each shaped event: an output audio delta whose ``audio``
+        is the wire's bytes as the dialect writes audio (``audio_frame``: on the binary
+        lane if negotiated), any other as an event."""
+        session = self.session
+        for item in shaped:
+            now = trio.current_time()
+            audio = item.get("audio")
+            if type(audio) is bytes and item["type"] == _DELTA:
+                emitted = session.emit_audio(audio, now, None if self._binary else item)
+            else:
+                emitted = session.emit(item, now)
             conn = self._deliver(emitted, now)
             if conn is not None:
                 await self._wait_drained(conn)
@@ -644,6 +700,36 @@ class SessionRunner:
             conn.push(decision.frame)
         else:  # (config_locked) the connection ends; the session detaches
             conn.finish([decision.frame], decision.close_code)
+
+
+@attrs.frozen
+class _Reaudio:
+    """A runner's ``AudioSwitch`` (core/protocol.py): ``session.audio`` changed by a
+    ``session.update`` before any audio passed. The encoder and the binary lane switch
+    as the machine takes the update, so output from then on is in the new format."""
+
+    runner: SessionRunner
+    rate: int
+
+    def negotiate(self, requested: object, /) -> dict[str, Any]:
+        return negotiate(requested, self.rate).as_event()  # ProtocolError: unsupported
+
+    def switch(self, negotiated: dict[str, Any], /) -> Decoder:
+        runner = self.runner
+        audio = runner.audio = negotiate(negotiated, self.rate)
+        runner._encoder = Encoder(audio.output, self.rate)
+        runner._binary = audio.wire == "binary"
+        runner._last_delta = None
+        return Decoder(audio.input, self.rate)
+
+
+def _as_pcm(pcm: object) -> bytes:
+    """An engine's output audio as bytes; TypeError: it is no bytes-like object."""
+    if not isinstance(pcm, bytes | bytearray | memoryview):
+        raise TypeError(
+            f"an engine with audio_rate sends audio as bytes of PCM16, not {type(pcm).__name__}"
+        )
+    return bytes(pcm)
 
 
 def engine_broke(where: str, exc: BaseException) -> ProtocolError:
