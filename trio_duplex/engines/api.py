@@ -170,6 +170,13 @@ def prepares(engine: Engine) -> bool:
     return getattr(type(engine), "prepare", Engine.prepare) is not Engine.prepare
 
 
+def writes_raw(engine: Engine, dialect: str) -> bool:
+    """Does ``engine`` write a session's events in ``dialect``'s own wire shapes (its
+    ``raw_dialects``)? Then the server frames them as they are, unshaped."""
+    raw = getattr(engine, "raw_dialects", ())
+    return isinstance(raw, Collection) and dialect in raw
+
+
 def can_migrate(engine: Engine) -> bool:
     """Can this engine's sessions migrate: does its class override ``Engine.snapshot``?
 
