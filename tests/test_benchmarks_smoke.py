@@ -400,6 +400,45 @@ def test_the_speech_benchmark_runs_a_step_and_admission(tmp_path: Path) -> None:
     assert set(admission["refused"]) == {"resource_exhausted"}, admission
 
 
+def test_the_dialect_load_drives_both_paths_of_a_real_server() -> None:
+    """Scenario 8's load generator, both modes on both dialects, a fraction of a second
+    each against `trio-duplex serve`; nothing is timed, and no rate is computed."""
+    from benchmarks.suite._dialects import dialect_url
+    from benchmarks.suite._procs import free_port, port_open
+    from benchmarks.suite._suite import DEFAULT_DUPLEX_CMD, duplex_flags
+
+    port = free_port()
+    flags = duplex_flags(port)
+    flags[flags.index("--log-level") + 1] = "warning"
+    server = subprocess.Popen([*DEFAULT_DUPLEX_CMD, *flags], cwd=ROOT, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            if port_open(port):
+                break
+            assert server.poll() is None, "trio-duplex serve exited"
+            time.sleep(0.05)
+        per_turn = {}
+        for dialect in ("native", "openai"):
+            url = dialect_url(f"ws://127.0.0.1:{port}/v1/duplex", dialect)
+            out = _run("suite.clients.dialects", "turns", "--url", url, "--dialect", dialect,
+                       "--window", "4", "--warmup", "0.1", "--duration", "0.3")  # fmt: skip
+            turns = json.loads(out.split("@result ", 1)[1])
+            assert turns["turns"] > 0 and not turns["errors"], turns
+            assert turns["client_events"] == 2 * turns["turns"]
+            per_turn[dialect] = turns["server_events"] / turns["turns"]
+            out = _run("suite.clients.dialects", "voice", "--url", url, "--dialect", dialect,
+                       "--steps", "2", "--turn-frames", "5", "--settle", "0.3", "--measure",
+                       "0.5", "--threshold-ms", "1000", "--max-time", "30")  # fmt: skip
+            (step,) = json.loads(out.split("@result ", 1)[1])["steps"]
+            assert step["sessions"] == 2 and step["samples"] > 0, step
+            assert not step["errors"] and not step["dead"], step
+        # OpenAI's structure (output items, content parts, their *.done) is more events.
+        assert per_turn["openai"] > per_turn["native"], per_turn
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
 def test_the_dialect_url_is_the_servers_realtime_path() -> None:
     from benchmarks.suite._dialects import dialect_url
 
