@@ -54,6 +54,7 @@ class Plan:
     resume_window: int = 64
     # 8. the OpenAI dialect against the native one (its rounds: tp_rounds; its ramps: voice_*)
     dialect_window: int = 16
+    dialect_turn_frames: int = 10  # voice: a turn per 10 frames (200 ms)
     dialect_voice_measure: float = 2.0
 
 

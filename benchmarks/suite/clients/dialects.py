@@ -12,7 +12,8 @@ Modes:
 - ``turns``: text turns, pipelined (``--window`` in flight): ``conversation.item.create``
   (100 characters) then ``response.create``; a turn ends with its ``response.done``.
 - ``voice``: N sessions each stream a 20 ms frame every 20 ms and end a turn every
-  ``--turn-frames`` frames (``input_audio_buffer.commit``, ``response.create``); the echo
+  ``--turn-frames`` frames (10: a turn of 200 ms, so that a window holds enough turns
+  for a p99) (``input_audio_buffer.commit``, ``response.create``); the echo
   answers with the turn's audio. The latency is ``response.create`` sent →
   ``response.done`` received; frames are not echoed one by one in a conversation.
 
@@ -260,6 +261,10 @@ async def measure_step(v: Voice, n: int) -> dict[str, Any]:
     return step
 
 
+def failed(step: dict[str, Any], args: argparse.Namespace) -> bool:
+    return bool(step["p99_ms"] > args.threshold_ms or step["dead"] or step["errors"])
+
+
 async def voice(args: argparse.Namespace) -> dict[str, Any]:
     v = Voice(args)
     steps: list[dict[str, Any]] = []
@@ -280,8 +285,12 @@ async def voice(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.gather(*(add_one() for _ in range(n - len(v.sessions))))
             await asyncio.sleep(args.settle)
             step = await measure_step(v, n)
+            if failed(step, args) and not (step["dead"] or step["errors"]):
+                # One noisy window must not end the ramp (scenario 3's rule): once more.
+                await asyncio.sleep(args.settle)
+                step = {**await measure_step(v, n), "first_window": step}
             steps.append(step)
-            if step["p99_ms"] > args.threshold_ms or step["dead"] or step["errors"]:
+            if failed(step, args):
                 break
     finally:
         v.stopping = True
