@@ -445,3 +445,16 @@ def test_the_dialect_url_is_the_servers_realtime_path() -> None:
     url = "ws://127.0.0.1:9/v1/duplex"
     assert dialect_url(url, "native") == url
     assert dialect_url(url, "openai") == "ws://127.0.0.1:9/v1/realtime?model=bench"
+
+
+def test_sessions_per_core_is_one_over_the_cpu_slope() -> None:
+    from benchmarks.suite._dialects import sessions_per_core
+
+    def step(n: int, util: float, **kw: object) -> dict[str, object]:
+        return {"sessions": n, "server_cpu_util": util, "errors": {}, "dead": 0, **kw}
+
+    ramp = {"steps": [step(10, 0.15), step(20, 0.25), step(40, 0.45)]}
+    broken = {"steps": [step(50, 0.99, errors={"x": 1}), {"sessions": 60, "errors": {}, "dead": 0}]}
+    assert sessions_per_core([ramp, broken]) == pytest.approx(100)  # 1 / 0.01 per session
+    assert sessions_per_core([{"steps": [step(10, 0.2)]}]) is None
+    assert sessions_per_core([{"steps": [step(10, 0.2), step(20, 0.1)]}]) is None
