@@ -1,0 +1,141 @@
+"""LiveKit Agents' OpenAI realtime plugin (``livekit-plugins-openai`` 1.8.9, unchanged,
+in a venv of its own) pointed at ``trio-duplex serve`` by ``base_url``: a text turn, an
+audio turn and a barge-in through ``generate_reply``, and a spoken turn the server hears
+(the speech engine's turn detection) answered by a response the server starts, driven
+headless the way an ``AgentSession`` drives the plugin's session (no LiveKit room or
+server is needed for that).
+
+The plugin matches a ``response.created`` to its ``generate_reply`` by the
+``metadata`` it sent in ``response.create``, and an added item to its
+``update_chat_ctx`` by the item's id: both must come back as sent.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import Servers
+from tests.speech_audio import DOOR, is_speech, needs_speech
+from tests.speech_audio import RATE as SPEECH_RATE
+
+from .conftest import API_KEY
+from .sdk_python import LONG_TEXT, pcm16
+from .test_python_sdk import (
+    TEXT_RESPONSE,
+    at_rate,
+    http_base,
+    response_part,
+    speech_available,
+    spoken_at_24k,
+)
+
+pytestmark = pytest.mark.integration
+SCRIPT = Path(__file__).with_name("sdk_livekit.py")
+RUN_TIMEOUT = 240.0
+TEXT = "hello from livekit"  # as sdk_livekit.py says it (that script imports livekit)
+
+
+GENERATE_REPLY_BUG = (
+    "the server does not yet take LiveKit's generate_reply: its response.create carries "
+    '"instructions": null, refused by trio_duplex/dialects/openai/decode.py (_RESPONSE '
+    "checks None as a value), and response.created does not echo response.create's "
+    "metadata (its client_event_id), which the plugin matches the reply by"
+)
+generate_reply = pytest.mark.xfail(strict=True, reason=GENERATE_REPLY_BUG)
+
+
+@pytest.fixture(scope="module")
+def seen(
+    livekit_python: Path,
+    module_servers: Servers,
+    key_file: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    keys = ("--api-key-file", str(key_file))
+    engines = ["echo", "voice", *(["speech"] if speech_available() else [])]
+    started = module_servers.start_many(*(("--engine", name, *keys) for name in engines))
+    urls = {name: http_base(server.url) for name, server in zip(engines, started, strict=True)}
+    command = [str(livekit_python), str(SCRIPT), "--api-key", API_KEY]
+    command += ["--base-url", urls["echo"], "--voice-url", urls["voice"]]
+    scenarios = ["text", "audio_echo", "cancel"]
+    if "speech" in urls:
+        pcm = tmp_path_factory.mktemp("speech") / "in.pcm"
+        pcm.write_bytes(spoken_at_24k(DOOR))
+        command += ["--speech-url", urls["speech"], "--speech-audio", str(pcm)]
+        scenarios.append("speech")
+    done = subprocess.run(
+        [*command, *scenarios], capture_output=True, text=True, timeout=RUN_TIMEOUT
+    )
+    assert done.returncode == 0, f"{SCRIPT.name} failed:\n{done.stdout}\n{done.stderr}"
+    results = json.loads(done.stdout)
+    assert isinstance(results, dict)
+    return results
+
+
+def scenario(seen: dict[str, Any], name: str) -> dict[str, Any]:
+    record = seen[name]
+    assert isinstance(record, dict)
+    assert "crash" not in record, record["crash"]
+    assert record["errors"] == [], record["errors"]  # the plugin reported no error
+    assert record["types"][:2] == ["session.created", "session.updated"], record["types"]
+    return record
+
+
+@generate_reply
+def test_a_text_turn(seen: dict[str, Any]) -> None:
+    record = scenario(seen, "text")
+    assert response_part(record["types"]) == TEXT_RESPONSE
+    reply = record["reply"]
+    assert reply["user_initiated"]  # matched to its generate_reply by the metadata
+    assert reply["modalities"] == ["text"]
+    assert reply["text"] == TEXT
+    assert reply["audio_bytes"] == 0
+    assert record["statuses"] == ["completed"]
+    assert sorted(record["history"]) == [["assistant", TEXT], ["user", TEXT]]
+
+
+@generate_reply
+def test_an_audio_turn_comes_back(seen: dict[str, Any]) -> None:
+    record = scenario(seen, "audio_echo")
+    assert "input_audio_buffer.committed" in record["types"]
+    reply = record["reply"]
+    assert reply["user_initiated"]
+    assert "audio" in reply["modalities"]
+    sent = pcm16(300)
+    assert record["sent_bytes"] == len(sent)
+    assert base64.b64decode(reply["audio"]) == sent
+    assert record["statuses"] == ["completed"]
+    assert record["types"][-1] == "response.done"
+
+
+@generate_reply
+def test_an_interrupt_cancels_the_response(seen: dict[str, Any]) -> None:
+    record = scenario(seen, "cancel")
+    reply = record["reply"]
+    assert reply["user_initiated"]
+    assert 0 < reply["audio_bytes"] < 24000 * 2 * 10  # some of the answer, not all
+    assert LONG_TEXT.startswith(reply["text"])
+    assert record["statuses"] == ["cancelled"]
+    assert record["types"][-1] == "response.done"
+
+
+@needs_speech
+def test_a_spoken_turn_the_server_hears_is_answered_aloud(seen: dict[str, Any]) -> None:
+    """The agent's own path: server-side turn detection, a response the server starts."""
+    record = scenario(seen, "speech")
+    [heard] = record["heard"]  # the plugin's input_audio_transcription_completed
+    assert "door" in heard.split(), heard
+    reply = record["reply"]
+    assert not reply["user_initiated"]
+    assert "audio" in reply["modalities"]
+    assert reply["text"] == f"you said: {heard}."
+    answer = base64.b64decode(reply["audio"])
+    assert len(answer) == reply["audio_bytes"] > 24_000
+    assert is_speech(at_rate(answer, 24_000, SPEECH_RATE))
+    assert record["statuses"] == ["completed"]
