@@ -398,3 +398,63 @@ def test_the_speech_benchmark_runs_a_step_and_admission(tmp_path: Path) -> None:
     (admission,) = report["admission"]
     assert admission["sessions"] > admission["opened"] > 0, admission
     assert set(admission["refused"]) == {"resource_exhausted"}, admission
+
+
+def test_the_dialect_load_drives_both_paths_of_a_real_server() -> None:
+    """Scenario 8's load generator, both modes on both dialects, a fraction of a second
+    each against `trio-duplex serve`; nothing is timed, and no rate is computed."""
+    from benchmarks.suite._dialects import dialect_url
+    from benchmarks.suite._procs import free_port, port_open
+    from benchmarks.suite._suite import DEFAULT_DUPLEX_CMD, duplex_flags
+
+    port = free_port()
+    flags = duplex_flags(port)
+    flags[flags.index("--log-level") + 1] = "warning"
+    server = subprocess.Popen([*DEFAULT_DUPLEX_CMD, *flags], cwd=ROOT, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            if port_open(port):
+                break
+            assert server.poll() is None, "trio-duplex serve exited"
+            time.sleep(0.05)
+        per_turn = {}
+        for dialect in ("native", "openai"):
+            url = dialect_url(f"ws://127.0.0.1:{port}/v1/duplex", dialect)
+            out = _run("suite.clients.dialects", "turns", "--url", url, "--dialect", dialect,
+                       "--window", "4", "--warmup", "0.1", "--duration", "0.3")  # fmt: skip
+            turns = json.loads(out.split("@result ", 1)[1])
+            assert turns["turns"] > 0 and not turns["errors"], turns
+            assert turns["client_events"] == 2 * turns["turns"]
+            per_turn[dialect] = turns["server_events"] / turns["turns"]
+            out = _run("suite.clients.dialects", "voice", "--url", url, "--dialect", dialect,
+                       "--steps", "2", "--turn-frames", "5", "--settle", "0.3", "--measure",
+                       "0.5", "--threshold-ms", "1000", "--max-time", "30")  # fmt: skip
+            (step,) = json.loads(out.split("@result ", 1)[1])["steps"]
+            assert step["sessions"] == 2 and step["samples"] > 0, step
+            assert not step["errors"] and not step["dead"], step
+        # OpenAI's structure (output items, content parts, their *.done) is more events.
+        assert per_turn["openai"] > per_turn["native"], per_turn
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_the_dialect_url_is_the_servers_realtime_path() -> None:
+    from benchmarks.suite._dialects import dialect_url
+
+    url = "ws://127.0.0.1:9/v1/duplex"
+    assert dialect_url(url, "native") == url
+    assert dialect_url(url, "openai") == "ws://127.0.0.1:9/v1/realtime?model=bench"
+
+
+def test_sessions_per_core_is_one_over_the_cpu_slope() -> None:
+    from benchmarks.suite._dialects import sessions_per_core
+
+    def step(n: int, util: float, **kw: object) -> dict[str, object]:
+        return {"sessions": n, "server_cpu_util": util, "errors": {}, "dead": 0, **kw}
+
+    ramp = {"steps": [step(10, 0.15), step(20, 0.25), step(40, 0.45)]}
+    broken = {"steps": [step(50, 0.99, errors={"x": 1}), {"sessions": 60, "errors": {}, "dead": 0}]}
+    assert sessions_per_core([ramp, broken]) == pytest.approx(100)  # 1 / 0.01 per session
+    assert sessions_per_core([{"steps": [step(10, 0.2)]}]) is None
+    assert sessions_per_core([{"steps": [step(10, 0.2), step(20, 0.1)]}]) is None

@@ -52,11 +52,15 @@ class Plan:
     # 6. resume: K -> trials (each trial runs trio-duplex and the bare baseline once)
     resume_trials: tuple[tuple[int, int], ...] = ((0, 100), (100, 100), (10_000, 6))
     resume_window: int = 64
+    # 8. the OpenAI dialect against the native one (its rounds: tp_rounds; its ramps: voice_*)
+    dialect_window: int = 16
+    dialect_turn_frames: int = 10  # voice: a turn per 10 frames (200 ms)
+    dialect_voice_measure: float = 2.0
 
 
 FULL = Plan(
     name="full",
-    budget={"1": 70, "2": 55, "3": 225, "4": 160, "5": 30, "6": 60},
+    budget={"1": 70, "2": 55, "3": 225, "4": 160, "5": 30, "6": 60, "8": 170},
     tp_rounds=3,
     tp_warmup=0.5,
     tp_duration=2.0,
@@ -64,7 +68,7 @@ FULL = Plan(
 
 QUICK = Plan(
     name="quick",
-    budget={"1": 22, "2": 11, "3": 48, "4": 20, "5": 8, "6": 12},
+    budget={"1": 22, "2": 11, "3": 48, "4": 20, "5": 8, "6": 12, "8": 40},
     tp_rounds=2,
     tp_warmup=0.3,
     tp_duration=1.0,
@@ -83,4 +87,5 @@ QUICK = Plan(
     hs_rounds=2,
     hs_duration=1.0,
     resume_trials=((0, 30), (100, 30), (10_000, 2)),
+    dialect_voice_measure=1.5,
 )

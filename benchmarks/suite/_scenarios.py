@@ -1,4 +1,5 @@
-"""The suite's seven scenarios. Each runs its variants interleaved and adds report rows.
+"""The suite's scenarios 1-7 (8 is ``_dialects``). Each runs its variants interleaved and
+adds report rows.
 
 Scenario 7 (the Socket.IO peer) rides along in 1 and 4: its server takes its turn in the
 same rounds, so its figures are interleaved with ours like every other baseline.

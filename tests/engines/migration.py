@@ -111,7 +111,7 @@ class Node(EngineSession):
         self.client.record(event)
         self._cut_here("send", n, after=True)
 
-    async def receive(self, *, updates: bool = False) -> Event:
+    async def receive(self, *, updates: bool = False, answer: bool = True) -> Event:
         client = self.client
         client.receives += 1
         self._cut_here("receive", client.receives)

@@ -89,6 +89,7 @@ class Bot:
         self.errors: list[str] = []
         self.items: list[list[Any]] = []  # each item the service saw done: [role, status]
         self.service.event_handler("on_conversation_item_updated")(self._on_item)
+        self.assistant_done = asyncio.Event()  # an assistant item the service saw ended
 
     async def _on_started(self, worker: object, frame: object) -> None:
         self.started.set()
@@ -96,6 +97,8 @@ class Bot:
     async def _on_item(self, service: object, item_id: str, item: Any) -> None:
         if item is not None:
             self.items.append([item.role, item.status])
+            if item.role == "assistant" and item.status != "in_progress":
+                self.assistant_done.set()
 
     async def __aenter__(self) -> Bot:
         runner = WorkerRunner()
@@ -149,6 +152,7 @@ async def text_scenario(args: argparse.Namespace) -> dict[str, Any]:
     async with Bot(args.base_url, args.api_key, "text") as bot:
         await bot.send(LLMContextFrame(LLMContext(messages=[{"role": "user", "content": TEXT}])))
         frames = await bot.until(LLMFullResponseEndFrame)
+        await asyncio.wait_for(bot.assistant_done.wait(), TIMEOUT)  # (see cancel_scenario)
     return {**bot.record(), "turn": summary(frames)}
 
 
@@ -176,6 +180,9 @@ async def cancel_scenario(args: argparse.Namespace) -> dict[str, Any]:
         context = LLMContext(messages=[{"role": "user", "content": LONG_TEXT}])
         await bot.send(LLMContextFrame(context))
         frames = await bot.until(LLMFullResponseEndFrame, on_audio=interrupt)
+        # The service reports the item's end by a handler of its own, which may run after
+        # the response's end frame: wait for it (with the deadline) before ending.
+        await asyncio.wait_for(bot.assistant_done.wait(), TIMEOUT)
     return {**bot.record(), "turn": summary(frames)}
 
 

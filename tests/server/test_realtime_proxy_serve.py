@@ -146,3 +146,65 @@ def test_the_proxy_in_front_of_trio_duplex_serve_itself(servers: Servers) -> Non
                 assert "upstream.session.closed" in [e["type"] for e in got]
 
     trio.run(main)
+
+
+def test_openai_clients_through_the_proxy_see_what_trio_duplex_itself_says(
+    servers: Servers,
+) -> None:
+    """An OpenAI client on the proxy's /v1/realtime, the proxy in front of `trio-duplex
+    serve --engine echo`'s /v1/realtime: every event reaches the client by the upstream's
+    own name, valid by the SDK's own models, the same turn as a client of the upstream
+    directly sees, and the upstream's refusal as an OpenAI error."""
+    from ..dialects.openai.reference import validate
+
+    audio = struct.pack("<480h", *range(-240, 240))
+    turn: list[Event] = [
+        {"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "hello"}]}},
+        {"type": "response.create"},
+        {"type": "input_audio_buffer.append", "audio": base64.b64encode(audio).decode()},
+        {"type": "input_audio_buffer.commit"},
+        {"type": "response.create"},
+    ]  # fmt: skip
+
+    async def converse(url: str) -> list[Event]:
+        async def next_event() -> Event:
+            message = await ws.recv()
+            validate(message)  # strictly, by the SDK's model of its type
+            event: Event = json.loads(message)
+            return event
+
+        async with connect(url, subprotocols=["realtime"]) as ws:  # type: ignore[list-item]
+            got = [await next_event()]
+            assert got[0]["type"] == "session.created" and "resume" in got[0]
+            for event in turn:
+                await send(ws, event)
+            while sum(e["type"] == "response.done" for e in got) < 2:
+                got.append(await next_event())
+            await send(ws, {"type": "conversation.item.retrieve", "item_id": "item_x"})
+            got.append(await next_event())
+            return got
+
+    async def main() -> None:
+        echo = servers.start("--engine", "echo")
+        realtime = echo.url.replace("/v1/duplex", "/v1/realtime")
+        proxy = servers.start("--engine", "realtime-proxy", "--upstream", realtime)
+        with trio.fail_after(30):
+            direct = await converse(f"{realtime}?model=gpt-realtime")
+            relayed = await converse(proxy.url.replace("/v1/duplex", "/v1/realtime"))
+        # The proxy's own session.created, then the upstream's session.updated (the
+        # answer to the proxy's first session.update): the rest is the upstream's, as is.
+        assert relayed[1]["type"] == "session.updated"
+        assert [e["type"] for e in relayed[2:]] == [e["type"] for e in direct[1:]]
+        assert not any(e["type"].startswith("upstream.") for e in relayed)
+        deltas = [e["delta"] for e in relayed if e["type"] == "response.output_audio.delta"]
+        assert base64.b64decode("".join(deltas)) == audio
+        text = [e for e in relayed if e["type"] == "response.output_text.done"]
+        assert [e["text"] for e in text] == ["hello"]
+        error = relayed[-1]
+        assert error["type"] == "error"
+        assert (error["error"]["code"], error["error"]["param"]) == ("bad_event", "item_id")
+        seqs = [e["server_event_seq"] for e in relayed if "server_event_seq" in e]
+        assert seqs == list(range(1, len(seqs) + 1))  # journaled, the error too
+
+    trio.run(main)

@@ -10,6 +10,9 @@
 * ``state``: ``SessionState``, the client side of the protocol with no I/O (sans-IO);
   ``errors`` and ``options``: what it raises, and its options and policies; ``urls``:
   which of several server URLs (a cluster's nodes) each connection attempt uses.
+* ``dialect``: how each wire (``native`` on ``/v1/duplex``, ``openai`` on
+  ``/v1/realtime``) spells what the client reads and writes itself (``connect``'s
+  ``dialect``).
 * ``session``: ``ClientSession`` and ``connect``, the trio shell around it;
   ``transport``: what that shell needs around its websockets connection.
 * ``terminal``: ``trio-duplex connect``, an interactive terminal client.

@@ -40,10 +40,12 @@ import trio
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 from websockets.trio.client import ClientConnection
 from websockets.trio.client import connect as _ws_connect
+from websockets.typing import Subprotocol
 
 from ..core.events import ErrorCode, EventType
 from ..core.frames import CloseCode
 from ..core.wire import utf8_len
+from .dialect import ClientDialect, DialectName, dialect_named
 from .errors import (
     ClientError,
     ProtocolViolation,
@@ -215,6 +217,11 @@ class ClientSession:
     @property
     def config(self) -> dict[str, Any]:
         return self._core.config
+
+    @property
+    def dialect(self) -> ClientDialect:
+        """The wire dialect the session speaks (``connect``'s ``dialect``)."""
+        return self._core.dialect
 
     @property
     def state(self) -> SessionState:
@@ -481,7 +488,8 @@ class ClientSession:
             with closing:
                 async with self._websocket(deadline) as ws:
                     with trio.fail_at(deadline):
-                        await ws.send(self._core.opening_frame())
+                        if (opening := self._core.opening_frame()) is not None:
+                            await ws.send(opening)
                         reply = await self._first_answer(ws)
                     try:
                         change = self._core.on_handshake(reply, trio.current_time())
@@ -540,11 +548,11 @@ class ClientSession:
 
     @asynccontextmanager
     async def _websocket(self, deadline: float) -> AsyncIterator[ClientConnection]:
-        url = self._urls.url
+        url = self._core.opening_url(self._urls.url)
         stream = None
         if self._open_stream is not None:
             if isinstance(self._open_stream, Mapping):
-                open_stream = self._open_stream[url]
+                open_stream = self._open_stream[self._urls.url]
             else:
                 open_stream = self._open_stream
             with trio.fail_at(deadline):
@@ -556,6 +564,7 @@ class ClientSession:
         async with _ws_connect(
             url,
             additional_headers=headers,
+            subprotocols=cast("list[Subprotocol] | None", self._core.dialect.subprotocols),
             stream=stream,
             ssl=self._ssl,
             compression=None,
@@ -600,7 +609,7 @@ class ClientSession:
                 loss.close_code = exc.rcvd.code if exc.rcvd is not None else None
                 return
             if isinstance(message, bytes):
-                event = audio_event(message)  # protocol v2's binary lane
+                event = audio_event(message, core.dialect.output_audio_field)  # binary lane
                 size = len(message)
             else:
                 event = parse_event(message)
@@ -676,6 +685,7 @@ async def connect(
     open_stream: StreamFactories | None = None,
     rng: random.Random | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    dialect: DialectName | ClientDialect = "native",
 ) -> AsyncIterator[ClientSession]:
     """Open a session (configured with ``session``), or resume one (``resume``), and keep
     it attached until the block is left.
@@ -698,6 +708,12 @@ async def connect(
     a mapping from each URL to its own. ``rng`` is the randomness of the backoff jitter
     and of the first URL's choice. ``ssl_context`` is the TLS of ``wss://`` URLs (None:
     the system's trusted certificates), e.g. ``ssl.create_default_context(cafile=...)``.
+
+    ``dialect`` is the wire the URLs speak (``client/dialect.py``): ``native``
+    (``/v1/duplex``), or ``openai`` (``/v1/realtime``: OpenAI Realtime events with our
+    resume extension; ``session`` is then an OpenAI session object, sent as the
+    session's first event, ``session.update``, once the server has opened it). The
+    guarantees are the same in both.
     """
     urls = parse_urls(url)
     if ssl_context is not None and not all(u.startswith("wss://") for u in urls):
@@ -705,12 +721,16 @@ async def connect(
     if isinstance(open_stream, Mapping) and (missing := set(urls) - set(open_stream)):
         raise ValueError(f"open_stream has no stream factory for {sorted(missing)}")
     opts = options or ClientOptions()
+    spelling = dialect_named(dialect)
     if resume is not None:
         if session is not None:
             raise ValueError("give either session (open) or resume, not both")
-        state = SessionState.for_resume(resume, acks=opts.acks, heartbeat=opts.heartbeat)
+        state = SessionState.for_resume(
+            resume, acks=opts.acks, heartbeat=opts.heartbeat, dialect=spelling
+        )
     else:
-        state = SessionState(dict(session or {}), acks=opts.acks, heartbeat=opts.heartbeat)
+        config = dict(session or {})
+        state = SessionState(config, acks=opts.acks, heartbeat=opts.heartbeat, dialect=spelling)
     client = ClientSession(
         urls,
         state,

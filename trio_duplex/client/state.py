@@ -29,6 +29,7 @@ from ..core.frames import CloseCode
 from ..core.wire import utf8_len
 from ..dialects import binary
 from ..dialects.jsonwire import encode
+from .dialect import NATIVE, ClientDialect
 from .errors import EventTooLarge, ProtocolViolation, ResumeRefused, ServerRefused
 from .options import AckPolicy, Attached, HeartbeatPolicy, Limits, ResumeState
 
@@ -129,6 +130,11 @@ class SessionState:
     """After a rewind: the highest seq sent before it, whose answers (refusals all) are
     still on their way and are dropped; 0: none."""
     _rewinds: int = attrs.field(init=False, default=0)
+    _dialect: ClientDialect = attrs.field(default=NATIVE, kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        if self._session_id is None and (update := self._dialect.first_update(self._config)):
+            self.enqueue(update)  # (a dialect whose server speaks first: the first event)
 
     # -- read-only views ---------------------------------------------------------------
 
@@ -136,6 +142,11 @@ class SessionState:
     def config(self) -> dict[str, Any]:
         """The session's configuration (the server's copy once it has answered)."""
         return self._config
+
+    @property
+    def dialect(self) -> ClientDialect:
+        """How the session's wire spells what the client reads and writes itself."""
+        return self._dialect
 
     @property
     def acks(self) -> AckPolicy:
@@ -249,41 +260,49 @@ class SessionState:
 
     # -- handshake ---------------------------------------------------------------------
 
-    def opening_frame(self) -> str:
-        """The first frame of a connection: open a session, or resume ours."""
+    def opening_url(self, url: str) -> str:
+        """The URL a connection to ``url`` dials (the dialect may resume by its query)."""
         if self._session_id is None:
-            return encode(events.update(self._config))
+            return self._dialect.opening_url(url, None)
+        self._resume_from = self._last_received_seq
+        return self._dialect.opening_url(url, (self._session_id, self._resume_from))
+
+    def opening_frame(self) -> str | None:
+        """The first frame of a connection: open a session, or resume ours (None: the
+        dialect's server speaks first, ``opening_url`` said it all)."""
+        if self._session_id is None:
+            return self._dialect.opening_frame(self._config, None)
         assert self._resume_token is not None, "a session id without its resume token"
         self._resume_from = self._last_received_seq
-        return encode(events.resume(self._session_id, self._resume_token, self._resume_from))
+        resume = (self._session_id, self._resume_token, self._resume_from)
+        return self._dialect.opening_frame(self._config, resume)
 
     def on_handshake(self, event: Event, now: float) -> Attached:
         """The server's first answer. Raises ServerRefused (see ``.retryable``),
         ResumeRefused or ProtocolViolation."""
         kind = event.get("type")
         if kind == EventType.ERROR:
-            raise _refusal(event, resuming=self._session_id is not None)
-        token = event.get("resume_token")
-        generation = event.get("attachment_generation")
+            raise _refusal(self._dialect.error(event), resuming=self._session_id is not None)
+        said = self._dialect.handshake(event)
+        token, generation = said.resume_token, said.generation
         if not isinstance(token, str) or type(generation) is not int:
             raise ProtocolViolation(f"{kind} without resume_token or attachment_generation")
         resumed = self._session_id is not None
         if not resumed:
-            session_id = event.get("session_id")
-            if kind != EventType.CREATED or not isinstance(session_id, str):
+            if kind != EventType.CREATED or not isinstance(said.session_id, str):
                 raise ProtocolViolation(f"expected session.created, got {kind!r}")
-            self._session_id = session_id
-            self._limits = Limits.from_event(event.get("limits"))
-            if isinstance(event.get("session"), dict):
-                self._config = event["session"]
+            self._session_id = said.session_id
+            self._limits = Limits.from_event(said.limits)
+            if isinstance(said.session, dict):
+                self._config = said.session
         else:
             received = event.get("last_received_client_event_seq")
-            if kind != EventType.RESUMED or event.get("session_id") != self._session_id:
+            if kind != EventType.RESUMED or said.session_id != self._session_id:
                 raise ProtocolViolation(f"expected session.resumed of {self._session_id}")
             if type(received) is not int or received < 0:
                 raise ProtocolViolation("session.resumed without last_received_client_event_seq")
-            if isinstance(event.get("session"), dict):
-                self._config = event["session"]
+            if isinstance(said.session, dict):
+                self._config = said.session
             # The resume acked everything up to what it claimed.
             self._acked_seq = max(self._acked_seq, self._resume_from)
             self._unacked, self._unacked_bytes, self._unacked_since = 0, 0, None
@@ -454,6 +473,10 @@ class SessionState:
             self._unacked_bytes += size
             if self._unacked_since is None:
                 self._unacked_since = now
+            if event.get("type") == EventType.UPDATED:
+                whole = self._dialect.full_update(event)
+                if whole is not None:
+                    self._config = whole
             return Verdict.DELIVER
         kind = event.get("type")
         if kind == EventType.INPUT_CONSUMED:
@@ -462,8 +485,11 @@ class SessionState:
                 self._consumed(consumed)
                 self._resend_at, self._backoff = -math.inf, RESEND_BACKOFF[0]  # room was made
             return Verdict.INTERNAL
-        if kind == EventType.ERROR and type(event.get("client_event_seq")) is int:
-            return self._on_refusal(event, now)
+        if kind == EventType.ERROR:
+            fields = self._dialect.error(event)
+            if type(fields.get("client_event_seq")) is int:
+                return self._on_refusal(fields, now)
+            return Verdict.DELIVER
         if kind == EventType.HEARTBEAT_ACK:
             if self._heartbeats:  # else unasked for: nothing to confirm
                 _, barrier = self._heartbeats.popleft()
@@ -491,7 +517,7 @@ class SessionState:
             self._unconsumed_bytes -= self._unconsumed.popleft()
         self._confirm(seq)
 
-    def _on_refusal(self, event: Event, now: float) -> Verdict:
+    def _on_refusal(self, event: Mapping[str, Any], now: float) -> Verdict:
         """An ``error`` naming one of our events (its ``client_event_seq``).
 
         A retryable refusal (``input_backpressure``, ``unexpected_client_event_seq``)
@@ -560,7 +586,7 @@ class SessionState:
         )
 
 
-def _refusal(event: Event, *, resuming: bool) -> ServerRefused:
+def _refusal(event: Mapping[str, Any], *, resuming: bool) -> ServerRefused:
     code = event.get("code")
     code = code if isinstance(code, str) else None
     message = str(event.get("message", ""))

@@ -1,13 +1,14 @@
 """``trio-duplex connect URL [URL ...]``: an interactive terminal client, also driven from
 a pipe. Several URLs are the nodes of one cluster (``connect``'s policy picks among them).
 
-Each line read from stdin is sent as ``input.text.append {text}`` (a line ``/event JSON``
-sends that event as it is). Server events are printed to stdout as they arrive, one per
-line (``--json``: the raw event); the connection's story (connected, lost, retrying,
-resumed) goes to stderr. At end of input the client waits until the server has read
-everything and the output has been quiet for ``--linger`` seconds, then closes the
-session. Ctrl-C closes the session cleanly; a second Ctrl-C detaches and prints how to
-resume.
+Each line read from stdin is sent as a text turn: ``input.text.append {text}``, or with
+``--dialect openai`` (``/v1/realtime``) ``conversation.item.create`` then
+``response.create`` (a line ``/event JSON`` sends that event as it is). Server events
+are printed to stdout as they arrive, one per line (``--json``: the raw event); the
+connection's story (connected, lost, retrying, resumed) goes to stderr. At end of
+input the client waits until the server has read everything and the output has been
+quiet for ``--linger`` seconds, then closes the session. Ctrl-C closes the session
+cleanly; a second Ctrl-C detaches and prints how to resume.
 
 ``--mic FILE.wav`` streams the file as the microphone (see ``mic.py``) beside the typed
 lines; ``--speaker OUT.wav`` (also spelt ``--save-audio``) writes the audio received.
@@ -47,6 +48,7 @@ from . import (
     StreamFactories,
     connect,
 )
+from .dialect import DIALECTS, NATIVE, ClientDialect, dialect_named, text_of
 from .mic import FRAME_SECONDS, TAIL_SILENCE_S, MicError, Microphone, open_wav, stream
 from .transport import audio_bytes
 from .urls import parse_urls
@@ -76,7 +78,8 @@ def _add_session_arguments(p: argparse.ArgumentParser) -> None:
         "url",
         metavar="URL",
         nargs="+",
-        help=f"ws://HOST:PORT{DEFAULT_PATH} or wss://... (path optional); several: the "
+        help=f"ws://HOST:PORT{DEFAULT_PATH} or wss://... (path optional: the dialect's); "
+        "several: the "
         "nodes of one cluster, all ws:// or all wss://: the first connection goes to a "
         "random one, a failed attempt to the next, and a session a draining node migrates "
         "is resumed on another",
@@ -85,6 +88,13 @@ def _add_session_arguments(p: argparse.ArgumentParser) -> None:
         "--ca",
         metavar="FILE",
         help="trust the server certificates this PEM file signs (wss://; default: the system's)",
+    )
+    p.add_argument(
+        "--dialect",
+        choices=sorted(DIALECTS),
+        default="native",
+        help=f"the wire: native ({DEFAULT_PATH}) or openai (OpenAI Realtime events with "
+        "resume, /v1/realtime; --session is then an OpenAI session object) (native)",
     )
     p.add_argument("--json", action="store_true", help="print each event as raw JSON")
     p.add_argument("--session", metavar="JSON", default="{}", help="configuration of a new session")
@@ -168,14 +178,16 @@ class Printer:
     err: TextIO
     raw_json: bool = False
     color: bool = False
+    dialect: ClientDialect = NATIVE
 
     def _paint(self, code: str, text: str) -> str:
         return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
 
     def event(self, event: dict[str, Any]) -> None:
         if self.raw_json:
-            if isinstance(event.get("audio"), bytes):  # the binary lane: shown as in JSON
-                event = {**event, "audio": base64.b64encode(event["audio"]).decode("ascii")}
+            field = self.dialect.output_audio_field
+            if isinstance(event.get(field), bytes):  # the binary lane: shown as in JSON
+                event = {**event, field: base64.b64encode(event[field]).decode("ascii")}
             self.out.write(json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n")
         else:
             self.out.write(self._compact(event) + "\n")
@@ -187,18 +199,23 @@ class Printer:
         rest = {k: v for k, v in event.items() if k not in ("type", "server_event_seq")}
         head = self._paint("2", f"{seq:>5}" if seq is not None else "    -")
         if kind == EventType.ERROR:
-            where = f" (event_id={rest['event_id']})" if "event_id" in rest else ""
-            body = f"{rest.get('code')}: {rest.get('message')}{where}"
+            said = self.dialect.error(event)
+            event_id = said.get("event_id")  # the client event's own id, if it had one
+            where = f" (event_id={event_id})" if event_id is not None else ""
+            body = f"{said.get('code')}: {said.get('message')}{where}"
             return f"{head} {self._paint('1;31', kind)} {self._paint('31', body)}"
-        if kind.endswith("output_audio.delta") and isinstance(rest.get("audio"), str | bytes):
-            audio = rest.pop("audio")
+        field = self.dialect.output_audio_field
+        if kind.endswith("output_audio.delta") and isinstance(rest.get(field), str | bytes):
+            audio = rest.pop(field)
             if isinstance(audio, bytes):
                 size = len(audio)
             else:  # base64: 3 bytes per 4 characters, less its padding
                 size = len(audio) * 3 // 4 - audio[-2:].count("=")
-            rest["audio"] = f"<{size} bytes>"
+            rest[field] = f"<{size} bytes>"
             rest.pop("binary", None)
-        text = rest.pop("text", None) if kind.endswith("text.delta") else None
+        text = text_of(event)
+        if text is not None:
+            rest.pop("text" if "text" in rest else "delta", None)
         fields = " ".join(f"{k}={_short(v)}" for k, v in rest.items())
         painted = self._paint("33" if kind.startswith("session.") else "36", kind)
         shown = f" {self._paint('1', text)}" if isinstance(text, str) else ""
@@ -248,10 +265,12 @@ class AudioSink:
         self._wav.setsampwidth(2)
         self._wav.setframerate(_V1_AUDIO.rate)
 
-    def add(self, event: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+    def add(
+        self, event: Mapping[str, Any], config: Mapping[str, Any], dialect: ClientDialect = NATIVE
+    ) -> None:
         """Add one ``response.output_audio.delta`` of a session configured ``config``."""
         if self._decoder is None:
-            wire = _output_format(config)
+            wire = _wire_format(config, "output", dialect)
             self._wav.setframerate(wire.rate)
             self._decoder = Decoder(wire, wire.rate)  # to PCM16, at its own rate
         payload = audio_bytes(event)
@@ -270,37 +289,22 @@ class AudioSink:
         self._file.close()
 
 
-def _output_format(config: Mapping[str, Any]) -> AudioFormat:
-    return _wire_format(config, "output")
-
-
-def _wire_format(config: Mapping[str, Any], side: str) -> AudioFormat:
+def _wire_format(
+    config: Mapping[str, Any], side: str, dialect: ClientDialect = NATIVE
+) -> AudioFormat:
     """The session's audio ``side`` ("input" or "output") as the server granted it."""
-    audio = config.get("audio")
-    granted = audio.get(side) if isinstance(audio, dict) else None
-    if isinstance(granted, dict):
-        kind, rate = granted.get("format"), granted.get("rate")
-        if isinstance(kind, str) and kind in FORMATS and isinstance(rate, int):
-            return AudioFormat(kind, rate)
+    granted = dialect.audio_format(config, side)
+    if granted is not None and granted[0] in FORMATS:
+        return AudioFormat(*granted)
     return _V1_AUDIO
 
 
 def _audio_request(args: argparse.Namespace) -> dict[str, Any]:
     """``session.audio`` from ``--audio-wire/-format/-rate`` (empty: none given)."""
-    request: dict[str, Any] = {}
-    if args.audio_wire is not None:
-        request["wire"] = args.audio_wire
-    elif args.mic is not None:  # a microphone's audio goes on the binary lane
-        request["wire"] = "binary"
-    side: dict[str, Any] = {}
-    if args.audio_format is not None:
-        side["format"] = args.audio_format
-    if args.audio_rate is not None:
-        side["rate"] = args.audio_rate
-    if side:
-        request["input"] = dict(side)
-        request["output"] = dict(side)
-    return request
+    wire = args.audio_wire
+    if wire is None and args.mic is not None:  # a microphone's audio goes on the binary lane
+        wire = "binary"
+    return dialect_named(args.dialect).audio_request(wire, args.audio_format, args.audio_rate)
 
 
 @attrs.define(eq=False)
@@ -325,7 +329,7 @@ class _Run:
                     self.quiet.deadline = trio.current_time() + self.args.linger
                 kind = event.get("type")
                 if self.audio is not None and kind == "response.output_audio.delta":
-                    self.audio.add(event, session.config)
+                    self.audio.add(event, session.config, session.dialect)
                 if kind == EventType.EXPIRED or event.get("reason") == Reason.ENGINE_ERROR:
                     self.exit_code = 1
                 if kind in TERMINAL_EVENTS:
@@ -342,7 +346,8 @@ class _Run:
                 if not line.strip():
                     continue
                 try:
-                    await session.send(_event_for(line))
+                    for event in _events_for(line, session.dialect):
+                        await session.send(event)
                 except ValueError as exc:  # EventTooLarge is one
                     self.printer.status(f"not sent: {exc}")
             # End of input (and of the microphone's file): let the server read it all
@@ -365,7 +370,7 @@ class _Run:
             self.mic_done.set()
             return
         try:
-            wire = _wire_format(session.config, "input")
+            wire = _wire_format(session.config, "input", session.dialect)
             self.printer.status(
                 f"mic: streaming {mic.path} ({mic.seconds:.2f} s, {mic.rate} Hz "
                 f"{'stereo' if mic.channels == 2 else 'mono'}) as {wire.format} at {wire.rate} Hz"
@@ -401,14 +406,15 @@ class _Run:
 
     def _show_resume(self, session: ClientSession, state: ResumeState) -> None:
         grace = session.limits.disconnect_grace_s
+        dialect = "" if session.dialect is NATIVE else f" --dialect {session.dialect.name}"
         self.printer.status(
-            f"detached. Resume within {grace:g}s with:\n  trio-duplex connect "
+            f"detached. Resume within {grace:g}s with:\n  trio-duplex connect{dialect} "
             f"{' '.join(self.args.url)} --resume {state.session_id} --token={state.resume_token} "
             f"--last-seq {state.last_server_event_seq}"
         )
 
 
-def _event_for(line: str) -> dict[str, Any]:
+def _events_for(line: str, dialect: ClientDialect) -> list[dict[str, Any]]:
     if line.startswith("/event "):
         try:
             event = json.loads(line[len("/event ") :])
@@ -416,14 +422,14 @@ def _event_for(line: str) -> dict[str, Any]:
             raise ValueError("/event needs a JSON object") from None
         if not isinstance(event, dict):
             raise ValueError("/event needs a JSON object")
-        return event
-    return {"type": "input.text.append", "text": line}
+        return [event]
+    return dialect.text_turn(line)
 
 
-def _full_url(url: str) -> str:
+def _full_url(url: str, dialect: ClientDialect = NATIVE) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.path in ("", "/"):
-        parts = parts._replace(path=DEFAULT_PATH)
+        parts = parts._replace(path=dialect.path)
     return urllib.parse.urlunsplit(parts)
 
 
@@ -440,6 +446,7 @@ class _Opening:
     resume: ResumeState | None
     options: ClientOptions
     ssl_context: ssl.SSLContext | None
+    dialect: ClientDialect = NATIVE
 
 
 async def run(
@@ -459,6 +466,7 @@ async def run(
     except _Refused as exc:
         printer.status(str(exc))
         return 2
+    printer.dialect = opening.dialect  # (it reads the events as that wire spells them)
     state = _Run(args, printer, audio, mic)
     shown = " ".join(opening.urls)
     try:
@@ -495,6 +503,7 @@ async def _attached(
         open_stream=open_stream,
         rng=rng,
         ssl_context=opening.ssl_context,
+        dialect=opening.dialect,
     ) as session:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(state.show_events, session)
@@ -519,7 +528,8 @@ def _opening(args: argparse.Namespace) -> _Opening:
         resume = ResumeState(args.resume, token, args.last_seq)
     else:
         config = _new_session_config(args)
-    urls = tuple(_full_url(url) for url in args.url)
+    dialect = dialect_named(args.dialect)
+    urls = tuple(_full_url(url, dialect) for url in args.url)
     try:
         if len(urls) > 1:  # (one URL is checked by connecting, as it always was)
             parse_urls(urls)
@@ -533,7 +543,7 @@ def _opening(args: argparse.Namespace) -> _Opening:
     )
     # An API key from the environment, not a flag: a flag would show in `ps`.
     options = ClientOptions(reconnect=policy, api_key=os.environ.get(API_KEY_VARIABLE) or None)
-    return _Opening(urls, config, resume, options, ssl_context)
+    return _Opening(urls, config, resume, options, ssl_context, dialect)
 
 
 def _new_session_config(args: argparse.Namespace) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 from ..core.events import EventType
 from ..core.wire import ProtocolError
 from ..dialects import binary
+from .dialect import audio_payload
 
 Event = dict[str, Any]
 
@@ -64,24 +65,25 @@ def parse_event(message: str) -> Event | None:
     return event
 
 
-def audio_event(message: bytes) -> Event | None:
+def audio_event(message: bytes, field: str = "audio") -> Event | None:
     """A binary message from the server (protocol v2's audio lane) as the event it
     stands for: ``response.output_audio.delta`` with its ``server_event_seq`` and the raw
-    payload as ``audio`` (``bytes``). None if it is not a well-formed kind-2 message."""
+    payload as ``field`` (``bytes``; the dialect's name for it). None if it is not a
+    well-formed kind-2 message."""
     try:
         kind, seq, payload = binary.parse(message)
     except ProtocolError:
         return None
     if kind != binary.OUTPUT_AUDIO:
         return None
-    return {"type": EventType.OUTPUT_AUDIO_DELTA, "server_event_seq": seq, "audio": payload}
+    return {"type": EventType.OUTPUT_AUDIO_DELTA, "server_event_seq": seq, field: payload}
 
 
 def audio_bytes(event: Mapping[str, Any]) -> bytes | None:
     """The audio of an ``input_audio_buffer.append`` or ``response.output_audio.delta``
-    event as bytes, whichever lane it came on (raw on the binary lane, base64 in JSON);
-    None if it has none or it is not valid base64."""
-    audio = event.get("audio")
+    event as bytes, whichever lane it came on (raw on the binary lane, base64 in JSON)
+    and whichever dialect spelt it; None if it has none or it is not valid base64."""
+    audio = audio_payload(event)
     if isinstance(audio, bytes):
         return audio
     if not isinstance(audio, str):

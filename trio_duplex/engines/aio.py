@@ -66,6 +66,8 @@ class AsyncioSession(EngineSession):
             session._pace,
             audio=session.audio,
             principal=session.principal,
+            dialect=session.dialect,
+            raw=session.raw,
             attached=session._attached,
             journal=session._journal,
             loop=loop,
@@ -74,8 +76,9 @@ class AsyncioSession(EngineSession):
     async def send(self, event: Event) -> None:
         await self._bridge(super().send, event)
 
-    async def receive(self, *, updates: bool = False) -> Event:
-        return await self._bridge(functools.partial(super().receive, updates=updates))
+    async def receive(self, *, updates: bool = False, answer: bool = True) -> Event:
+        receive = functools.partial(super().receive, updates=updates, answer=answer)
+        return await self._bridge(receive)
 
     async def wait_attached(self) -> None:
         await self._bridge(super().wait_attached)

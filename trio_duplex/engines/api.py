@@ -87,6 +87,11 @@ class Engine:
     ``session.audio``). None (the default): the engine knows no audio format; audio
     fields pass through as they are (v1's base64 strings) and a session may not ask for
     ``session.audio``. A class attribute, or set per instance by the factory."""
+    raw_dialects: ClassVar[Collection[str]] = frozenset()
+    """Dialects (their ``name``) whose own wire shapes the engine's events already have:
+    on a session in one of them the server frames its events as they are, without the
+    dialect's ``Shaper`` (``EngineSession.raw``). ``realtime-proxy``: ``{"openai"}``, since
+    its upstream speaks OpenAI's wire. Empty (the default): every event is canonical."""
     audio_formats: ClassVar[Mapping[str, int]] = {}
     """For an engine without ``audio_rate``: event types (client or server) whose base64
     ``audio`` field holds audio of a known format, with its bytes per millisecond (24 kHz
@@ -163,6 +168,13 @@ class Engine:
 def prepares(engine: Engine) -> bool:
     """Does this engine get ready before its session opens (overrides ``prepare``)?"""
     return getattr(type(engine), "prepare", Engine.prepare) is not Engine.prepare
+
+
+def writes_raw(engine: Engine, dialect: str) -> bool:
+    """Does ``engine`` write a session's events in ``dialect``'s own wire shapes (its
+    ``raw_dialects``)? Then the server frames them as they are, unshaped."""
+    raw = getattr(engine, "raw_dialects", ())
+    return isinstance(raw, Collection) and dialect in raw
 
 
 def can_migrate(engine: Engine) -> bool:
@@ -377,6 +389,15 @@ class EngineSession:
     principal: str | None = attrs.field(default=None, kw_only=True)
     """Who opened the session: the name of its API key (``--api-key-file``), or None
     without authentication. Per-customer quotas and logging read it."""
+    dialect: str = attrs.field(default="native", kw_only=True)
+    """The name of the dialect the session's client speaks (``native``, ``openai``), for
+    life. Engines see the same canonical events whichever it is; one that relays a wire
+    of its own (``realtime-proxy``) reads it to decide how to relay."""
+    raw: bool = attrs.field(default=False, kw_only=True)
+    """The session's dialect is one of the engine's ``raw_dialects``: the events it sends
+    are framed as they are, unshaped. It may then also send that wire's ``error`` events
+    (journaled as its other events are: an upstream's error reaches a client that was
+    away), and ``receive(updates=True, answer=False)`` leaves ``session.updated`` to it."""
     _attached: Callable[[], Awaitable[None]] | None = attrs.field(default=None, kw_only=True)
     _journal: Journal | None = attrs.field(default=None, kw_only=True)
     """The session's journal, which ``sent_seq`` and ``delivered_seq`` read."""
@@ -405,14 +426,18 @@ class EngineSession:
 
     async def send(self, event: Event) -> None:
         kind = event.get("type")
-        if not isinstance(kind, str) or kind in CONTROL_EVENTS:
+        if not isinstance(kind, str) or (
+            kind in CONTROL_EVENTS and not (self.raw and kind == EventType.ERROR)
+        ):
             raise ValueError(f"an engine cannot send an event of type {kind!r}")
         await self._emit(event)
 
-    async def receive(self, *, updates: bool = False) -> Event:
-        """The next client event. ``session.update`` is answered here (the configuration
-        updated, ``session.updated`` sent), and returned too only with ``updates``: an
-        engine that forwards its configuration elsewhere (``realtime-proxy``) needs it."""
+    async def receive(self, *, updates: bool = False, answer: bool = True) -> Event:
+        """The next client event. ``session.update`` is applied here (the configuration
+        updated) and answered (``session.updated`` sent, unless ``answer`` is false), and
+        returned too only with ``updates``: an engine that forwards its configuration
+        elsewhere (``realtime-proxy``) needs it, and one whose upstream answers it
+        (``realtime-proxy`` on a raw session) passes ``answer=False``."""
         while True:
             inbox = self._inbox
             if inbox:  # queued: taken in a burst, at a Pace (cancelled, it takes none)
@@ -425,8 +450,9 @@ class EngineSession:
                 return event
             update = event["session"]
             self.config.update(update)
-            # The fields it set, not the whole configuration: an update's cost is its own.
-            await self.send(events.updated(self.session_id, update))
+            if answer or not updates:
+                # The fields it set, not the whole configuration: an update's cost is its own.
+                await self.send(events.updated(self.session_id, update))
             if updates:
                 return event
 

@@ -45,6 +45,10 @@ Decisions (docs/engines.md, "The realtime proxy", says the same for users):
   (``check_locked``), never stripped: a stripped override would answer with a response
   the developer did not ask for, and nothing would say why.
 - No migration (no ``snapshot``): an upstream WebSocket cannot move to another node.
+- A client on OpenAI's dialect (``/v1/realtime``) gets the upstream's events as they are,
+  by their own names, unshaped (``raw_dialects``; ``proxy_wire`` says what still changes);
+  there the names above are not renamed, the upstream answers ``session.update``, and no
+  truncate follows a cancel (OpenAI's clients truncate to what they played themselves).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ from ..core.events import CONTROL_EVENTS, EventType
 from ..core.wire import ProtocolError
 from ..logs import MASK, redact, register_secret
 from .api import ConfigLocked, Engine, EngineFactory, EngineSession, Event, UpstreamLost
+from .proxy_wire import relayed, upstream_session
 
 log = logging.getLogger("trio_duplex")
 _WS_LOG = logging.getLogger("trio_duplex.realtime_proxy.upstream")
@@ -166,6 +171,7 @@ class RealtimeProxyEngine(Engine):
 
     accepts = CLIENT_EVENTS
     audio_rate: int | None = RATE
+    raw_dialects = frozenset({"openai"})
 
     def __init__(self, upstream: Upstream, config: Mapping[str, Any] | None = None) -> None:
         self.upstream = upstream
@@ -257,11 +263,13 @@ class RealtimeProxyEngine(Engine):
         self, ws: ClientConnection, session: EngineSession, lost: trio.CancelScope
     ) -> None:
         """Client events to the upstream, until the session ends (or the upstream does)."""
+        raw = session.raw
+        spell = upstream_session if raw else _session_fields
         try:
-            await ws.send(_json(self._session_update(self.config)), text=True)
+            await ws.send(_json({"type": _UPDATE, "session": spell(self.config)}), text=True)
             while True:
-                try:
-                    event = await session.receive(updates=True)
+                try:  # on a raw session the upstream's own session.updated answers
+                    event = await session.receive(updates=True, answer=not raw)
                 except trio.EndOfChannel:
                     return
                 kind = event["type"]
@@ -270,11 +278,12 @@ class RealtimeProxyEngine(Engine):
                     await ws.send(_json({"type": _APPEND, "audio": _b64(audio)}), text=True)
                     continue
                 if kind == _UPDATE:
-                    await ws.send(_json(self._session_update(event["session"])), text=True)
+                    update = {"type": _UPDATE, "session": spell(event["session"])}
+                    await ws.send(_json(update), text=True)
                     continue
                 event.pop("client_event_seq", None)
                 await ws.send(_json(event), text=True)
-                if kind == _CANCEL and self._playing is not None:
+                if kind == _CANCEL and self._playing is not None and not raw:
                     await ws.send(_json(self._truncate(session)), text=True)
         except (OSError, WebSocketException) as exc:
             self._lose(f"upstream connection failed: {_describe(exc)}", lost)
@@ -283,6 +292,7 @@ class RealtimeProxyEngine(Engine):
         self, ws: ClientConnection, session: EngineSession, lost: trio.CancelScope
     ) -> None:
         """Upstream events to the client, until the upstream connection ends."""
+        raw = session.raw
         try:
             while True:
                 try:  # (not ``async for``: its generator, left by an error, is never closed)
@@ -302,9 +312,16 @@ class RealtimeProxyEngine(Engine):
                     )
                     event["audio"] = audio
                     event.pop("server_event_seq", None)
+                    if raw:
+                        event.pop("event_id", None)
                     item = (event.get("item_id"), event.get("content_index", 0))
                     await session.send(event)
                     self._track(item, len(audio), session)
+                    continue
+                if raw:
+                    relay = relayed(event, session.config)
+                    if relay is not None:
+                        await session.send(relay)
                     continue
                 if kind in _RENAMED:
                     event["type"] = _RENAMED[kind]
@@ -351,13 +368,14 @@ class RealtimeProxyEngine(Engine):
             "audio_end_ms": self._delivered // _BYTES_PER_MS,
         }
 
-    @staticmethod
-    def _session_update(config: Mapping[str, Any]) -> Event:
-        # ``audio`` is ours (the client's wire format, settled by the server): never sent
-        # up. The upstream's own audio format is left at its default, 24 kHz PCM16.
-        fields = {k: v for k, v in config.items() if k != "audio"}
-        fields.setdefault("type", "realtime")
-        return {"type": _UPDATE, "session": fields}
+
+def _session_fields(config: Mapping[str, Any]) -> Event:
+    """The native client's configuration as the upstream's ``session``: as it is, but for
+    ``audio``, ours (the client's wire format, settled by the server), never sent up: the
+    upstream's own audio format is left at its default, 24 kHz PCM16."""
+    fields = {k: v for k, v in config.items() if k != "audio"}
+    fields.setdefault("type", "realtime")
+    return fields
 
 
 def _check_item(item: object, where: str) -> None:

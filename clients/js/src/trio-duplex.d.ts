@@ -127,15 +127,23 @@ export type Change =
   | { kind: "retrying"; state: SessionState; attempt: number; delayMs: number; error: string }
   | { kind: "going_away"; state: SessionState; timeLeftMs: number | null; migrating: boolean };
 
+/** The wire a URL speaks: `native` (`/v1/duplex`, docs/protocol.md) or `openai`
+ * (`/v1/realtime`: OpenAI Realtime GA events with the resume extension, docs/openai.md). */
+export type Dialect = "native" | "openai";
+
 export interface ConnectOptions {
+  /** The wire the URLs speak (default "native"). With "openai" the server speaks first,
+   * `session` is an OpenAI session object sent as the session's first event, and a
+   * resume is the upgrade `?resume=ID&last_received_server_event_seq=N`. */
+  dialect?: Dialect;
   /** The configuration of a new session (its first `session.update`). */
   session?: Record<string, unknown>;
   /** `session.audio` (protocol v2), merged into `session`. */
   audio?: AudioConfig;
   /** A credential for a server with `--api-key-file`: an API key, or better a client
    * token (`POST /v1/client_tokens`), offered as the subprotocol
-   * `trio-duplex.bearer.TOKEN` (browsers cannot set headers). A resume presents the
-   * session's resume token instead. */
+   * `trio-duplex.bearer.TOKEN` (dialect "openai": `openai-insecure-api-key.TOKEN`;
+   * browsers cannot set headers). A resume presents the session's resume token instead. */
   token?: string;
   /** Resume this session instead of opening one (not with `session` or `audio`). */
   resume?: ResumeState;
@@ -183,6 +191,7 @@ export interface SessionStats {
  * `connect`. Dispatches "change" events (a CustomEvent whose `detail` is a Change). */
 export declare class Session extends EventTarget {
   private constructor();
+  readonly dialect: Dialect;
   readonly sessionId: string;
   readonly generation: number;
   /** The session's configuration (the server's copy from session.created/resumed). */
@@ -298,6 +307,7 @@ export declare class SessionCore {
     acks: Required<AckOptions>,
     heartbeat: Required<HeartbeatOptions>,
     resume: ResumeState | null,
+    dialect?: Dialect,
   );
   readonly sessionId: string | null;
   readonly resumeToken: string | null;
@@ -307,7 +317,10 @@ export declare class SessionCore {
   readonly confirmedSeq: number;
   readonly rewinds: number;
   readonly outbox: ReadonlyArray<{ seq: number; frame: string | Uint8Array; size: number }>;
-  openingFrame(): string;
+  /** The URL a connection dials (a resume in the openai dialect: its query). */
+  openingUrl(url: string): string;
+  /** null: the dialect's server speaks first. */
+  openingFrame(): string | null;
   onHandshake(
     event: DuplexEvent,
     now: number,

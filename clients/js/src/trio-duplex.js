@@ -26,6 +26,7 @@ const T = Object.freeze({
   CLOSE: "session.close",
   CREATED: "session.created",
   RESUMED: "session.resumed",
+  UPDATED: "session.updated",
   REPLACED: "session.replaced",
   HEARTBEAT_ACK: "session.heartbeat_ack",
   GOING_AWAY: "session.going_away",
@@ -193,8 +194,9 @@ function inputMessage(/** @type {number} */ seq, /** @type {Uint8Array} */ paylo
 }
 
 /** A binary message from the server as the event it stands for (a kind-2 message is
- * response.output_audio.delta with its seq and the payload as `audio`), or null. */
-function audioEvent(/** @type {ArrayBuffer} */ data) {
+ * response.output_audio.delta with its seq and the payload as `field`: the dialect's
+ * name for it), or null. */
+function audioEvent(/** @type {ArrayBuffer} */ data, field = "audio") {
   if (data.byteLength < HEADER_SIZE) return null;
   const view = new DataView(data);
   if (view.getUint8(0) !== OUTPUT_AUDIO || view.getUint8(1) !== 0 || view.getUint16(2) !== 0) {
@@ -204,7 +206,7 @@ function audioEvent(/** @type {ArrayBuffer} */ data) {
   return {
     type: T.OUTPUT_AUDIO_DELTA,
     server_event_seq: seq,
-    audio: new Uint8Array(data, HEADER_SIZE),
+    [field]: new Uint8Array(data, HEADER_SIZE),
   };
 }
 
@@ -226,11 +228,12 @@ function base64Encode(bytes) {
 }
 
 /** The audio of an input_audio_buffer.append or response.output_audio.delta as bytes,
- * whichever lane it came on (raw on the binary lane, base64 in JSON); null if it has
- * none or it is not valid base64.
+ * whichever lane it came on (raw on the binary lane, base64 in JSON) and whichever
+ * dialect spelt it (`audio`, or OpenAI's output `delta`); null if it has none or it is
+ * not valid base64.
  * @param {DuplexEvent} event @returns {Uint8Array | null} */
 export function audioBytes(event) {
-  const audio = event.audio;
+  const audio = !("audio" in event) && "delta" in event ? event.delta : event.audio;
   if (audio instanceof Uint8Array) return audio;
   if (typeof audio !== "string" || !/^[A-Za-z0-9+/]*={0,2}$/.test(audio) || audio.length % 4) {
     return null;
@@ -240,6 +243,91 @@ export function audioBytes(event) {
   for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
   return bytes;
 }
+
+// -- the dialects (trio_duplex/client/dialect.py) ---------------------------------------
+//
+// What the client reads and writes itself, as each wire spells it; the only place that
+// knows the difference. native: /v1/duplex (docs/protocol.md). openai: /v1/realtime, the
+// OpenAI Realtime GA wire with our resume extension: the server speaks first (the
+// upgrade opens the session; session.created carries a top-level `resume` object), the
+// configuration goes out as the session's first (numbered) event, a resume is the
+// upgrade `?resume=ID&last_received_server_event_seq=N` with the resume token as the
+// credential, errors nest their fields in `error`, output audio is base64 `delta`.
+
+const NATIVE = Object.freeze({
+  name: "native",
+  /** @param {string | null} credential */
+  protocols: (credential) => (credential == null ? ["trio-duplex"] : ["trio-duplex", `trio-duplex.bearer.${credential}`]),
+  /** @param {string} url @param {[string, number] | null} resume */
+  openingUrl: (url, resume) => url,
+  /** @param {Record<string, any>} config @param {[string, string, number] | null} resume
+   * @returns {string | null} */
+  openingFrame: (config, resume) =>
+    resume === null
+      ? JSON.stringify({ type: T.UPDATE, session: config })
+      : JSON.stringify({
+          type: T.RESUME,
+          session_id: resume[0],
+          resume_token: resume[1],
+          last_received_server_event_seq: resume[2],
+        }),
+  /** @param {Record<string, any>} config @returns {DuplexEvent | null} */
+  firstUpdate: (config) => null,
+  /** @param {DuplexEvent} event */
+  handshake: (event) => ({
+    sessionId: event.session_id,
+    resumeToken: event.resume_token,
+    generation: event.attachment_generation,
+    limits: event.limits,
+    session: event.session,
+  }),
+  /** @param {DuplexEvent} event @returns {Record<string, any>} */
+  error: (event) => event,
+  /** @param {DuplexEvent} event @returns {Record<string, any> | null} */
+  fullUpdate: (event) => null, // natively session.updated states the fields an update set
+  outputAudioField: "audio",
+});
+
+const OPENAI = Object.freeze({
+  name: "openai",
+  /** @param {string | null} credential */
+  protocols: (credential) => (credential == null ? ["realtime"] : ["realtime", `openai-insecure-api-key.${credential}`]),
+  /** @param {string} url @param {[string, number] | null} resume */
+  openingUrl: (url, resume) => {
+    if (resume === null) return url;
+    const parsed = new URL(url);
+    parsed.searchParams.set("resume", resume[0]);
+    parsed.searchParams.set("last_received_server_event_seq", String(resume[1]));
+    return parsed.toString();
+  },
+  /** @param {Record<string, any>} config @param {[string, string, number] | null} resume
+   * @returns {string | null} */
+  openingFrame: (config, resume) => null, // the upgrade opens (or resumes) the session
+  /** @param {Record<string, any>} config @returns {DuplexEvent | null} */
+  firstUpdate: (config) =>
+    Object.keys(config).length === 0 ? null : { type: T.UPDATE, session: { type: "realtime", ...config } },
+  /** @param {DuplexEvent} event */
+  handshake: (event) => {
+    if (event.type !== T.CREATED) return NATIVE.handshake(event); // session.resumed
+    const resume = isObject(event.resume) ? event.resume : {};
+    return {
+      sessionId: resume.session_id,
+      resumeToken: resume.resume_token,
+      generation: resume.attachment_generation,
+      limits: resume.limits,
+      session: event.session,
+    };
+  },
+  /** @param {DuplexEvent} event @returns {Record<string, any>} */
+  error: (event) => (isObject(event.error) ? event.error : {}),
+  /** @param {DuplexEvent} event @returns {Record<string, any> | null} */
+  fullUpdate: (event) => (isObject(event.session) ? event.session : null),
+  outputAudioField: "delta",
+});
+
+/** @typedef {typeof NATIVE | typeof OPENAI} Dialect */
+/** @type {Record<string, Dialect>} */
+const DIALECTS = { native: NATIVE, openai: OPENAI };
 
 // -- the state machine (trio_duplex/client/state.py) ------------------------------------
 
@@ -279,8 +367,14 @@ class Core {
    * @param {{everyEvents: number, everyBytes: number, maxDelayMs: number}} acks
    * @param {{intervalMs: number, timeoutMs: number, confirmEvery: number}} heartbeat
    * @param {{sessionId: string, resumeToken: string, lastServerEventSeq: number} | null} resume
+   * @param {string} [dialect] "native" or "openai"
    */
-  constructor(config, acks, heartbeat, resume) {
+  constructor(config, acks, heartbeat, resume, dialect = "native") {
+    if (!Object.hasOwn(DIALECTS, dialect)) {
+      throw new TypeError(`dialect must be one of ${Object.keys(DIALECTS).join(", ")}`);
+    }
+    /** @type {Dialect} */
+    this.dialect = DIALECTS[dialect];
     this.config = config;
     this.acks = acks;
     this.heartbeat = heartbeat;
@@ -294,6 +388,7 @@ class Core {
     this.lastReceivedSeq = resume ? resume.lastServerEventSeq : 0;
     this.ackedSeq = this.lastReceivedSeq;
     // client -> server
+    /** @type {number} */
     this.nextClientSeq = 1;
     this.confirmedSeq = 0;
     /** @type {{seq: number, frame: string | Uint8Array, size: number}[]} */
@@ -323,6 +418,8 @@ class Core {
     this.backoff = RESEND_BACKOFF[0];
     this.staleThrough = 0;
     this.rewinds = 0;
+    const update = this.sessionId === null ? this.dialect.firstUpdate(config) : null;
+    if (update !== null) this.enqueue(update); // (a server that speaks first: the first event)
   }
 
   get consumedSeq() {
@@ -349,16 +446,20 @@ class Core {
     };
   }
 
-  /** The first frame of a connection: open a session, or resume ours. */
-  openingFrame() {
-    if (this.sessionId === null) return JSON.stringify({ type: T.UPDATE, session: this.config });
+  /** The URL a connection to `url` dials (the dialect may resume by its query). */
+  openingUrl(/** @type {string} */ url) {
+    if (this.sessionId === null) return this.dialect.openingUrl(url, null);
     this.resumeFrom = this.lastReceivedSeq;
-    return JSON.stringify({
-      type: T.RESUME,
-      session_id: this.sessionId,
-      resume_token: this.resumeToken,
-      last_received_server_event_seq: this.resumeFrom,
-    });
+    return this.dialect.openingUrl(url, [this.sessionId, this.resumeFrom]);
+  }
+
+  /** The first frame of a connection: open a session, or resume ours (null: the
+   * dialect's server speaks first). @returns {string | null} */
+  openingFrame() {
+    if (this.sessionId === null) return this.dialect.openingFrame(this.config, null);
+    this.resumeFrom = this.lastReceivedSeq;
+    const resume = /** @type {[string, string, number]} */ ([this.sessionId, this.resumeToken, this.resumeFrom]);
+    return this.dialect.openingFrame(this.config, resume);
   }
 
   /** The server's first answer. Throws ServerRefused (see .retryable), ResumeRefused or
@@ -366,28 +467,29 @@ class Core {
   onHandshake(event, now) {
     const kind = event.type;
     const resumed = this.sessionId !== null;
-    if (kind === T.ERROR) throw refusal(event, resumed);
-    const token = event.resume_token;
-    const generation = event.attachment_generation;
+    if (kind === T.ERROR) throw refusal(this.dialect.error(event), resumed);
+    const said = this.dialect.handshake(event);
+    const token = said.resumeToken;
+    const generation = said.generation;
     if (typeof token !== "string" || !Number.isInteger(generation)) {
       throw new ProtocolViolation(`${kind} without resume_token or attachment_generation`);
     }
     if (!resumed) {
-      if (kind !== T.CREATED || typeof event.session_id !== "string") {
+      if (kind !== T.CREATED || typeof said.sessionId !== "string") {
         throw new ProtocolViolation(`expected session.created, got ${JSON.stringify(kind)}`);
       }
-      this.sessionId = event.session_id;
-      this.limits = limitsFrom(event.limits);
-      if (isObject(event.session)) this.config = event.session;
+      this.sessionId = said.sessionId;
+      this.limits = limitsFrom(said.limits);
+      if (isObject(said.session)) this.config = said.session;
     } else {
       const received = event.last_received_client_event_seq;
-      if (kind !== T.RESUMED || event.session_id !== this.sessionId) {
+      if (kind !== T.RESUMED || said.sessionId !== this.sessionId) {
         throw new ProtocolViolation(`expected session.resumed of ${this.sessionId}`);
       }
       if (!Number.isInteger(received) || received < 0) {
         throw new ProtocolViolation("session.resumed without last_received_client_event_seq");
       }
-      if (isObject(event.session)) this.config = event.session;
+      if (isObject(said.session)) this.config = said.session;
       // The resume acked everything up to what it claimed.
       this.ackedSeq = Math.max(this.ackedSeq, this.resumeFrom);
       this.unacked = this.unackedBytes = 0;
@@ -558,6 +660,10 @@ class Core {
       this.unacked += 1;
       this.unackedBytes += size;
       if (this.unackedSince === null) this.unackedSince = now;
+      if (event.type === T.UPDATED) {
+        const whole = this.dialect.fullUpdate(event);
+        if (whole !== null) this.config = whole;
+      }
       return DELIVER;
     }
     const kind = event.type;
@@ -569,7 +675,10 @@ class Core {
       }
       return INTERNAL;
     }
-    if (kind === T.ERROR && Number.isInteger(event.client_event_seq)) return this.#onRefusal(event, now);
+    if (kind === T.ERROR) {
+      const fields = this.dialect.error(event);
+      return Number.isInteger(fields.client_event_seq) ? this.#onRefusal(fields, now) : DELIVER;
+    }
     if (kind === T.HEARTBEAT_ACK) {
       const heartbeat = this.heartbeats.shift(); // (none: unasked for, nothing to confirm)
       if (heartbeat !== undefined) this.confirm(heartbeat[1]);
@@ -599,7 +708,7 @@ class Core {
    * rewinds: every event from the seq the server expects is sent again after a short
    * backoff, and the answers still due to what was sent before (refusals all: nothing
    * may overtake the refused one) are dropped. Other refusals are delivered.
-   * @param {DuplexEvent} event @param {number} now */
+   * @param {Record<string, any>} event @param {number} now */
   #onRefusal(event, now) {
     const refused = event.client_event_seq;
     if (this.staleThrough) {
@@ -665,7 +774,7 @@ function isObject(/** @type {unknown} */ value) {
   return value !== null && typeof value === "object" && !Array.isArray(value);
 }
 
-/** @param {DuplexEvent} event @param {boolean} resuming */
+/** @param {Record<string, any>} event @param {boolean} resuming */
 function refusal(event, resuming) {
   const code = typeof event.code === "string" ? event.code : null;
   const message = String(event.message ?? "");
@@ -923,6 +1032,10 @@ export class Session extends EventTarget {
   }
   get generation() {
     return this.#core.generation;
+  }
+  /** The wire dialect the session speaks ("native" or "openai"). */
+  get dialect() {
+    return this.#core.dialect.name;
   }
   get config() {
     return this.#core.config;
@@ -1219,7 +1332,7 @@ export class Session extends EventTarget {
       event = parseEvent(data);
       size = utf8Len(data);
     } else {
-      event = audioEvent(data); // protocol v2's binary lane
+      event = audioEvent(data, core.dialect.outputAudioField); // protocol v2's binary lane
       size = data.byteLength;
     }
     if (event === null) return; // not an event: ignored
@@ -1364,11 +1477,11 @@ export class Session extends EventTarget {
     // The credential (servers with --api-key-file): the resume token to resume, else the
     // token given, if any; a subprotocol, since a browser cannot set headers.
     const credential = core.resumeToken ?? this.#options.token;
-    const protocols = credential == null ? ["trio-duplex"] : ["trio-duplex", `trio-duplex.bearer.${credential}`];
+    const protocols = core.dialect.protocols(credential);
     /** @type {WebSocket} */
     let ws;
     try {
-      ws = new this.#WebSocket(this.#urls.url, protocols);
+      ws = new this.#WebSocket(core.openingUrl(this.#urls.url), protocols);
     } catch (error) {
       // A malformed URL: no retry helps. (The message may quote the subprotocols, so
       // the credential is taken out of it.)
@@ -1385,7 +1498,8 @@ export class Session extends EventTarget {
       try {
         await link.until(() => link.opened, deadline);
         if (link.loss === null) {
-          this.#write(link, core.openingFrame());
+          const opening = core.openingFrame();
+          if (opening !== null) this.#write(link, opening);
           await link.until(() => link.early.length > 0, deadline);
         }
       } catch (error) {
@@ -1478,10 +1592,14 @@ export async function connect(url, options = {}) {
     maxUnconfirmedEvents: options.maxUnconfirmedEvents ?? 1024,
     maxUnconfirmedBytes: options.maxUnconfirmedBytes ?? 16 * MiB,
     token: options.token ?? null,
+    dialect: options.dialect ?? "native",
     WebSocket: WebSocketClass,
     onChange: options.onChange ?? null,
     random: options.random ?? Math.random,
   };
+  if (typeof opts.dialect !== "string" || !Object.hasOwn(DIALECTS, opts.dialect)) {
+    throw new TypeError(`dialect must be one of ${Object.keys(DIALECTS).join(", ")}`);
+  }
   // A subprotocol is an HTTP token: a credential with other characters cannot be sent.
   if (opts.token !== null && (typeof opts.token !== "string" || !/^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(opts.token))) {
     throw new TypeError("token must be a non-empty string of HTTP token characters (letters, digits, -._~ ...)");
@@ -1502,11 +1620,11 @@ export async function connect(url, options = {}) {
     if (typeof sessionId !== "string" || typeof resumeToken !== "string" || !Number.isInteger(lastServerEventSeq)) {
       throw new TypeError("resume needs {sessionId, resumeToken, lastServerEventSeq}");
     }
-    core = new Core({}, opts.acks, opts.heartbeat, { sessionId, resumeToken, lastServerEventSeq });
+    core = new Core({}, opts.acks, opts.heartbeat, { sessionId, resumeToken, lastServerEventSeq }, opts.dialect);
   } else {
     const config = { ...options.session };
     if (options.audio != null) config.audio = options.audio;
-    core = new Core(config, opts.acks, opts.heartbeat, null);
+    core = new Core(config, opts.acks, opts.heartbeat, null, opts.dialect);
   }
   const session = new Session(CONSTRUCT, urls, core, opts);
   /** @type {ClientError | null} */

@@ -30,7 +30,7 @@ _AUDIO_DELTA: Final = "response.output_audio.delta"
 _SHAPED_AUDIO: Final = frozenset(
     {"type", "response_id", "item_id", "output_index", "content_index", "audio"}
 )
-_ERROR_KEYS: Final = frozenset({"type", "code", "message", "param", "event_id"})
+_ERROR_KEYS: Final = frozenset({"type", "code", "message", "param", "event_id", "server_event_seq"})
 
 
 def unjournaled_id() -> str:
@@ -50,7 +50,11 @@ def _error(event: Event) -> Event:
     for key, value in event.items():
         if key not in _ERROR_KEYS:
             error[key] = value  # retryable, client_event_seq, expected_client_event_seq...
-    return {"type": "error", "event_id": unjournaled_id(), "error": error}
+    out: Event = {"type": "error", "event_id": _event_id(event), "error": error}
+    seq = event.get("server_event_seq")
+    if seq is not None:  # journaled (an engine's, a proxy's upstream's): acked, replayed
+        out["server_event_seq"] = seq
+    return out
 
 
 def _created(event: Event) -> Event:

@@ -35,7 +35,7 @@ from ...core.session import Commit, Registry, Session, State, Terminal, Usage
 from ...core.spelling import Frame, Spelling
 from ...core.wire import ProtocolError
 from ...dialects import NATIVE, Dialect, Shaper
-from ...engines.api import Engine
+from ...engines.api import Engine, writes_raw
 from ..config import ServerConfig
 from .connection import Connection
 from .runner import Prepared, SessionRunner, engine_broke, hold_prepared, only_trio_cancellation
@@ -276,7 +276,9 @@ class Sessions:
         # entry or the drain ends a session, and it has none of them yet.
         assert session.terminal is None, "a session ended before it started"
         dialect = conn.dialect
-        runner = self._runner(session, engine, dialect, dialect.shaper(session.config))
+        # An engine that writes this dialect's own shapes (realtime-proxy) is not shaped.
+        shaper = None if writes_raw(engine, dialect.name) else dialect.shaper(session.config)
+        runner = self._runner(session, engine, dialect, shaper)
         runner.prepared = prepared
         runner.attach(conn, Commit(session.generation, None))
         self._start_runner(runner)

@@ -53,6 +53,7 @@ from ...engines.api import (
     UpstreamLost,
     engine_audio_rate,
     run_engine,
+    writes_raw,
 )
 from .connection import Connection, WriteSampler
 from .timers import Entry
@@ -283,6 +284,8 @@ class SessionRunner:
             self.emit,
             audio=self.audio,
             principal=session.principal,
+            dialect=self.dialect.name,
+            raw=writes_raw(self.engine, self.dialect.name),
             attached=self._wait_attached,
             journal=session.journal,
         )
