@@ -91,6 +91,7 @@ def test_a_locked_configuration_is_the_session_s_whatever_is_asked() -> None:
     for asked in ({"voice": "b"}, {"other": 1}):
         exc = refusal(opening.open_with, locked, {"type": "session.update", "session": asked}, 999)
         assert exc.code == ErrorCode.CONFIG_LOCKED
+        assert exc.param == "session." + next(iter(asked))  # the field it would change
         assert exc.close_code == CloseCode.POLICY_VIOLATION
     event: Event = {"type": "input_text", "text": "hi"}
     assert opening.open_with(locked, event, 999) == Open({"voice": "a", "rate": 1}, event)

@@ -143,8 +143,9 @@ def open_with(grant: Grant, event: Event, max_config_bytes: int) -> Open:
         return Open({} if locked is None else dict(locked), event)
     config = dict(event["session"])
     if locked is not None:  # the client token's configuration, whatever is asked
-        if any(key not in locked or locked[key] != config[key] for key in config):
-            raise _config_locked()
+        for key, value in config.items():
+            if key not in locked or locked[key] != value:
+                raise _config_locked(f"session.{key}")
         config = dict(locked)
     ConfigBudget.of(config, max_config_bytes)  # ProtocolError: too large
     return Open(config, None)
