@@ -16,6 +16,7 @@ from wsproto.events import AcceptConnection, Request
 
 from trio_duplex import ServerConfig
 from trio_duplex.engines.echo import EchoEngine
+from trio_duplex.engines.voice import VoiceEngine
 from trio_duplex.testing import Simulation, running_server
 
 from ..helpers import RawClient, RawClosed, RawHttp
@@ -158,4 +159,29 @@ async def test_natively_a_locked_update_that_changes_a_field_still_closes_1008(
         await client.send({"type": "session.update", "session": {"voice": "b"}})
         error = await client.receive()
         assert (error["code"], error["param"]) == ("config_locked", "session.voice")
+        assert await closed_with(client) == 1008
+
+
+async def test_a_locked_audio_restated_is_compared_as_negotiated(
+    autojump_clock: MockClock, raw_http: RawHttp, key_file: str
+) -> None:
+    locked = {"audio": {"input": {"format": "pcm16"}}}  # the rest at its defaults
+    async with running_server(ServerConfig(api_key_file=key_file), VoiceEngine) as sim:
+        answer = await raw_http(sim, post("/v1/client_tokens", {"session": locked}))
+        token = json.loads(answer.partition(b"\r\n\r\n")[2])["token"]
+        stream, _ = await sim.listener.connect()
+        client = RawClient(stream)
+        auth = [(b"Authorization", f"Bearer {token}".encode())]
+        await client.send_bytes(client.ws.send(Request(host="sim", target="/v1/duplex",
+                                                       extra_headers=auth)))  # fmt: skip
+        assert isinstance(await client.next_event(), AcceptConnection)
+        await client.send({"type": "session.update", "session": {}})
+        created = await client.receive()
+        assert created["session"]["audio"] != locked["audio"]  # negotiated: whole
+        await client.send({"type": "session.update", "session": locked})
+        assert (await client.receive())["type"] == "session.updated"  # the same audio
+        other = {"audio": {"input": {"format": "g711_ulaw"}}}
+        await client.send({"type": "session.update", "session": other})
+        error = await client.receive()
+        assert (error["code"], error["param"]) == ("config_locked", "session.audio")
         assert await closed_with(client) == 1008
