@@ -91,11 +91,29 @@ def test_a_locked_configuration_is_the_session_s_whatever_is_asked() -> None:
     for asked in ({"voice": "b"}, {"other": 1}):
         exc = refusal(opening.open_with, locked, {"type": "session.update", "session": asked}, 999)
         assert exc.code == ErrorCode.CONFIG_LOCKED
+        assert exc.param == "session." + next(iter(asked))  # the field it would change
         assert exc.close_code == CloseCode.POLICY_VIOLATION
     event: Event = {"type": "input_text", "text": "hi"}
     assert opening.open_with(locked, event, 999) == Open({"voice": "a", "rate": 1}, event)
     assert opening.autostart(locked) == {"voice": "a", "rate": 1}
     assert opening.autostart(OPEN) == {}
+
+
+def test_an_upgrade_that_speaks_first_under_a_lock_opens_the_locked_configuration() -> None:
+    # Was: the upgrade's own defaults were judged against the lock (config_locked).
+    def spoken(session: Event) -> Event:
+        return {"type": "session.update", "session": session}
+
+    locked = Grant("app", locked={"voice": "a"})
+    asked = spoken({"audio": {"x": 1}, "model": "m"})
+    assert opening.open_spoken(locked, asked, 999) == Open({"voice": "a"}, None)
+    with_model = Grant("app", locked={"voice": "a", "model": "m"})
+    assert opening.open_spoken(with_model, asked, 999) == Open({"voice": "a", "model": "m"}, None)
+    assert opening.open_spoken(with_model, spoken({}), 999).config["model"] == "m"
+    exc = refusal(opening.open_spoken, with_model, spoken({"model": "other"}), 999)
+    assert exc.code == ErrorCode.CONFIG_LOCKED and exc.param == "model"
+    assert exc.close_code == CloseCode.POLICY_VIOLATION
+    assert opening.open_spoken(OPEN, asked, 999) == Open({"audio": {"x": 1}, "model": "m"}, None)
 
 
 def test_an_asked_configuration_is_bounded_in_bytes() -> None:

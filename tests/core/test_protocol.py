@@ -27,6 +27,7 @@ from trio_duplex.core.protocol import (
 from trio_duplex.core.session import Registry, Session, State
 from trio_duplex.core.wire import ConfigBudget, ProtocolError
 from trio_duplex.dialects import NATIVE
+from trio_duplex.dialects.openai import OPENAI
 
 from ..helpers import assert_error_shape
 
@@ -447,14 +448,36 @@ def test_session_audio_cannot_change_after_the_open() -> None:
 # -- a locked configuration ------------------------------------------------------------------
 
 
-def test_an_update_of_a_locked_session_is_config_locked_and_closes_1008() -> None:
-    m = machine(locked=True)
-    decision = m.receive({"type": "session.update", "session": {}, "client_event_seq": 1})
+def test_an_update_changing_a_locked_session_is_config_locked_and_closes_1008() -> None:
+    m = machine({"voice": "a"}, locked=True)
+    for seq, asked in enumerate(({"voice": "b"}, {"voice": "a", "tools": []}), 1):
+        decision = m.receive({"type": "session.update", "session": asked, "client_event_seq": seq})
+        assert decision.action is Action.REFUSE and decision.frame is not None
+        assert decision.close_code == 1008
+        error = json.loads(decision.frame)
+        field = "session.voice" if seq == 1 else "session.tools"  # unset in the lock: locked
+        assert (error["code"], error["param"]) == ("config_locked", field)
+        assert decision.consumed and m.session.client_seq == seq  # refused for good
+    assert m.session.config == {"voice": "a"}
+
+
+def test_an_update_restating_a_locked_session_is_taken() -> None:
+    # Was: any update of a locked session was config_locked (OpenAI's clients restate
+    # their configuration right after connecting).
+    m = machine({"voice": "a", "instructions": "be brief"}, locked=True)
+    for asked in ({}, {"voice": "a"}, {"voice": "a", "instructions": "be brief"}):
+        assert m.receive({"type": "session.update", "session": asked}) is TO_ENGINE
+
+
+def test_a_dialect_may_keep_the_connection_after_a_locked_update() -> None:
+    # The dialect decides the close: OpenAI's connection goes on after an error.
+    m = machine({"voice": "a"}, locked=True)
+    m.session.spelling = OPENAI
+    decision = m.receive({"type": "session.update", "session": {"voice": "b"}})
     assert decision.action is Action.REFUSE and decision.frame is not None
-    assert decision.close_code == 1008
-    error = json.loads(decision.frame)
-    assert (error["code"], error["param"]) == ("config_locked", "session")
-    assert decision.consumed and m.session.client_seq == 1  # refused for good
+    assert decision.close_code is None
+    error = json.loads(decision.frame)["error"]
+    assert (error["code"], error["param"]) == ("config_locked", "session.voice")
 
 
 def test_the_engine_check_locked_hook_refuses_an_override() -> None:

@@ -39,6 +39,7 @@ class Slashed:
     subprotocol: str | None = "slashed"
     large = 1 << 30
     binary_lane = False
+    config_locked_closes = True
 
     def decode(self, message: str | bytes, /) -> Event:
         if not isinstance(message, str):

@@ -41,15 +41,6 @@ RUN_TIMEOUT = 240.0
 TEXT = "hello from livekit"  # as sdk_livekit.py says it (that script imports livekit)
 
 
-GENERATE_REPLY_BUG = (
-    "the server does not yet take LiveKit's generate_reply: its response.create carries "
-    '"instructions": null, refused by trio_duplex/dialects/openai/decode.py (_RESPONSE '
-    "checks None as a value), and response.created does not echo response.create's "
-    "metadata (its client_event_id), which the plugin matches the reply by"
-)
-generate_reply = pytest.mark.xfail(strict=True, reason=GENERATE_REPLY_BUG)
-
-
 @pytest.fixture(scope="module")
 def seen(
     livekit_python: Path,
@@ -87,7 +78,6 @@ def scenario(seen: dict[str, Any], name: str) -> dict[str, Any]:
     return record
 
 
-@generate_reply
 def test_a_text_turn(seen: dict[str, Any]) -> None:
     record = scenario(seen, "text")
     assert response_part(record["types"]) == TEXT_RESPONSE
@@ -100,7 +90,6 @@ def test_a_text_turn(seen: dict[str, Any]) -> None:
     assert sorted(record["history"]) == [["assistant", TEXT], ["user", TEXT]]
 
 
-@generate_reply
 def test_an_audio_turn_comes_back(seen: dict[str, Any]) -> None:
     record = scenario(seen, "audio_echo")
     assert "input_audio_buffer.committed" in record["types"]
@@ -114,7 +103,6 @@ def test_an_audio_turn_comes_back(seen: dict[str, Any]) -> None:
     assert record["types"][-1] == "response.done"
 
 
-@generate_reply
 def test_an_interrupt_cancels_the_response(seen: dict[str, Any]) -> None:
     record = scenario(seen, "cancel")
     reply = record["reply"]

@@ -24,7 +24,7 @@ from tests.helpers import Servers
 
 from .conftest import API_KEY, NODE_DIR, Certs, NodeSdk
 from .sdk_python import LONG_TEXT
-from .test_python_sdk import OPENING_UNDER_A_LOCK, TEXT_RESPONSE, response_part
+from .test_python_sdk import TEXT_RESPONSE, response_part
 
 pytestmark = pytest.mark.integration
 SCRIPT = NODE_DIR / "conversation.cjs"
@@ -170,7 +170,6 @@ def test_a_client_secret_is_issued(seen: dict[str, Any]) -> None:
     assert record["value_is_ephemeral"]
 
 
-@pytest.mark.xfail(strict=True, reason=OPENING_UNDER_A_LOCK)
 def test_a_client_secret_opens_its_session(seen: dict[str, Any]) -> None:
     record = scenario(seen, "client_secret")
     assert "connect_crash" not in record, record["connect_crash"]

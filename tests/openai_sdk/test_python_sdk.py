@@ -221,16 +221,6 @@ def test_errors_are_openai_errors_and_the_connection_goes_on(seen: dict[str, Any
     assert turn["status"] == "completed" and turn["text"] == "still here"
 
 
-OPENING_UNDER_A_LOCK = (
-    "a client secret's session is refused config_locked on /v1/realtime: "
-    "trio_duplex/server/sessions/opening.py's _spoken_first opens with the dialect's "
-    "opening (session.update of OpenAI's defaults and ?model=), which core/opening.py's "
-    "open_with judges against the secret's locked configuration as if the client had asked "
-    "for it; the upgrade's opening under a lock should be the locked configuration (as "
-    "?autostart=1's is, opening.autostart)"
-)
-
-
 def test_a_client_secret_is_issued(seen: dict[str, Any]) -> None:
     record = seen["client_secret"]
     assert "crash" not in record, record["crash"]
@@ -246,7 +236,6 @@ def test_a_client_secret_is_issued(seen: dict[str, Any]) -> None:
     assert record["secret_with_wrong_key"] == ["AuthenticationError", 401]
 
 
-@pytest.mark.xfail(strict=True, reason=OPENING_UNDER_A_LOCK)
 def test_a_client_secret_opens_its_session_once(seen: dict[str, Any]) -> None:
     record = scenario(seen, "client_secret")
     assert "connect_crash" not in record, record["connect_crash"]

@@ -312,7 +312,8 @@ async def test_a_locked_configuration_is_the_sessions_and_cannot_change(
         await client.send({"type": "session.update", "session": {"voice": "alto"}})
         created = await client.receive()
         assert created["session"] == {"voice": "alto", "lang": "en"}
-        # Any update later: config_locked, 1008; the session detaches, unchanged.
+        # An update later that changes a field: config_locked, 1008; the session
+        # detaches, unchanged.
         await client.send({"type": "session.update", "session": {"lang": "fr"}})
         assert [e.get("code") for e in await client.receive_until_closed()] == ["config_locked"]
         assert client.close_code == 1008

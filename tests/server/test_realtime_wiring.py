@@ -59,6 +59,7 @@ class Speaker:
     large = LARGE
     binary_lane = False
     speaks_first = True
+    config_locked_closes = True
 
     def decode(self, message: str | bytes, /) -> Event:
         return native.decode(message)

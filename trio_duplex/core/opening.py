@@ -4,8 +4,9 @@ Sans-IO: no trio, no socket, no clock. The session shell (server/sessions/openin
 reads the first message and asks here, in this order, acting only on the answers:
 
 1. ``first_step(grant, event)``: a ``Resume`` (its fields checked), or None;
-2. else ``open_with``: an ``Open`` whose configuration is the one the session gets (a
-   client token's locked one wins over the one asked);
+2. else ``open_with`` (or ``open_spoken`` for the upgrade of a dialect that speaks
+   first): an ``Open`` whose configuration is the one the session gets (a client
+   token's locked one wins over the one asked);
 3. once the engine exists and has checked the event, ``check_first_event``;
 4. once the engine's audio rate is known, ``check_audio``.
 
@@ -142,11 +143,28 @@ def open_with(grant: Grant, event: Event, max_config_bytes: int) -> Open:
         return Open({} if locked is None else dict(locked), event)
     config = dict(event["session"])
     if locked is not None:  # the client token's configuration, whatever is asked
-        if any(key not in locked or locked[key] != config[key] for key in config):
-            raise _config_locked()
+        for key, value in config.items():
+            if key not in locked or locked[key] != value:
+                raise _config_locked(f"session.{key}")
         config = dict(locked)
     ConfigBudget.of(config, max_config_bytes)  # ProtocolError: too large
     return Open(config, None)
+
+
+def open_spoken(grant: Grant, event: Event, max_config_bytes: int) -> Open:
+    """The session the upgrade of a dialect that speaks first opens (``event``: its
+    ``Dialect.opening``, a ``session.update`` of the dialect's defaults and the query's
+    ``model``). The upgrade asks for nothing but ``model``: with a locked configuration
+    the session gets that configuration, as ``?autostart=1``'s does; ``model`` must then
+    equal the locked ``model`` if it sets one, and is ignored if it does not.
+    ProtocolError: another model than the locked one (``config_locked``, close 1008)."""
+    locked = grant.locked
+    if locked is None or event["type"] != EventType.UPDATE:
+        return open_with(grant, event, max_config_bytes)
+    model = event["session"].get("model")
+    if model is not None and "model" in locked and locked["model"] != model:
+        raise _config_locked("model")
+    return Open(dict(locked), None)
 
 
 def check_first_event(event: Event) -> None:
@@ -207,11 +225,12 @@ def _resume(event: Event) -> Resume:
     return Resume(session_id, token, last)
 
 
-def _config_locked() -> ProtocolError:
+def _config_locked(field: str | None = None) -> ProtocolError:
     return ProtocolError(
         ErrorCode.CONFIG_LOCKED,
-        "the client token that opened this session locked its configuration",
-        param="session",
+        "the client token that opened this session locked its configuration"
+        + ("" if field is None else f": {field}"),
+        param="session" if field is None else field,
         close_code=CloseCode.POLICY_VIOLATION,
     )
 
@@ -229,6 +248,7 @@ __all__ = [
     "ended_during_resume",
     "first_step",
     "not_resumable",
+    "open_spoken",
     "open_with",
     "other_dialect",
     "resume_only",

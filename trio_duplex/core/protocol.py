@@ -350,16 +350,12 @@ class ClientEvents:
         return _TO_ENGINE
 
     def _update(self, update: Event, size: int) -> None:
-        """A ``session.update`` is taken if the session's configuration is not locked,
-        leaves ``session.audio`` as it is, and fits its bound."""
+        """A ``session.update`` is taken if it changes nothing of a locked configuration,
+        leaves ``session.audio`` as it is (or changes it before any audio passed), and
+        fits its bound."""
         session = self.session
         if session.config_locked:
-            raise ProtocolError(
-                ErrorCode.CONFIG_LOCKED,
-                "the client token that opened this session locked its configuration",
-                param="session",
-                close_code=CloseCode.POLICY_VIOLATION,
-            )
+            self._restates(update)  # ProtocolError: it changes a locked field
         negotiated = None
         if "audio" in update and update["audio"] != session.config.get("audio"):
             switch = self._audio_switch
@@ -383,6 +379,36 @@ class ClientEvents:
             # the input after this event is decoded in the new format.
             update["audio"] = negotiated
             self._audio = self._audio_switch.switch(negotiated)
+
+    def _restates(self, update: Event) -> None:
+        """On a locked session, an update is taken only if it changes nothing: every
+        field it sets equals the configuration's (audio as negotiated; a field the lock
+        leaves unset is locked unset). Else ``config_locked`` naming the first field
+        changed; the connection then closes if the session's dialect says so
+        (``Spelling.config_locked_closes``: native yes, OpenAI's no)."""
+        config = self.session.config
+        for key, value in update.items():
+            if key in config and config[key] == value:
+                continue
+            if key == "audio" and key in config and self._same(value):
+                continue
+            closes = self.session.spelling.config_locked_closes
+            raise ProtocolError(
+                ErrorCode.CONFIG_LOCKED,
+                f"the client token that opened this session locked its configuration: {key}",
+                param=f"session.{key}",
+                close_code=CloseCode.POLICY_VIOLATION if closes else None,
+            )
+
+    def _same(self, audio: object) -> bool:
+        """``audio`` negotiates to the session's own audio (a restatement, not a change)."""
+        switch = self._audio_switch
+        if switch is None:
+            return False
+        try:
+            return switch.negotiate(audio) == self.session.config.get("audio")
+        except ProtocolError:
+            return False
 
     def report_consumed(
         self, event: Event | None, drained: bool, generation: int

@@ -24,6 +24,13 @@ class Spelling(Protocol):
         event that cannot be written (a NaN, an object of no JSON type)."""
         ...
 
+    @property
+    def config_locked_closes(self) -> bool:
+        """A ``session.update`` refused ``config_locked`` (it changes a locked field)
+        also closes the connection (1008), the session detaching: native. False: the
+        connection goes on after the error, as every error in OpenAI's dialect."""
+        ...
+
     def audio_frame(self, seq: int, payload: bytes, fields: dict[str, Any] | None, /) -> Frame:
         """Output audio ``payload`` (the session's wire format), journaled as event
         ``seq``. ``fields``: the engine's ``response.output_audio.delta`` whose audio it

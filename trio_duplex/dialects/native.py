@@ -97,6 +97,8 @@ class Native:
     decode_binary = staticmethod(decode_binary)
     frame = staticmethod(encode)
     audio_frame = staticmethod(audio_frame)
+    config_locked_closes: bool = True
+    """A ``session.update`` changing a locked field closes the connection (1008)."""
     speaks_first: bool = False
     """The client's first message opens or resumes the session (``?autostart=1`` aside)."""
 

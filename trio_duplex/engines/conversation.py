@@ -90,6 +90,60 @@ def check_response_event(event: Event) -> None:
         raise BadEvent(
             'output_modalities must be ["text"] or ["audio"]', param="response.output_modalities"
         )
+    metadata = response.get("metadata")
+    if metadata is not None and not _metadata_ok(metadata):
+        raise BadEvent(
+            "metadata must map at most 16 keys of up to 64 characters to strings of up to 512",
+            param="response.metadata",
+        )
+
+
+MAX_METADATA_KEYS: Final = 16
+"""OpenAI's bounds on a response's ``metadata``: 16 pairs, keys of at most 64
+characters, values of at most 512."""
+
+
+def _metadata_ok(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and len(value) <= MAX_METADATA_KEYS
+        and all(
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+            for k, v in value.items()
+        )
+    )
+
+
+def response_metadata(event: Event) -> dict[str, str] | None:
+    """The ``metadata`` of a ``response.create`` (checked by ``check_response_event``),
+    which its ``response.created`` carries back (a client matches its reply by it)."""
+    response = event.get("response")
+    metadata = response.get("metadata") if isinstance(response, dict) else None
+    return dict(metadata) if isinstance(metadata, dict) else None
+
+
+def created(
+    response_id: str, modalities: Iterable[str] | None, metadata: dict[str, str] | None
+) -> Event:
+    """A response's ``response.created``: its ``output_modalities`` when the engine names
+    them, its ``response.create``'s ``metadata`` when it had some."""
+    event: Event = {"type": "response.created", "response_id": response_id}
+    if modalities is not None:
+        event["output_modalities"] = list(modalities)
+    if metadata is not None:
+        event["metadata"] = dict(metadata)
+    return event
+
+
+def restored_metadata(value: object) -> dict[str, str] | None:
+    """A snapshot's ``metadata`` of a response (absent from older snapshots: None);
+    ValueError if it is not one ``check_response_event`` would have taken."""
+    if value is None:
+        return None
+    if not _metadata_ok(value):
+        raise ValueError("snapshot: a response's metadata is not a map of strings")
+    assert isinstance(value, dict)
+    return dict(value)
 
 
 def check_item(item: object) -> None:

@@ -9,7 +9,8 @@ for a commit instead.
 The conversation (docs/engines.md): ``conversation.item.*`` and
 ``input_audio_buffer.commit/clear`` are answered by its ``Conversation``; a
 ``response.create`` answers the latest user message: a text one by its text
-(``response.created {response_id, output_modalities: ["text"]}``, one
+(``response.created {response_id, output_modalities: ["text"], metadata?}``, the
+``metadata`` being the ``response.create``'s; one
 ``response.output_text.delta``, ``response.done``), a committed audio one by that audio
 (``["audio"]``, ``response.output_audio.delta`` of 100 ms each, ``response.done``;
 a native session's appends are echoed at once and not kept, so its commit makes an item
@@ -40,6 +41,9 @@ from .conversation import (
     Conversation,
     check_response_event,
     conversing,
+    created,
+    response_metadata,
+    restored_metadata,
 )
 
 _FIELD = {"input.text.append": "text", "input_audio_buffer.append": "audio"}
@@ -117,7 +121,7 @@ class EchoEngine(Engine):
             self._outbox.popleft()
 
     def _start(self, event: Event) -> None:
-        del event  # (the turn decides the modality: see the module docstring)
+        # (The turn decides the modality: see the module docstring.)
         self.responses += 1
         response_id = f"resp_{self.responses}"
         turn = self.conversation.latest_user()
@@ -128,6 +132,7 @@ class EchoEngine(Engine):
             "audio": audio,
             "created": False,
             "sent": 0,  # the deltas sequenced
+            "metadata": response_metadata(event),
         }
         self.conversation.begin_response(response_id)
 
@@ -137,10 +142,7 @@ class EchoEngine(Engine):
         response_id, audio = response["response_id"], response["audio"]
         modalities = ["audio"] if audio is not None else ["text"]
         if not response["created"]:
-            await session.send(
-                {"type": "response.created", "response_id": response_id,
-                 "output_modalities": modalities}
-            )  # fmt: skip
+            await session.send(created(response_id, modalities, response.get("metadata")))
             response["created"] = True
         if audio is not None:
             deltas = [audio[at : at + CHUNK_BYTES] for at in range(0, len(audio), CHUNK_BYTES)]
@@ -233,7 +235,8 @@ def _response(state: object) -> dict[str, Any] | None:
     )
     if not ok:
         raise ValueError(f"echo snapshot: 'response' is malformed: {_short(state)}")
-    return {**state, "audio": audio}
+    # (A snapshot from before responses carried their metadata has none.)
+    return {**state, "audio": audio, "metadata": restored_metadata(state.get("metadata"))}
 
 
 def _short(value: object, limit: int = 60) -> str:

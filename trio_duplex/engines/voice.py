@@ -46,8 +46,9 @@ The conversation (docs/engines.md, "The conversation"): ``conversation.item.*`` 
 ``input_audio_buffer.commit/clear`` are answered by its ``Conversation`` (a committed
 buffer is a user item with no transcript: it hears no words); ``response.create`` queues a
 response that speaks the latest user message's text (its texts and transcripts) as
-``input.text.append`` does, except that ``response.created`` carries
-``output_modalities``: ``["audio"]`` (the text deltas are the audio's transcript), or
+``input.text.append`` does, except that ``response.created`` carries the
+``response.create``'s ``metadata`` (if any) and ``output_modalities``: ``["audio"]``
+(the text deltas are the audio's transcript), or
 ``["text"]`` when the ``response.create`` override or the session's
 ``output_modalities`` asks for text only: the words then come as text deltas at once, with
 no audio, then ``response.done``. Each response's assistant item (``item_`` + its id) is
@@ -83,7 +84,10 @@ from .conversation import (
     RESPONSE_EVENTS,
     Conversation,
     check_response_event,
+    created,
     output_modalities,
+    response_metadata,
+    restored_metadata,
 )
 from .turns import Turns, send_end, send_live, speak_unless_cancelled
 
@@ -183,15 +187,17 @@ class _Turn:
 
     text: str
     modalities: tuple[str, ...] | None = None
+    metadata: dict[str, str] | None = None  # its response.create's, for response.created
 
     def state(self) -> str | dict[str, Any]:
         if self.modalities is None:
             return self.text  # (voice/1's shape)
-        return {"text": self.text, "output_modalities": list(self.modalities)}
+        state = {"text": self.text, "output_modalities": list(self.modalities)}
+        return state | ({} if self.metadata is None else {"metadata": self.metadata})
 
 
 def _start(response_id: str, turn: _Turn) -> _Response:
-    return _Response(response_id, turn.text, modalities=turn.modalities)
+    return _Response(response_id, turn.text, modalities=turn.modalities, metadata=turn.metadata)
 
 
 @attrs.define(eq=False)
@@ -212,6 +218,7 @@ class _Response:
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)  # what a cancel cancels
     modalities: tuple[str, ...] | None = None  # a response.create's (text only: next_frame
     # counts the words sent)
+    metadata: dict[str, str] | None = None  # its response.create's
 
     @property
     def finished(self) -> bool:
@@ -226,7 +233,10 @@ class _Response:
             "next_frame": self.next_frame,
             "delta_sent": self.delta_sent,
             "cancelled": self.cancelled,
-        } | ({} if self.modalities is None else {"modalities": list(self.modalities)})
+        } | (
+            ({} if self.modalities is None else {"modalities": list(self.modalities)})
+            | ({} if self.metadata is None else {"metadata": self.metadata})
+        )
 
 
 class VoiceEngine(Engine):
@@ -282,7 +292,8 @@ class VoiceEngine(Engine):
         elif kind == "response.create":
             turn = self.conversation.latest_user()
             modalities = output_modalities(session.config, event, "audio")
-            self._turns.put(_Turn("" if turn is None else turn.text, tuple(modalities)))
+            text = "" if turn is None else turn.text
+            self._turns.put(_Turn(text, tuple(modalities), response_metadata(event)))
         else:
             self._outbox.extend(self.conversation.take(event))
             await self._flush(session)
@@ -297,11 +308,9 @@ class VoiceEngine(Engine):
         if response.stage is _Stage.CREATE:
             # A cancel read during this send is kept for after it: created is still sent
             # whole, and no audio follows.
-            created: Event = {"type": "response.created", "response_id": response_id}
             if response.modalities is not None:
-                created["output_modalities"] = list(response.modalities)
                 self.conversation.begin_response(response_id)
-            await session.send(created)
+            await session.send(created(response_id, response.modalities, response.metadata))
             response.stage = _Stage.SPEAK
         if response.stage is _Stage.SPEAK:
             stream = self._stream if response.modalities != ("text",) else self._write
@@ -392,7 +401,11 @@ def _restore_turn(state: object) -> _Turn:
     if isinstance(state, str):
         return _Turn(state)
     if isinstance(state, dict):
-        return _Turn(_field(state, "text", str), _modalities(state.get("output_modalities")))
+        return _Turn(
+            _field(state, "text", str),
+            _modalities(state.get("output_modalities")),
+            restored_metadata(state.get("metadata")),  # (absent before responses carried it)
+        )
     raise ValueError(f"voice snapshot: 'queued' must be a list of texts, not {_short(state)}")
 
 
@@ -422,6 +435,7 @@ def _restore_response(state: object) -> _Response:
         _field(state, "delta_sent", bool),
         _field(state, "cancelled", bool),
         modalities=None if state.get("modalities") is None else _modalities(state["modalities"]),
+        metadata=restored_metadata(state.get("metadata")),
     )
 
 

@@ -23,10 +23,12 @@ from openai.types.realtime import (
     RealtimeAudioConfigInput,
     RealtimeAudioConfigOutput,
     RealtimeClientEventParam,
+    RealtimeResponseCreateParams,
     RealtimeSessionCreateRequest,
     RealtimeSessionCreateRequestParam,
     ResponseCancelEvent,
     ResponseCancelEventParam,
+    ResponseCreateEvent,
     ResponseCreateEventParam,
     ResponseCreateEventWithReferencesParam,
     SessionUpdateEvent,
@@ -387,3 +389,26 @@ def test_a_response_may_name_items_by_reference() -> None:
         "response": {"input": [{"type": "item_reference", "id": "item_1"}]},
     }
     assert OPENAI.decode(wire(event)) == event
+
+
+def test_a_null_field_of_a_response_is_not_set() -> None:
+    # Was: bad_event (response.instructions): LiveKit's generate_reply sends its
+    # RealtimeResponseCreateParams with instructions=None set (OpenAI takes it).
+    params = RealtimeResponseCreateParams(
+        instructions=None,  # as LiveKit builds it
+        metadata={"client_event_id": "e1"},
+    )
+    sent = ResponseCreateEvent(type="response.create", event_id="e1", response=params)
+    text = sent.to_json(use_api_names=True, exclude_unset=True)
+    assert json.loads(text)["response"]["instructions"] is None
+    assert OPENAI.decode(text) == {
+        "type": "response.create",
+        "event_id": "e1",
+        "response": {"metadata": {"client_event_id": "e1"}},
+    }
+    nulls = {key: None for key in ("instructions", "metadata", "prompt", "tools", "audio")}
+    decoded = OPENAI.decode(wire({"type": "response.create", "response": nulls}))
+    assert decoded == {"type": "response.create", "response": {}}
+    with pytest.raises(ProtocolError) as caught:  # an unknown field is refused, null or not
+        OPENAI.decode(wire({"type": "response.create", "response": {"x": None}}))
+    assert caught.value.param == "response.x"

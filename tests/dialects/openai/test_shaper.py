@@ -395,3 +395,30 @@ def test_the_text_kept_is_bounded() -> None:
         OPENAI.restore_shaper(
             defaults(), {"state": "openai-shaper/1", "open": [["r", False, "x" * (MAX_TEXT + 1)]]}
         )
+
+
+def test_a_responses_metadata_is_in_its_created_and_done_across_a_migration() -> None:
+    # Was: never written (LiveKit matches its generate_reply's response by it).
+    meta = {"client_event_id": "e1"}
+    engine = response("resp_1", audio=True)
+    engine[0] = engine[0] | {"metadata": meta}
+    whole = shaped_frames(OPENAI.shaper(defaults()), engine)
+    models = [validate(f) for f in whole]
+    assert models[0].type == "response.created" and models[0].response.metadata == meta
+    assert isinstance(models[-1], ResponseDoneEvent) and models[-1].response.metadata == meta
+    for cut in range(1, len(engine)):
+        first = OPENAI.shaper(defaults())
+        before = shaped_frames(first, engine[:cut])
+        state = json.loads(json.dumps(first.state()))
+        after = shaped_frames(OPENAI.restore_shaper(defaults(), state), engine[cut:], len(before))
+        assert before + after == whole, cut
+    plain = shaped_frames(OPENAI.shaper(defaults()), response("resp_2", audio=False))
+    assert "metadata" not in json.loads(plain[0])["response"]
+    entry: list[Any] = ["resp_3", False, "x"]
+    old = {"state": "openai-shaper/1", "open": [entry]}  # before responses had metadata
+    [*_, done] = OPENAI.restore_shaper(defaults(), old).shape(
+        {"type": "response.done", "response_id": "resp_3"}
+    )
+    assert "metadata" not in done["response"] and done["response"]["output"][0]["id"]
+    with pytest.raises(ValueError, match="shaper"):
+        OPENAI.restore_shaper(defaults(), {"state": "openai-shaper/1", "open": [[*entry, [1]]]})

@@ -116,12 +116,12 @@ _RESPONSE: Final[Mapping[str, Callable[[object], bool]]] = {
     "output_modalities": lambda v: (
         isinstance(v, list) and 0 < len(v) <= 2 and all(m in OUTPUT_MODALITIES for m in v)
     ),
-    "metadata": lambda v: v is None or (_str_map(v) and len(v) <= 16),  # type: ignore[arg-type]
+    "metadata": lambda v: _str_map(v) and len(v) <= 16,  # type: ignore[arg-type]
     "max_output_tokens": lambda v: v == "inf" or (type(v) is int and 1 <= v <= 4096),
     "audio": lambda v: isinstance(v, dict),
     "input": lambda v: isinstance(v, list),
     "parallel_tool_calls": lambda v: type(v) is bool,
-    "prompt": lambda v: v is None or isinstance(v, dict),
+    "prompt": lambda v: isinstance(v, dict),
     "reasoning": lambda v: isinstance(v, dict),
     "tool_choice": lambda v: isinstance(v, str | dict),
     "tools": lambda v: isinstance(v, list),
@@ -134,12 +134,17 @@ def _response_create(event: Event) -> Event:
     response = event["response"]
     if not isinstance(response, dict):
         raise _bad("response must be an object", "response", event)
+    unset = []
     for key, value in response.items():
         check = _RESPONSE.get(key)
         if check is None:
             raise _bad(f"unknown parameter response.{key}", f"response.{key}", event)
-        if not check(value):
+        if value is None:
+            unset.append(key)
+        elif not check(value):
             raise _bad(f"response.{key} has an invalid value", f"response.{key}", event)
+    for key in unset:  # every field is optional, and null means "not set" (LiveKit sends it)
+        del response[key]
     for i, item in enumerate(response.get("input", ())):
         if isinstance(item, dict) and item.get("type") == "item_reference":
             if set(item) - {"type", "id"}:

@@ -1,18 +1,22 @@
 """The shaper: an engine's compact events expanded into OpenAI's full response structure.
 
 One per session (``OpenAIShaper(config)``, ``config`` the session's live configuration).
-An engine says ``response.created {response_id, output_modalities?}``, deltas of text
-or audio, and one end (``response.done {status?}`` or ``response.cancelled``); a client
-of OpenAI's API expects the response object, its one assistant item (id
-``assistant_item_id(response_id)``, output 0, content part 0) announced and closed, and
+An engine says ``response.created {response_id, output_modalities?, metadata?}``,
+deltas of text or audio, and one end (``response.done {status?}`` or
+``response.cancelled``); a client of OpenAI's API expects the response object, its one
+assistant item (id ``assistant_item_id(response_id)``, output 0, content part 0)
+announced and closed, and
 ``response.done`` with the whole output. Text of an audio response is its transcript
 (``response.output_audio_transcript.*``). The turns heard and the transcripts of the
 user's audio get OpenAI's names and fields; ``session.updated`` gets the full session
 object. Anything else (and an event already in OpenAI's shape, as a proxy to an OpenAI
 upstream sends) passes through as it is.
 
-Its state is the open responses (their text so far) and the user item being heard:
-``state()`` is JSON, and ``restore`` continues exactly where a migration left it.
+The ``metadata`` (its ``response.create``'s) is written into the response object of
+``response.created`` and ``response.done``.
+
+Its state is the open responses (their text so far, their metadata) and the user item
+being heard: ``state()`` is JSON, and ``restore`` continues exactly where a migration left it.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class _Response:
     text: list[str] = attrs.field(factory=list)
     kept: int = 0
     """Characters of ``text``: it stops growing at ``MAX_TEXT``."""
+    metadata: dict[str, str] | None = None
+    """Its ``response.create``'s, written into the response of created and done."""
 
     @property
     def delta(self) -> str:
@@ -82,6 +88,15 @@ def _usage() -> Event:
     }
 
 
+def _metadata(value: object) -> dict[str, str] | None:
+    """A response's ``metadata`` as an engine (or a state) gave it: a map of strings."""
+    if isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        return dict(value)
+    return None
+
+
 def _modalities(audio: bool) -> list[str]:
     return ["audio"] if audio else ["text"]
 
@@ -103,23 +118,26 @@ class OpenAIShaper:
 
     # -- responses -------------------------------------------------------------------
 
-    def _begin(self, response_id: str, audio: bool) -> list[Event]:
+    def _begin(
+        self, response_id: str, audio: bool, metadata: dict[str, str] | None = None
+    ) -> list[Event]:
         while len(self._open) >= MAX_OPEN:
             del self._open[next(iter(self._open))]
-        self._open[response_id] = _Response(audio, assistant_item_id(response_id))
+        item_id = assistant_item_id(response_id)
+        self._open[response_id] = _Response(audio, item_id, metadata=metadata)
         item = assistant_item(response_id, None, audio=audio, status="in_progress")
         where = _where(response_id)
+        body: Event = {
+            "id": response_id,
+            "object": "realtime.response",
+            "status": "in_progress",
+            "output": [],
+            "output_modalities": _modalities(audio),
+        }
+        if metadata is not None:
+            body["metadata"] = metadata
         return [
-            {
-                "type": "response.created",
-                "response": {
-                    "id": response_id,
-                    "object": "realtime.response",
-                    "status": "in_progress",
-                    "output": [],
-                    "output_modalities": _modalities(audio),
-                },
-            },
+            {"type": "response.created", "response": body},
             {
                 "type": "response.output_item.added",
                 "response_id": response_id,
@@ -136,7 +154,7 @@ class OpenAIShaper:
             return [event]  # OpenAI's own shape (a proxy's upstream), or not ours to shape
         modalities = event.get("output_modalities")
         audio = isinstance(modalities, list) and "audio" in modalities
-        return self._begin(response_id, audio)
+        return self._begin(response_id, audio, _metadata(event.get("metadata")))
 
     def _response(self, event: Event, audio: bool) -> tuple[str, _Response, list[Event]]:
         """The open response an event is of: opened now if the engine never said so."""
@@ -236,6 +254,8 @@ class OpenAIShaper:
             "output_modalities": _modalities(audio),
             "usage": _usage(),
         }
+        if response.metadata is not None:
+            body["metadata"] = response.metadata
         if status != "completed":
             details: Event = {"type": status}
             reason = event.get("reason", "client_cancelled" if status == "cancelled" else None)
@@ -305,7 +325,10 @@ class OpenAIShaper:
     def state(self) -> dict[str, Any]:
         return {
             "state": STATE_VERSION,
-            "open": [[rid, r.audio, "".join(r.text)] for rid, r in self._open.items()],
+            "open": [
+                [rid, r.audio, "".join(r.text), *([] if r.metadata is None else [r.metadata])]
+                for rid, r in self._open.items()
+            ],
             "heard": self._heard,
             "last_user": self._last_user,
         }
@@ -322,17 +345,21 @@ class OpenAIShaper:
         for entry in entries:
             if not (
                 isinstance(entry, list)
-                and len(entry) == 3
+                and len(entry) in (3, 4)  # (4: with its metadata)
                 and isinstance(entry[0], str)
                 and type(entry[1]) is bool
                 and isinstance(entry[2], str)
+                and (len(entry) == 3 or _metadata(entry[3]) is not None)
             ):
-                raise ValueError("OpenAI shaper state: an open response is [id, audio, text]")
+                raise ValueError(
+                    "OpenAI shaper state: an open response is [id, audio, text, metadata?]"
+                )
             text = [entry[2]] if entry[2] else []
             if len(entry[2]) > MAX_TEXT:
                 raise ValueError("OpenAI shaper state: a response's text is too long")
             item_id = assistant_item_id(entry[0])
-            shaper._open[entry[0]] = _Response(entry[1], item_id, text, len(entry[2]))
+            metadata = _metadata(entry[3]) if len(entry) == 4 else None
+            shaper._open[entry[0]] = _Response(entry[1], item_id, text, len(entry[2]), metadata)
         for key in ("heard", "last_user"):
             value = state.get(key)
             if value is not None and not isinstance(value, str):

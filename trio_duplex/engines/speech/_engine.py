@@ -16,12 +16,19 @@ import attrs
 import trio
 
 from ..api import BadEvent, Engine, EngineSession, Event
-from ..conversation import EVENTS, RESPONSE_EVENTS, check_response_event, conversing
+from ..conversation import (
+    EVENTS,
+    RESPONSE_EVENTS,
+    check_response_event,
+    conversing,
+    created,
+    response_metadata,
+)
 from ..turns import Turns, send_end, send_live, speak_unless_cancelled
 from ._capacity import check_available, default_max_sessions, shared_limiter
 from ._recognise import BYTES_PER_SECOND, SAMPLE_RATE, Heard, Hearing
 from ._remote import RemoteRecogniser
-from ._snapshot import Speaking, State
+from ._snapshot import Asked, Speaking, State
 from ._synthesise import MAX_CLAUSE_CHARS, clauses, synthesise
 from ._talk import Talk, answers_turns, detects_turns
 
@@ -59,6 +66,13 @@ class _Response:
     finished: bool = False  # played whole (or cancelled): only its end is left to send
     said: list[str] = attrs.Factory(list)  # the text deltas sent, in order
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    metadata: dict[str, str] | None = None  # its response.create's, for response.created
+
+
+def _response(response_id: str, turn: str | Asked) -> _Response:
+    if isinstance(turn, str):
+        return _Response(response_id, turn)
+    return _Response(response_id, turn.transcript, metadata=turn.metadata)
 
 
 class SpeechEngine(Engine):
@@ -106,7 +120,7 @@ class SpeechEngine(Engine):
         self._turn_words: list[str] = []  # its words sent as transcript deltas
         self._last_guesses: deque[list[str]] = deque(maxlen=FIRM_GUESSES)
         # Turns' transcripts awaiting a response, and the one speaking.
-        self._turns = Turns[str, _Response](_Response)
+        self._turns = Turns[str | Asked, _Response](_response)
         self._audio_in = trio.lowlevel.ParkingLot()
         self._heard_all = trio.lowlevel.ParkingLot()  # woken once the buffer is all heard
         self._hearing = False  # the listener has audio out of the buffer, not yet heard
@@ -172,7 +186,7 @@ class SpeechEngine(Engine):
             self._turns.cancel(event.get("response_id"))
         elif kind == "response.create":  # the latest user message, answered
             turn = self._talk.conversation.latest_user()
-            self._queue_turn("" if turn is None else turn.text)
+            self._queue_turn("" if turn is None else turn.text, response_metadata(event))
         elif kind == "input_audio_buffer.commit":
             while (self._buffer or self._hearing) and not self._turns.input_ended:
                 await self._heard_all.park()  # the recogniser hears all of it first
@@ -184,9 +198,9 @@ class SpeechEngine(Engine):
             self._talk.take(event, self._turn_started)
             await self._talk.flush(session)
 
-    def _queue_turn(self, transcript: str) -> None:
+    def _queue_turn(self, transcript: str, metadata: dict[str, str] | None = None) -> None:
         self.history.append({"role": "user", "text": transcript})
-        self._turns.put(transcript)
+        self._turns.put(transcript if metadata is None else Asked(transcript, metadata))
 
     # -- listening -------------------------------------------------------------------
 
@@ -333,11 +347,10 @@ class SpeechEngine(Engine):
         modalities = self._session_config.get("output_modalities")
         modalities = ["text"] if conversing_ and modalities == ["text"] else ["audio"]
         if not response.created:
-            created: Event = {"type": "response.created", "response_id": response_id}
             if conversing_:  # (["audio"]: the text deltas are the audio's transcript)
-                created["output_modalities"] = modalities
                 self._talk.conversation.begin_response(response_id)
-            await session.send(created)
+            named = modalities if conversing_ else None
+            await session.send(created(response_id, named, response.metadata))
             response.created = True
             answer = self._play if modalities == ["audio"] else self._write
             await speak_unless_cancelled(
@@ -487,6 +500,7 @@ class SpeechEngine(Engine):
                 speaking.finished,
                 speaking.cancelled,
                 tuple(speaking.said),
+                speaking.metadata,
             ),
             self._talk.state(),
         ).write()
@@ -503,6 +517,7 @@ class SpeechEngine(Engine):
                 speaking.cancelled,
                 speaking.finished,
                 said=[*speaking.said],
+                metadata=speaking.metadata,
             )
         self._buffer = bytearray(got.audio)
         self._base_ms = got.audio_at_ms

@@ -13,8 +13,22 @@ from typing import Any, Final
 
 import attrs
 
+from ..conversation import restored_metadata
+
 VERSION: Final = "speech/2"  # the shape of the snapshot; a restore takes this and speech/1
 OLD_VERSION: Final = "speech/1"  # (no conversation: restored with an empty one)
+
+
+@attrs.frozen
+class Asked:
+    """A turn queued by a ``response.create`` that had ``metadata`` (its
+    ``response.created`` carries it back); a turn without is its transcript alone."""
+
+    transcript: str
+    metadata: dict[str, str]
+
+    def write(self) -> dict[str, Any]:
+        return {"transcript": self.transcript, "metadata": dict(self.metadata)}
 
 
 @attrs.frozen
@@ -29,6 +43,7 @@ class Speaking:
     finished: bool  # played whole or cancelled: only its end was left to send
     cancelled: bool
     said: tuple[str, ...]
+    metadata: dict[str, str] | None = None  # its response.create's (absent before speech/2 had it)
 
 
 @attrs.frozen
@@ -38,7 +53,7 @@ class State:
     turn_started: bool  # speech_started was sent for the turn going on
     turn_words: tuple[str, ...]  # its words sent as transcript deltas
     history: tuple[dict[str, str], ...]
-    queued: tuple[str, ...]  # transcripts awaiting their response
+    queued: tuple[str | Asked, ...]  # transcripts awaiting their response
     responses: int  # responses created so far (their ids: resp_1, resp_2, ...)
     speaking: Speaking | None
     talk: dict[str, Any] | None = None
@@ -55,7 +70,7 @@ class State:
             "turn_started": self.turn_started,
             "turn_words": list(self.turn_words),
             "history": [dict(entry) for entry in self.history],
-            "queued": list(self.queued),
+            "queued": [turn if isinstance(turn, str) else turn.write() for turn in self.queued],
             "responses": self.responses,
             "speaking": None if speaking is None else attrs.asdict(speaking) | {
                 "said": list(speaking.said)
@@ -87,7 +102,7 @@ class State:
             _get(state, "turn_started", bool),
             _texts(state, "turn_words"),
             tuple(history),
-            _texts(state, "queued"),
+            _queued(state),
             _get(state, "responses", int),
             _speaking(state.get("speaking")),
             None if state["state"] == OLD_VERSION else _get(state, "talk", dict),
@@ -106,7 +121,23 @@ def _speaking(value: object) -> Speaking | None:
         _get(value, "finished", bool),
         _get(value, "cancelled", bool),
         _texts(value, "said"),
+        restored_metadata(value.get("metadata")),
     )
+
+
+def _queued(state: dict[str, Any]) -> tuple[str | Asked, ...]:
+    turns: list[str | Asked] = []
+    for turn in _get(state, "queued", list):
+        if isinstance(turn, str):
+            turns.append(turn)
+        elif isinstance(turn, dict) and set(turn) == {"transcript", "metadata"}:
+            metadata = restored_metadata(turn["metadata"])
+            if not isinstance(turn["transcript"], str) or metadata is None:
+                raise ValueError("speech snapshot: a queued turn is malformed")
+            turns.append(Asked(turn["transcript"], metadata))
+        else:
+            raise ValueError("speech snapshot: 'queued' must hold turns")
+    return tuple(turns)
 
 
 def _texts(state: dict[str, Any], key: str) -> tuple[str, ...]:

@@ -127,7 +127,7 @@ class Opener:
             resume = opening.first_step(grant, event)
             if resume is not None:
                 return await self._resume(conn, event, resume, grant)
-            return await self._open_with(conn, event, 0, grant)
+            return await self._open_with(conn, event, 0, grant, spoken=True)
         except ProtocolError as exc:
             error = self._refused(conn, event, exc, grant)
             conn.finish([error], exc.close_code or CloseCode.GOING_AWAY)
@@ -184,12 +184,14 @@ class Opener:
         return conn.dialect.frame(exc.to_event(event))
 
     async def _open_with(
-        self, conn: Connection, event: Event, size: int, grant: Grant
+        self, conn: Connection, event: Event, size: int, grant: Grant, *, spoken: bool = False
     ) -> SessionRunner | None:
-        """Open a session for a first message other than a resume, if it is valid."""
+        """Open a session for a first message other than a resume, if it is valid.
+        ``spoken``: ``event`` is the upgrade's own (``Dialect.opening``), not the client's."""
         if event["type"] == EventType.UPDATE:
             check_input(None, event)
-        plan = opening.open_with(grant, event, self.config.max_config_bytes)
+        rule = opening.open_spoken if spoken else opening.open_with
+        plan = rule(grant, event, self.config.max_config_bytes)
         engine = self.new_engine(plan.config)
         if plan.first is None:
             return await self._open(conn, plan.config, None, engine, grant=grant)
