@@ -72,9 +72,25 @@ class Scripted(Engine):
                 await session.send({"type": "response.done", "response_id": rid})
 
 
+class Shout(Engine):
+    """An engine that knows no audio format (no ``audio_rate``): text in, text out."""
+
+    accepts = frozenset({"input.text.append", "response.create"})
+
+    def __init__(self, config: Any = None) -> None:
+        pass
+
+    async def run(self, session: EngineSession) -> None:
+        async for _event in session:
+            await session.send({"type": "response.created", "response_id": "resp_1"})
+            await session.send({"type": "response.done", "response_id": "resp_1"})
+
+
 @asynccontextmanager
-async def serving(config: ServerConfig | None = None) -> AsyncIterator[str]:
-    server = DuplexServer(config or ServerConfig(port=0), Scripted)
+async def serving(
+    config: ServerConfig | None = None, engine: type[Engine] = Scripted
+) -> AsyncIterator[str]:
+    server = DuplexServer(config or ServerConfig(port=0), engine)
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
@@ -134,6 +150,16 @@ async def test_the_upgrade_opens_an_openai_session() -> None:
         assert error["error"]["event_id"] == "evt_1"
         await send(ws, type="response.create")
         assert (await until(ws, "response.done"))[-1]["type"] == "response.done"
+
+
+async def test_an_engine_with_no_audio_format_serves_openai_sessions() -> None:
+    # The upgrade's opening carries the dialect's default audio, which an engine with no
+    # audio_rate cannot take: it is the dialect's, not the client's, and is dropped.
+    async with serving(engine=Shout) as url, connect(f"{url}/v1/realtime") as ws:
+        created = await receive(ws)
+        assert created["type"] == "session.created"
+        await send(ws, type="response.create")
+        assert (await until(ws, "response.done"))[-1]["response"]["status"] == "completed"
 
 
 async def test_audio_is_shaped_after_the_encoder_with_its_tail_before_the_end() -> None:

@@ -193,6 +193,10 @@ class Opener:
         rule = opening.open_spoken if spoken else opening.open_with
         plan = rule(grant, event, self.config.max_config_bytes)
         engine = self.new_engine(plan.config)
+        if spoken and engine_audio_rate(engine) is None:
+            # The dialect's default audio, which no client asked for: an engine that
+            # knows no audio format passes audio through as it comes (docs/engines.md).
+            plan.config.pop("audio", None)
         if plan.first is None:
             return await self._open(conn, plan.config, None, engine, grant=grant)
         try:
