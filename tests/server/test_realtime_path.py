@@ -162,6 +162,40 @@ async def test_an_engine_with_no_audio_format_serves_openai_sessions() -> None:
         assert (await until(ws, "response.done"))[-1]["response"]["status"] == "completed"
 
 
+class Listening(Scripted):
+    """The scripted engine, declaring that it ends turns itself."""
+
+    turn_detection = {"type": "server_vad", "create_response": True}
+
+
+@pytest.mark.parametrize(
+    ("engine", "shown"),
+    [(Scripted, None), (Listening, {"type": "server_vad", "create_response": True})],
+)
+async def test_the_session_shows_the_turn_detection_its_engine_does(
+    engine: type[Engine], shown: Event | None
+) -> None:
+    # A client that sets none learns from session.created whether the server will end
+    # its turns (OpenAI's clients commit themselves only when it will not).
+    async with serving(engine=engine) as url, connect(f"{url}/v1/realtime") as ws:
+        created = await receive(ws)
+        assert created["session"]["audio"]["input"]["turn_detection"] == shown
+        await send(ws, type="session.update", session={"type": "realtime"})
+        updated = await until(ws, "session.updated")
+        assert updated[-1]["session"]["audio"]["input"]["turn_detection"] == shown
+
+
+def test_the_speech_engine_declares_the_turn_detection_it_does() -> None:
+    from trio_duplex.engines.speech import SpeechEngine
+
+    assert SpeechEngine.turn_detection is not None
+    validate(json.dumps({
+        "type": "session.created", "event_id": "event_1",
+        "session": {"type": "realtime", "audio": {"input": {
+            "turn_detection": dict(SpeechEngine.turn_detection)}}},
+    }))  # fmt: skip
+
+
 async def test_audio_is_shaped_after_the_encoder_with_its_tail_before_the_end() -> None:
     async with serving() as url, connect(f"{url}/v1/realtime") as ws:
         await receive(ws)

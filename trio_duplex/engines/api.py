@@ -92,6 +92,11 @@ class Engine:
     on a session in one of them the server frames its events as they are, without the
     dialect's ``Shaper`` (``EngineSession.raw``). ``realtime-proxy``: ``{"openai"}``, since
     its upstream speaks OpenAI's wire. Empty (the default): every event is canonical."""
+    turn_detection: ClassVar[Mapping[str, Any] | None] = None
+    """The turn detection the engine does of itself, in OpenAI's shape (``{"type":
+    "server_vad", ...}``), or None: it detects no turns (the client commits them). A
+    session that speaks first (``/v1/realtime``) and sets none shows this as its
+    ``turn_detection``, so that a client knows whether the server will end its turns."""
     audio_formats: ClassVar[Mapping[str, int]] = {}
     """For an engine without ``audio_rate``: event types (client or server) whose base64
     ``audio`` field holds audio of a known format, with its bytes per millisecond (24 kHz

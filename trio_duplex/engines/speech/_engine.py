@@ -10,7 +10,7 @@ import functools
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import attrs
 import trio
@@ -82,6 +82,13 @@ class SpeechEngine(Engine):
         {"input_audio_buffer.append", "input.text.append", *EVENTS, *RESPONSE_EVENTS}
     )
     audio_rate: int | None = SAMPLE_RATE
+    turn_detection: ClassVar[Mapping[str, Any] | None] = {
+        "type": "server_vad",
+        "create_response": True,
+        "interrupt_response": True,
+    }
+    """Its endpointer ends turns, answers them and cancels a reply spoken over (unless
+    the session's ``turn_detection`` is null, or its ``create_response`` false)."""
 
     default_max_sessions = staticmethod(default_max_sessions)
     """``serve --engine speech`` takes its ``--max-sessions`` default from here."""

@@ -197,6 +197,10 @@ class Opener:
             # The dialect's default audio, which no client asked for: an engine that
             # knows no audio format passes audio through as it comes (docs/engines.md).
             plan.config.pop("audio", None)
+        if spoken and "turn_detection" not in plan.config:
+            # What the engine does of itself, shown as the session's (Engine.turn_detection).
+            detection = getattr(engine, "turn_detection", None)
+            plan.config["turn_detection"] = None if detection is None else dict(detection)
         if plan.first is None:
             return await self._open(conn, plan.config, None, engine, grant=grant)
         try:
