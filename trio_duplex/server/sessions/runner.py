@@ -559,15 +559,7 @@ class SessionRunner:
         for the wire (zero or more deltas, each sequenced); an event that ends a stretch
         of audio first sends (or, for a cancel, drops) the encoder's tail."""
         if kind == _DELTA:
-            pcm = event.get("audio")
-            if type(pcm) is not bytes:
-                pcm = _as_pcm(pcm)
-            payloads = encoder.encode(pcm)  # ValueError: not whole samples
-            usage = self.session.usage
-            if usage.audio_ms_out is not None:
-                usage.audio_ms_out += len(pcm) / self._pcm_per_ms
-            self._last_delta = event  # its fields, for a tail (its audio is replaced)
-            await self._emit_audio(event, payloads)
+            await self._emit_audio(event, self._encode(event, encoder))
             return
         tail = encoder.flush()
         if tail and kind != _CANCELLED and self._last_delta is not None:
@@ -576,6 +568,19 @@ class SessionRunner:
         conn = self._deliver(self.session.emit(event, now), now)
         if conn is not None:
             await self._wait_drained(conn)
+
+    def _encode(self, delta: Event, encoder: Encoder) -> list[bytes]:
+        """An engine's output delta's PCM16 encoded for the wire, counted in the usage;
+        the delta is kept for its fields (a tail's carrier: its audio is replaced)."""
+        pcm = delta.get("audio")
+        if type(pcm) is not bytes:
+            pcm = _as_pcm(pcm)
+        payloads = encoder.encode(pcm)  # ValueError: not whole samples
+        usage = self.session.usage
+        if usage.audio_ms_out is not None:
+            usage.audio_ms_out += len(pcm) / self._pcm_per_ms
+        self._last_delta = delta
+        return payloads
 
     async def _emit_audio(self, fields: Event, payloads: list[bytes]) -> None:
         """Sequence each payload as an output delta, as the session's dialect writes it:
@@ -598,15 +603,7 @@ class SessionRunner:
         encoder = self._encoder
         if encoder is not None and kind in _AUDIO_KINDS:
             if kind == _DELTA:
-                pcm = event.get("audio")
-                if type(pcm) is not bytes:
-                    pcm = _as_pcm(pcm)
-                payloads = encoder.encode(pcm)  # ValueError: not whole samples
-                usage = self.session.usage
-                if usage.audio_ms_out is not None:
-                    usage.audio_ms_out += len(pcm) / self._pcm_per_ms
-                self._last_delta = event
-                for payload in payloads:
+                for payload in self._encode(event, encoder):
                     await self._sequence(shaper.shape({**event, "audio": payload}))
                 return
             tail = encoder.flush()
