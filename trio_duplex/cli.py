@@ -317,6 +317,11 @@ def _announce(server: DuplexServer, engine: str, port: int, ready_fd: int | None
             server.config.path,
             engine,
         )
+        if server.config.realtime_path:
+            log.info(
+                "OpenAI Realtime at %s://%s:%d%s", server.scheme, shown, port,
+                server.config.realtime_path,
+            )  # fmt: skip
         if server.config.demo:
             log.info(
                 "demo page at %s://%s:%d/",

@@ -272,6 +272,9 @@ class Supervisor:
             self.engine,
             len(self.workers),
         )
+        if config.realtime_path:
+            path = config.realtime_path
+            log.info("OpenAI Realtime at %s://%s:%d%s", scheme, shown, self.port, path)
 
     async def run(self) -> int:
         signums = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
