@@ -22,6 +22,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -259,3 +260,18 @@ def module_servers() -> Iterator[Servers]:
         yield started
     finally:
         started.stop_all()
+
+
+RUN_TIMEOUT = 240.0
+"""One SDK script's whole run, every scenario."""
+
+
+def run_script(python: Path, script: str, *arguments: str) -> dict[str, Any]:
+    """Run ``tests/openai_sdk/<script>.py`` in an SDK's venv (as a module from the
+    repository's root, so that it imports ``sdk_shared``); its one JSON object."""
+    command = [str(python), "-m", f"tests.openai_sdk.{script}", *arguments]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, f"{script}.py failed:\n{done.stdout}\n{done.stderr}"
+    results = json.loads(done.stdout)
+    assert isinstance(results, dict)
+    return results

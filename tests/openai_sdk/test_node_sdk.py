@@ -23,7 +23,7 @@ import pytest
 from tests.helpers import Servers
 
 from .conftest import API_KEY, NODE_DIR, Certs, NodeSdk
-from .sdk_python import LONG_TEXT
+from .sdk_shared import LONG_TEXT
 from .test_python_sdk import OPENING_UNDER_A_LOCK, TEXT_RESPONSE, response_part
 
 pytestmark = pytest.mark.integration
