@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -141,6 +142,28 @@ class RawClient:
             return events
 
 
+async def upgrade(
+    sim: Simulation,
+    *,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+    protocols: Sequence[str] = (),
+) -> tuple[RawClient, Any]:
+    """A new ``RawClient``'s upgrade to ``/v1/duplex`` with ``headers`` and ``protocols``,
+    and the server's answer to it."""
+    stream, _ = await sim.listener.connect()
+    client = RawClient(stream)
+    request = Request(
+        host="sim", target="/v1/duplex", extra_headers=list(headers), subprotocols=list(protocols)
+    )
+    await client.send_bytes(client.ws.send(request))
+    return client, await client.next_event()
+
+
+def authorization(credential: str) -> list[tuple[bytes, bytes]]:
+    """The ``Authorization: Bearer`` header of an upgrade."""
+    return [(b"Authorization", f"Bearer {credential}".encode())]
+
+
 async def raw_handshake(client: RawClient, path: str) -> Any:
     await client.send_bytes(client.ws.send(Request(host="sim", target=path)))
     event = await client.next_event()
@@ -151,6 +174,23 @@ async def raw_handshake(client: RawClient, path: str) -> Any:
 # -- over real sockets: the serve command as a subprocess ---------------------------------
 
 READY = re.compile(r"serving (wss?://\S+)")
+
+
+def exchange(server: ServerProcess, request: bytes) -> bytes:
+    """Send ``request``, end our half, and read whatever comes back until the end."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
+        try:
+            sock.sendall(request)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:  # the server answered and closed before taking it all
+            pass
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    return answer
 
 
 @attrs.define(eq=False)
