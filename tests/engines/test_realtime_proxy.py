@@ -10,7 +10,7 @@ import base64
 import json
 import random
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -49,19 +49,23 @@ class Rig:
 
 @asynccontextmanager
 async def rig(
-    monkeypatch: pytest.MonkeyPatch, upstream: FakeRealtime | None = None, **config: Any
+    monkeypatch: pytest.MonkeyPatch,
+    upstream: FakeRealtime | None = None,
+    *,
+    path: str = "/v1/duplex",
+    headers: Sequence[str] = ("OpenAI-Beta: realtime=v1",),
+    **config: Any,
 ) -> AsyncIterator[Rig]:
+    """The fake upstream and a server proxying to it; ``url``: the server's ``path``."""
     upstream = upstream or FakeRealtime(api_key=KEY)
     monkeypatch.setenv(API_KEY_ENV, KEY)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             upstream_port = await nursery.start(upstream.run)
-            factory = proxy_factory(
-                f"ws://127.0.0.1:{upstream_port}/v1/realtime", ["OpenAI-Beta: realtime=v1"]
-            )
+            factory = proxy_factory(f"ws://127.0.0.1:{upstream_port}/v1/realtime", headers)
             server = DuplexServer(ServerConfig(host="127.0.0.1", port=0, **config), factory)
             port = await nursery.start(server.run_tcp)
-            yield Rig(upstream, server, f"ws://127.0.0.1:{port}/v1/duplex", port)
+            yield Rig(upstream, server, f"ws://127.0.0.1:{port}{path}", port)
             nursery.cancel_scope.cancel()
 
 

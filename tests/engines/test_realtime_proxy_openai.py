@@ -8,68 +8,30 @@ and a client that uses the resume extension gets it.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import attrs
 import pytest
-import trio
-from websockets.trio.client import ClientConnection, connect
+from websockets.trio.client import connect
 
-from trio_duplex import DuplexServer, ServerConfig
-from trio_duplex.engines.realtime_proxy import API_KEY_ENV, proxy_factory
 from trio_duplex.testing.realtime_upstream import FakeRealtime
 
-from .test_realtime_proxy import b64, pcm
-
-Event = dict[str, Any]
-KEY = "sk-test-123"
-
-
-@attrs.define
-class Rig:
-    upstream: FakeRealtime
-    server: DuplexServer
-    url: str
+from .test_realtime_proxy import KEY, Event, Rig, b64, pcm, receive, receive_until, send
+from .test_realtime_proxy import rig as proxy_rig
 
 
 @asynccontextmanager
 async def rig(
     monkeypatch: pytest.MonkeyPatch, upstream: FakeRealtime | None = None
 ) -> AsyncIterator[Rig]:
-    upstream = upstream or FakeRealtime(api_key=KEY)
-    monkeypatch.setenv(API_KEY_ENV, KEY)
-    with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            upstream_port = await nursery.start(upstream.run)
-            factory = proxy_factory(f"ws://127.0.0.1:{upstream_port}/v1/realtime")
-            server = DuplexServer(ServerConfig(host="127.0.0.1", port=0), factory)
-            port = await nursery.start(server.run_tcp)
-            yield Rig(upstream, server, f"ws://127.0.0.1:{port}/v1/realtime")
-            nursery.cancel_scope.cancel()
+    """The proxy with no header of its own, behind ``/v1/realtime``."""
+    async with proxy_rig(monkeypatch, upstream, path="/v1/realtime", headers=()) as r:
+        yield r
 
 
 def dial(url: str, query: str = "model=gpt-realtime", **kw: Any) -> Any:
     return connect(f"{url}?{query}", subprotocols=["realtime"], **kw)  # type: ignore[list-item]
-
-
-async def send(ws: ClientConnection, event: Event) -> None:
-    await ws.send(json.dumps(event))
-
-
-async def receive(ws: ClientConnection) -> Event:
-    event: Event = json.loads(await ws.recv())
-    return event
-
-
-async def receive_until(ws: ClientConnection, kind: str) -> list[Event]:
-    got = []
-    while True:
-        got.append(await receive(ws))
-        if got[-1]["type"] == kind:
-            return got
 
 
 def without_ours(event: Event) -> Event:
