@@ -7,6 +7,8 @@
   ``Engines`` keeps every engine the server made, ``client_for`` connects through
   ``Net`` with fast policies (``FAST``); ``rng_starting_at`` fixes which of several URLs
   ``connect`` tries first.
+* ``Slow``, an engine slower than the client (``OneSlow``, its factory), for the
+  flow-control tests.
 * Reading: ``next_of`` (the next event of a type), ``texts`` (the next echoed texts).
 * The ``SessionState`` model tests (one per dialect): ``CUT_PLANS`` (random steps and
   cuts), ``ModelJournal`` (the model server's journal) and ``Wire`` (frames in flight,
@@ -37,7 +39,7 @@ from trio_duplex.client import (
     Verdict,
     connect,
 )
-from trio_duplex.engines.api import EngineFactory
+from trio_duplex.engines.api import Engine, EngineFactory, EngineSession
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.testing import FaultyStream, ScriptedEngine, Simulation, running_server
 
@@ -161,6 +163,35 @@ def rng_starting_at(index: int, count: int) -> random.Random:
         if random.Random(seed).randrange(count) == index:
             return random.Random(seed)
     raise AssertionError("no seed found")
+
+
+@attrs.define(eq=False)
+class Slow(Engine):
+    """Takes one event per ``pause`` seconds (virtual) and keeps them; answers nothing."""
+
+    accepts = frozenset({"input.text.append"})
+    pause: float = 0.01
+    received: list[Event] = attrs.field(factory=list)
+    expect: int = 0
+    all_in: trio.Event = attrs.field(factory=trio.Event)
+    """Set once ``expect`` events were taken."""
+
+    async def run(self, session: EngineSession) -> None:
+        async for event in session:
+            self.received.append(event)
+            if len(self.received) == self.expect:
+                self.all_in.set()
+            await trio.sleep(self.pause)
+
+
+@attrs.define
+class OneSlow:
+    """A factory that makes every session's engine the one ``engine``."""
+
+    engine: Slow = attrs.field(factory=Slow)
+
+    def __call__(self, config: Any) -> Slow:
+        return self.engine
 
 
 # -- reading -----------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import pytest
 import trio
 import trio.testing
@@ -21,38 +20,10 @@ import trio.testing
 from trio_duplex import ServerConfig
 from trio_duplex.client import ClientSession
 from trio_duplex.core.limits import Limits
-from trio_duplex.engines.api import Engine, EngineSession
 
-from .helpers import client_for, sim_server
+from .helpers import OneSlow, Slow, client_for, sim_server
 
 Event = dict[str, Any]
-
-
-@attrs.define(eq=False)
-class Slow(Engine):
-    """Takes one event per ``pause`` seconds (virtual) and keeps them; answers nothing."""
-
-    accepts = frozenset({"input.text.append"})
-    pause: float = 0.01
-    received: list[Event] = attrs.field(factory=list)
-    expect: int = 0
-    all_in: trio.Event = attrs.field(factory=trio.Event)
-    """Set once ``expect`` events were taken."""
-
-    async def run(self, session: EngineSession) -> None:
-        async for event in session:
-            self.received.append(event)
-            if len(self.received) == self.expect:
-                self.all_in.set()
-            await trio.sleep(self.pause)
-
-
-@attrs.define
-class OneSlow:
-    engine: Slow = attrs.field(factory=Slow)
-
-    def __call__(self, config: Any) -> Slow:
-        return self.engine
 
 
 async def flood(session: ClientSession, engine: Slow, count: int, size: int) -> list[Event]:
