@@ -124,6 +124,23 @@ class Net:
     async def cut(self) -> None:
         await self.streams[-1].cut()
 
+    async def chaos(self, rng: random.Random, faults: int = 6) -> None:
+        """``faults`` random faults, one at a time, on the newest connection."""
+        for _ in range(faults):
+            await trio.sleep(rng.uniform(0, 0.4))
+            fault, stream = rng.choice(["cut", "fail", "hold", "down"]), self.streams[-1]
+            if fault == "cut":
+                await stream.cut()
+            elif fault == "fail":
+                stream.fail_sends = True  # the server's writes fail; reads go on
+            elif fault == "hold":
+                stream.hold()  # the server goes silent: the heartbeat notices
+            else:
+                self.down = True
+                await stream.cut()
+                await trio.sleep(rng.uniform(0, 3))
+                self.down = False
+
 
 @asynccontextmanager
 async def sim_server(

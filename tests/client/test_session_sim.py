@@ -61,22 +61,6 @@ async def test_random_faults_every_event_exactly_once(
     async with sim_server(engines=engines) as (sim, net):
         async with client_for(net, rng=random.Random(seed)) as session:
 
-            async def chaos() -> None:
-                for _ in range(6):
-                    await trio.sleep(rng.uniform(0, 0.4))
-                    fault, stream = rng.choice(["cut", "fail", "hold", "down"]), net.streams[-1]
-                    if fault == "cut":
-                        await stream.cut()
-                    elif fault == "fail":
-                        stream.fail_sends = True  # the server's writes fail; reads go on
-                    elif fault == "hold":
-                        stream.hold()  # the server goes silent: the heartbeat notices
-                    else:
-                        net.down = True
-                        await stream.cut()
-                        await trio.sleep(rng.uniform(0, 3))
-                        net.down = False
-
             async def sender() -> None:
                 for value in sent:
                     await session.send(text(value))
@@ -84,7 +68,7 @@ async def test_random_faults_every_event_exactly_once(
 
             with trio.fail_after(120):
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(chaos)
+                    nursery.start_soon(net.chaos, rng)
                     nursery.start_soon(sender)
                     got = await texts(session, len(sent))
         assert [e["text"] for e in got] == sent
