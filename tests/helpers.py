@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trustme
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
     BytesMessage,
@@ -261,6 +262,29 @@ class ServerProcess:
             self._reader.join(5)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
+
+
+@attrs.frozen
+class Certs:
+    """A private CA's certificate (what a client trusts), and a server's chain and key
+    for 127.0.0.1 and localhost."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def issue_certs(folder: Path) -> Certs:
+    """A new private CA and a server certificate issued by it, written into ``folder``."""
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    paths = Certs(folder / "ca.pem", folder / "cert.pem", folder / "key.pem")
+    ca.cert_pem.write_to_path(str(paths.ca))
+    issued.private_key_pem.write_to_path(str(paths.key))
+    with paths.cert.open("wb") as chain:  # leaf first, then the chain
+        for blob in issued.cert_chain_pems:
+            chain.write(blob.bytes())
+    return paths
 
 
 def serve_command(*args: str) -> list[str]:

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Servers
+from tests.helpers import Certs, Servers
 
-from .conftest import API_KEY, NODE_DIR, Certs, NodeSdk
+from .conftest import API_KEY, NODE_DIR, NodeSdk
 from .sdk_shared import LONG_TEXT
 from .test_python_sdk import OPENING_UNDER_A_LOCK, TEXT_RESPONSE, response_part
 
