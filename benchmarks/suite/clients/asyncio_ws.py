@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import json
 import math
 import random
@@ -40,7 +41,7 @@ from benchmarks.suite._workload import (
     raise_nofile,
     resume,
 )
-from benchmarks.suite.clients._aio import close_session, dial, log, open_session
+from benchmarks.suite.clients._aio import close_session, dial, log, open_session, ramp
 
 now = time.perf_counter
 
@@ -244,15 +245,9 @@ async def measure_step(v: Voice, n: int, mark: str) -> dict[str, Any]:
     return step
 
 
-def failed(step: dict[str, Any], args: argparse.Namespace) -> bool:
-    return bool(step["p99_ms"] > args.threshold_ms or step["dead"] or step["errors"])
-
-
 async def voice(args: argparse.Namespace) -> dict[str, Any]:
     v = Voice(args)
-    steps: list[dict[str, Any]] = []
     limit = asyncio.Semaphore(args.open_concurrency)
-    deadline = now() + args.ramp_time
 
     async def add_one() -> None:
         session = VoiceSession(v)
@@ -261,26 +256,10 @@ async def voice(args: argparse.Namespace) -> dict[str, Any]:
             await session.open()
 
     try:
-        for n in [int(s) for s in args.steps.split(",")]:
-            if now() > deadline:
-                log(f"voice: ramp time {args.ramp_time}s used up before {n} sessions")
-                break
-            t_open = now()
-            await asyncio.gather(*(add_one() for _ in range(n - len(v.sessions))))
-            open_s = now() - t_open
-            await asyncio.sleep(args.settle)
-            step = await measure_step(v, n, str(n))
-            step["open_s"] = open_s
-            if failed(step, args) and not (step["dead"] or step["errors"]) and args.confirm:
-                # One noisy window must not end the ramp: measure the same N once more
-                # (the same rule for every server), and keep the first window on record.
-                await asyncio.sleep(args.settle)
-                again = await measure_step(v, n, f"{n}_2")
-                again["open_s"], again["first_window"] = open_s, step
-                step = again
-            steps.append(step)
-            if failed(step, args):
-                break
+        measure = functools.partial(measure_step, v)
+        steps = await ramp(
+            args, v.sessions, add_one, measure, name="voice", confirm=bool(args.confirm)
+        )
     finally:
         v.stopping = True
         await asyncio.gather(*(s.stop() for s in v.sessions), return_exceptions=True)
