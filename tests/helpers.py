@@ -165,6 +165,27 @@ def authorization(credential: str) -> list[tuple[bytes, bytes]]:
     return [(b"Authorization", f"Bearer {credential}".encode())]
 
 
+def http_post(
+    path: str, body: bytes | dict[str, Any] = b"", key: str | None = None, extra: str = ""
+) -> bytes:
+    """A JSON ``POST`` to ``path`` (``key``: its bearer credential; ``extra``: more header
+    lines, each ending in CRLF), as raw bytes."""
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+    auth = "" if key is None else f"Authorization: Bearer {key}\r\n"
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: sim\r\n{auth}{extra}"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def answer_of(answer: bytes) -> tuple[int, dict[str, Any]]:
+    """A raw HTTP answer's status and JSON body; it must say ``Cache-Control: no-store``."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"\r\nCache-Control: no-store\r\n" in head
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
 async def raw_handshake(client: RawClient, path: str) -> Any:
     await client.send_bytes(client.ws.send(Request(host="sim", target=path)))
     event = await client.next_event()

@@ -124,6 +124,13 @@ class Net:
     async def cut(self) -> None:
         await self.streams[-1].cut()
 
+    async def outage(self, seconds: float) -> None:
+        """The newest connection cut and the network down for ``seconds``."""
+        self.down = True
+        await self.cut()
+        await trio.sleep(seconds)
+        self.down = False
+
     async def chaos(self, rng: random.Random, faults: int = 6) -> None:
         """``faults`` random faults, one at a time, on the newest connection."""
         for _ in range(faults):
@@ -136,10 +143,7 @@ class Net:
             elif fault == "hold":
                 stream.hold()  # the server goes silent: the heartbeat notices
             else:
-                self.down = True
-                await stream.cut()
-                await trio.sleep(rng.uniform(0, 3))
-                self.down = False
+                await self.outage(rng.uniform(0, 3))
 
 
 @asynccontextmanager

@@ -154,10 +154,7 @@ async def test_random_faults_every_event_exactly_once(
 async def test_a_resume_after_the_grace_is_refused(autojump_clock: trio.abc.Clock) -> None:
     async with sim_server(ServerConfig(disconnect_grace_s=2), engines=Engines()) as (_, net):
         async with client(net, random.Random(0)) as session:
-            net.down = True
-            await net.cut()
-            await trio.sleep(5)
-            net.down = False
+            await net.outage(5)
             with pytest.raises(ResumeRefused) as caught:
                 async for _ in session:
                     pass

@@ -108,10 +108,7 @@ async def test_a_silent_server_is_noticed_and_the_session_resumed(
 async def test_expired_grace_ends_with_resume_refused(autojump_clock: trio.abc.Clock) -> None:
     async with sim_server(ServerConfig(disconnect_grace_s=2)) as (sim, net):
         async with client_for(net) as session:
-            net.down = True
-            await net.cut()
-            await trio.sleep(5)
-            net.down = False
+            await net.outage(5)
             with pytest.raises(ResumeRefused) as caught:
                 async for _ in session:
                     pass

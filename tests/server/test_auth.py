@@ -23,7 +23,7 @@ from trio_duplex.server.front.auth import KeyFileError, KeyRing, presented
 from trio_duplex.testing import ScriptedEngine, running_server
 
 from ..helpers import UPGRADE_HEAD as HEAD
-from ..helpers import RawHttp, authorization, upgrade
+from ..helpers import RawHttp, answer_of, authorization, http_post, upgrade
 
 KEYS = "# customers\nacme: k-acme-123\n\n  globex : k-globex-456  \n"
 
@@ -235,17 +235,7 @@ async def test_our_client_presents_its_key_to_open_and_its_token_to_resume(
 def post(
     body: bytes = b"", key: str | None = "k-acme-123", path: str = "/v1/client_tokens"
 ) -> bytes:
-    auth = "" if key is None else f"Authorization: Bearer {key}\r\n"
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: sim\r\n{auth}"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-
-def answer_of(answer: bytes) -> tuple[int, dict[str, Any]]:
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert b"\r\nCache-Control: no-store\r\n" in head
-    return int(head.split(b" ", 2)[1]), json.loads(body)
+    return http_post(path, body, key)
 
 
 async def test_a_client_token_opens_exactly_one_session_within_its_ttl(

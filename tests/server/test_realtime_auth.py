@@ -30,7 +30,16 @@ from trio_duplex.server.front.auth import Gate, bearer, carries_credential, pres
 from trio_duplex.server.front.throttle import Throttled
 from trio_duplex.testing import ScriptedEngine, running_server
 
-from ..helpers import RawHttp, Serve, ServerProcess, authorization, exchange, upgrade
+from ..helpers import (
+    RawHttp,
+    Serve,
+    ServerProcess,
+    answer_of,
+    authorization,
+    exchange,
+    http_post,
+    upgrade,
+)
 
 KEY, OTHER_KEY = "k-acme-123", "k-globex-456"
 KEYS = f"acme: {KEY}\nglobex: {OTHER_KEY}\n"
@@ -55,19 +64,7 @@ def post(
     path: str = SECRETS,
     extra: str = "",
 ) -> bytes:
-    if isinstance(body, dict):
-        body = json.dumps(body).encode()
-    auth = "" if key is None else f"Authorization: Bearer {key}\r\n"
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: sim\r\n{auth}{extra}"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-
-def answer_of(answer: bytes) -> tuple[int, dict[str, Any]]:
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert b"\r\nCache-Control: no-store\r\n" in head
-    return int(head.split(b" ", 2)[1]), json.loads(body)
+    return http_post(path, body, key, extra)
 
 
 def openai_error(body: dict[str, Any]) -> dict[str, Any]:
