@@ -24,6 +24,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, ClassVar
 
 import attrs
+import pytest
 import trio
 from hypothesis import strategies as st
 
@@ -39,6 +40,7 @@ from trio_duplex.client import (
     Verdict,
     connect,
 )
+from trio_duplex.core.limits import Limits
 from trio_duplex.engines.api import Engine, EngineFactory, EngineSession
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.testing import FaultyStream, ScriptedEngine, Simulation, running_server
@@ -184,6 +186,17 @@ def rng_starting_at(index: int, count: int) -> random.Random:
         if random.Random(seed).randrange(count) == index:
             return random.Random(seed)
     raise AssertionError("no seed found")
+
+
+def advertise_more(monkeypatch: pytest.MonkeyPatch, max_pending_input: int) -> None:
+    """Servers advertise ``max_pending_input`` whatever they queue (as a proxy rewriting
+    the limits would): a client that trusts it overruns them."""
+    advertised = Limits.advertised
+
+    def limits(self: Limits) -> dict[str, Any]:
+        return {**advertised(self), "max_pending_input": max_pending_input}
+
+    monkeypatch.setattr(Limits, "advertised", limits)
 
 
 @attrs.define(eq=False)

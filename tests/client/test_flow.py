@@ -19,9 +19,8 @@ import trio.testing
 
 from trio_duplex import ServerConfig
 from trio_duplex.client import ClientSession
-from trio_duplex.core.limits import Limits
 
-from .helpers import OneSlow, Slow, client_for, sim_server
+from .helpers import OneSlow, Slow, advertise_more, client_for, sim_server
 
 Event = dict[str, Any]
 
@@ -83,12 +82,7 @@ async def test_a_server_with_a_smaller_bound_makes_the_client_resend_from_the_re
 ) -> None:
     # The server queues 8 events but advertises 64 (say, a proxy rewrote the limits):
     # the client overruns it, is refused, and rewinds; nothing is lost or reordered.
-    advertised = Limits.advertised
-
-    def limits(self: Limits) -> dict[str, Any]:
-        return {**advertised(self), "max_pending_input": 64}
-
-    monkeypatch.setattr(Limits, "advertised", limits)
+    advertise_more(monkeypatch, 64)
     factory = OneSlow()
     count = 500
     async with sim_server(ServerConfig(max_pending_input=8), factory) as (_sim, net):

@@ -17,9 +17,8 @@ import trio
 
 from trio_duplex import ServerConfig
 from trio_duplex.client import ClientSession, connect
-from trio_duplex.core.limits import Limits
 
-from .helpers import FAST, Net, OneSlow, Slow, sim_server
+from .helpers import FAST, Net, OneSlow, Slow, advertise_more, sim_server
 
 Event = dict[str, Any]
 URL = "ws://sim/v1/realtime"
@@ -85,12 +84,7 @@ async def test_a_client_streaming_flat_out_is_never_refused(autojump_clock: trio
 async def test_a_smaller_bound_than_advertised_makes_the_client_resend(
     autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    advertised = Limits.advertised
-
-    def limits(self: Limits) -> dict[str, Any]:
-        return {**advertised(self), "max_pending_input": 64}
-
-    monkeypatch.setattr(Limits, "advertised", limits)
+    advertise_more(monkeypatch, 64)
     factory = OneSlow(RealtimeSlow())
     count = 300
     async with sim_server(ServerConfig(max_pending_input=8), factory) as (_sim, net):
