@@ -37,6 +37,15 @@ from ..client.proxy import FaultPlan, FaultyProxy
 Event = dict[str, Any]
 KEY = "sk-test-123"
 SEEDS = 3
+AUDIO_TURN = [
+    "input_audio_buffer.committed",
+    "response.created",
+    "response.output_audio.delta",
+    "response.output_audio.delta",
+    "response.output_audio.done",
+    "response.done",
+]
+"""The fake upstream's answer to a committed audio turn (two frames) and a response."""
 
 
 @attrs.define
@@ -120,14 +129,7 @@ async def test_a_full_turn_through_the_proxy(monkeypatch: pytest.MonkeyPatch) ->
         await send(ws, {"type": "response.create", "client_event_seq": 3})
         got = await receive_until(ws, "response.done")
         kinds = [e["type"] for e in got]
-        assert kinds == [
-            "input_audio_buffer.committed",
-            "response.created",
-            "response.output_audio.delta",
-            "response.output_audio.delta",
-            "response.output_audio.done",
-            "response.done",
-        ]
+        assert kinds == AUDIO_TURN
         deltas = [e for e in got if e["type"] == "response.output_audio.delta"]
         assert "delta" not in deltas[0]  # the audio is in our field, ``audio``
         assert b"".join(base64.b64decode(e["audio"]) for e in deltas) == audio  # echoed
