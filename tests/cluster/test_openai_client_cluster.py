@@ -21,7 +21,7 @@ from trio_duplex.client.dialect import text_of
 from ..client.helpers import Event
 from ..client.proxy import FaultPlan, FaultyProxy
 from ..helpers import Serve, ServerProcess
-from .test_client_cluster import OPTIONS
+from .test_client_cluster import OPTIONS, cutting_proxies
 
 pytestmark = pytest.mark.integration
 
@@ -113,11 +113,7 @@ async def test_exactly_once_through_cutting_proxies_over_three_nodes(
     seen: list[Event] = []
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            proxies = []
-            for i, node in enumerate(cluster):
-                plan = FaultPlan(seed=seed * 3 + i, max_cuts=4 + seed, max_lifetime=0.3)
-                proxy = FaultyProxy(node.port, plan)
-                proxies.append((proxy, await nursery.start(proxy.run)))
+            proxies = await cutting_proxies(nursery, cluster, seed)
             urls = [realtime(port) for _, port in proxies]
             async with connect(
                 urls, CONFIG, options=OPTIONS, rng=random.Random(seed), dialect="openai"
