@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sized
@@ -15,7 +16,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from benchmarks.suite._workload import SESSION_CLOSE, SESSION_UPDATE
+from benchmarks.suite._workload import FRAME_PERIOD_S, SESSION_CLOSE, SESSION_UPDATE
 
 Event = dict[str, Any]
 
@@ -71,6 +72,19 @@ async def close_session(ws: ClientConnection) -> None:
             await ws.close()
     except (TimeoutError, ConnectionClosed):
         ws.transport.abort()
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def first_due(epoch: float, phase: float, now: float) -> float:
+    """A voice session's next frame time after ``now``: its ``phase`` in the 20 ms grid
+    from ``epoch``, so that the sessions' frames do not all coincide."""
+    ticks = math.ceil((now - epoch - phase) / FRAME_PERIOD_S) + 1
+    return epoch + phase + ticks * FRAME_PERIOD_S
 
 
 def failed(step: dict[str, Any], args: argparse.Namespace) -> bool:

@@ -41,7 +41,15 @@ from benchmarks.suite._workload import (
     raise_nofile,
     resume,
 )
-from benchmarks.suite.clients._aio import close_session, dial, log, open_session, ramp
+from benchmarks.suite.clients._aio import (
+    cancel_all,
+    close_session,
+    dial,
+    first_due,
+    log,
+    open_session,
+    ramp,
+)
 
 now = time.perf_counter
 
@@ -84,9 +92,7 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
     await asyncio.sleep(args.duration)
     n1, c1, t1 = received, cpu_seconds(), now()
     emit("mark", "window_end")
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await cancel_all(tasks)
     if duplex:
         await close_session(ws)
     else:
@@ -149,8 +155,7 @@ class VoiceSession:
         loop = asyncio.get_running_loop()
         voice = self.voice
         frame = voice.frame
-        ticks = math.ceil((loop.time() - voice.epoch - phase) / FRAME_PERIOD_S) + 1
-        due = voice.epoch + phase + ticks * FRAME_PERIOD_S
+        due = first_due(voice.epoch, phase, loop.time())
         try:
             while not voice.stopping:
                 delay = due - loop.time()
@@ -201,9 +206,7 @@ class VoiceSession:
         self.dead = True
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await cancel_all(self.tasks)
         if self.ws is not None:
             self.ws.transport.abort()
 

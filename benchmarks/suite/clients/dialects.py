@@ -46,7 +46,7 @@ from benchmarks.suite._workload import (
     emit,
     raise_nofile,
 )
-from benchmarks.suite.clients._aio import dial, log, ramp
+from benchmarks.suite.clients._aio import cancel_all, dial, first_due, log, ramp
 
 now = time.perf_counter
 
@@ -137,9 +137,7 @@ async def turns(args: argparse.Namespace) -> dict[str, Any]:
     await asyncio.sleep(args.duration)
     n1, e1, c1, t1 = done, session.events, cpu_seconds(), now()
     emit("mark", "window_end")
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await cancel_all(tasks)
     session.ws.transport.abort()  # measured already
     return {
         "turns": n1 - n0,
@@ -184,8 +182,7 @@ class VoiceSession:
         assert self.session is not None
         ws, voice = self.session.ws, self.voice
         loop = asyncio.get_running_loop()
-        ticks = math.ceil((loop.time() - voice.epoch - phase) / FRAME_PERIOD_S) + 1
-        due = voice.epoch + phase + ticks * FRAME_PERIOD_S
+        due = first_due(voice.epoch, phase, loop.time())
         # Each session ends its turns at its own frame, so that turns do not all coincide.
         frame = voice.rng.randrange(voice.args.turn_frames)
         try:
@@ -218,9 +215,7 @@ class VoiceSession:
         self.dead = True
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await cancel_all(self.tasks)
         if self.session is not None:
             self.session.ws.transport.abort()
 
