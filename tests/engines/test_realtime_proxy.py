@@ -46,6 +46,13 @@ AUDIO_TURN = [
     "response.done",
 ]
 """The fake upstream's answer to a committed audio turn (two frames) and a response."""
+CLIENT_TURN = [
+    "session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "response.create",
+]
+"""What the upstream receives of that turn, the session's ``session.update`` first."""
 
 
 @attrs.define
@@ -136,12 +143,7 @@ async def test_a_full_turn_through_the_proxy(monkeypatch: pytest.MonkeyPatch) ->
         seqs = [e["server_event_seq"] for e in [first, updated, *got]]
         assert seqs == list(range(1, len(seqs) + 1))
         received = r.upstream.received[0]
-        assert [e["type"] for e in received] == [
-            "session.update",
-            "input_audio_buffer.append",
-            "input_audio_buffer.commit",
-            "response.create",
-        ]
+        assert [e["type"] for e in received] == CLIENT_TURN
         assert received[0]["session"] == {"instructions": "be brief", "type": "realtime"}
         assert "client_event_seq" not in received[2]  # ours: not sent up
         headers = r.upstream.headers[0]
