@@ -72,10 +72,16 @@ def serve(servers: Servers) -> Serve:
 
 
 @pytest.fixture(scope="module")
-def serve_module() -> Iterator[Serve]:
-    """Like ``serve``, for a server shared by the tests of one module."""
-    servers = Servers()
+def module_servers() -> Iterator[Servers]:
+    """Server processes shared by the tests of one module, every one stopped at its end."""
+    started = Servers()
     try:
-        yield servers.start
+        yield started
     finally:
-        servers.stop_all()
+        started.stop_all()
+
+
+@pytest.fixture(scope="module")
+def serve_module(module_servers: Servers) -> Serve:
+    """Like ``serve``, for a server shared by the tests of one module."""
+    return module_servers.start

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +29,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trustme
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
     BytesMessage,
@@ -141,6 +143,49 @@ class RawClient:
             return events
 
 
+async def upgrade(
+    sim: Simulation,
+    *,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+    protocols: Sequence[str] = (),
+) -> tuple[RawClient, Any]:
+    """A new ``RawClient``'s upgrade to ``/v1/duplex`` with ``headers`` and ``protocols``,
+    and the server's answer to it."""
+    stream, _ = await sim.listener.connect()
+    client = RawClient(stream)
+    request = Request(
+        host="sim", target="/v1/duplex", extra_headers=list(headers), subprotocols=list(protocols)
+    )
+    await client.send_bytes(client.ws.send(request))
+    return client, await client.next_event()
+
+
+def authorization(credential: str) -> list[tuple[bytes, bytes]]:
+    """The ``Authorization: Bearer`` header of an upgrade."""
+    return [(b"Authorization", f"Bearer {credential}".encode())]
+
+
+def http_post(
+    path: str, body: bytes | dict[str, Any] = b"", key: str | None = None, extra: str = ""
+) -> bytes:
+    """A JSON ``POST`` to ``path`` (``key``: its bearer credential; ``extra``: more header
+    lines, each ending in CRLF), as raw bytes."""
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+    auth = "" if key is None else f"Authorization: Bearer {key}\r\n"
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: sim\r\n{auth}{extra}"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def answer_of(answer: bytes) -> tuple[int, dict[str, Any]]:
+    """A raw HTTP answer's status and JSON body; it must say ``Cache-Control: no-store``."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"\r\nCache-Control: no-store\r\n" in head
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
 async def raw_handshake(client: RawClient, path: str) -> Any:
     await client.send_bytes(client.ws.send(Request(host="sim", target=path)))
     event = await client.next_event()
@@ -151,6 +196,23 @@ async def raw_handshake(client: RawClient, path: str) -> Any:
 # -- over real sockets: the serve command as a subprocess ---------------------------------
 
 READY = re.compile(r"serving (wss?://\S+)")
+
+
+def exchange(server: ServerProcess, request: bytes) -> bytes:
+    """Send ``request``, end our half, and read whatever comes back until the end."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
+        try:
+            sock.sendall(request)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:  # the server answered and closed before taking it all
+            pass
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    return answer
 
 
 @attrs.define(eq=False)
@@ -221,6 +283,29 @@ class ServerProcess:
             self._reader.join(5)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
+
+
+@attrs.frozen
+class Certs:
+    """A private CA's certificate (what a client trusts), and a server's chain and key
+    for 127.0.0.1 and localhost."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def issue_certs(folder: Path) -> Certs:
+    """A new private CA and a server certificate issued by it, written into ``folder``."""
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    paths = Certs(folder / "ca.pem", folder / "cert.pem", folder / "key.pem")
+    ca.cert_pem.write_to_path(str(paths.ca))
+    issued.private_key_pem.write_to_path(str(paths.key))
+    with paths.cert.open("wb") as chain:  # leaf first, then the chain
+        for blob in issued.cert_chain_pems:
+            chain.write(blob.bytes())
+    return paths
 
 
 def serve_command(*args: str) -> list[str]:

@@ -11,7 +11,10 @@ import math
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -189,6 +192,41 @@ def _run(module: str, *args: str, timeout: float = 90) -> str:
     return run.stdout
 
 
+def _result(out: str) -> Any:
+    """A load generator's ``@result`` object."""
+    return json.loads(out.split("@result ", 1)[1])
+
+
+def _one_clean_voice_step(out: str) -> None:
+    """A voice ramp of one step: its 2 sessions answered, none dead, no error."""
+    (step,) = _result(out)["steps"]
+    assert step["sessions"] == 2 and step["samples"] > 0, step
+    assert not step["errors"] and not step["dead"], step
+
+
+@contextmanager
+def _serving() -> Iterator[int]:
+    """`trio-duplex serve` as the suite starts it (warnings only), until its port is open:
+    that port; stopped at the end."""
+    from benchmarks.suite._procs import free_port, port_open
+    from benchmarks.suite._suite import DEFAULT_DUPLEX_CMD, duplex_flags
+
+    port = free_port()
+    flags = duplex_flags(port)
+    flags[flags.index("--log-level") + 1] = "warning"
+    server = subprocess.Popen([*DEFAULT_DUPLEX_CMD, *flags], cwd=ROOT, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            if port_open(port):
+                break
+            assert server.poll() is None, "trio-duplex serve exited"
+            time.sleep(0.05)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
 def test_wire_bytes_runs_every_lane_and_format() -> None:
     out = _run("wire_bytes", "--seconds", "0.1")
     for lane in wire_bytes.LANES:
@@ -255,30 +293,13 @@ def test_the_sdk_flood_runs_and_counts_refusals() -> None:
 
 def test_the_voice_load_drives_both_lanes_of_a_real_server() -> None:
     """Scenario 3's load generator, one tiny step per lane against `trio-duplex serve`."""
-    from benchmarks.suite._procs import free_port, port_open
-    from benchmarks.suite._suite import DEFAULT_DUPLEX_CMD, duplex_flags
-
-    port = free_port()
-    flags = duplex_flags(port)
-    flags[flags.index("--log-level") + 1] = "warning"
-    server = subprocess.Popen([*DEFAULT_DUPLEX_CMD, *flags], cwd=ROOT, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(300):
-            if port_open(port):
-                break
-            assert server.poll() is None, "trio-duplex serve exited"
-            time.sleep(0.05)
+    with _serving() as port:
         url = f"ws://127.0.0.1:{port}/v1/duplex"
         for lane in ("binary", "json"):
             out = _run("suite.clients.asyncio_ws", "voice", "--url", url, "--lane", lane,
                        "--steps", "2", "--settle", "0.2", "--measure", "0.3",
                        "--threshold-ms", "1000", "--max-time", "30")  # fmt: skip
-            (step,) = json.loads(out.split("@result ", 1)[1])["steps"]
-            assert step["sessions"] == 2 and step["samples"] > 0, step
-            assert not step["errors"] and not step["dead"], step
-    finally:
-        server.terminate()
-        server.wait(10)
+            _one_clean_voice_step(out)
 
 
 @pytest.mark.integration
@@ -404,39 +425,23 @@ def test_the_dialect_load_drives_both_paths_of_a_real_server() -> None:
     """Scenario 8's load generator, both modes on both dialects, a fraction of a second
     each against `trio-duplex serve`; nothing is timed, and no rate is computed."""
     from benchmarks.suite._dialects import dialect_url
-    from benchmarks.suite._procs import free_port, port_open
-    from benchmarks.suite._suite import DEFAULT_DUPLEX_CMD, duplex_flags
 
-    port = free_port()
-    flags = duplex_flags(port)
-    flags[flags.index("--log-level") + 1] = "warning"
-    server = subprocess.Popen([*DEFAULT_DUPLEX_CMD, *flags], cwd=ROOT, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(300):
-            if port_open(port):
-                break
-            assert server.poll() is None, "trio-duplex serve exited"
-            time.sleep(0.05)
+    with _serving() as port:
         per_turn = {}
         for dialect in ("native", "openai"):
             url = dialect_url(f"ws://127.0.0.1:{port}/v1/duplex", dialect)
             out = _run("suite.clients.dialects", "turns", "--url", url, "--dialect", dialect,
                        "--window", "4", "--warmup", "0.1", "--duration", "0.3")  # fmt: skip
-            turns = json.loads(out.split("@result ", 1)[1])
+            turns = _result(out)
             assert turns["turns"] > 0 and not turns["errors"], turns
             assert turns["client_events"] == 2 * turns["turns"]
             per_turn[dialect] = turns["server_events"] / turns["turns"]
             out = _run("suite.clients.dialects", "voice", "--url", url, "--dialect", dialect,
                        "--steps", "2", "--turn-frames", "5", "--settle", "0.3", "--measure",
                        "0.5", "--threshold-ms", "1000", "--max-time", "30")  # fmt: skip
-            (step,) = json.loads(out.split("@result ", 1)[1])["steps"]
-            assert step["sessions"] == 2 and step["samples"] > 0, step
-            assert not step["errors"] and not step["dead"], step
+            _one_clean_voice_step(out)
         # OpenAI's structure (output items, content parts, their *.done) is more events.
         assert per_turn["openai"] > per_turn["native"], per_turn
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def test_the_dialect_url_is_the_servers_realtime_path() -> None:

@@ -7,18 +7,26 @@
   ``Engines`` keeps every engine the server made, ``client_for`` connects through
   ``Net`` with fast policies (``FAST``); ``rng_starting_at`` fixes which of several URLs
   ``connect`` tries first.
+* ``Slow``, an engine slower than the client (``OneSlow``, its factory), for the
+  flow-control tests.
 * Reading: ``next_of`` (the next event of a type), ``texts`` (the next echoed texts).
+* The ``SessionState`` model tests (one per dialect): ``CUT_PLANS`` (random steps and
+  cuts), ``ModelJournal`` (the model server's journal) and ``Wire`` (frames in flight,
+  lost on a cut) that ``Wire.run`` drives through a plan.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
+import pytest
 import trio
+from hypothesis import strategies as st
 
 from trio_duplex import ServerConfig
 from trio_duplex.client import (
@@ -28,9 +36,12 @@ from trio_duplex.client import (
     HeartbeatPolicy,
     ReconnectPolicy,
     ResumeState,
+    SessionState,
+    Verdict,
     connect,
 )
-from trio_duplex.engines.api import EngineFactory
+from trio_duplex.core.limits import Limits
+from trio_duplex.engines.api import Engine, EngineFactory, EngineSession
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.testing import FaultyStream, ScriptedEngine, Simulation, running_server
 
@@ -115,6 +126,27 @@ class Net:
     async def cut(self) -> None:
         await self.streams[-1].cut()
 
+    async def outage(self, seconds: float) -> None:
+        """The newest connection cut and the network down for ``seconds``."""
+        self.down = True
+        await self.cut()
+        await trio.sleep(seconds)
+        self.down = False
+
+    async def chaos(self, rng: random.Random, faults: int = 6) -> None:
+        """``faults`` random faults, one at a time, on the newest connection."""
+        for _ in range(faults):
+            await trio.sleep(rng.uniform(0, 0.4))
+            fault, stream = rng.choice(["cut", "fail", "hold", "down"]), self.streams[-1]
+            if fault == "cut":
+                await stream.cut()
+            elif fault == "fail":
+                stream.fail_sends = True  # the server's writes fail; reads go on
+            elif fault == "hold":
+                stream.hold()  # the server goes silent: the heartbeat notices
+            else:
+                await self.outage(rng.uniform(0, 3))
+
 
 @asynccontextmanager
 async def sim_server(
@@ -156,6 +188,46 @@ def rng_starting_at(index: int, count: int) -> random.Random:
     raise AssertionError("no seed found")
 
 
+def advertise_more(monkeypatch: pytest.MonkeyPatch, max_pending_input: int) -> None:
+    """Servers advertise ``max_pending_input`` whatever they queue (as a proxy rewriting
+    the limits would): a client that trusts it overruns them."""
+    advertised = Limits.advertised
+
+    def limits(self: Limits) -> dict[str, Any]:
+        return {**advertised(self), "max_pending_input": max_pending_input}
+
+    monkeypatch.setattr(Limits, "advertised", limits)
+
+
+@attrs.define(eq=False)
+class Slow(Engine):
+    """Takes one event per ``pause`` seconds (virtual) and keeps them; answers nothing."""
+
+    accepts = frozenset({"input.text.append"})
+    pause: float = 0.01
+    received: list[Event] = attrs.field(factory=list)
+    expect: int = 0
+    all_in: trio.Event = attrs.field(factory=trio.Event)
+    """Set once ``expect`` events were taken."""
+
+    async def run(self, session: EngineSession) -> None:
+        async for event in session:
+            self.received.append(event)
+            if len(self.received) == self.expect:
+                self.all_in.set()
+            await trio.sleep(self.pause)
+
+
+@attrs.define
+class OneSlow:
+    """A factory that makes every session's engine the one ``engine``."""
+
+    engine: Slow = attrs.field(factory=Slow)
+
+    def __call__(self, config: Any) -> Slow:
+        return self.engine
+
+
 # -- reading -----------------------------------------------------------------------------
 
 
@@ -170,3 +242,116 @@ async def next_of(session: ClientSession, kind: str) -> Event:
 async def texts(session: ClientSession, count: int) -> list[Event]:
     """The next ``count`` echoed texts (``response.output_text.delta``)."""
     return [await next_of(session, "response.output_text.delta") for _ in range(count)]
+
+
+# -- a model server through random cuts (SessionState alone) -----------------------------
+
+
+CUT_PLANS = st.lists(
+    st.one_of(
+        st.just(("send", 0)),
+        st.just(("emit", 0)),
+        st.tuples(st.just("write"), st.integers(1, 5)),
+        st.tuples(st.just("serve"), st.integers(1, 5)),
+        st.tuples(st.just("read"), st.integers(1, 5)),
+        st.tuples(st.just("tick"), st.integers(0, 20)),
+        st.tuples(st.just("cut"), st.integers(0, 1)),
+    ),
+    max_size=80,
+)
+"""Steps for ``Wire.run``: (``cut``, 1) also loses the first ``session.resumed``."""
+
+
+@attrs.define
+class ModelJournal:
+    """A model server's journal: every event it emits is kept until acked or replayed."""
+
+    KIND: ClassVar[str] = "out"
+    head: int = 0
+    journal: list[tuple[int, str]] = attrs.field(factory=list)
+
+    def emit(self) -> str:
+        self.head += 1
+        frame = json.dumps({"type": self.KIND, "server_event_seq": self.head})
+        self.journal.append((self.head, frame))
+        return frame
+
+    def ack(self, seq: int) -> None:
+        assert 0 <= seq <= self.head
+        self.journal = [entry for entry in self.journal if entry[0] > seq]
+
+    def replay(self, last: int) -> list[str]:
+        """What a resume after ``last`` sends again: every event since, none missing."""
+        self.ack(last)
+        assert [seq for seq, _ in self.journal] == list(range(last + 1, self.head + 1))
+        return [frame for _, frame in self.journal]
+
+
+@attrs.define
+class Wire:
+    """Frames in flight between a ``SessionState`` and a model server (``handle``)."""
+
+    state: SessionState
+    handle: Callable[[str], list[str]]
+    now: float = 0.0
+    up: list[str] = attrs.field(factory=list)
+    down: list[str] = attrs.field(factory=list)
+    delivered: list[int] = attrs.field(factory=list)
+
+    def read(self, count: int) -> None:
+        for frame in self.down[:count]:
+            if self.state.on_event(json.loads(frame), len(frame), self.now) is Verdict.DELIVER:
+                self.delivered.append(json.loads(frame)["server_event_seq"])
+        del self.down[:count]
+
+    def write(self, count: int) -> None:
+        for _ in range(count):
+            if (frame := self.state.next_frame(self.now)) is not None:
+                assert isinstance(frame, str)  # no audio here: JSON only
+                self.up.append(frame)
+
+    def serve(self, count: int) -> None:
+        for frame in self.up[:count]:
+            self.down.extend(self.handle(frame))
+        del self.up[:count]
+
+    def run(
+        self,
+        plan: list[tuple[str, int]],
+        *,
+        send: Callable[[], None],
+        emit: Callable[[], str],
+        resume: Callable[[], list[str]],
+    ) -> None:
+        """Play ``plan``; a cut loses whatever is in flight and ``resume``s (twice for
+        (``cut``, 1): the first answer is lost too)."""
+        for step, arg in plan:
+            if step == "send":
+                send()
+            elif step == "emit":
+                self.down.append(emit())
+            elif step == "write":
+                self.write(arg)
+            elif step == "serve":
+                self.serve(arg)
+            elif step == "read":
+                self.read(arg)
+            elif step == "tick":
+                self.now += arg / 4
+            else:
+                self.up.clear()
+                self.down.clear()
+                answer = resume()
+                if arg:
+                    answer = resume()
+                self.state.on_handshake(json.loads(answer[0]), self.now)
+                self.down.extend(answer[1:])
+
+    def settle(self, tick: float = 0.0) -> None:
+        """The end: a barrier heartbeat, then rounds until everything settles."""
+        self.state.request_confirm()
+        for _ in range(10):
+            self.now += tick
+            self.write(1000)
+            self.serve(len(self.up))
+            self.read(len(self.down))

@@ -35,7 +35,7 @@ from trio_duplex.client import (
 from trio_duplex.client.urls import UrlRing, parse_urls
 
 from .helpers import FAST, Event, created, out, resumed, rng_starting_at, text
-from .test_session_scripted import Script, StreamOpener, receive_json, scripted_server, send_json
+from .scripted import Script, StreamOpener, receive_json, scripted_server, send_json
 
 A, B, C = "ws://node-a/v1/duplex", "ws://node-b/v1/duplex", "ws://node-c/v1/duplex"
 SLOW_BACKOFF = ClientOptions(

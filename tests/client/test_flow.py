@@ -13,46 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import pytest
 import trio
 import trio.testing
 
 from trio_duplex import ServerConfig
 from trio_duplex.client import ClientSession
-from trio_duplex.core.limits import Limits
-from trio_duplex.engines.api import Engine, EngineSession
 
-from .helpers import client_for, sim_server
+from .helpers import OneSlow, Slow, advertise_more, client_for, sim_server
 
 Event = dict[str, Any]
-
-
-@attrs.define(eq=False)
-class Slow(Engine):
-    """Takes one event per ``pause`` seconds (virtual) and keeps them; answers nothing."""
-
-    accepts = frozenset({"input.text.append"})
-    pause: float = 0.01
-    received: list[Event] = attrs.field(factory=list)
-    expect: int = 0
-    all_in: trio.Event = attrs.field(factory=trio.Event)
-    """Set once ``expect`` events were taken."""
-
-    async def run(self, session: EngineSession) -> None:
-        async for event in session:
-            self.received.append(event)
-            if len(self.received) == self.expect:
-                self.all_in.set()
-            await trio.sleep(self.pause)
-
-
-@attrs.define
-class OneSlow:
-    engine: Slow = attrs.field(factory=Slow)
-
-    def __call__(self, config: Any) -> Slow:
-        return self.engine
 
 
 async def flood(session: ClientSession, engine: Slow, count: int, size: int) -> list[Event]:
@@ -112,12 +82,7 @@ async def test_a_server_with_a_smaller_bound_makes_the_client_resend_from_the_re
 ) -> None:
     # The server queues 8 events but advertises 64 (say, a proxy rewrote the limits):
     # the client overruns it, is refused, and rewinds; nothing is lost or reordered.
-    advertised = Limits.advertised
-
-    def limits(self: Limits) -> dict[str, Any]:
-        return {**advertised(self), "max_pending_input": 64}
-
-    monkeypatch.setattr(Limits, "advertised", limits)
+    advertise_more(monkeypatch, 64)
     factory = OneSlow()
     count = 500
     async with sim_server(ServerConfig(max_pending_input=8), factory) as (_sim, net):

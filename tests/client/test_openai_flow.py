@@ -17,40 +17,19 @@ import trio
 
 from trio_duplex import ServerConfig
 from trio_duplex.client import ClientSession, connect
-from trio_duplex.core.limits import Limits
-from trio_duplex.engines.api import Engine, EngineSession
 
-from .helpers import FAST, Net, sim_server
+from .helpers import FAST, Net, OneSlow, Slow, advertise_more, sim_server
 
 Event = dict[str, Any]
 URL = "ws://sim/v1/realtime"
 
 
 @attrs.define(eq=False)
-class Slow(Engine):
-    """Takes one item per ``pause`` seconds (virtual) and keeps them; answers nothing."""
+class RealtimeSlow(Slow):
+    """``Slow`` taking OpenAI's items (an OpenAI session has audio)."""
 
     accepts = frozenset({"conversation.item.create"})
-    audio_rate = 24_000  # (an OpenAI session has audio)
-    pause: float = 0.01
-    received: list[Event] = attrs.field(factory=list)
-    expect: int = 0
-    all_in: trio.Event = attrs.field(factory=trio.Event)
-
-    async def run(self, session: EngineSession) -> None:
-        async for event in session:
-            self.received.append(event)
-            if len(self.received) == self.expect:
-                self.all_in.set()
-            await trio.sleep(self.pause)
-
-
-@attrs.define
-class OneSlow:
-    engine: Slow = attrs.field(factory=Slow)
-
-    def __call__(self, config: Any) -> Slow:
-        return self.engine
+    audio_rate = 24_000
 
 
 def item(i: int) -> Event:
@@ -91,7 +70,7 @@ def assert_exactly_once_in_order(engine: Slow, count: int) -> None:
 
 
 async def test_a_client_streaming_flat_out_is_never_refused(autojump_clock: trio.abc.Clock) -> None:
-    factory = OneSlow()
+    factory = OneSlow(RealtimeSlow())
     count = 400
     async with sim_server(ServerConfig(max_pending_input=8), factory) as (_sim, net):
         async with opened(net) as session:
@@ -105,13 +84,8 @@ async def test_a_client_streaming_flat_out_is_never_refused(autojump_clock: trio
 async def test_a_smaller_bound_than_advertised_makes_the_client_resend(
     autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    advertised = Limits.advertised
-
-    def limits(self: Limits) -> dict[str, Any]:
-        return {**advertised(self), "max_pending_input": 64}
-
-    monkeypatch.setattr(Limits, "advertised", limits)
-    factory = OneSlow()
+    advertise_more(monkeypatch, 64)
+    factory = OneSlow(RealtimeSlow())
     count = 300
     async with sim_server(ServerConfig(max_pending_input=8), factory) as (_sim, net):
         async with opened(net) as session:

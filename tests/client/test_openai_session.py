@@ -6,23 +6,19 @@ upgrade's query with the resume token as its bearer credential.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import json
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import attrs
 import pytest
 import trio
-from trio_websocket import ConnectionClosed as WsClosed
-from trio_websocket import WebSocketConnection, WebSocketRequest, WebSocketServer
+from trio_websocket import WebSocketConnection, WebSocketRequest
 
 from trio_duplex.client import ServerRefused, connect
-from trio_duplex.testing import MemoryListener
 
 from .helpers import FAST, Event, resumed
+from .scripted import Script, StreamOpener, receive_json, scripted_server, send_json
 from .test_openai_state import created, error
 
 URL = "ws://sim/v1/realtime?model=gpt-realtime"
@@ -36,19 +32,12 @@ class Upgrade:
     authorization: str | None
 
 
-Script = Callable[[WebSocketConnection, int], Awaitable[None]]
-
-
 @asynccontextmanager
-async def scripted(
-    script: Script, upgrades: list[Upgrade]
-) -> AsyncIterator[Callable[[], Awaitable[trio.abc.Stream]]]:
-    """A WebSocket server in memory that selects ``realtime`` when offered, records each
-    upgrade, and runs ``script(ws, n)`` for its n-th connection."""
-    listener = MemoryListener.create()
-    counter = itertools.count()
+async def scripted(script: Script, upgrades: list[Upgrade]) -> AsyncIterator[StreamOpener]:
+    """A scripted server (``scripted_server``) that selects ``realtime`` when offered and
+    records each upgrade."""
 
-    async def handler(request: WebSocketRequest) -> None:
+    def record(request: WebSocketRequest) -> str | None:
         parts = urllib.parse.urlsplit(request.path)
         headers = {k.decode().lower(): v.decode() for k, v in request.headers}
         offered = list(request.proposed_subprotocols)
@@ -60,30 +49,10 @@ async def scripted(
                 headers.get("authorization"),
             )
         )
-        ws = await request.accept(subprotocol="realtime" if "realtime" in offered else None)
-        with contextlib.suppress(WsClosed):
-            await script(ws, next(counter))
+        return "realtime" if "realtime" in offered else None
 
-    server = WebSocketServer(handler, [listener])  # type: ignore[list-item]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
-
-        async def open_stream() -> trio.abc.Stream:
-            client, _ = await listener.connect()
-            return client
-
+    async with scripted_server(script, record) as open_stream:
         yield open_stream
-        nursery.cancel_scope.cancel()
-
-
-async def receive_json(ws: WebSocketConnection) -> Event:
-    result: Event = json.loads(await ws.get_message())
-    return result
-
-
-async def send_json(ws: WebSocketConnection, *events: Event) -> None:
-    for event in events:
-        await ws.send_message(json.dumps(event))
 
 
 def out(seq: int) -> Event:

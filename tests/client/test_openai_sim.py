@@ -124,22 +124,6 @@ async def test_random_faults_every_event_exactly_once(
     async with sim_server(engines=engines) as (sim, net):
         async with client(net, random.Random(seed)) as session:
 
-            async def chaos() -> None:
-                for _ in range(6):
-                    await trio.sleep(rng.uniform(0, 0.4))
-                    fault, stream = rng.choice(["cut", "fail", "hold", "down"]), net.streams[-1]
-                    if fault == "cut":
-                        await stream.cut()
-                    elif fault == "fail":
-                        stream.fail_sends = True  # the server's writes fail; reads go on
-                    elif fault == "hold":
-                        stream.hold()  # the server goes silent: the heartbeat notices
-                    else:
-                        net.down = True
-                        await stream.cut()
-                        await trio.sleep(rng.uniform(0, 3))
-                        net.down = False
-
             async def sender() -> None:
                 for value in sent:
                     for event in turn(value):
@@ -148,7 +132,7 @@ async def test_random_faults_every_event_exactly_once(
 
             with trio.fail_after(120):
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(chaos)
+                    nursery.start_soon(net.chaos, rng)
                     nursery.start_soon(sender)
                     got = await answers(session, len(sent), seen)
         assert got == sent
@@ -170,10 +154,7 @@ async def test_random_faults_every_event_exactly_once(
 async def test_a_resume_after_the_grace_is_refused(autojump_clock: trio.abc.Clock) -> None:
     async with sim_server(ServerConfig(disconnect_grace_s=2), engines=Engines()) as (_, net):
         async with client(net, random.Random(0)) as session:
-            net.down = True
-            await net.cut()
-            await trio.sleep(5)
-            net.down = False
+            await net.outage(5)
             with pytest.raises(ResumeRefused) as caught:
                 async for _ in session:
                     pass

@@ -32,7 +32,7 @@ from trio_duplex.core import events
 from trio_duplex.dialects import openai as server_dialect
 from trio_duplex.dialects.binary import output_message
 
-from .helpers import Event, resumed
+from .helpers import CUT_PLANS, Event, ModelJournal, Wire, resumed
 
 URL = "ws://h:1/v1/realtime?model=gpt-realtime"
 SESSION = {"type": "realtime", "object": "realtime.session", "id": "s1", "model": "m"}
@@ -213,31 +213,22 @@ def test_the_dialects_spell_a_text_turn_and_an_audio_request() -> None:
 
 
 @attrs.define
-class ModelServer:
+class ModelServer(ModelJournal):
     """The OpenAI dialect's server side as far as the client's guarantees go: one reply
     event per client event, nested refusals at random for backpressure, a journal."""
 
-    refuse: list[bool]
+    KIND = "response.done"
+    refuse: list[bool] = attrs.field(factory=list)
     client_seq: int = 0
     inputs: list[str] = attrs.field(factory=list)
-    head: int = 0
-    journal: list[tuple[int, str]] = attrs.field(factory=list)
     refusing_from: int = 0
-
-    def emit(self) -> str:
-        self.head += 1
-        frame = json.dumps({"type": "response.done", "server_event_seq": self.head})
-        self.journal.append((self.head, frame))
-        return frame
 
     def handle(self, frame: str) -> list[str]:
         event = json.loads(frame)
         if event["type"] == "session.heartbeat":
             return [json.dumps({"type": "session.heartbeat_ack", "event_id": "event_x9"})]
         if event["type"] == "session.event_ack":
-            seq = event["server_event_seq"]
-            assert 0 <= seq <= self.head
-            self.journal = [entry for entry in self.journal if entry[0] > seq]
+            self.ack(event["server_event_seq"])
             return []
         seq = event["client_event_seq"]
         if seq <= self.client_seq:
@@ -261,29 +252,12 @@ class ModelServer:
     def resume(self, url: str) -> list[str]:
         query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
         assert query["resume"] == "s1" and query["model"] == "gpt-realtime"
-        last = int(query["last_received_server_event_seq"])
-        assert 0 <= last <= self.head
-        self.journal = [entry for entry in self.journal if entry[0] > last]
-        assert [seq for seq, _ in self.journal] == list(range(last + 1, self.head + 1))
-        return [json.dumps(resumed(self.client_seq))] + [frame for _, frame in self.journal]
-
-
-steps = st.lists(
-    st.one_of(
-        st.just(("send", 0)),
-        st.just(("emit", 0)),
-        st.tuples(st.just("write"), st.integers(1, 5)),
-        st.tuples(st.just("serve"), st.integers(1, 5)),
-        st.tuples(st.just("read"), st.integers(1, 5)),
-        st.tuples(st.just("tick"), st.integers(0, 20)),
-        st.tuples(st.just("cut"), st.integers(0, 1)),
-    ),
-    max_size=80,
-)
+        replay = self.replay(int(query["last_received_server_event_seq"]))
+        return [json.dumps(resumed(self.client_seq)), *replay]
 
 
 @settings(max_examples=300, deadline=None)
-@given(steps, st.lists(st.booleans(), max_size=20))
+@given(CUT_PLANS, st.lists(st.booleans(), max_size=20))
 def test_model_every_event_once_in_order_through_any_cuts(
     plan: list[tuple[str, int]], refuse: list[bool]
 ) -> None:
@@ -293,66 +267,28 @@ def test_model_every_event_once_in_order_through_any_cuts(
         heartbeat=HeartbeatPolicy(interval=5, timeout=100, confirm_every=2),
         dialect=OPENAI,
     )
-    server = ModelServer(refuse)
+    server = ModelServer(refuse=refuse)
     assert state.opening_frame() is None
     state.on_handshake(created(), now=0.0)
     sent = [json.dumps({"type": "realtime", "instructions": "x"})]
-    delivered: list[int] = []
-    up: list[str] = []
-    down: list[str] = []
-    now = 0.0
+    wire = Wire(state, server.handle)
 
-    def read(count: int) -> None:
-        for frame in down[:count]:
-            if state.on_event(json.loads(frame), len(frame), now) is Verdict.DELIVER:
-                delivered.append(json.loads(frame)["server_event_seq"])
-        del down[:count]
+    def send() -> None:
+        item = {"id": f"m{len(sent)}"}
+        sent.append(json.dumps(item))
+        state.enqueue({"type": "conversation.item.create", "item": item})
 
-    def write(count: int) -> None:
-        for _ in range(count):
-            if (frame := state.next_frame(now)) is not None:
-                assert isinstance(frame, str)
-                up.append(frame)
+    def resume() -> list[str]:
+        answer = server.resume(state.opening_url(URL))
+        assert state.opening_frame() is None
+        return answer
 
-    def serve(count: int) -> None:
-        for frame in up[:count]:
-            down.extend(server.handle(frame))
-        del up[:count]
-
-    for step, arg in plan:
-        if step == "send":
-            item = {"id": f"m{len(sent)}"}
-            sent.append(json.dumps(item))
-            state.enqueue({"type": "conversation.item.create", "item": item})
-        elif step == "emit":
-            down.append(server.emit())
-        elif step == "write":
-            write(arg)
-        elif step == "serve":
-            serve(arg)
-        elif step == "read":
-            read(arg)
-        elif step == "tick":
-            now += arg / 4
-        else:  # cut: whatever is in flight is lost; arg=1 also loses session.resumed
-            up.clear()
-            down.clear()
-            answer = server.resume(state.opening_url(URL))
-            assert state.opening_frame() is None
-            if arg:
-                answer = server.resume(state.opening_url(URL))
-            state.on_handshake(json.loads(answer[0]), now)
-            down.extend(answer[1:])
+    wire.run(plan, send=send, emit=server.emit, resume=resume)
     server.refuse.clear()
-    state.request_confirm()  # the end: a barrier heartbeat, then everything settles
-    for _ in range(10):
-        now += 2  # (past any resend backoff)
-        write(1000)
-        serve(len(up))
-        read(len(down))
-    assert not up and not down and not state.outbox
+    wire.settle(tick=2)  # (past any resend backoff)
+    assert not wire.up and not wire.down and not state.outbox
     assert server.inputs == sent
-    assert delivered == list(range(1, server.head + 1))
+    assert wire.delivered == list(range(1, server.head + 1))
 
 
 # -- against the server's own spelling (trio_duplex.dialects.openai) ----------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ import trio
 from trio_duplex.client.dialect import NATIVE, OPENAI, ClientDialect
 from trio_duplex.client.terminal import Printer, _events_for, _opening, build_parser
 
-from .test_terminal import Serve, connect_command, out_lines, terminal
+from .test_terminal import Serve, out_lines, piped, terminal
 
 
 def printed(event: dict[str, Any], dialect: ClientDialect = OPENAI) -> str:
@@ -101,14 +100,7 @@ def test_driven_through_a_pipe_over_v1_realtime(serve: Serve) -> None:
     server = serve("--engine", "echo")
     host = server.url.rsplit("/v1/", 1)[0]  # no path: the dialect's is added
     lines = [f"line {i}" for i in range(20)]
-    done = subprocess.run(
-        [*connect_command(host, "--dialect", "openai", "--linger", "0.3")],
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    done = piped(lines, host, "--dialect", "openai", "--linger", "0.3")
     out = done.stdout.splitlines()
     texts = [
         line.split(maxsplit=2)[2]

@@ -7,60 +7,16 @@ event). Also the client's filter of a benign websockets log record.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 
 import pytest
 import trio
-from trio_websocket import ConnectionClosed as WsClosed
-from trio_websocket import WebSocketConnection, WebSocketRequest, WebSocketServer
+from trio_websocket import WebSocketConnection
 
 from trio_duplex.client import ProtocolViolation, ResumeRefused, ServerRefused, connect, transport
-from trio_duplex.testing import MemoryListener
 
-from .helpers import FAST, URL, Event, created, out, resumed
-
-StreamOpener = Callable[[], Awaitable[trio.abc.Stream]]
-
-
-Script = Callable[[WebSocketConnection, int], Awaitable[None]]
-
-
-@asynccontextmanager
-async def scripted_server(script: Script) -> AsyncIterator[StreamOpener]:
-    """A WebSocket server in memory that runs ``script(ws, n)`` for its n-th connection."""
-    listener = MemoryListener.create()
-    counter = itertools.count()
-
-    async def handler(request: WebSocketRequest) -> None:
-        ws = await request.accept()
-        with contextlib.suppress(WsClosed):
-            await script(ws, next(counter))
-
-    server = WebSocketServer(handler, [listener])  # type: ignore[list-item]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
-
-        async def open_stream() -> trio.abc.Stream:
-            client, _ = await listener.connect()
-            return client
-
-        yield open_stream
-        nursery.cancel_scope.cancel()
-
-
-async def receive_json(ws: WebSocketConnection) -> Event:
-    result: Event = json.loads(await ws.get_message())
-    return result
-
-
-async def send_json(ws: WebSocketConnection, *events: Event) -> None:
-    for event in events:
-        await ws.send_message(json.dumps(event))
+from .helpers import FAST, URL, created, out, resumed
+from .scripted import receive_json, scripted_server, send_json
 
 
 async def test_a_replay_that_overlaps_is_deduplicated(autojump_clock: trio.abc.Clock) -> None:

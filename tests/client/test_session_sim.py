@@ -61,22 +61,6 @@ async def test_random_faults_every_event_exactly_once(
     async with sim_server(engines=engines) as (sim, net):
         async with client_for(net, rng=random.Random(seed)) as session:
 
-            async def chaos() -> None:
-                for _ in range(6):
-                    await trio.sleep(rng.uniform(0, 0.4))
-                    fault, stream = rng.choice(["cut", "fail", "hold", "down"]), net.streams[-1]
-                    if fault == "cut":
-                        await stream.cut()
-                    elif fault == "fail":
-                        stream.fail_sends = True  # the server's writes fail; reads go on
-                    elif fault == "hold":
-                        stream.hold()  # the server goes silent: the heartbeat notices
-                    else:
-                        net.down = True
-                        await stream.cut()
-                        await trio.sleep(rng.uniform(0, 3))
-                        net.down = False
-
             async def sender() -> None:
                 for value in sent:
                     await session.send(text(value))
@@ -84,7 +68,7 @@ async def test_random_faults_every_event_exactly_once(
 
             with trio.fail_after(120):
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(chaos)
+                    nursery.start_soon(net.chaos, rng)
                     nursery.start_soon(sender)
                     got = await texts(session, len(sent))
         assert [e["text"] for e in got] == sent
@@ -124,10 +108,7 @@ async def test_a_silent_server_is_noticed_and_the_session_resumed(
 async def test_expired_grace_ends_with_resume_refused(autojump_clock: trio.abc.Clock) -> None:
     async with sim_server(ServerConfig(disconnect_grace_s=2)) as (sim, net):
         async with client_for(net) as session:
-            net.down = True
-            await net.cut()
-            await trio.sleep(5)
-            net.down = False
+            await net.outage(5)
             with pytest.raises(ResumeRefused) as caught:
                 async for _ in session:
                     pass

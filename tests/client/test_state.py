@@ -27,7 +27,7 @@ from trio_duplex.client import (
 )
 from trio_duplex.client.state import Phase
 
-from .helpers import Event, created, resumed, text
+from .helpers import CUT_PLANS, Event, ModelJournal, Wire, created, resumed, text
 
 
 def native_opening(state: SessionState) -> str:
@@ -248,29 +248,19 @@ def test_backoff_grows_is_capped_and_jittered_within_bounds(attempt: int, seed: 
 
 
 @attrs.define
-class ModelServer:
+class ModelServer(ModelJournal):
     """The server side of the protocol, reduced to what the client's guarantees rest on:
     highest-seq dedup, an ordered journal with acks and replay, heartbeat acks in order."""
 
     client_seq: int = 0
     inputs: list[str] = attrs.field(factory=list)
-    head: int = 0
-    journal: list[tuple[int, str]] = attrs.field(factory=list)
-
-    def emit(self) -> str:
-        self.head += 1
-        frame = json.dumps({"type": "out", "server_event_seq": self.head})
-        self.journal.append((self.head, frame))
-        return frame
 
     def handle(self, frame: str) -> list[str]:
         event = json.loads(frame)
         if event["type"] == "session.heartbeat":
             return [json.dumps({"type": "session.heartbeat_ack"})]
         if event["type"] == "session.event_ack":
-            seq = event["server_event_seq"]
-            assert 0 <= seq <= self.head
-            self.journal = [entry for entry in self.journal if entry[0] > seq]
+            self.ack(event["server_event_seq"])
             return []
         seq = event["client_event_seq"]
         if seq <= self.client_seq:
@@ -281,30 +271,13 @@ class ModelServer:
         return [self.emit()]
 
     def resume(self, frame: str) -> list[str]:
-        last = json.loads(frame)["last_received_server_event_seq"]
-        assert 0 <= last <= self.head
-        self.journal = [entry for entry in self.journal if entry[0] > last]
-        assert [seq for seq, _ in self.journal] == list(range(last + 1, self.head + 1))
+        replay = self.replay(json.loads(frame)["last_received_server_event_seq"])
         answer = {**resumed(self.client_seq), "session_id": "s1"}
-        return [json.dumps(answer)] + [frame for _, frame in self.journal]
-
-
-steps = st.lists(
-    st.one_of(
-        st.just(("send", 0)),
-        st.just(("emit", 0)),
-        st.tuples(st.just("write"), st.integers(1, 5)),
-        st.tuples(st.just("serve"), st.integers(1, 5)),
-        st.tuples(st.just("read"), st.integers(1, 5)),
-        st.tuples(st.just("tick"), st.integers(0, 20)),
-        st.tuples(st.just("cut"), st.integers(0, 1)),
-    ),
-    max_size=80,
-)
+        return [json.dumps(answer), *replay]
 
 
 @settings(max_examples=300, deadline=None)
-@given(steps)
+@given(CUT_PLANS)
 def test_model_every_event_once_in_order_through_any_cuts(plan: list[tuple[str, int]]) -> None:
     state = opened(
         acks=AckPolicy(every_events=2, max_delay=1.0),
@@ -312,58 +285,17 @@ def test_model_every_event_once_in_order_through_any_cuts(plan: list[tuple[str, 
     )
     server = ModelServer()
     sent: list[str] = []
-    delivered: list[int] = []
-    up: list[str] = []  # frames on the wire, client to server
-    down: list[str] = []  # and server to client
-    now = 0.0
+    wire = Wire(state, server.handle)
 
-    def read(count: int) -> None:
-        for frame in down[:count]:
-            if state.on_event(json.loads(frame), len(frame), now) is Verdict.DELIVER:
-                delivered.append(json.loads(frame)["server_event_seq"])
-        del down[:count]
+    def send() -> None:
+        sent.append(f"m{len(sent)}")
+        state.enqueue(text(sent[-1]))
 
-    def write(count: int) -> None:
-        for _ in range(count):
-            if (frame := state.next_frame(now)) is not None:
-                assert isinstance(frame, str)  # no audio here: JSON only
-                up.append(frame)
-
-    def serve(count: int) -> None:
-        for frame in up[:count]:
-            down.extend(server.handle(frame))
-        del up[:count]
-
-    for step, arg in plan:
-        if step == "send":
-            sent.append(f"m{len(sent)}")
-            state.enqueue(text(sent[-1]))
-        elif step == "emit":
-            down.append(server.emit())
-        elif step == "write":
-            write(arg)
-        elif step == "serve":
-            serve(arg)
-        elif step == "read":
-            read(arg)
-        elif step == "tick":
-            now += arg / 4
-        else:  # cut: whatever is in flight is lost; arg=1 also loses session.resumed
-            up.clear()
-            down.clear()
-            answer = server.resume(native_opening(state))
-            if arg:
-                answer = server.resume(native_opening(state))
-            state.on_handshake(json.loads(answer[0]), now)
-            down.extend(answer[1:])
-    state.request_confirm()  # the end: a barrier heartbeat, then everything settles
-    for _ in range(10):
-        write(1000)
-        serve(len(up))
-        read(len(down))
-    assert not up and not down and not state.outbox
+    wire.run(plan, send=send, emit=server.emit, resume=lambda: server.resume(native_opening(state)))
+    wire.settle()
+    assert not wire.up and not wire.down and not state.outbox
     assert server.inputs == sent
-    assert delivered == list(range(1, server.head + 1))
+    assert wire.delivered == list(range(1, server.head + 1))
 
 
 # -- input flow control (protocol v2) ------------------------------------------------------

@@ -419,6 +419,19 @@ def connect_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "trio_duplex", "connect", *args]
 
 
+def piped(lines: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``trio-duplex connect ARGS`` fed ``lines`` on a pipe, once it exited 0."""
+    done = subprocess.run(
+        connect_command(*args),
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def wait_for_output(proc: subprocess.Popen[bytes], pattern: str, timeout: float) -> str:
     """Read ``proc``'s stderr until ``pattern`` shows up (bounded)."""
     assert proc.stderr is not None
@@ -440,14 +453,7 @@ def wait_for_output(proc: subprocess.Popen[bytes], pattern: str, timeout: float)
 def test_driven_through_a_pipe(serve: Serve) -> None:
     server = serve("--engine", "echo")
     lines = [f"line {i}" for i in range(50)]
-    done = subprocess.run(
-        connect_command(server.url, "--linger", "0.3"),
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    done = piped(lines, server.url, "--linger", "0.3")
     out = done.stdout.splitlines()
     assert [line.split(maxsplit=2)[2] for line in out[:-1]] == lines
     assert [int(line.split()[0]) for line in out[:-1]] == list(range(1, 51))

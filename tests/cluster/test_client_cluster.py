@@ -59,6 +59,19 @@ async def send_paced(
             await session.confirm()  # pace: the engine's input is bounded
 
 
+async def cutting_proxies(
+    nursery: trio.Nursery, cluster: list[ServerProcess], seed: int
+) -> list[tuple[FaultyProxy, int]]:
+    """A proxy before each node that cuts its connections (``seed``'s plans), each with
+    its port."""
+    proxies = []
+    for i, node in enumerate(cluster):
+        plan = FaultPlan(seed=seed * 3 + i, max_cuts=4 + seed, max_lifetime=0.3)
+        proxy = FaultyProxy(node.port, plan)
+        proxies.append((proxy, await nursery.start(proxy.run)))
+    return proxies
+
+
 @pytest.mark.parametrize("seed", range(3))
 async def test_exactly_once_through_cutting_proxies_over_three_nodes(
     nodes: Callable[..., list[ServerProcess]], seed: int
@@ -67,11 +80,7 @@ async def test_exactly_once_through_cutting_proxies_over_three_nodes(
     sent = [f"event {i}" for i in range(200)]
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            proxies = []
-            for i, node in enumerate(cluster):
-                plan = FaultPlan(seed=seed * 3 + i, max_cuts=4 + seed, max_lifetime=0.3)
-                proxy = FaultyProxy(node.port, plan)
-                proxies.append((proxy, await nursery.start(proxy.run)))
+            proxies = await cutting_proxies(nursery, cluster, seed)
             urls = [f"ws://127.0.0.1:{port}/v1/duplex" for _, port in proxies]
             async with connect(urls, options=OPTIONS, rng=random.Random(seed)) as session:
                 async with trio.open_nursery() as inner:

@@ -21,7 +21,7 @@ from trio_duplex.client.dialect import text_of
 from ..client.helpers import Event
 from ..client.proxy import FaultPlan, FaultyProxy
 from ..helpers import Serve, ServerProcess
-from .test_client_cluster import OPTIONS
+from .test_client_cluster import OPTIONS, cutting_proxies
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +64,18 @@ async def send_paced(
             await session.confirm()  # pace: the engine's input is bounded
 
 
+async def converse(
+    session: ClientSession,
+    sent: list[str],
+    seen: list[Event],
+    between: Callable[[int], object] = lambda i: None,
+) -> list[str]:
+    """Send ``sent``'s turns (paced) while reading the answers: their texts."""
+    async with trio.open_nursery() as inner:
+        inner.start_soon(send_paced, session, sent, between)
+        return await answered(session, len(sent), seen)
+
+
 def exactly_once(got: list[str], sent: list[str], seen: list[Event]) -> None:
     assert got == sent
     seqs = [e["server_event_seq"] for e in seen if "server_event_seq" in e]
@@ -85,9 +97,7 @@ async def test_exactly_once_through_a_cutting_proxy_on_one_node(serve: Serve, se
             async with connect(
                 realtime(port), CONFIG, options=OPTIONS, rng=random.Random(seed), dialect="openai"
             ) as session:
-                async with trio.open_nursery() as inner:
-                    inner.start_soon(send_paced, session, sent, lambda i: None)
-                    got = await answered(session, len(sent), seen)
+                got = await converse(session, sent, seen)
                 await session.aclose()
             nursery.cancel_scope.cancel()
     exactly_once(got, sent, seen)
@@ -103,18 +113,12 @@ async def test_exactly_once_through_cutting_proxies_over_three_nodes(
     seen: list[Event] = []
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            proxies = []
-            for i, node in enumerate(cluster):
-                plan = FaultPlan(seed=seed * 3 + i, max_cuts=4 + seed, max_lifetime=0.3)
-                proxy = FaultyProxy(node.port, plan)
-                proxies.append((proxy, await nursery.start(proxy.run)))
+            proxies = await cutting_proxies(nursery, cluster, seed)
             urls = [realtime(port) for _, port in proxies]
             async with connect(
                 urls, CONFIG, options=OPTIONS, rng=random.Random(seed), dialect="openai"
             ) as session:
-                async with trio.open_nursery() as inner:
-                    inner.start_soon(send_paced, session, sent, lambda i: None)
-                    got = await answered(session, len(sent), seen)
+                got = await converse(session, sent, seen)
                 await session.aclose()
             nursery.cancel_scope.cancel()
     exactly_once(got, sent, seen)
@@ -140,9 +144,7 @@ async def test_a_deploy_moves_the_session_without_the_application_noticing(
                     home.proc.send_signal(signal.SIGTERM)  # a rolling deploy reaches it
                     deployed.append(home)
 
-            async with trio.open_nursery() as inner:
-                inner.start_soon(send_paced, session, sent, deploy_at_40)
-                got = await answered(session, len(sent), seen)
+            got = await converse(session, sent, seen, deploy_at_40)
             assert session.url != realtime(home.port)  # it goes on elsewhere
             await session.aclose()
     assert deployed and await trio.to_thread.run_sync(home.wait, 10) == 0

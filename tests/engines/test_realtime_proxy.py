@@ -10,7 +10,7 @@ import base64
 import json
 import random
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -37,6 +37,22 @@ from ..client.proxy import FaultPlan, FaultyProxy
 Event = dict[str, Any]
 KEY = "sk-test-123"
 SEEDS = 3
+AUDIO_TURN = [
+    "input_audio_buffer.committed",
+    "response.created",
+    "response.output_audio.delta",
+    "response.output_audio.delta",
+    "response.output_audio.done",
+    "response.done",
+]
+"""The fake upstream's answer to a committed audio turn (two frames) and a response."""
+CLIENT_TURN = [
+    "session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "response.create",
+]
+"""What the upstream receives of that turn, the session's ``session.update`` first."""
 
 
 @attrs.define
@@ -49,19 +65,23 @@ class Rig:
 
 @asynccontextmanager
 async def rig(
-    monkeypatch: pytest.MonkeyPatch, upstream: FakeRealtime | None = None, **config: Any
+    monkeypatch: pytest.MonkeyPatch,
+    upstream: FakeRealtime | None = None,
+    *,
+    path: str = "/v1/duplex",
+    headers: Sequence[str] = ("OpenAI-Beta: realtime=v1",),
+    **config: Any,
 ) -> AsyncIterator[Rig]:
+    """The fake upstream and a server proxying to it; ``url``: the server's ``path``."""
     upstream = upstream or FakeRealtime(api_key=KEY)
     monkeypatch.setenv(API_KEY_ENV, KEY)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             upstream_port = await nursery.start(upstream.run)
-            factory = proxy_factory(
-                f"ws://127.0.0.1:{upstream_port}/v1/realtime", ["OpenAI-Beta: realtime=v1"]
-            )
+            factory = proxy_factory(f"ws://127.0.0.1:{upstream_port}/v1/realtime", headers)
             server = DuplexServer(ServerConfig(host="127.0.0.1", port=0, **config), factory)
             port = await nursery.start(server.run_tcp)
-            yield Rig(upstream, server, f"ws://127.0.0.1:{port}/v1/duplex", port)
+            yield Rig(upstream, server, f"ws://127.0.0.1:{port}{path}", port)
             nursery.cancel_scope.cancel()
 
 
@@ -116,26 +136,14 @@ async def test_a_full_turn_through_the_proxy(monkeypatch: pytest.MonkeyPatch) ->
         await send(ws, {"type": "response.create", "client_event_seq": 3})
         got = await receive_until(ws, "response.done")
         kinds = [e["type"] for e in got]
-        assert kinds == [
-            "input_audio_buffer.committed",
-            "response.created",
-            "response.output_audio.delta",
-            "response.output_audio.delta",
-            "response.output_audio.done",
-            "response.done",
-        ]
+        assert kinds == AUDIO_TURN
         deltas = [e for e in got if e["type"] == "response.output_audio.delta"]
         assert "delta" not in deltas[0]  # the audio is in our field, ``audio``
         assert b"".join(base64.b64decode(e["audio"]) for e in deltas) == audio  # echoed
         seqs = [e["server_event_seq"] for e in [first, updated, *got]]
         assert seqs == list(range(1, len(seqs) + 1))
         received = r.upstream.received[0]
-        assert [e["type"] for e in received] == [
-            "session.update",
-            "input_audio_buffer.append",
-            "input_audio_buffer.commit",
-            "response.create",
-        ]
+        assert [e["type"] for e in received] == CLIENT_TURN
         assert received[0]["session"] == {"instructions": "be brief", "type": "realtime"}
         assert "client_event_seq" not in received[2]  # ours: not sent up
         headers = r.upstream.headers[0]

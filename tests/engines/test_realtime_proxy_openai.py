@@ -8,68 +8,41 @@ and a client that uses the resume extension gets it.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import attrs
 import pytest
-import trio
-from websockets.trio.client import ClientConnection, connect
+from websockets.trio.client import connect
 
-from trio_duplex import DuplexServer, ServerConfig
-from trio_duplex.engines.realtime_proxy import API_KEY_ENV, proxy_factory
 from trio_duplex.testing.realtime_upstream import FakeRealtime
 
-from .test_realtime_proxy import b64, pcm
-
-Event = dict[str, Any]
-KEY = "sk-test-123"
-
-
-@attrs.define
-class Rig:
-    upstream: FakeRealtime
-    server: DuplexServer
-    url: str
+from .test_realtime_proxy import (
+    AUDIO_TURN,
+    CLIENT_TURN,
+    KEY,
+    Event,
+    Rig,
+    b64,
+    pcm,
+    receive,
+    receive_until,
+    send,
+)
+from .test_realtime_proxy import rig as proxy_rig
 
 
 @asynccontextmanager
 async def rig(
     monkeypatch: pytest.MonkeyPatch, upstream: FakeRealtime | None = None
 ) -> AsyncIterator[Rig]:
-    upstream = upstream or FakeRealtime(api_key=KEY)
-    monkeypatch.setenv(API_KEY_ENV, KEY)
-    with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            upstream_port = await nursery.start(upstream.run)
-            factory = proxy_factory(f"ws://127.0.0.1:{upstream_port}/v1/realtime")
-            server = DuplexServer(ServerConfig(host="127.0.0.1", port=0), factory)
-            port = await nursery.start(server.run_tcp)
-            yield Rig(upstream, server, f"ws://127.0.0.1:{port}/v1/realtime")
-            nursery.cancel_scope.cancel()
+    """The proxy with no header of its own, behind ``/v1/realtime``."""
+    async with proxy_rig(monkeypatch, upstream, path="/v1/realtime", headers=()) as r:
+        yield r
 
 
 def dial(url: str, query: str = "model=gpt-realtime", **kw: Any) -> Any:
     return connect(f"{url}?{query}", subprotocols=["realtime"], **kw)  # type: ignore[list-item]
-
-
-async def send(ws: ClientConnection, event: Event) -> None:
-    await ws.send(json.dumps(event))
-
-
-async def receive(ws: ClientConnection) -> Event:
-    event: Event = json.loads(await ws.recv())
-    return event
-
-
-async def receive_until(ws: ClientConnection, kind: str) -> list[Event]:
-    got = []
-    while True:
-        got.append(await receive(ws))
-        if got[-1]["type"] == kind:
-            return got
 
 
 def without_ours(event: Event) -> Event:
@@ -94,18 +67,7 @@ async def test_the_upstreams_events_come_down_by_their_own_names(
         await send(ws, {"type": "response.create"})
         got = await receive_until(ws, "response.done")
         theirs = r.upstream.sent[0][2:]  # after its session.created and session.updated
-        assert (
-            [e["type"] for e in got]
-            == [e["type"] for e in theirs]
-            == [
-                "input_audio_buffer.committed",
-                "response.created",
-                "response.output_audio.delta",
-                "response.output_audio.delta",
-                "response.output_audio.done",
-                "response.done",
-            ]
-        )
+        assert [e["type"] for e in got] == [e["type"] for e in theirs] == AUDIO_TURN
         for mine, upstream_event in zip(got, theirs, strict=True):
             assert mine["event_id"] == f"event_{mine['server_event_seq']}"
             if mine["type"] != "response.output_audio.delta":
@@ -114,12 +76,7 @@ async def test_the_upstreams_events_come_down_by_their_own_names(
         assert b"".join(base64.b64decode(e["delta"]) for e in deltas) == audio
         assert deltas[0]["item_id"] == theirs[2]["item_id"]
         received = r.upstream.received[0]
-        assert [e["type"] for e in received] == [
-            "session.update",
-            "input_audio_buffer.append",
-            "input_audio_buffer.commit",
-            "response.create",
-        ]
+        assert [e["type"] for e in received] == CLIENT_TURN
         assert received[0]["session"]["type"] == "realtime"
         assert "model" not in received[0]["session"]  # the upstream URL's choice
         assert received[2].get("event_id") in (None, "evt_c1")

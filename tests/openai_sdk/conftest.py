@@ -20,14 +20,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
-import trustme
 
-from tests.helpers import Servers, node_executable
+from tests.helpers import Certs, issue_certs, node_executable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -224,25 +224,9 @@ def openai_node() -> NodeSdk:
 API_KEY = "sk-sdk-test-0123456789abcdef"
 
 
-@attrs.frozen
-class Certs:
-    ca: Path
-    cert: Path
-    key: Path
-
-
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    folder = tmp_path_factory.mktemp("tls")
-    ca = trustme.CA()
-    issued = ca.issue_cert("127.0.0.1", "localhost")
-    paths = Certs(folder / "ca.pem", folder / "cert.pem", folder / "key.pem")
-    ca.cert_pem.write_to_path(str(paths.ca))
-    issued.private_key_pem.write_to_path(str(paths.key))
-    with paths.cert.open("wb") as chain:  # leaf first, then the chain
-        for blob in issued.cert_chain_pems:
-            chain.write(blob.bytes())
-    return paths
+    return issue_certs(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(scope="session")
@@ -252,10 +236,16 @@ def key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def module_servers() -> Iterator[Servers]:
-    started = Servers()
-    try:
-        yield started
-    finally:
-        started.stop_all()
+RUN_TIMEOUT = 240.0
+"""One SDK script's whole run, every scenario."""
+
+
+def run_script(python: Path, script: str, *arguments: str) -> dict[str, Any]:
+    """Run ``tests/openai_sdk/<script>.py`` in an SDK's venv (as a module from the
+    repository's root, so that it imports ``sdk_shared``); its one JSON object."""
+    command = [str(python), "-m", f"tests.openai_sdk.{script}", *arguments]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, f"{script}.py failed:\n{done.stdout}\n{done.stderr}"
+    results = json.loads(done.stdout)
+    assert isinstance(results, dict)
+    return results

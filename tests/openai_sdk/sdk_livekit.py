@@ -4,8 +4,8 @@ LiveKit room: the session is driven as an ``AgentSession`` drives it, through
 ``update_chat_ctx``, ``push_audio``/``commit_audio``, ``generate_reply`` and
 ``interrupt``).
 
-Run in the venv of ``livekit-requirements.txt``, never the project's: ``python
-sdk_livekit.py --base-url http://H:P/v1 --voice-url http://H:P2/v1 --speech-url
+Run in the venv of ``livekit-requirements.txt``, never the project's: ``python -m
+tests.openai_sdk.sdk_livekit --base-url http://H:P/v1 --voice-url http://H:P2/v1 --speech-url
 http://H:P3/v1 --speech-audio PCM --api-key K [SCENARIO ...]``.
 Prints one JSON object, scenario → what the plugin gave (or ``{"crash": traceback}``),
 which ``test_livekit.py`` asserts on.
@@ -16,13 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import json
-import math
-import struct
-import sys
-import traceback
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -31,17 +25,9 @@ from livekit.agents import llm
 from livekit.plugins import openai
 from openai.types.realtime.realtime_audio_input_turn_detection import ServerVad
 
-TIMEOUT = 20.0
-RATE = 24_000
+from tests.openai_sdk.sdk_shared import LONG_TEXT, RATE, TIMEOUT, cli, pcm16, run_scenarios
+
 TEXT = "hello from livekit"
-LONG_TEXT = " ".join(f"word{n}" for n in range(40))
-
-
-def pcm16(ms: int, hz: float = 440.0) -> bytes:
-    count = RATE * ms // 1000
-    return b"".join(
-        struct.pack("<h", int(8000 * math.sin(2 * math.pi * hz * n / RATE))) for n in range(count)
-    )
 
 
 class Session:
@@ -199,30 +185,9 @@ SCENARIOS: dict[
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, Any] = {}
     async with aiohttp.ClientSession() as http:
-        for name in args.scenarios or SCENARIOS:
-            try:
-                results[name] = await SCENARIOS[name](args, http)
-            except Exception:
-                results[name] = {"crash": traceback.format_exc()}
-    return results
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--base-url", required=True, help="the echo server, http://H:P/v1")
-    parser.add_argument("--voice-url", required=True, help="the voice server, http://H:P/v1")
-    parser.add_argument("--speech-url", help="the speech server, http://H:P/v1")
-    parser.add_argument("--speech-audio", help="a spoken sentence, 24 kHz PCM16")
-    parser.add_argument("--api-key", required=True)
-    parser.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)} (all)")
-    args = parser.parse_args()
-    if unknown := set(args.scenarios) - set(SCENARIOS):
-        parser.error(f"no scenario {sorted(unknown)}")
-    args.speech_pcm = Path(args.speech_audio).read_bytes() if args.speech_audio else b""
-    json.dump(asyncio.run(run(args)), sys.stdout, default=str)
+        return await run_scenarios(args.scenarios, lambda name: SCENARIOS[name](args, http))
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, SCENARIOS, run)

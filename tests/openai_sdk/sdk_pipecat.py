@@ -3,8 +3,8 @@
 pipeline of its own (no transport: frames go in at one end and are read at the other),
 as a Pipecat bot uses it.
 
-Run in the venv of ``pipecat-requirements.txt``, never the project's: ``python
-sdk_pipecat.py --base-url ws://H:P/v1/realtime --voice-url ws://H:P2/v1/realtime
+Run in the venv of ``pipecat-requirements.txt``, never the project's: ``python -m
+tests.openai_sdk.sdk_pipecat --base-url ws://H:P/v1/realtime --voice-url ws://H:P2/v1/realtime
 --api-key K``. Prints one JSON object, scenario → what frames came out (or ``{"crash":
 traceback}``), which ``test_pipecat.py`` asserts on.
 """
@@ -13,12 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import json
-import math
-import struct
-import sys
-import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -43,21 +37,9 @@ from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 from pipecat.tests.utils import QueuedFrameProcessor
 from pipecat.workers.runner import WorkerRunner
 
-TIMEOUT = 20.0
-RATE = 24_000
+from tests.openai_sdk.sdk_shared import LONG_TEXT, RATE, TIMEOUT, cli, pcm16, run_scenarios, sha
+
 TEXT = "hello from pipecat"
-LONG_TEXT = " ".join(f"word{n}" for n in range(40))
-
-
-def pcm16(ms: int, hz: float = 440.0) -> bytes:
-    count = RATE * ms // 1000
-    return b"".join(
-        struct.pack("<h", int(8000 * math.sin(2 * math.pi * hz * n / RATE))) for n in range(count)
-    )
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class Bot:
@@ -194,26 +176,8 @@ SCENARIOS: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] 
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for name in args.scenarios or SCENARIOS:
-        try:
-            results[name] = await SCENARIOS[name](args)
-        except Exception:
-            results[name] = {"crash": traceback.format_exc()}
-    return results
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--base-url", required=True, help="the echo server, ws://H:P/v1/realtime")
-    parser.add_argument("--voice-url", required=True, help="the voice server, ws://H:P/v1/realtime")
-    parser.add_argument("--api-key", required=True)
-    parser.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)} (all)")
-    args = parser.parse_args()
-    if unknown := set(args.scenarios) - set(SCENARIOS):
-        parser.error(f"no scenario {sorted(unknown)}")
-    json.dump(asyncio.run(run(args)), sys.stdout, default=str)
+    return await run_scenarios(args.scenarios, lambda name: SCENARIOS[name](args))
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, SCENARIOS, run, url="ws://H:P/v1/realtime", speech=False)

@@ -1,13 +1,13 @@
 """The official Python SDK (``openai[realtime]``, unchanged) holds conversations with a
 ``trio-duplex serve`` over ``/v1/realtime``.
 
-Run in the venv of ``requirements.txt``, never the project's (it imports neither
-trio_duplex nor the tests): ``python sdk_python.py --base-url http://H:P/v1 --voice-url
-http://H:P2/v1 --speech-url http://H:P3/v1 --speech-audio PCM --api-key K
-[SCENARIO ...]`` (the echo, voice and speech engines' servers). Every event is read with
-the connection's own ``recv()`` (the SDK's models) and also validated by the SDK's
-pydantic union, strictly. Prints one JSON object, scenario → what it saw (or ``{"crash":
-traceback}``), which ``test_python_sdk.py`` asserts on.
+Run in the venv of ``requirements.txt``, never the project's (of the tests it imports
+only ``sdk_shared.py``), from the repository's root: ``python -m tests.openai_sdk.sdk_python
+--base-url http://H:P/v1 --voice-url http://H:P2/v1 --speech-url http://H:P3/v1
+--speech-audio PCM --api-key K [SCENARIO ...]`` (the echo, voice and speech engines'
+servers). Every event is read with the connection's own ``recv()`` (the SDK's models) and
+also validated by the SDK's pydantic union, strictly. Prints one JSON object, scenario →
+what it saw (or ``{"crash": traceback}``), which ``test_python_sdk.py`` asserts on.
 """
 
 from __future__ import annotations
@@ -15,15 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import hashlib
-import json
-import math
-import struct
-import sys
 import time
 import traceback
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -33,24 +27,10 @@ from openai.types.realtime import RealtimeServerEvent
 from openai.types.realtime.realtime_audio_formats_param import AudioPCM as AudioPCMParam
 from websockets.exceptions import ConnectionClosed
 
-TIMEOUT = 20.0
-"""Each wait for the server's next event, in seconds."""
+from tests.openai_sdk.sdk_shared import LONG_TEXT, TIMEOUT, cli, pcm16, run_scenarios, sha
+
 STRICT: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(RealtimeServerEvent)
 TEXT = "hello from the python sdk"
-LONG_TEXT = " ".join(f"word{n}" for n in range(40))  # seconds of speech, for a cancel
-RATE = 24_000
-
-
-def pcm16(ms: int, hz: float = 440.0) -> bytes:
-    """``ms`` of a sine at 24 kHz, PCM16 little-endian: a recognisable audio turn."""
-    count = RATE * ms // 1000
-    return b"".join(
-        struct.pack("<h", int(8000 * math.sin(2 * math.pi * hz * n / RATE))) for n in range(count)
-    )
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class Reader:
@@ -369,29 +349,8 @@ SCENARIOS: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] 
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for name in args.scenarios or SCENARIOS:
-        try:
-            results[name] = await SCENARIOS[name](args)
-        except Exception:
-            results[name] = {"crash": traceback.format_exc()}
-    return results
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--base-url", required=True, help="the echo server, http://H:P/v1")
-    parser.add_argument("--voice-url", required=True, help="the voice server, http://H:P/v1")
-    parser.add_argument("--speech-url", help="the speech server, http://H:P/v1")
-    parser.add_argument("--speech-audio", help="a spoken sentence, 24 kHz PCM16")
-    parser.add_argument("--api-key", required=True)
-    parser.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)} (all)")
-    args = parser.parse_args()
-    if unknown := set(args.scenarios) - set(SCENARIOS):
-        parser.error(f"no scenario {sorted(unknown)}")
-    args.speech_pcm = Path(args.speech_audio).read_bytes() if args.speech_audio else b""
-    json.dump(asyncio.run(run(args)), sys.stdout, default=str)
+    return await run_scenarios(args.scenarios, lambda name: SCENARIOS[name](args))
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, SCENARIOS, run)

@@ -13,31 +13,25 @@ The plugin matches a ``response.created`` to its ``generate_reply`` by the
 from __future__ import annotations
 
 import base64
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.helpers import Servers
-from tests.speech_audio import DOOR, is_speech, needs_speech
 from tests.speech_audio import RATE as SPEECH_RATE
+from tests.speech_audio import is_speech, needs_speech
 
-from .conftest import API_KEY
-from .sdk_python import LONG_TEXT, pcm16
+from .conftest import run_script
+from .sdk_shared import LONG_TEXT, pcm16
 from .test_python_sdk import (
     TEXT_RESPONSE,
     at_rate,
-    http_base,
+    http_servers,
     response_part,
-    speech_available,
-    spoken_at_24k,
 )
 
 pytestmark = pytest.mark.integration
-SCRIPT = Path(__file__).with_name("sdk_livekit.py")
-RUN_TIMEOUT = 240.0
 TEXT = "hello from livekit"  # as sdk_livekit.py says it (that script imports livekit)
 
 
@@ -48,25 +42,11 @@ def seen(
     key_file: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, Any]:
-    keys = ("--api-key-file", str(key_file))
-    engines = ["echo", "voice", *(["speech"] if speech_available() else [])]
-    started = module_servers.start_many(*(("--engine", name, *keys) for name in engines))
-    urls = {name: http_base(server.url) for name, server in zip(engines, started, strict=True)}
-    command = [str(livekit_python), str(SCRIPT), "--api-key", API_KEY]
-    command += ["--base-url", urls["echo"], "--voice-url", urls["voice"]]
+    arguments = http_servers(module_servers, key_file, tmp_path_factory)
     scenarios = ["text", "audio_echo", "cancel"]
-    if "speech" in urls:
-        pcm = tmp_path_factory.mktemp("speech") / "in.pcm"
-        pcm.write_bytes(spoken_at_24k(DOOR))
-        command += ["--speech-url", urls["speech"], "--speech-audio", str(pcm)]
+    if "--speech-url" in arguments:
         scenarios.append("speech")
-    done = subprocess.run(
-        [*command, *scenarios], capture_output=True, text=True, timeout=RUN_TIMEOUT
-    )
-    assert done.returncode == 0, f"{SCRIPT.name} failed:\n{done.stdout}\n{done.stderr}"
-    results = json.loads(done.stdout)
-    assert isinstance(results, dict)
-    return results
+    return run_script(livekit_python, "sdk_livekit", *arguments, *scenarios)
 
 
 def scenario(seen: dict[str, Any], name: str) -> dict[str, Any]:

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Servers
+from tests.helpers import Certs, Servers
 
-from .conftest import API_KEY, NODE_DIR, Certs, NodeSdk
-from .sdk_python import LONG_TEXT
+from .conftest import API_KEY, NODE_DIR, NodeSdk
+from .sdk_shared import LONG_TEXT
 from .test_python_sdk import TEXT_RESPONSE, response_part
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,6 @@ error, ends its session and fails the test.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +17,10 @@ import pytest
 
 from tests.helpers import Servers
 
-from .conftest import API_KEY
-from .sdk_python import LONG_TEXT, pcm16, sha
+from .conftest import API_KEY, run_script
+from .sdk_shared import LONG_TEXT, pcm16, sha
 
 pytestmark = pytest.mark.integration
-SCRIPT = Path(__file__).with_name("sdk_pipecat.py")
-RUN_TIMEOUT = 240.0
 TEXT = "hello from pipecat"  # as sdk_pipecat.py says it (that script imports pipecat)
 
 
@@ -40,13 +36,11 @@ def seen(pipecat_python: Path, module_servers: Servers, key_file: Path) -> dict[
     echo, voice = module_servers.start_many(
         ("--engine", "echo", *keys), ("--engine", "voice", *keys)
     )
-    command = [str(pipecat_python), str(SCRIPT), "--api-key", API_KEY]
-    command += ["--base-url", ws_url(echo.url), "--voice-url", ws_url(voice.url)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert done.returncode == 0, f"{SCRIPT.name} failed:\n{done.stdout}\n{done.stderr}"
-    results = json.loads(done.stdout)
-    assert isinstance(results, dict)
-    return results
+    return run_script(
+        pipecat_python,
+        "sdk_pipecat",
+        *("--api-key", API_KEY, "--base-url", ws_url(echo.url), "--voice-url", ws_url(voice.url)),
+    )
 
 
 def scenario(seen: dict[str, Any], name: str) -> dict[str, Any]:

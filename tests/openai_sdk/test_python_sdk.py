@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import base64
 import importlib.util
-import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +23,11 @@ from tests.helpers import Servers
 from tests.speech_audio import DOOR, is_speech, needs_speech, spoken
 from tests.speech_audio import RATE as SPEECH_RATE
 
-from .conftest import API_KEY
-from .sdk_python import LONG_TEXT, SCENARIOS, TEXT, pcm16, sha
+from .conftest import API_KEY, run_script
+from .sdk_python import SCENARIOS, TEXT
+from .sdk_shared import LONG_TEXT, pcm16, sha
 
 pytestmark = pytest.mark.integration
-SCRIPT = Path(__file__).with_name("sdk_python.py")
-RUN_TIMEOUT = 240.0
 
 TEXT_RESPONSE = [
     "response.created",
@@ -57,6 +54,23 @@ def speech_available() -> bool:
     return shutil.which("espeak-ng") is not None and bool(importlib.util.find_spec("pocketsphinx"))
 
 
+def http_servers(
+    servers: Servers, key_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> list[str]:
+    """An SDK script's arguments for the echo and voice servers, and the speech server
+    with a spoken sentence where the speech engine can run (``--speech-url`` present)."""
+    keys = ("--api-key-file", str(key_file))
+    engines = ["echo", "voice", *(["speech"] if speech_available() else [])]
+    started = servers.start_many(*(("--engine", name, *keys) for name in engines))
+    urls = {name: http_base(server.url) for name, server in zip(engines, started, strict=True)}
+    arguments = ["--api-key", API_KEY, "--base-url", urls["echo"], "--voice-url", urls["voice"]]
+    if "speech" in urls:
+        pcm = tmp_path_factory.mktemp("speech") / "in.pcm"
+        pcm.write_bytes(spoken_at_24k(DOOR))
+        arguments += ["--speech-url", urls["speech"], "--speech-audio", str(pcm)]
+    return arguments
+
+
 @pytest.fixture(scope="module")
 def seen(
     openai_python: Path,
@@ -64,25 +78,11 @@ def seen(
     key_file: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, Any]:
-    keys = ("--api-key-file", str(key_file))
-    engines = ["echo", "voice", *(["speech"] if speech_available() else [])]
-    started = module_servers.start_many(*(("--engine", name, *keys) for name in engines))
-    urls = {name: http_base(server.url) for name, server in zip(engines, started, strict=True)}
-    command = [str(openai_python), str(SCRIPT), "--api-key", API_KEY]
-    command += ["--base-url", urls["echo"], "--voice-url", urls["voice"]]
+    arguments = http_servers(module_servers, key_file, tmp_path_factory)
     scenarios = [name for name in SCENARIOS if name != "audio_speech"]
-    if "speech" in urls:
-        folder = tmp_path_factory.mktemp("speech")
-        (folder / "in.pcm").write_bytes(spoken_at_24k(DOOR))
-        command += ["--speech-url", urls["speech"], "--speech-audio", str(folder / "in.pcm")]
+    if "--speech-url" in arguments:
         scenarios.append("audio_speech")
-    done = subprocess.run(
-        [*command, *scenarios], capture_output=True, text=True, timeout=RUN_TIMEOUT
-    )
-    assert done.returncode == 0, f"{SCRIPT.name} failed:\n{done.stdout}\n{done.stderr}"
-    results = json.loads(done.stdout)
-    assert isinstance(results, dict)
-    return results
+    return run_script(openai_python, "sdk_python", *arguments, *scenarios)
 
 
 def spoken_at_24k(text: str) -> bytes:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +13,17 @@ import trio
 from trio.testing import MockClock
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
-from wsproto.events import AcceptConnection, RejectConnection, Request
+from wsproto.events import AcceptConnection, RejectConnection
 
 from trio_duplex import DuplexServer, ServerConfig
 from trio_duplex.cli import main
 from trio_duplex.client import ClientOptions, ServerRefused, connect
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.server.front.auth import KeyFileError, KeyRing, presented
-from trio_duplex.testing import ScriptedEngine, Simulation, running_server
+from trio_duplex.testing import ScriptedEngine, running_server
 
 from ..helpers import UPGRADE_HEAD as HEAD
-from ..helpers import RawClient, RawHttp
+from ..helpers import RawHttp, answer_of, authorization, http_post, upgrade
 
 KEYS = "# customers\nacme: k-acme-123\n\n  globex : k-globex-456  \n"
 
@@ -82,25 +81,6 @@ def test_the_credential_comes_from_the_header_or_a_subprotocol() -> None:
 # -- upgrades ------------------------------------------------------------------------------
 
 
-async def upgrade(
-    sim: Simulation,
-    *,
-    headers: Sequence[tuple[bytes, bytes]] = (),
-    protocols: Sequence[str] = (),
-) -> tuple[RawClient, Any]:
-    stream, _ = await sim.listener.connect()
-    client = RawClient(stream)
-    request = Request(
-        host="sim", target="/v1/duplex", extra_headers=list(headers), subprotocols=list(protocols)
-    )
-    await client.send_bytes(client.ws.send(request))
-    return client, await client.next_event()
-
-
-def bearer(credential: str) -> list[tuple[bytes, bytes]]:
-    return [(b"Authorization", f"Bearer {credential}".encode())]
-
-
 @pytest.mark.parametrize(
     "extra", ["", "Authorization: Bearer k-wrong\r\n", "Authorization: Basic a2V5\r\n"]
 )
@@ -122,7 +102,7 @@ async def test_a_key_opens_a_session_whose_engine_knows_its_principal(
 ) -> None:
     factory = ScriptedEngine.factory()
     async with running_server(ServerConfig(api_key_file=key_file), factory) as sim:
-        by_header, answer = await upgrade(sim, headers=bearer("k-acme-123"))
+        by_header, answer = await upgrade(sim, headers=authorization("k-acme-123"))
         assert isinstance(answer, AcceptConnection)
         await by_header.send({"type": "session.update", "session": {}})
         assert (await by_header.receive())["type"] == "session.created"
@@ -143,10 +123,10 @@ async def test_a_resume_token_is_the_credential_of_its_own_resume_only(
 ) -> None:
     factory = ScriptedEngine.factory()
     async with running_server(ServerConfig(api_key_file=key_file), factory) as sim:
-        first, _ = await upgrade(sim, headers=bearer("k-acme-123"))
+        first, _ = await upgrade(sim, headers=authorization("k-acme-123"))
         await first.send({"type": "session.update", "session": {}})
         created = await first.receive()
-        other, _ = await upgrade(sim, headers=bearer("k-acme-123"))
+        other, _ = await upgrade(sim, headers=authorization("k-acme-123"))
         await other.send({"type": "session.update", "session": {}})
         other_created = await other.receive()
         await first.stream.aclose()
@@ -157,7 +137,7 @@ async def test_a_resume_token_is_the_credential_of_its_own_resume_only(
             {"type": "session.resume", "session_id": other_created["session_id"]}
             | {"resume_token": token},
         ):
-            client, answer = await upgrade(sim, headers=bearer(token))
+            client, answer = await upgrade(sim, headers=authorization(token))
             assert isinstance(answer, AcceptConnection)
             await client.send(message)
             refused = await client.receive_until_closed()
@@ -173,7 +153,7 @@ async def test_a_resume_token_is_the_credential_of_its_own_resume_only(
         assert sim.session(sid) is not None
         assert sim.session(sid).principal == "acme"  # type: ignore[union-attr]
         # A token that is no longer valid is no credential at all.
-        _, answer = await upgrade(sim, headers=bearer("not-a-token"))
+        _, answer = await upgrade(sim, headers=authorization("not-a-token"))
         assert isinstance(answer, RejectConnection) and answer.status_code == 401
 
 
@@ -255,17 +235,7 @@ async def test_our_client_presents_its_key_to_open_and_its_token_to_resume(
 def post(
     body: bytes = b"", key: str | None = "k-acme-123", path: str = "/v1/client_tokens"
 ) -> bytes:
-    auth = "" if key is None else f"Authorization: Bearer {key}\r\n"
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: sim\r\n{auth}"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-
-def answer_of(answer: bytes) -> tuple[int, dict[str, Any]]:
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert b"\r\nCache-Control: no-store\r\n" in head
-    return int(head.split(b" ", 2)[1]), json.loads(body)
+    return http_post(path, body, key)
 
 
 async def test_a_client_token_opens_exactly_one_session_within_its_ttl(
@@ -287,12 +257,12 @@ async def test_a_client_token_opens_exactly_one_session_within_its_ttl(
         await trio.testing.wait_all_tasks_blocked()
         assert factory.last.session is not None and factory.last.session.principal == "acme"
         # Spent: it opens nothing more.
-        _, again = await upgrade(sim, headers=bearer(token))
+        _, again = await upgrade(sim, headers=authorization(token))
         assert isinstance(again, RejectConnection) and again.status_code == 401
         # Expired: nothing either.
         _, late = answer_of(await raw_http(sim, post(b'{"ttl_s": 30}')))
         await trio.sleep(31)
-        _, answer = await upgrade(sim, headers=bearer(late["token"]))
+        _, answer = await upgrade(sim, headers=authorization(late["token"]))
         assert isinstance(answer, RejectConnection) and answer.status_code == 401
 
 
@@ -303,12 +273,12 @@ async def test_a_locked_configuration_is_the_sessions_and_cannot_change(
         body = json.dumps({"session": {"voice": "alto", "lang": "en"}}).encode()
         tokens = [answer_of(await raw_http(sim, post(body)))[1]["token"] for _ in range(2)]
         # Asking for another value at the open: refused, 1008, nothing opened.
-        client, _ = await upgrade(sim, headers=bearer(tokens[0]))
+        client, _ = await upgrade(sim, headers=authorization(tokens[0]))
         await client.send({"type": "session.update", "session": {"voice": "bass"}})
         assert [e.get("code") for e in await client.receive_until_closed()] == ["config_locked"]
         assert client.close_code == 1008 and sim.server.slots_held == 0
         # Asking for what is locked, or less: the session gets the whole locked one.
-        client, _ = await upgrade(sim, headers=bearer(tokens[1]))
+        client, _ = await upgrade(sim, headers=authorization(tokens[1]))
         await client.send({"type": "session.update", "session": {"voice": "alto"}})
         created = await client.receive()
         assert created["session"] == {"voice": "alto", "lang": "en"}
@@ -370,7 +340,7 @@ async def test_another_verifier_decides_from_the_headers(
         assert (await client.receive())["type"] == "session.created"
         _, answer = await upgrade(sim, headers=[(b"X-Token", b"bad")])
         assert isinstance(answer, RejectConnection) and answer.status_code == 401
-        _, answer = await upgrade(sim, headers=bearer("k-globex-456"))  # keys still work
+        _, answer = await upgrade(sim, headers=authorization("k-globex-456"))  # keys still work
         assert isinstance(answer, AcceptConnection)
         await trio.testing.wait_all_tasks_blocked()
         assert factory.last.session is not None and factory.last.session.principal == "jwt-user"

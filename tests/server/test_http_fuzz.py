@@ -5,14 +5,13 @@ drops it, logs at most a rate-limited INFO line, and goes on serving."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ..helpers import Serve, ServerProcess
+from ..helpers import Serve, ServerProcess, exchange
 
 KEYS = "acme: k-acme-123\n"
 
@@ -23,23 +22,6 @@ def target(serve_module: Serve, tmp_path_factory: pytest.TempPathFactory) -> Ser
     keys.write_text(KEYS)
     verifier = ("--auth", "tests.server.auth_verifier:verify")  # X-Token: good
     return serve_module("--api-key-file", str(keys), "--demo", *verifier)
-
-
-def exchange(server: ServerProcess, request: bytes) -> bytes:
-    """Send ``request``, end our half, and read whatever comes back until the end."""
-    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
-        try:
-            sock.sendall(request)
-            sock.shutdown(socket.SHUT_WR)
-        except OSError:  # the server answered and closed before taking it all
-            pass
-        answer = b""
-        try:
-            while chunk := sock.recv(65536):
-                answer += chunk
-        except ConnectionResetError:
-            pass
-    return answer
 
 
 def status_of(answer: bytes) -> int:

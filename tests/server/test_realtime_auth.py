@@ -6,10 +6,8 @@ resume token as the bearer."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +22,24 @@ from trio.testing import MockClock
 from websockets.datastructures import Headers
 from websockets.http11 import Request as HttpRequest
 from websockets.sync.client import connect as ws_connect
-from wsproto.events import AcceptConnection, RejectConnection, Request
+from wsproto.events import AcceptConnection, RejectConnection
 
 from trio_duplex import ServerConfig
 from trio_duplex.core.opening import Grant
 from trio_duplex.server.front.auth import Gate, bearer, carries_credential, presented
 from trio_duplex.server.front.throttle import Throttled
-from trio_duplex.testing import ScriptedEngine, Simulation, running_server
+from trio_duplex.testing import ScriptedEngine, running_server
 
-from ..helpers import RawClient, RawHttp, Serve, ServerProcess
+from ..helpers import (
+    RawHttp,
+    Serve,
+    ServerProcess,
+    answer_of,
+    authorization,
+    exchange,
+    http_post,
+    upgrade,
+)
 
 KEY, OTHER_KEY = "k-acme-123", "k-globex-456"
 KEYS = f"acme: {KEY}\nglobex: {OTHER_KEY}\n"
@@ -47,25 +54,6 @@ def key_file(tmp_path: Path) -> str:
     return str(path)
 
 
-async def upgrade(
-    sim: Simulation,
-    *,
-    headers: Sequence[tuple[bytes, bytes]] = (),
-    protocols: Sequence[str] = (),
-) -> tuple[RawClient, Any]:
-    stream, _ = await sim.listener.connect()
-    client = RawClient(stream)
-    request = Request(
-        host="sim", target="/v1/duplex", extra_headers=list(headers), subprotocols=list(protocols)
-    )
-    await client.send_bytes(client.ws.send(request))
-    return client, await client.next_event()
-
-
-def authorization(credential: str) -> list[tuple[bytes, bytes]]:
-    return [(b"Authorization", f"Bearer {credential}".encode())]
-
-
 def authorization_of(credential: str) -> list[tuple[str, str]]:
     return [("Authorization", f"Bearer {credential}")]
 
@@ -76,19 +64,7 @@ def post(
     path: str = SECRETS,
     extra: str = "",
 ) -> bytes:
-    if isinstance(body, dict):
-        body = json.dumps(body).encode()
-    auth = "" if key is None else f"Authorization: Bearer {key}\r\n"
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: sim\r\n{auth}{extra}"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-
-def answer_of(answer: bytes) -> tuple[int, dict[str, Any]]:
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert b"\r\nCache-Control: no-store\r\n" in head
-    return int(head.split(b" ", 2)[1]), json.loads(body)
+    return http_post(path, body, key, extra)
 
 
 def openai_error(body: dict[str, Any]) -> dict[str, Any]:
@@ -435,22 +411,6 @@ async def test_the_openai_sdk_creates_client_secrets_and_reads_our_errors(
         with pytest.raises(openai.AuthenticationError) as refused:
             await client.realtime.client_secrets.create()
         assert refused.value.code == "invalid_api_key"
-
-
-def exchange(server: ServerProcess, request: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
-        try:
-            sock.sendall(request)
-            sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        answer = b""
-        try:
-            while chunk := sock.recv(65536):
-                answer += chunk
-        except ConnectionResetError:
-            pass
-    return answer
 
 
 _scalars = st.none() | st.booleans() | st.integers(-10, 10_000) | st.floats() | st.text(max_size=8)

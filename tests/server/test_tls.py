@@ -13,10 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
-import trustme
 from cryptography.hazmat.primitives import serialization
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
@@ -25,31 +23,14 @@ from trio_duplex.cli import main
 from trio_duplex.client import ServerRefused, connect
 from trio_duplex.client.options import ClientOptions, ReconnectPolicy
 
-from ..helpers import Serve, ServerProcess
+from ..helpers import Certs, Serve, ServerProcess, issue_certs
 
 TIMEOUT = 10.0
 
 
-@attrs.frozen
-class Certs:
-    ca: Path
-    """The CA's certificate: what a client trusts."""
-    cert: Path
-    key: Path
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    folder = tmp_path_factory.mktemp("tls")
-    ca = trustme.CA()
-    issued = ca.issue_cert("127.0.0.1", "localhost")
-    paths = Certs(folder / "ca.pem", folder / "cert.pem", folder / "key.pem")
-    ca.cert_pem.write_to_path(str(paths.ca))
-    issued.private_key_pem.write_to_path(str(paths.key))
-    with paths.cert.open("wb") as chain:  # leaf first, then the chain
-        for blob in issued.cert_chain_pems:
-            chain.write(blob.bytes())
-    return paths
+    return issue_certs(tmp_path_factory.mktemp("tls"))
 
 
 def tls_flags(certs: Certs, *more: str) -> tuple[str, ...]:

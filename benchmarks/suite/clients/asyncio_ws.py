@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import json
 import math
 import random
@@ -40,7 +41,15 @@ from benchmarks.suite._workload import (
     raise_nofile,
     resume,
 )
-from benchmarks.suite.clients._aio import close_session, dial, log, open_session
+from benchmarks.suite.clients._aio import (
+    cancel_all,
+    close_session,
+    dial,
+    first_due,
+    log,
+    open_session,
+    ramp,
+)
 
 now = time.perf_counter
 
@@ -83,9 +92,7 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
     await asyncio.sleep(args.duration)
     n1, c1, t1 = received, cpu_seconds(), now()
     emit("mark", "window_end")
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await cancel_all(tasks)
     if duplex:
         await close_session(ws)
     else:
@@ -148,8 +155,7 @@ class VoiceSession:
         loop = asyncio.get_running_loop()
         voice = self.voice
         frame = voice.frame
-        ticks = math.ceil((loop.time() - voice.epoch - phase) / FRAME_PERIOD_S) + 1
-        due = voice.epoch + phase + ticks * FRAME_PERIOD_S
+        due = first_due(voice.epoch, phase, loop.time())
         try:
             while not voice.stopping:
                 delay = due - loop.time()
@@ -200,9 +206,7 @@ class VoiceSession:
         self.dead = True
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await cancel_all(self.tasks)
         if self.ws is not None:
             self.ws.transport.abort()
 
@@ -244,15 +248,9 @@ async def measure_step(v: Voice, n: int, mark: str) -> dict[str, Any]:
     return step
 
 
-def failed(step: dict[str, Any], args: argparse.Namespace) -> bool:
-    return bool(step["p99_ms"] > args.threshold_ms or step["dead"] or step["errors"])
-
-
 async def voice(args: argparse.Namespace) -> dict[str, Any]:
     v = Voice(args)
-    steps: list[dict[str, Any]] = []
     limit = asyncio.Semaphore(args.open_concurrency)
-    deadline = now() + args.ramp_time
 
     async def add_one() -> None:
         session = VoiceSession(v)
@@ -261,26 +259,10 @@ async def voice(args: argparse.Namespace) -> dict[str, Any]:
             await session.open()
 
     try:
-        for n in [int(s) for s in args.steps.split(",")]:
-            if now() > deadline:
-                log(f"voice: ramp time {args.ramp_time}s used up before {n} sessions")
-                break
-            t_open = now()
-            await asyncio.gather(*(add_one() for _ in range(n - len(v.sessions))))
-            open_s = now() - t_open
-            await asyncio.sleep(args.settle)
-            step = await measure_step(v, n, str(n))
-            step["open_s"] = open_s
-            if failed(step, args) and not (step["dead"] or step["errors"]) and args.confirm:
-                # One noisy window must not end the ramp: measure the same N once more
-                # (the same rule for every server), and keep the first window on record.
-                await asyncio.sleep(args.settle)
-                again = await measure_step(v, n, f"{n}_2")
-                again["open_s"], again["first_window"] = open_s, step
-                step = again
-            steps.append(step)
-            if failed(step, args):
-                break
+        measure = functools.partial(measure_step, v)
+        steps = await ramp(
+            args, v.sessions, add_one, measure, name="voice", confirm=bool(args.confirm)
+        )
     finally:
         v.stopping = True
         await asyncio.gather(*(s.stop() for s in v.sessions), return_exceptions=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import json
 import math
 import random
@@ -45,7 +46,7 @@ from benchmarks.suite._workload import (
     emit,
     raise_nofile,
 )
-from benchmarks.suite.clients._aio import dial, log
+from benchmarks.suite.clients._aio import cancel_all, dial, first_due, log, ramp
 
 now = time.perf_counter
 
@@ -136,9 +137,7 @@ async def turns(args: argparse.Namespace) -> dict[str, Any]:
     await asyncio.sleep(args.duration)
     n1, e1, c1, t1 = done, session.events, cpu_seconds(), now()
     emit("mark", "window_end")
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await cancel_all(tasks)
     session.ws.transport.abort()  # measured already
     return {
         "turns": n1 - n0,
@@ -183,8 +182,7 @@ class VoiceSession:
         assert self.session is not None
         ws, voice = self.session.ws, self.voice
         loop = asyncio.get_running_loop()
-        ticks = math.ceil((loop.time() - voice.epoch - phase) / FRAME_PERIOD_S) + 1
-        due = voice.epoch + phase + ticks * FRAME_PERIOD_S
+        due = first_due(voice.epoch, phase, loop.time())
         # Each session ends its turns at its own frame, so that turns do not all coincide.
         frame = voice.rng.randrange(voice.args.turn_frames)
         try:
@@ -217,26 +215,24 @@ class VoiceSession:
         self.dead = True
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await cancel_all(self.tasks)
         if self.session is not None:
             self.session.ws.transport.abort()
 
 
-async def measure_step(v: Voice, n: int) -> dict[str, Any]:
+async def measure_step(v: Voice, n: int, mark: str) -> dict[str, Any]:
     args = v.args
     v.samples = []
     for s in v.sessions:
         if s.session is not None:
             s.session.errors.clear()
     v.measuring = True
-    emit("mark", f"start_{n}")
+    emit("mark", f"start_{mark}")
     c0, t0 = cpu_seconds(), now()
     await asyncio.sleep(args.measure)
     v.measuring = False
     t1, c1 = now(), cpu_seconds()
-    emit("mark", f"end_{n}")
+    emit("mark", f"end_{mark}")
     # Turns still unanswered count with their age so far: a backlog is latency.
     backlog = [t1 - t for s in v.sessions for t in s.asked]
     errors: collections.Counter[str] = collections.Counter()
@@ -246,7 +242,7 @@ async def measure_step(v: Voice, n: int) -> dict[str, Any]:
     lat = v.samples + backlog
     step: dict[str, Any] = {
         "sessions": n,
-        "mark": str(n),
+        "mark": mark,
         "samples": len(v.samples),
         "backlog": len(backlog),
         "client_cpu_util": (c1 - c0) / (t1 - t0),
@@ -261,15 +257,9 @@ async def measure_step(v: Voice, n: int) -> dict[str, Any]:
     return step
 
 
-def failed(step: dict[str, Any], args: argparse.Namespace) -> bool:
-    return bool(step["p99_ms"] > args.threshold_ms or step["dead"] or step["errors"])
-
-
 async def voice(args: argparse.Namespace) -> dict[str, Any]:
     v = Voice(args)
-    steps: list[dict[str, Any]] = []
     limit = asyncio.Semaphore(args.open_concurrency)
-    deadline = now() + args.ramp_time
 
     async def add_one() -> None:
         session = VoiceSession(v)
@@ -278,20 +268,8 @@ async def voice(args: argparse.Namespace) -> dict[str, Any]:
             await session.open()
 
     try:
-        for n in [int(s) for s in args.steps.split(",")]:
-            if now() > deadline:
-                log(f"dialect voice: ramp time {args.ramp_time}s used up before {n} sessions")
-                break
-            await asyncio.gather(*(add_one() for _ in range(n - len(v.sessions))))
-            await asyncio.sleep(args.settle)
-            step = await measure_step(v, n)
-            if failed(step, args) and not (step["dead"] or step["errors"]):
-                # One noisy window must not end the ramp (scenario 3's rule): once more.
-                await asyncio.sleep(args.settle)
-                step = {**await measure_step(v, n), "first_window": step}
-            steps.append(step)
-            if failed(step, args):
-                break
+        measure = functools.partial(measure_step, v)
+        steps = await ramp(args, v.sessions, add_one, measure, name="dialect voice")
     finally:
         v.stopping = True
         await asyncio.gather(*(s.stop() for s in v.sessions), return_exceptions=True)
