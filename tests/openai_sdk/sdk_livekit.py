@@ -38,6 +38,7 @@ class Session:
         self.types: list[str] = []
         self.errors: list[str] = []
         self.statuses: list[str] = []  # each response.done's response.status
+        self.ended = asyncio.Event()  # a response.done was seen
         self.session.on("openai_server_event_received", self._seen)
         self.session.on("error", lambda e: self.errors.append(repr(e.error)))
 
@@ -45,6 +46,7 @@ class Session:
         self.types.append(event["type"])
         if event["type"] == "response.done":
             self.statuses.append(event["response"]["status"])
+            self.ended.set()
 
     async def reply(self, *, cancel_after_audio: bool = False) -> dict[str, Any]:
         """generate_reply, then read its one message's text and audio to the end."""
@@ -148,6 +150,9 @@ async def cancel_scenario(args: argparse.Namespace, http: aiohttp.ClientSession)
     try:
         await _say(session, LONG_TEXT)
         reply = await session.reply(cancel_after_audio=True)
+        # interrupt() ends the plugin's streams at once, before the server's answer to its
+        # response.cancel: wait for that response.done (with the deadline) before closing.
+        await asyncio.wait_for(session.ended.wait(), TIMEOUT)
     finally:
         closed = await session.close()
     return {**closed, "reply": reply}
