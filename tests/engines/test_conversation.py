@@ -480,3 +480,45 @@ async def test_a_conversation_migrated_anywhere_goes_on_exactly(
     assert base.outputs[-1]["type"] in ("response.done", "conversation.item.retrieved")
     for cut in sweep(script, outputs, frames):
         assert (await drive(make, script, [cut])).outputs == base.outputs, str(cut)
+
+
+async def test_echo_asked_for_text_answers_an_audio_turn_with_its_transcript_not_its_audio(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Was: the audio echoed, response.created naming ["audio"], whatever was asked.
+    async with running(EchoEngine(OPENAI), dict(OPENAI)) as h:
+        await h.put("input_audio_buffer.append", audio=PCM)
+        await h.put("input_audio_buffer.commit")
+        h.take()
+        text_only = {"output_modalities": ["text"]}
+        await h.put("response.create", response=text_only)
+        assert h.take() == [  # not transcribed: a text response with nothing in it
+            {"type": "response.created", "response_id": "resp_1", "output_modalities": ["text"]},
+            {"type": "response.done", "response_id": "resp_1"},
+        ]
+        await h.put("response.create")  # the session's modalities: the audio again
+        assert h.take()[0]["output_modalities"] == ["audio"]
+        content = [{"type": "input_audio", "audio": "AAAA", "transcript": "hi there"}]
+        item = {"type": "message", "role": "user", "content": content}
+        await h.put("conversation.item.create", item=item)
+        h.take()
+        await h.put("response.create", response=text_only)
+        assert h.take() == [  # its transcript, written
+            {"type": "response.created", "response_id": "resp_3", "output_modalities": ["text"]},
+            {"type": "response.output_text.delta", "response_id": "resp_3", "text": "hi there"},
+            {"type": "response.done", "response_id": "resp_3"},
+        ]
+
+
+async def test_echo_asked_for_audio_answers_a_text_turn_with_text_having_no_voice(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(EchoEngine(OPENAI), dict(OPENAI)) as h:
+        await h.put_event(user_text("hello"))
+        h.take()
+        await h.put("response.create", response={"output_modalities": ["audio"]})
+        assert h.take() == [
+            {"type": "response.created", "response_id": "resp_1", "output_modalities": ["text"]},
+            {"type": "response.output_text.delta", "response_id": "resp_1", "text": "hello"},
+            {"type": "response.done", "response_id": "resp_1"},
+        ]

@@ -15,6 +15,7 @@ import trio
 from trio_duplex.dialects.openai.config import defaults
 from trio_duplex.engines.api import EngineSession, Event, Inbox
 from trio_duplex.engines.speech import SpeechEngine
+from trio_duplex.engines.speech._snapshot import Asked, State
 
 from ..speech_audio import DOOR, frames, needs_speech, spoken
 from .migration import Client, Cut, Node
@@ -211,3 +212,55 @@ async def test_a_commit_mid_turn_commits_the_item_speech_started_named() -> None
         "conversation.item.done",
     ]  # the client's commit ended the turn: no speech_stopped, no response by itself
     assert outputs[0]["item_id"] == outputs[-1]["item"]["id"]
+
+
+def typed(text: str) -> Event:
+    content = [{"type": "input_text", "text": text}]
+    return {"type": "conversation.item.create",
+            "item": {"type": "message", "role": "user", "content": content}}  # fmt: skip
+
+
+@needs_speech
+async def test_a_response_asked_for_text_is_written_in_an_audio_session() -> None:
+    # Was: spoken (response.created naming ["audio"]): only the session's modalities counted.
+    ask = {"type": "response.create", "response": {"output_modalities": ["text"]}}
+    outputs = await talk({"output_modalities": ["audio"]}, [typed("open the door"), ask], ended)
+    created = next(e for e in outputs if e["type"] == "response.created")
+    assert created["output_modalities"] == ["text"]
+    said = [e["text"] for e in outputs if e["type"] == "response.output_text.delta"]
+    assert "".join(said) == "you said: open the door."
+    assert not any(e["type"] == "response.output_audio.delta" for e in outputs)
+    assert "response.done" in check_all(defaults(), outputs)  # as OpenAI's SDK reads it
+
+
+@needs_speech
+async def test_a_response_asked_for_audio_is_spoken_in_a_text_session() -> None:
+    ask = {"type": "response.create", "response": {"output_modalities": ["audio"]}}
+    outputs = await talk({"output_modalities": ["text"]}, [typed("open the door"), ask], ended)
+    created = next(e for e in outputs if e["type"] == "response.created")
+    assert created["output_modalities"] == ["audio"]
+    assert any(e["type"] == "response.output_audio.delta" for e in outputs)
+    assert "response.done" in check_all(defaults() | {"output_modalities": ["text"]}, outputs)
+
+
+def test_the_speech_snapshot_keeps_a_response_s_own_modalities_and_reads_older_ones() -> None:
+    state: dict[str, Any] = {
+        "state": "speech/2", "audio": "", "audio_at_ms": 0, "turn_started": False,
+        "turn_words": [], "history": [], "responses": 1, "talk": {},
+        "queued": [{"transcript": "asked", "metadata": None, "modalities": ["text"]}],
+        "speaking": {"response_id": "resp_1", "transcript": "t", "created": True,
+                     "finished": False, "cancelled": False, "said": [], "metadata": None,
+                     "modalities": ["audio"]},
+    }  # fmt: skip
+    read = State.read(state)
+    assert json.loads(json.dumps(read.write())) == state
+    assert read.queued == (Asked("asked", None, ("text",)),)
+    assert read.speaking is not None and read.speaking.modalities == ("audio",)
+    del state["speaking"]["modalities"]  # as written before responses had their own
+    older = State.read(state)
+    assert older.speaking is not None and older.speaking.modalities is None
+    assert "modalities" not in older.write()["speaking"]
+    for bad in ({"transcript": "x", "metadata": None}, {"transcript": "x", "metadata": None,
+                "modalities": ["text", "audio"]}):  # fmt: skip
+        with pytest.raises(ValueError, match="snapshot"):
+            State.read(state | {"queued": [bad]})

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai.types.realtime import RealtimeSessionCreateRequest
 from trio.testing import MockClock
 from wsproto.events import AcceptConnection, Request
 
@@ -185,3 +186,43 @@ async def test_a_locked_audio_restated_is_compared_as_negotiated(
         error = await client.receive()
         assert (error["code"], error["param"]) == ("config_locked", "session.audio")
         assert await closed_with(client) == 1008
+
+
+def sdk_session(shown: dict[str, Any]) -> dict[str, Any]:
+    """What an OpenAI client sends back of a session object it was shown: the Python
+    SDK's own ``RealtimeSessionCreateRequest`` (every field shown, nulls too)."""
+    fields = {key: value for key, value in shown.items() if key not in ("object", "id")}
+    request = RealtimeSessionCreateRequest.model_validate(fields)
+    dumped: dict[str, Any] = request.model_dump(mode="json", exclude_unset=True)
+    return dumped
+
+
+async def test_a_locked_session_takes_back_every_default_its_session_created_shows(
+    autojump_clock: MockClock, raw_http: RawHttp, key_file: str
+) -> None:
+    # Was: config_locked for session.tools (the lock held only audio and
+    # output_modalities of OpenAI's defaults, so a restated tools: [] was a change).
+    async with running_server(ServerConfig(api_key_file=key_file), VoiceEngine) as sim:
+        client = await upgrade(sim, "/v1/realtime", await secret(sim, raw_http, LOCKED))
+        created = await client.receive()
+        assert created["type"] == "session.created", created
+        restated = sdk_session(created["session"])
+        assert {"tools", "tool_choice", "tracing", "truncation", "audio"} <= restated.keys()
+        await client.send({"type": "session.update", "session": restated})
+        updated = await client.receive()
+        assert updated["type"] == "session.updated", updated
+        assert updated["session"] == created["session"]
+        changes: list[tuple[dict[str, Any], str]] = [
+            (restated | {"tool_choice": "none"}, "session.tool_choice"),
+            (restated | {"max_output_tokens": 100}, "session.max_output_tokens"),
+            (restated | {"audio": {"output": {"voice": "verse"}}}, "session.voice"),
+        ]
+        for changed, param in changes:
+            await client.send({"type": "session.update", "session": changed})
+            error = (await client.receive())["error"]
+            assert (error["code"], error["param"]) == ("config_locked", param)
+        await client.send({"type": "session.update", "session": {"type": "realtime"}})
+        again = await client.receive()
+        assert again["type"] == "session.updated"
+        assert again["session"] == created["session"]  # nothing changed
+        await client.send({"type": "session.close"})

@@ -65,13 +65,24 @@ def output_modalities(config: Mapping[str, Any], event: Event, default: str) -> 
     """A response's modalities: the ``response.create`` override, else the session's,
     else ``[default]``; an engine that cannot make one ("audio" without a voice) is
     not asked here: it narrows the answer itself. ``["text"]`` or ``["audio"]``."""
+    asked = response_modalities(event)
+    if asked is not None:
+        return list(asked)
+    session = config.get("output_modalities")
+    if isinstance(session, list) and session and all(m in ("text", "audio") for m in session):
+        return ["audio"] if "audio" in session else ["text"]
+    return [default]
+
+
+def response_modalities(event: Event) -> tuple[str] | None:
+    """The ``output_modalities`` a ``response.create`` asks for itself (checked by
+    ``check_response_event``): ``("audio",)`` if it names audio, ``("text",)`` if text
+    only; None when it asks nothing (the session's then hold)."""
     override = event.get("response")
     asked = override.get("output_modalities") if isinstance(override, dict) else None
-    if asked is None:
-        asked = config.get("output_modalities")
     if isinstance(asked, list) and asked and all(m in ("text", "audio") for m in asked):
-        return ["audio"] if "audio" in asked else ["text"]
-    return [default]
+        return ("audio",) if "audio" in asked else ("text",)
+    return None
 
 
 def check_response_event(event: Event) -> None:

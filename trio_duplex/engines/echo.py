@@ -16,7 +16,11 @@ The conversation (docs/engines.md): ``conversation.item.*`` and
 a native session's appends are echoed at once and not kept, so its commit makes an item
 with no audio, answered like no turn);
 with no user message, ``response.created`` and ``response.done`` alone. The turn's kind
-decides the modality (an echo cannot turn audio into text). A response is sent whole
+decides the modality (an echo cannot turn audio into text, nor text into audio), save
+that a ``response.create`` asking ``output_modalities: ["text"]`` gets an audio turn's
+transcript written (``["text"]``; no content if it has none), never its audio; one
+asking ``["audio"]`` of a text turn gets its text (``["text"]``: an echo has no voice).
+A response is sent whole
 before the next event is read, so a ``response.cancel`` finds nothing to cancel and is
 answered with nothing.
 
@@ -43,6 +47,7 @@ from .conversation import (
     conversing,
     created,
     response_metadata,
+    response_modalities,
     restored_metadata,
 )
 
@@ -121,11 +126,13 @@ class EchoEngine(Engine):
             self._outbox.popleft()
 
     def _start(self, event: Event) -> None:
-        # (The turn decides the modality: see the module docstring.)
+        # (The turn decides the modality, unless text is asked: see the module docstring.)
         self.responses += 1
         response_id = f"resp_{self.responses}"
         turn = self.conversation.latest_user()
         audio = turn.audio if turn is not None and not turn.typed else None
+        if response_modalities(event) == ("text",):
+            audio = None  # written: the turn's transcript ("" if it has none)
         self._response = {
             "response_id": response_id,
             "text": turn.text if turn is not None and audio is None else "",

@@ -30,7 +30,9 @@ deltas, ``speech_stopped {audio_end_ms, item_id}``, ``input_audio_buffer.committ
 ``conversation.item.done``, then its response (``response.created`` carries
 ``output_modalities: ["audio"]``; a session whose ``output_modalities`` is ``["text"]``
 gets ``["text"]`` and the reply written, not spoken) unless
-``turn_detection.create_response`` is false.
+``turn_detection.create_response`` is false. A ``response.create`` asking
+``output_modalities`` of its own is answered so, in any session: ``["text"]`` written,
+``["audio"]`` spoken (its ``response.created`` names them).
 With ``turn_detection: null`` nothing is announced and nothing answered by itself: a
 commit makes what was heard since the last one a turn (``committed``, ``item.added``,
 ``transcript.done``, ``item.done``), and ``response.create`` answers it.

@@ -23,6 +23,7 @@ from ..conversation import (
     conversing,
     created,
     response_metadata,
+    response_modalities,
 )
 from ..turns import Turns, send_end, send_live, speak_unless_cancelled
 from ._capacity import check_available, default_max_sessions, shared_limiter
@@ -67,12 +68,14 @@ class _Response:
     said: list[str] = attrs.Factory(list)  # the text deltas sent, in order
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     metadata: dict[str, str] | None = None  # its response.create's, for response.created
+    modalities: tuple[str] | None = None  # its response.create's own; None: the session's
 
 
 def _response(response_id: str, turn: str | Asked) -> _Response:
     if isinstance(turn, str):
         return _Response(response_id, turn)
-    return _Response(response_id, turn.transcript, metadata=turn.metadata)
+    return _Response(response_id, turn.transcript, metadata=turn.metadata,
+                     modalities=turn.modalities)  # fmt: skip
 
 
 class SpeechEngine(Engine):
@@ -193,7 +196,8 @@ class SpeechEngine(Engine):
             self._turns.cancel(event.get("response_id"))
         elif kind == "response.create":  # the latest user message, answered
             turn = self._talk.conversation.latest_user()
-            self._queue_turn("" if turn is None else turn.text, response_metadata(event))
+            text = "" if turn is None else turn.text
+            self._queue_turn(text, response_metadata(event), response_modalities(event))
         elif kind == "input_audio_buffer.commit":
             while (self._buffer or self._hearing) and not self._turns.input_ended:
                 await self._heard_all.park()  # the recogniser hears all of it first
@@ -205,9 +209,15 @@ class SpeechEngine(Engine):
             self._talk.take(event, self._turn_started)
             await self._talk.flush(session)
 
-    def _queue_turn(self, transcript: str, metadata: dict[str, str] | None = None) -> None:
+    def _queue_turn(
+        self,
+        transcript: str,
+        metadata: dict[str, str] | None = None,
+        modalities: tuple[str] | None = None,
+    ) -> None:
         self.history.append({"role": "user", "text": transcript})
-        self._turns.put(transcript if metadata is None else Asked(transcript, metadata))
+        plain = metadata is None and modalities is None
+        self._turns.put(transcript if plain else Asked(transcript, metadata, modalities))
 
     # -- listening -------------------------------------------------------------------
 
@@ -350,13 +360,16 @@ class SpeechEngine(Engine):
     ) -> None:
         response_id = response.response_id
         conversing_ = conversing(self._session_config)
-        # The session's output_modalities ["text"]: the reply is written, not spoken.
+        # ["text"] (the response.create's own, else a conversing session's): the reply
+        # is written, not spoken.
         modalities = self._session_config.get("output_modalities")
         modalities = ["text"] if conversing_ and modalities == ["text"] else ["audio"]
+        if response.modalities is not None:
+            modalities = list(response.modalities)
         if not response.created:
             if conversing_:  # (["audio"]: the text deltas are the audio's transcript)
                 self._talk.conversation.begin_response(response_id)
-            named = modalities if conversing_ else None
+            named = modalities if conversing_ or response.modalities is not None else None
             await session.send(created(response_id, named, response.metadata))
             response.created = True
             answer = self._play if modalities == ["audio"] else self._write
@@ -508,6 +521,7 @@ class SpeechEngine(Engine):
                 speaking.cancelled,
                 tuple(speaking.said),
                 speaking.metadata,
+                speaking.modalities,
             ),
             self._talk.state(),
         ).write()
@@ -525,6 +539,7 @@ class SpeechEngine(Engine):
                 speaking.finished,
                 said=[*speaking.said],
                 metadata=speaking.metadata,
+                modalities=speaking.modalities,
             )
         self._buffer = bytearray(got.audio)
         self._base_ms = got.audio_at_ms

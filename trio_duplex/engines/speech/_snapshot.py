@@ -22,13 +22,19 @@ OLD_VERSION: Final = "speech/1"  # (no conversation: restored with an empty one)
 @attrs.frozen
 class Asked:
     """A turn queued by a ``response.create`` that had ``metadata`` (its
-    ``response.created`` carries it back); a turn without is its transcript alone."""
+    ``response.created`` carries it back) or ``output_modalities`` of its own (its
+    response's, instead of the session's); a turn without is its transcript alone."""
 
     transcript: str
-    metadata: dict[str, str]
+    metadata: dict[str, str] | None
+    modalities: tuple[str] | None = None  # ("text",) or ("audio",); None: the session's
 
     def write(self) -> dict[str, Any]:
-        return {"transcript": self.transcript, "metadata": dict(self.metadata)}
+        metadata = None if self.metadata is None else dict(self.metadata)
+        written: dict[str, Any] = {"transcript": self.transcript, "metadata": metadata}
+        if self.modalities is not None:  # (absent: as the snapshots before it had none)
+            written["modalities"] = list(self.modalities)
+        return written
 
 
 @attrs.frozen
@@ -44,6 +50,15 @@ class Speaking:
     cancelled: bool
     said: tuple[str, ...]
     metadata: dict[str, str] | None = None  # its response.create's (absent before speech/2 had it)
+    modalities: tuple[str] | None = None  # its response.create's own (absent: the session's)
+
+    def write(self) -> dict[str, Any]:
+        written = attrs.asdict(self) | {"said": list(self.said)}
+        if self.modalities is None:  # (absent: as the snapshots before it had none)
+            del written["modalities"]
+        else:
+            written["modalities"] = list(self.modalities)
+        return written
 
 
 @attrs.frozen
@@ -72,9 +87,7 @@ class State:
             "history": [dict(entry) for entry in self.history],
             "queued": [turn if isinstance(turn, str) else turn.write() for turn in self.queued],
             "responses": self.responses,
-            "speaking": None if speaking is None else attrs.asdict(speaking) | {
-                "said": list(speaking.said)
-            },
+            "speaking": None if speaking is None else speaking.write(),
             "talk": self.talk,
         }  # fmt: skip
 
@@ -122,7 +135,18 @@ def _speaking(value: object) -> Speaking | None:
         _get(value, "cancelled", bool),
         _texts(value, "said"),
         restored_metadata(value.get("metadata")),
+        _modalities(value.get("modalities")),
     )
+
+
+def _modalities(value: object) -> tuple[str] | None:
+    """A response's own ``output_modalities`` (absent from older snapshots: None)."""
+    if value is None:
+        return None
+    if value == ["text"] or value == ["audio"]:
+        assert isinstance(value, list)
+        return (value[0],)
+    raise ValueError("speech snapshot: a response's modalities are not [text] or [audio]")
 
 
 def _queued(state: dict[str, Any]) -> tuple[str | Asked, ...]:
@@ -130,11 +154,12 @@ def _queued(state: dict[str, Any]) -> tuple[str | Asked, ...]:
     for turn in _get(state, "queued", list):
         if isinstance(turn, str):
             turns.append(turn)
-        elif isinstance(turn, dict) and set(turn) == {"transcript", "metadata"}:
+        elif isinstance(turn, dict) and set(turn) - {"modalities"} == {"transcript", "metadata"}:
             metadata = restored_metadata(turn["metadata"])
-            if not isinstance(turn["transcript"], str) or metadata is None:
+            modalities = _modalities(turn.get("modalities"))
+            if not isinstance(turn["transcript"], str) or (metadata is None and modalities is None):
                 raise ValueError("speech snapshot: a queued turn is malformed")
-            turns.append(Asked(turn["transcript"], metadata))
+            turns.append(Asked(turn["transcript"], metadata, modalities))
         else:
             raise ValueError("speech snapshot: 'queued' must hold turns")
     return tuple(turns)

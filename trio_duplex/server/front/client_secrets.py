@@ -120,13 +120,21 @@ def openai_session(session: dict[str, Any] | None) -> tuple[dict[str, Any] | Non
     """The configuration a secret locks (None: none locked) and the session object its
     answer shows, by the OpenAI dialect's translation: the whole configuration the
     session gets (OpenAI's defaults, then what ``session`` sets), written back as
-    OpenAI's session object. ProtocolError (its ``param`` the field at fault): a session
+    OpenAI's session object, and locked as that object reads back (every default it
+    shows explicit). ProtocolError (its ``param`` the field at fault): a session
     OpenAI would refuse (an unknown field too)."""
     session_id = "sess_" + secrets.token_hex(12)  # the session opened gets its own id
     if session is None:
         return None, to_session(defaults(), session_id)
-    config = defaults() | to_config(session)
-    return config, to_session(config, session_id)
+    asked = to_config(session)
+    shown = to_session(defaults() | asked, session_id)
+    # Locked as shown, read back: every default the session shows is then an explicit
+    # locked value, so that a client restating what session.created showed changes
+    # nothing. Turn detection the secret leaves unset stays the engine's own (opening).
+    config = to_config({key: shown[key] for key in shown if key not in ("object", "id")})
+    if "turn_detection" not in asked:
+        del config["turn_detection"]
+    return config, shown
 
 
 def answer(value: str, expires_at: int, session: dict[str, Any]) -> bytes:
