@@ -6,8 +6,10 @@ The benchmarks themselves run with ``python -m benchmarks``, never in the test s
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -463,3 +465,54 @@ def test_sessions_per_core_is_one_over_the_cpu_slope() -> None:
     assert sessions_per_core([ramp, broken]) == pytest.approx(100)  # 1 / 0.01 per session
     assert sessions_per_core([{"steps": [step(10, 0.2)]}]) is None
     assert sessions_per_core([{"steps": [step(10, 0.2), step(20, 0.1)]}]) is None
+
+
+def test_the_wer_benchmark_reads_the_whole_outside_set_and_pools_errors() -> None:
+    from benchmarks.speech_wer import Heard, Result, sentences
+
+    texts = sentences()
+    assert len(texts) == 100 and not any(t.startswith("#") or not t for t in texts)
+    assert sentences(3) == texts[:3] and texts[0] == "event reminder mona tuesday"
+    heard = [Heard("turn on the light", "turn on the lights", 1, 4, 0.0),
+             Heard("hello", "hello", 0, 1, 0.0)]  # fmt: skip
+    result = Result("r", "v", "direct", heard)
+    assert result.wer == pytest.approx(1 / 5)  # pooled, not the mean of 1/4 and 0
+    assert result.cpu_ms() == (0.0, 0.0)  # a clock that measured nothing divides nothing
+    assert [h.reference for h in result.worst(5)] == ["turn on the light"]
+
+
+def test_the_browser_path_keeps_speech_band_audio() -> None:
+    import numpy as np
+
+    from benchmarks.speech_wer import browser_path
+
+    t = np.arange(16_000) / 16_000
+    tone = (8000 * np.sin(2 * np.pi * 1000 * t)).astype(np.int16)
+    out = browser_path(tone)
+    assert out.dtype == np.int16 and abs(len(out) - len(tone)) <= 3
+    middle = out[1000:-1000].astype(np.float64)
+    assert 7000 < np.sqrt(2 * np.mean(middle**2)) < 8200  # a 1 kHz tone passes, ~unchanged
+
+
+@pytest.mark.skipif(
+    shutil.which("espeak-ng") is None or importlib.util.find_spec("faster_whisper") is None,
+    reason="needs espeak-ng and the speech extra",
+)
+def test_the_wer_benchmark_hears_one_sentence_both_paths(tmp_path: Path) -> None:
+    """benchmarks.speech_wer on the first sentence, espeak-ng, the new recogniser only:
+    a row per path, the sentence heard (something, not judged), nothing timed."""
+    from benchmarks import speech_wer
+
+    out = tmp_path / "wer.json"
+    results = speech_wer.main(["--limit", "1", "--voices", "espeak-ng",
+                               "--recognisers", "whisper", "--json", str(out)])  # fmt: skip
+    assert [(r.voice, r.path) for r in results] == [
+        ("espeak-ng (en-us, 150 wpm)", "direct"),
+        ("espeak-ng (en-us, 150 wpm)", "browser"),
+    ]
+    for r in results:
+        (heard,) = r.heard
+        assert heard.words == 4 and heard.hypothesis.strip(), heard
+        assert 0 <= r.wer <= 2
+    report = json.loads(out.read_text())
+    assert len(report["results"]) == 2 and report["results"][0]["heard"][0]["words"] == 4

