@@ -359,7 +359,7 @@ def _speech_step(**changes: object) -> dict[str, object]:
 
 
 def test_the_speech_benchmark_judges_a_step() -> None:
-    from benchmarks.probes.speech import holds
+    from benchmarks.probes.speech_tables import holds
 
     assert holds(_speech_step(), 20.0)
     assert not holds(_speech_step(neighbour_delay={"n": 100, "p99_ms": 21.0}), 20.0)
@@ -393,78 +393,55 @@ def test_the_speech_load_times_reply_frames_against_their_earliest() -> None:
     assert not session.awaiting_audio
 
 
-def test_the_speech_load_noise_is_faint_and_does_not_repeat_soon() -> None:
+def test_the_speech_load_noise_has_its_peak_and_does_not_repeat_soon() -> None:
     from benchmarks.probes.clients.speech_load import FRAME_BYTES, HEADER, noise_frames
 
-    frames = noise_frames(50, 5)
-    assert len(set(frames)) == 50 and all(len(f) == len(HEADER) + FRAME_BYTES for f in frames)
-    samples = [int.from_bytes(f[i : i + 2], "little", signed=True)
-               for f in frames for i in range(len(HEADER), len(f), 2)]  # fmt: skip
-    assert max(map(abs, samples)) <= 4 and any(samples)
+    for peak in (4, 64):
+        frames = noise_frames(50, 5, peak)
+        assert len(set(frames)) == 50 and all(len(f) == len(HEADER) + FRAME_BYTES for f in frames)
+        samples = [int.from_bytes(f[i : i + 2], "little", signed=True)
+                   for f in frames for i in range(len(HEADER), len(f), 2)]  # fmt: skip
+        assert max(map(abs, samples)) == peak
+
+
+def test_the_speech_memory_slope_is_per_extra_session() -> None:
+    from benchmarks.probes.speech_tables import memory_table, rss_slope
+
+    def step(n: int, rss: float) -> dict[str, object]:
+        procs = {"server": {"count": 1, "rss_mib": rss - 200, "pss_mib": rss - 220}}
+        procs["recognisers"] = {"count": 1, "rss_mib": 200.0, "pss_mib": 190.0}
+        return {"sessions": n, "memory": {"rss_mib": rss, "pss_mib": rss - 30, "procs": procs}}
+
+    steps = [step(16, 400.0), step(1, 310.0), step(4, 322.0)]
+    assert rss_slope(steps) == [(1, 4, 4.0, 4.0), (1, 16, 6.0, 6.0)]
+    table = memory_table(steps)
+    assert "| 16 | 200 (1) | 200 (1) | - | - | 400 | 370 |" in table, table
+    assert rss_slope(steps[:1]) == []
 
 
 @pytest.mark.integration
-def test_the_speech_benchmark_runs_a_step_and_admission(tmp_path: Path) -> None:
-    """benchmarks.speech: espeak-ng's sentences, one speech session and the echo neighbour
-    on the router engine, then admission at the default --max-sessions; nothing timed."""
+def test_the_speech_benchmark_runs_every_stage(tmp_path: Path) -> None:
+    """benchmarks.speech: the outside set's first sentences, one speech session and the
+    echo neighbour on the router engine, a noise step, a memory step, then admission at
+    the default --max-sessions; nothing timed."""
     out_file = tmp_path / "speech.json"
-    out = _run("speech", "--steps", "1", "--rounds", "1", "--measure", "2", "--warmup", "0.5",
-               "--tail", "0.2", "--gil-repeats", "1", "--admission-rounds", "1",
-               "--json", str(out_file), timeout=180)  # fmt: skip
+    out = _run("speech", "--steps", "1", "--rounds", "1", "--measure", "3", "--warmup", "0.5",
+               "--tail", "0.2", "--sentences", "2", "--noise-peaks", "4", "--rss-steps", "1",
+               "--rss-measure", "1", "--admission-rounds", "1",
+               "--json", str(out_file), timeout=240)  # fmt: skip
     assert "## Ramp" in out and "## Admission at the default --max-sessions" in out, out
-    assert "| end_utt |" in out, out  # the GIL table
+    assert "## Turn ends in background noise" in out and "## Memory" in out, out
     report = json.loads(out_file.read_text())
-    assert report["gil"]["end_utt"]["max_ms"] > 0
     (step,) = report["ramp"]
     assert step["opened"] == 1 and not step["errors"] and not step["dead"], step
     assert step["neighbour_delay"]["n"] > 0, step  # the echo neighbour was answered
+    (noise,) = report["noise"]
+    assert noise["noise_peak"] == 4 and noise["sentences"] >= 1, noise
+    (memory,) = report["memory"]
+    assert memory["memory"]["procs"]["server"]["count"] == 1, memory
+    assert memory["memory"]["rss_mib"] > 0, memory
     (admission,) = report["admission"]
     assert admission["sessions"] > admission["opened"] > 0, admission
-    assert set(admission["refused"]) == {"resource_exhausted"}, admission
-
-
-def test_the_dialect_load_drives_both_paths_of_a_real_server() -> None:
-    """Scenario 8's load generator, both modes on both dialects, a fraction of a second
-    each against `trio-duplex serve`; nothing is timed, and no rate is computed."""
-    from benchmarks.suite._dialects import dialect_url
-
-    with _serving() as port:
-        per_turn = {}
-        for dialect in ("native", "openai"):
-            url = dialect_url(f"ws://127.0.0.1:{port}/v1/duplex", dialect)
-            out = _run("suite.clients.dialects", "turns", "--url", url, "--dialect", dialect,
-                       "--window", "4", "--warmup", "0.1", "--duration", "0.3")  # fmt: skip
-            turns = _result(out)
-            assert turns["turns"] > 0 and not turns["errors"], turns
-            assert turns["client_events"] == 2 * turns["turns"]
-            per_turn[dialect] = turns["server_events"] / turns["turns"]
-            out = _run("suite.clients.dialects", "voice", "--url", url, "--dialect", dialect,
-                       "--steps", "2", "--turn-frames", "5", "--settle", "0.3", "--measure",
-                       "0.5", "--threshold-ms", "1000", "--max-time", "30")  # fmt: skip
-            _one_clean_voice_step(out)
-        # OpenAI's structure (output items, content parts, their *.done) is more events.
-        assert per_turn["openai"] > per_turn["native"], per_turn
-
-
-def test_the_dialect_url_is_the_servers_realtime_path() -> None:
-    from benchmarks.suite._dialects import dialect_url
-
-    url = "ws://127.0.0.1:9/v1/duplex"
-    assert dialect_url(url, "native") == url
-    assert dialect_url(url, "openai") == "ws://127.0.0.1:9/v1/realtime?model=bench"
-
-
-def test_sessions_per_core_is_one_over_the_cpu_slope() -> None:
-    from benchmarks.suite._dialects import sessions_per_core
-
-    def step(n: int, util: float, **kw: object) -> dict[str, object]:
-        return {"sessions": n, "server_cpu_util": util, "errors": {}, "dead": 0, **kw}
-
-    ramp = {"steps": [step(10, 0.15), step(20, 0.25), step(40, 0.45)]}
-    broken = {"steps": [step(50, 0.99, errors={"x": 1}), {"sessions": 60, "errors": {}, "dead": 0}]}
-    assert sessions_per_core([ramp, broken]) == pytest.approx(100)  # 1 / 0.01 per session
-    assert sessions_per_core([{"steps": [step(10, 0.2)]}]) is None
-    assert sessions_per_core([{"steps": [step(10, 0.2), step(20, 0.1)]}]) is None
 
 
 def test_the_wer_benchmark_reads_the_whole_outside_set_and_pools_errors() -> None:

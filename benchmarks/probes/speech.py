@@ -1,13 +1,17 @@
 """The speech engine on one core: sessions held in real time, the time from the
-end of speech to the reply, and what happens past capacity.
+end of speech to the reply, turn ends in background noise, memory, and admission.
 
-    python -m benchmarks.speech [--steps 1,2,3,4,6,8] [--rounds 2] [--measure 30]
+    python -m benchmarks.speech [--steps 0,1,2,4,6,8,12,16] [--rounds 2] [--measure 30]
 
-The server (``trio-duplex serve``, its own process) is pinned to core 0 with ``taskset``,
-the load generator (``benchmarks.probes.clients.speech_load``, one asyncio process) to core 1.
-Test sentences are synthesised by espeak-ng at the start and resampled to the engine's
-16 kHz. Each speech session streams them at real-time pace, with faint noise between
-them, and waits for each reply before the next sentence (see the load generator).
+The server (``trio-duplex serve``, its own process) is pinned to core 0 with ``taskset``
+(its recogniser pool and voice processes inherit that core: one of each), the load
+generator (``benchmarks.probes.clients.speech_load``, one asyncio process) to core 1.
+The test sentences are the first ``--sentences`` of the outside set
+(``benchmarks/data/slurp_test_first100.txt``, in file order) said by ``--voice``
+(espeak-ng by default) at the start, at the engine's 16 kHz; session i starts at
+sentence i and goes on in order, cycling. Each speech session streams them at real-time
+pace, with white noise between them (peaks of ``--noise-peak``, 64: -54 dBFS), and
+waits for each reply before the next sentence (see the load generator).
 
 1. **The ramp.** For each N of ``--steps`` a fresh server (``--max-sessions`` raised out
    of the way) serves N speech sessions and one neighbour: a session of the echo engine
@@ -18,12 +22,19 @@ them, and waits for each reply before the next sentence (see the load generator)
    the speech replies' p99 frame delay are at most ``--threshold-ms`` (20), with every
    turn answered, no error and no session lost. The steps go on past the first that
    fails, to show how latency degrades; ``--rounds`` ramps, interleaved.
-2. **Admission.** ``--engine speech`` with ``--max-sessions`` at its default (from the
+2. **Noise.** One session (and the neighbour) per ``--noise-peaks`` level: how long the
+   turn detector holds a turn open after the speech (end of speech → ``speech_stopped``),
+   and the turns it starts against the sentences sent.
+3. **Memory.** A fresh server per ``--rss-steps`` N (no neighbour): the RSS (and PSS) of
+   the server process and of its children (the recogniser pool's workers, the voice's
+   processes) at the end of the window, and the slope per extra session.
+4. **Admission.** ``--engine speech`` with ``--max-sessions`` at its default (from the
    cores the server may use: one here), offered twice that many sessions: how many are
    refused (``resource_exhausted``), and the latency of those admitted.
 
 Figures go to stdout as markdown tables (and ``--json FILE``). The machine is shared
-with other work: each step records what other processes took of it (/proc/stat).
+with other work: each step records what other processes took of it (/proc/stat, less
+the server's and its children's CPU) and the load average.
 """
 
 from __future__ import annotations
@@ -32,38 +43,39 @@ import argparse
 import datetime
 import json
 import os
-import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
+import time
 import wave
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import psutil
 
+from benchmarks.probes.speech_tables import (
+    admission_table,
+    holds,
+    memory_table,
+    noise_table,
+    pooled,
+    ramp_table,
+)
+from benchmarks.speech_wer import VOICES, sentences, voice_missing
 from benchmarks.suite._procs import (
     PY,
     BenchError,
     LoadMeter,
+    Proc,
     free_port,
     install_reaper,
     machine_info,
     pinned,
-    run_client,
+    run_to_result,
     start_server,
 )
-from benchmarks.suite._stats import percentiles
 from trio_duplex.engines.api import Engine
 
-SENTENCES = (
-    "hello world this is a test of the speech engine",
-    "what is the weather like today",
-    "please turn on the lights in the kitchen",
-    "how many sessions can one core hold",
-)
 SERVER_CPU, CLIENT_CPU = "0", "1"
 
 
@@ -89,34 +101,62 @@ class _Route:
 route = _Route()
 
 
-def synthesise(directory: Path) -> list[str]:
-    """The test sentences as 16 kHz mono PCM16 WAV files (espeak-ng, then soxr)."""
-    from trio_duplex.audio import Resampler
-
-    espeak = shutil.which("espeak-ng")
-    if espeak is None:
-        raise BenchError("espeak-ng is not installed (apt-get install -y espeak-ng)")
+def synthesise(directory: Path, voice: str, count: int) -> list[str]:
+    """The first ``count`` sentences of the outside set said by ``voice``, as 16 kHz mono
+    PCM16 WAV files."""
+    why = voice_missing(voice)
+    if why:
+        raise BenchError(f"voice {voice}: {why}")
     paths = []
-    for i, text in enumerate(SENTENCES):
-        raw = directory / f"raw{i}.wav"
-        subprocess.run([espeak, "-v", "en-us", "-w", str(raw), text], check=True, timeout=30)
-        with wave.open(str(raw)) as wav:
-            rate = wav.getframerate()
-            samples = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
-        resampler = Resampler(rate, 16_000)
-        out = np.concatenate((resampler.process(samples), resampler.drain()))
+    for i, samples in enumerate(VOICES[voice][1](sentences(count), directory)):
         path = directory / f"sentence{i}.wav"
         with wave.open(str(path), "wb") as wav:
             wav.setnchannels(1)
             wav.setsampwidth(2)
             wav.setframerate(16_000)
-            wav.writeframes(out.astype("<i2").tobytes())
+            wav.writeframes(samples.astype("<i2").tobytes())
         paths.append(str(path))
     return paths
 
 
 def niced(argv: list[str], nice: int) -> list[str]:
     return argv if nice == 0 else ["nice", "-n", str(nice), *argv]
+
+
+def tree(server: Proc) -> dict[str, Any]:
+    """CPU seconds and memory of the server and of every process under it, now: RSS and
+    PSS (shared pages split between the processes sharing them) by kind."""
+    out: dict[str, Any] = {"cpu": 0.0, "procs": {}}
+    try:
+        root = psutil.Process(server.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return out
+    for proc in procs:
+        try:
+            with proc.oneshot():
+                cpu = proc.cpu_times()
+                cmd = " ".join(proc.cmdline())
+                mem = proc.memory_full_info()
+        except psutil.Error:
+            continue  # (gone meanwhile)
+        kind = "server" if proc.pid == server.pid else _kind(cmd)
+        out["cpu"] += cpu.user + cpu.system
+        entry = out["procs"].setdefault(kind, {"count": 0, "rss_mib": 0.0, "pss_mib": 0.0})
+        entry["count"] += 1
+        entry["rss_mib"] = round(entry["rss_mib"] + mem.rss / 2**20, 1)
+        entry["pss_mib"] = round(entry["pss_mib"] + getattr(mem, "pss", 0) / 2**20, 1)
+    out["rss_mib"] = round(sum(e["rss_mib"] for e in out["procs"].values()), 1)
+    out["pss_mib"] = round(sum(e["pss_mib"] for e in out["procs"].values()), 1)
+    return out
+
+
+def _kind(cmdline: str) -> str:
+    if "whisper" in cmdline or "_pool" in cmdline or "recognis" in cmdline:
+        return "recognisers"
+    if "piper" in cmdline or "flite" in cmdline or "espeak" in cmdline:
+        return "voice"
+    return "other"
 
 
 def run_step(
@@ -127,171 +167,74 @@ def run_step(
     *,
     neighbour: bool,
     max_sessions: int | None,
+    noise_peak: int | None = None,
+    measure: float | None = None,
 ) -> dict[str, Any]:
-    """One server, one load: the load generator's result, plus the server's CPU share in
-    the window and what the rest of the machine took meanwhile."""
+    """One server, one load: the load generator's result, plus the server's (and its
+    children's) CPU share and memory in the window, and what the rest of the machine
+    took meanwhile."""
     port = free_port()
     argv = [PY, "-m", "trio_duplex", "serve", "--engine", engine, "--port", str(port)]
     if max_sessions is not None:
         argv += ["--max-sessions", str(max_sessions)]
+    argv += args.server_arg
+    loadavg = os.getloadavg()[0]
     server, url = start_server(
         f"serve {engine}",
         niced(pinned(argv, SERVER_CPU), args.nice),
         timeout=60,
         probe=f"ws://127.0.0.1:{port}/v1/duplex",
     )
+    marks: dict[str, dict[str, Any]] = {}
     try:
         meter = LoadMeter()
+        before = tree(server)
         load = [PY, "-m", "benchmarks.probes.clients.speech_load", url, "--sessions", str(sessions)]
         load += [x for path in utterances for x in ("--utterance", path)]
-        load += ["--measure", str(args.measure), "--warmup", str(args.warmup)]
-        load += ["--tail", str(args.tail)]
+        load += ["--measure", str(args.measure if measure is None else measure)]
+        load += ["--warmup", str(args.warmup), "--tail", str(args.tail)]
+        load += ["--noise-peak", str(args.noise_peak if noise_peak is None else noise_peak)]
         if neighbour:
             load.append("--neighbour")
-        timeout = 120 + args.measure + sessions * 3
-        result, marks = run_client(
-            "speech_load", niced(pinned(load, CLIENT_CPU), args.nice), watch=server, timeout=timeout
+        timeout = 180 + args.measure + sessions * 3
+
+        def on_mark(name: str) -> None:
+            marks[name] = {**tree(server), "t": time.monotonic()}
+
+        result = run_to_result(
+            "speech_load", niced(pinned(load, CLIENT_CPU), args.nice),
+            on_mark=on_mark, timeout=timeout, watch=server,
+        )  # fmt: skip
+        after = tree(server)
+        machine = meter.read()
+        # The server and its children are alive: /proc/stat counted them as others'.
+        ours = max(0.0, after["cpu"] - before["cpu"])
+        other = max(0.0, machine["other_cpu_s"] - ours)
+        cores = os.cpu_count() or 1
+        machine.update(
+            other_cpu_s=round(other, 1), other_share=round(other / (machine["wall_s"] * cores), 3)
         )
-        result["machine"] = meter.read()
+        machine["loadavg_1m_before"] = round(loadavg, 2)
+        result["machine"] = machine
         if "start" in marks and "end" in marks:
             a, b = marks["start"], marks["end"]
             result["server_cpu_share"] = round((b["cpu"] - a["cpu"]) / (b["t"] - a["t"]), 3)
-            result["server_rss_mib"] = round(b["rss"] / 2**20, 1)
+            result["memory"] = {k: b[k] for k in ("rss_mib", "pss_mib", "procs")}
     finally:
         server.stop()
     return result
 
 
-def holds(step: Mapping[str, Any], threshold_ms: float) -> bool:
-    """Real time held: both frame delays' p99 within the threshold, every turn answered,
-    nothing refused, lost or in error."""
-    neighbour = step["neighbour_delay"].get("p99_ms", float("inf"))
-    reply = step["reply_frame_delay"].get("p99_ms", float("inf"))
-    if step["sessions"] == 0:  # the baseline: the neighbour alone
-        return bool(neighbour <= threshold_ms and not step["errors"] and step["dead"] == 0)
-    return bool(
-        neighbour <= threshold_ms
-        and reply <= threshold_ms
-        and step["turns"] > 0
-        and step["unanswered"] == 0
-        and not step["errors"]
-        and not step["refused"]
-        and step["dead"] == 0
-    )
-
-
-def _ms(summary: Mapping[str, Any], key: str) -> str:
-    value = summary.get(key)
-    return "-" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
-
-
-def ramp_table(steps: list[dict[str, Any]], threshold_ms: float) -> str:
-    lines = [
-        "| N | round | neighbour p99 / max (ms) | reply frames p99 (ms) | end of speech → "
-        "reply p50 / p99 (ms, turns) | → transcript p50 (ms) | unanswered | server CPU "
-        "| others' CPU | holds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in steps:
-        nb, rf, er, et = (
-            s["neighbour_delay"],
-            s["reply_frame_delay"],
-            s["end_to_reply"],
-            s["end_to_transcript"],
-        )
-        lines.append(
-            f"| {s['sessions']} | {s['round']} | {_ms(nb, 'p99_ms')} / {_ms(nb, 'max_ms')} "
-            f"| {_ms(rf, 'p99_ms')} | {_ms(er, 'p50_ms')} / {_ms(er, 'p99_ms')} ({er['n']}) "
-            f"| {_ms(et, 'p50_ms')} | {s['unanswered']} | {s.get('server_cpu_share', 0):.0%} "
-            f"| {s['machine']['other_share']:.0%} | {'yes' if holds(s, threshold_ms) else 'no'} |"
-        )
-    return "\n".join(lines)
-
-
-def pooled(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """End of speech → reply over every turn of these steps (all rounds pooled)."""
-    latencies = [x / 1000 for s in steps for x in s["latencies_ms"]]
-    if not latencies:
-        return {"n": 0}
-    p = percentiles(latencies, (50, 99))
-    return {"n": len(latencies), "p50_ms": p["p50"] * 1000, "p99_ms": p["p99"] * 1000}
-
-
-def gil_holds(sentence: str, repeats: int = 3) -> dict[str, dict[str, float]]:
-    """How long each kind of PocketSphinx call keeps every other Python thread of the
-    process waiting (ms, median and max over the calls): a thread that wakes every
-    millisecond times its own gaps while the calls run in another thread, as the engine
-    runs them (``trio.to_thread``). A call that released the GIL would leave ~1 ms gaps;
-    the event loop is such a thread, so these are stalls of every session's frames."""
-    import threading
-    import time
-
-    from pocketsphinx import Decoder
-
-    with wave.open(sentence) as wav:
-        pcm = wav.readframes(wav.getnframes())
-    held: dict[str, list[float]] = {
-        "Decoder() (load)": [],
-        "process_raw (20 ms)": [],
-        "hyp (partial)": [],
-        "end_utt": [],
-        "hyp (final)": [],
-    }
-    gaps: list[tuple[float, float]] = []  # (the gap's end, the gap)
-    stop = threading.Event()
-
-    def ticker() -> None:
-        last = time.perf_counter()
-        while not stop.is_set():
-            time.sleep(0.001)
-            now = time.perf_counter()
-            gaps.append((now, now - last))
-            last = now
-
-    def timed(name: str, call: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        result = call(*args, **kwargs)
-        end = time.perf_counter()
-        time.sleep(0.005)  # the ticker logs the gap this call made when it wakes
-        held[name].append(1000 * max((g for t, g in gaps if start < t <= end + 0.005), default=0))
-        return result
-
-    thread = threading.Thread(target=ticker)
-    thread.start()
-    try:
-        for _ in range(repeats):
-            decoder = timed("Decoder() (load)", Decoder, samprate=16_000, loglevel="FATAL")
-            decoder.start_utt()
-            for at in range(0, len(pcm), 640):  # 20 ms at a time, a partial every 200 ms
-                chunk = pcm[at : at + 640]
-                timed("process_raw (20 ms)", decoder.process_raw, chunk, False, False)
-                if at % 6400 == 0:
-                    timed("hyp (partial)", decoder.hyp)
-            timed("end_utt", decoder.end_utt)
-            timed("hyp (final)", decoder.hyp)
-    finally:
-        stop.set()
-        thread.join()
-    return {
-        name: {"median_ms": round(statistics.median(v), 1), "max_ms": round(max(v), 1)}
-        for name, v in held.items()
-    }
-
-
-def gil_table(holds: Mapping[str, Mapping[str, float]]) -> str:
-    lines = [
-        "| PocketSphinx call | other threads held off: median (ms) | max (ms) |",
-        "|---|---|---|",
-    ]
-    for name, h in holds.items():
-        lines.append(f"| {name} | {h['median_ms']:.1f} | {h['max_ms']:.1f} |")
-    return "\n".join(lines)
+def _steps(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--steps", default="0,1,2,3,4,6,8", help="speech sessions per step (0: the neighbour alone)"
+        "--steps",
+        default="0,1,2,4,6,8,12,16",
+        help="speech sessions per step (0: the neighbour alone)",
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--measure", type=float, default=30.0, help="seconds per step")
@@ -299,9 +242,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--tail", type=float, default=5.0, help="seconds after a window for its turns' replies"
     )
-    parser.add_argument("--gil-repeats", type=int, default=3, help="decoders timed")
     parser.add_argument("--threshold-ms", type=float, default=20.0)
+    parser.add_argument("--voice", default="espeak-ng", choices=sorted(VOICES))
+    parser.add_argument("--sentences", type=int, default=20, help="the first N of the set")
+    parser.add_argument("--noise-peak", type=int, default=64, help="64: -54 dBFS")
+    parser.add_argument("--noise-peaks", default="4,64,328", help="the noise step's levels")
+    parser.add_argument("--rss-steps", default="1,4,16", help="the memory step's sessions")
+    parser.add_argument("--rss-measure", type=float, default=15.0)
     parser.add_argument("--admission-rounds", type=int, default=2)
+    parser.add_argument(
+        "--server-arg", action="append", default=[], help="one more `serve` argument (repeat)"
+    )
     parser.add_argument(
         "--nice",
         type=int,
@@ -309,26 +260,23 @@ def main(argv: list[str] | None = None) -> None:
         help="the server's and the load generator's niceness: ahead of other work on a "
         "shared machine (-10 as root, else 0)",
     )
-    parser.add_argument(
-        "--gil-only", action="store_true", help="only the PocketSphinx calls' GIL holds"
-    )
     parser.add_argument("--json", type=Path, help="write every figure here too")
     args = parser.parse_args(argv)
     install_reaper()
-    steps_n = [int(x) for x in args.steps.split(",")]
+    steps_n = _steps(args.steps)
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    report: dict[str, Any] = {"machine": machine_info(), "started": started, "args": vars(args)}
+    report: dict[str, Any] = {"machine": machine_info(), "started": started}
     report["args"] = {**vars(args), "json": str(args.json)}
+    report["loadavg_before"] = os.getloadavg()
+    steps: list[dict[str, Any]] = []
+    noise: list[dict[str, Any]] = []
+    memory: list[dict[str, Any]] = []
+    admission: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="speech-bench-") as tmp:
-        utterances = synthesise(Path(tmp))
+        utterances = synthesise(Path(tmp), args.voice, args.sentences)
         seconds = [_seconds(p) for p in utterances]
-        print(f"sentences: {', '.join(f'{s:.2f} s' for s in seconds)}", file=sys.stderr)
-        report["gil"] = gil_holds(utterances[0], args.gil_repeats)
-        print(f"## PocketSphinx calls and the GIL ({started})\n")
-        print(gil_table(report["gil"]) + "\n")
-        if args.gil_only:
-            return
-        steps: list[dict[str, Any]] = []
+        print(f"{len(seconds)} sentences ({args.voice}): {min(seconds):.2f}-{max(seconds):.2f} s, "
+              f"mean {sum(seconds) / len(seconds):.2f} s", file=sys.stderr)  # fmt: skip
         for r in range(args.rounds):
             order = steps_n if r % 2 == 0 else steps_n[::-1]
             for n in order:
@@ -343,10 +291,34 @@ def main(argv: list[str] | None = None) -> None:
                 step["round"] = r + 1
                 steps.append(step)
                 print(ramp_table([step], args.threshold_ms).splitlines()[-1], file=sys.stderr)
-        admission = []
-        for r in range(args.admission_rounds):
-            from trio_duplex.engines.speech import SESSIONS_PER_CORE
+        for peak in _steps(args.noise_peaks):
+            step = run_step(
+                "benchmarks.probes.speech:route",
+                1,
+                utterances,
+                args,
+                neighbour=True,
+                max_sessions=200,
+                noise_peak=peak,
+            )
+            step["noise_peak"] = peak
+            noise.append(step)
+            print(noise_table([step]).splitlines()[-1], file=sys.stderr)
+        for n in _steps(args.rss_steps):
+            step = run_step(
+                "benchmarks.probes.speech:route",
+                n,
+                utterances,
+                args,
+                neighbour=False,
+                max_sessions=200,
+                measure=args.rss_measure,
+            )
+            memory.append(step)
+            print(memory_table([step]).splitlines()[-1], file=sys.stderr)
+        from trio_duplex.engines.speech import SESSIONS_PER_CORE
 
+        for r in range(args.admission_rounds):
             # Twice the default of a server pinned to one core (or, unpinned, of every core).
             one_core = pinned(["x"], SERVER_CPU) != ["x"]
             offered = 2 * SESSIONS_PER_CORE * (1 if one_core else (os.cpu_count() or 1))
@@ -355,36 +327,40 @@ def main(argv: list[str] | None = None) -> None:
             admission.append(step)
             print(json.dumps(step), file=sys.stderr)
     steps.sort(key=lambda s: (s["sessions"], s["round"]))
-    report.update(sentences_s=seconds, ramp=steps, admission=admission)
-    print(f"## Ramp ({started}; threshold {args.threshold_ms:g} ms)\n")
+    report.update(sentences_s=seconds, ramp=steps, noise=noise, memory=memory)
+    report["admission"] = admission
+    report["loadavg_after"] = os.getloadavg()
+    print(f"## Ramp ({started}; {args.voice}, noise peak {args.noise_peak}; threshold "
+          f"{args.threshold_ms:g} ms)\n")  # fmt: skip
     print(ramp_table(steps, args.threshold_ms))
     held = [
         n
         for n in steps_n
         if n and all(holds(s, args.threshold_ms) for s in steps if s["sessions"] == n)
     ]
-    most = max(held, default=0)
-    print(f"\nLargest N held in every round: {most}")
-    from trio_duplex.engines.speech import SESSIONS_PER_CORE  # the default on one core
-
-    for n in sorted({1, most, SESSIONS_PER_CORE} - {0}):
+    # The largest N such that it and every N below it held in every round.
+    most = 0
+    for n in sorted(x for x in steps_n if x):
+        if n not in held:
+            break
+        most = n
+    print(f"\nLargest N held in every round (and every N below it): {most}")
+    for n in sorted({1, 4, 8, most, SESSIONS_PER_CORE} - {0}):
         p = pooled([s for s in steps if s["sessions"] == n])
         if p["n"]:
             print(f"End of speech → first reply audio at N={n}: p50 {p['p50_ms']:.0f} ms, "
-                  f"p99 {p['p99_ms']:.0f} ms ({p['n']} turns, rounds pooled)")  # fmt: skip
-    print("\n## Admission at the default --max-sessions\n")
-    print(
-        "| round | offered | admitted | refused | reply frames p99 (ms) "
-        "| end of speech → reply p50 / p99 (ms) | unanswered |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for a in admission:
-        er = a["end_to_reply"]
-        print(
-            f"| {a['round']} | {a['sessions']} | {a['opened']} | {a['refused']} "
-            f"| {_ms(a['reply_frame_delay'], 'p99_ms')} "
-            f"| {_ms(er, 'p50_ms')} / {_ms(er, 'p99_ms')} | {a['unanswered']} |"
-        )
+                  f"p90 {p['p90_ms']:.0f} ms, p99 {p['p99_ms']:.0f} ms "
+                  f"({p['n']} turns, rounds pooled)")  # fmt: skip
+    if noise:
+        print("\n## Turn ends in background noise (one session)\n")
+        print(noise_table(noise))
+    if memory:
+        print("\n## Memory: the server and its children at the end of the window\n")
+        print(memory_table(memory))
+    print(f"\n## Admission at the default --max-sessions ({SESSIONS_PER_CORE} per core)\n")
+    print(admission_table(admission))
+    la = report["loadavg_after"]
+    print(f"\nLoad average before {report['loadavg_before'][0]:.2f}, after {la[0]:.2f}")
     report["largest_held"] = most
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

@@ -1,12 +1,17 @@
 """Load generator of ``benchmarks.speech``: N speech sessions talking, one echo neighbour.
 
 Each speech session streams 16 kHz PCM16 on the binary lane, one 20 ms frame every 20 ms
-as a microphone does, without pause: faint noise, then one of the ``--utterance`` files
-(espeak-ng sentences), then noise again until the engine's reply has been heard
+as a microphone does, without pause: white noise (``--noise-peak``: peaks of 64 by
+default, -54 dBFS, a quiet room), then one of the ``--utterance`` files (sentences of
+the outside set), then noise again until the engine's reply has been heard
 (``response.done``), a short gap, the next sentence, and so on. It records, for each
 turn, the time from the last frame of the sentence (the end of speech) to the first
-frame of the reply's audio, and for every reply frame its delay: how much later than the
-reply's 20 ms grid it arrived, the grid anchored at the reply's earliest frame so far.
+frame of the reply's audio, to ``speech_stopped`` (the turn end delay: how long the
+turn detector held the turn open after the speech) and to ``transcript.done``; for every
+reply frame its delay: how much later than the reply's 20 ms grid it arrived, the grid
+anchored at the reply's earliest frame so far. It counts the turns the engine started
+(``speech_started``) against the sentences sent, and the turns it ended before a
+sentence's end (``splits``).
 
 The neighbour (``--neighbour``) is a session of the echo engine on the same server (the
 benchmark's router engine picks it by the session's configuration): it sends a 20 ms
@@ -73,14 +78,13 @@ def read_utterance(path: str) -> list[bytes]:
     return [HEADER + pcm[i : i + FRAME_BYTES] for i in range(0, len(pcm), FRAME_BYTES)]
 
 
-def noise_frames(count: int, seed: int) -> list[bytes]:
-    """Faint white noise (peaks of 4, about -78 dBFS) as ``count`` distinct frames, sent in
-    a cycle. Why so faint: PocketSphinx's endpointer, fed white noise peaking at 64
-    (-54 dBFS), holds a turn open 5.3-5.7 s after the speech ends (checked on these
-    sentences), and at 16 now and then 0.6 s; at 0 or 4 it closes it 0.16-0.26 s after.
-    (A short cycle, 8 frames, also held it open for seconds.)"""
+def noise_frames(count: int, seed: int, peak: int = 64) -> list[bytes]:
+    """White noise peaking at ``peak`` (64: -54 dBFS) as ``count`` distinct frames, sent
+    in a cycle (long enough that a detector cannot learn it: a short cycle, 8 frames,
+    held PocketSphinx's endpointer open for seconds)."""
     rng = random.Random(seed)
-    samples = array.array("h", (rng.randint(-4, 4) for _ in range(count * FRAME_BYTES // 2)))
+    total = count * FRAME_BYTES // 2
+    samples = array.array("h", (rng.randint(-peak, peak) for _ in range(total)))
     pcm = samples.tobytes()  # native order: little-endian, as everywhere we run
     return [HEADER + pcm[i : i + FRAME_BYTES] for i in range(0, len(pcm), FRAME_BYTES)]
 
@@ -91,13 +95,17 @@ class Load:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.utterances = [read_utterance(p) for p in args.utterance]
-        self.noise = noise_frames(250, 5)
+        self.noise = noise_frames(250, 5, getattr(args, "noise_peak", 64))
         self.rng = random.Random(args.seed)
         self.epoch = now()
         self.window: tuple[float, float] = (math.inf, math.inf)
         self.stopping = False
         self.turns: list[tuple[float, float | None]] = []  # (end of speech, latency or None)
         self.heard: list[tuple[float, float]] = []  # (end of speech, to transcript.done)
+        self.stopped: list[tuple[float, float]] = []  # (end of speech, to speech_stopped)
+        self.started: list[float] = []  # speech_started arrivals
+        self.sentences: list[float] = []  # when each sentence's first frame went out
+        self.splits: list[float] = []  # speech_stopped arrivals mid-sentence
         self.reply_delays: list[tuple[float, float]] = []  # (arrival, delay)
         self.echo_rtts: list[tuple[float, float]] = []  # (sent, round trip)
         self.lateness: list[tuple[float, float]] = []  # (due, how late our send was)
@@ -122,6 +130,8 @@ class Session:
         # Speech: the turn in flight.
         self.speech_end: float | None = None  # the last frame of the sentence went out
         self.awaiting_audio = False
+        self.in_sentence = False  # its frames are going out
+        self.stop_heard = False  # speech_stopped for the sentence last ended
         self.reply_done = asyncio.Event()
         self.reply_anchor: float | None = None  # earliest (arrival - k * 20 ms) so far
         self.reply_frames = 0
@@ -168,6 +178,8 @@ class Session:
         while True:
             frames = load.utterances[turn % len(load.utterances)]
             turn += 1
+            self.in_sentence = True
+            load.sentences.append(now())
             for i, frame in enumerate(frames):
                 yield frame, i == len(frames) - 1
             waited = 0
@@ -202,6 +214,8 @@ class Session:
                 await self.ws.send(frame)
                 if last:  # the end of speech: the turn's reply is awaited from here
                     self.speech_end = t
+                    self.in_sentence = False
+                    self.stop_heard = False
                     self.awaiting_audio = True
                     self.reply_done.clear()
                 due += FRAME_PERIOD_S
@@ -255,6 +269,14 @@ class Session:
                 self.reply_done.set()
         elif kind == "response.cancelled":
             load.cancelled += 1
+        elif kind == "input_audio_buffer.speech_started":
+            load.started.append(t)
+        elif kind == "input_audio_buffer.speech_stopped":
+            if self.in_sentence:
+                load.splits.append(t)
+            elif self.speech_end is not None and not self.stop_heard:
+                self.stop_heard = True
+                load.stopped.append((self.speech_end, t - self.speech_end))
         elif kind == "input_audio.transcript.done":
             if self.speech_end is not None and self.awaiting_audio:
                 load.heard.append((self.speech_end, t - self.speech_end))
@@ -277,7 +299,7 @@ class Session:
 def summary(values: list[float]) -> dict[str, Any]:
     if not values:
         return {"n": 0}
-    shown = {k + "_ms": round(v * 1000, 2) for k, v in percentiles(values, (50, 99)).items()}
+    shown = {k + "_ms": round(v * 1000, 2) for k, v in percentiles(values, (50, 90, 99)).items()}
     return {"n": len(values), **shown, "max_ms": round(max(values) * 1000, 2)}
 
 
@@ -324,6 +346,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "latencies_ms": [round(x * 1000, 1) for x in answered],
         "end_to_reply": summary(answered),
         "end_to_transcript": summary([x for t, x in load.heard if start <= t < end]),
+        "turn_end_delay": summary([x for t, x in load.stopped if start <= t < end]),
+        "sentences": sum(start <= t < end for t in load.sentences),
+        "speech_started": sum(start <= t < end for t in load.started),
+        "splits": sum(start <= t < end for t in load.splits),
         "reply_frame_delay": summary([d for _, d in load.reply_delays]),
         "neighbour_delay": summary([r for _, r in load.echo_rtts] + backlog),
         "neighbour_backlog": len(backlog),
@@ -345,6 +371,7 @@ def cli() -> None:
     p.add_argument("--gap", type=float, default=0.5, help="silence after a reply")
     p.add_argument("--reply-timeout", type=float, default=15.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--noise-peak", type=int, default=64, help="the noise's peak (64: -54 dBFS)")
     args = p.parse_args()
     emit("result", asyncio.run(run(args)))
 
