@@ -278,3 +278,71 @@ async def test_the_shared_pool_is_one_per_run_and_ends_with_it(
     assert len(pids) == 1
     with pytest.raises(ProcessLookupError):  # killed and reaped (no zombie left)
         os.kill(pids[0], 0)
+
+
+async def test_a_worker_that_does_not_answer_in_time_fails_its_request(
+    packaged: ModelChoice, door: bytes, mock_clock: trio.testing.MockClock
+) -> None:
+    async with open_pool(packaged, 1) as pool:
+        await pool.wait_ready()  # (real I/O: the mock clock stands still meanwhile)
+        stalled = pool.stats().pids[0]
+
+        async def final() -> None:
+            with pytest.raises(RecogniserFailed, match=r"did not answer within 30 s"):
+                await pool.transcribe(door)
+
+        with stopped((stalled,)):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(final)
+                await until(pool, busy=1)
+                mock_clock.jump(_pool.DECODE_TIMEOUT_S)
+        while pool.stats().alive:  # killed and reaped ...
+            await pool.changed()
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(_pool.BACKOFF_S[0])  # ... and restarted after its backoff
+        await pool.wait_ready()
+        stats = pool.stats()
+        assert stats.pids != (stalled,) and stats.restarts == 1 and stats.failures == 1
+        assert await pool.transcribe(door) == "Open the door, please."
+
+
+async def test_too_many_restarts_in_a_minute_break_the_pool(
+    packaged: ModelChoice, door: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_pool, "BACKOFF_S", (0.0,) * _pool.MAX_RESTARTS)
+    async with open_pool(packaged, 1) as pool:
+        with trio.fail_after(120):
+            for _ in range(_pool.MAX_RESTARTS + 1):
+                await pool.wait_ready()
+                victim = pool.stats().pids[0]
+                os.kill(victim, signal.SIGKILL)
+                while pool.stats().broken is None and victim in pool.stats().pids:
+                    await pool.changed()
+            while pool.stats().broken is None:
+                await pool.changed()
+        stats = pool.stats()
+        assert stats.restarts == _pool.MAX_RESTARTS and stats.alive == 0
+        assert stats.broken is not None and "failed 6 times in 60 s" in stats.broken
+        with trio.CancelScope() as scope:
+            scope.cancel()  # at once: no wait
+            with pytest.raises(RecogniserFailed, match="is broken"):
+                await pool.transcribe(door)
+
+
+@pytest.mark.parametrize(
+    ("data", "fault"),
+    [
+        (b"x" * (_pool.MAX_ANSWER_BYTES + 1), "too long"),
+        (b"[1]\n", "it answered"),
+        (b"not json\n", "it answered"),
+        (b'{"text": "a"', "ended"),
+    ],
+)
+async def test_a_workers_answer_is_bounded_and_checked(data: bytes, fault: str) -> None:
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    lines = _pool._Lines(receive)
+    await send.send_all(b'{"text": "a"}\n{"text": "b"}\n' + data)
+    await send.aclose()
+    assert [await lines.line(), await lines.line()] == [{"text": "a"}, {"text": "b"}]
+    with pytest.raises(_pool._Fault, match=fault):
+        await lines.line()

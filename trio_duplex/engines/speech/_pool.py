@@ -269,6 +269,8 @@ class RecogniserPool:
             except _Fatal as exc:
                 self._break(f"the speech recogniser cannot start: {exc}")
                 return
+            except OSError as exc:  # (no process: out of memory or of processes)
+                reason = f"could not start: {exc}"
             now = trio.current_time()
             while self._restarts and self._restarts[0] <= now - RESTART_WINDOW_S:
                 self._restarts.popleft()
