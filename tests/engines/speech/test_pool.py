@@ -100,6 +100,11 @@ def stopped(pids: tuple[int, ...]) -> Iterator[None]:
                 os.kill(pid, signal.SIGCONT)
 
 
+def nice_of(pid: int) -> int:
+    """Field 19 of /proc/PID/stat: the process's nice value."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
 async def until(pool: RecogniserPool, busy: int) -> None:
     """Until ``busy`` workers hold a request (each sent and waiting for its answer)."""
     with trio.fail_after(30):
@@ -253,6 +258,17 @@ async def test_memory_does_not_grow_with_callers(pool: RecogniserPool, door: byt
     for stats in seen:  # the same two processes, whatever the number of callers
         assert stats.alive == 2 and stats.pids == pids and stats.busy <= 2
     assert seen[0].queued == 14 and seen[1].queued == 0
+
+
+async def test_workers_run_niced_and_leave_the_terminals_interrupt_to_the_server(
+    pool: RecogniserPool, door: bytes
+) -> None:
+    pids = pool.stats().pids
+    for pid in pids:
+        assert nice_of(pid) == os.nice(0) + 5
+        os.kill(pid, signal.SIGINT)  # as ^C sends to the whole process group
+    assert [await pool.transcribe(door) for _ in pids] == ["Open the door, please."] * 2
+    assert pool.stats().pids == pids and pool.stats().restarts == 0
 
 
 async def test_a_request_past_the_bound_is_refused(pool: RecogniserPool) -> None:
