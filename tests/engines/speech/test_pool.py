@@ -38,7 +38,7 @@ pytestmark = pytest.mark.skipif(
 RATE = 16_000
 SLURP = Path(__file__).parents[3] / "benchmarks" / "data" / "slurp_test_first100.txt"
 PAUSE = bytes(RATE * 2 * 3 // 10)  # 0.3 s: the turn detector's prefix padding
-WER_BOUND = 0.3  # tiny.en heard the first 10 at 0.21; silence scores 1.0
+WER_BOUND = 0.25  # tiny.en hears these 10 at 0.18 (the first 40 at 0.11); silence, 1.0
 
 
 def sentences(n: int) -> list[str]:
