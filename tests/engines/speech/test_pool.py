@@ -248,11 +248,14 @@ async def test_memory_does_not_grow_with_callers(pool: RecogniserPool, door: byt
     async def caller() -> None:
         answers.append(await pool.transcribe(door))
 
-    async with trio.open_nursery() as nursery:
-        for _ in range(16):
-            nursery.start_soon(caller)
-        await trio.testing.wait_all_tasks_blocked()
-        seen.append(pool.stats())
+    with stopped(pids):  # (so that none is answered before the count)
+        async with trio.open_nursery() as nursery:
+            for _ in range(16):
+                nursery.start_soon(caller)
+            await until(pool, busy=2)
+            seen.append(pool.stats())
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
     seen.append(pool.stats())
     assert answers == ["Open the door, please."] * 16
     for stats in seen:  # the same two processes, whatever the number of callers
