@@ -105,6 +105,10 @@ def nice_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
 
+def environ_of(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+
+
 async def until(pool: RecogniserPool, busy: int) -> None:
     """Until ``busy`` workers hold a request (each sent and waiting for its answer)."""
     with trio.fail_after(30):
@@ -272,6 +276,19 @@ async def test_workers_run_niced_and_leave_the_terminals_interrupt_to_the_server
         os.kill(pid, signal.SIGINT)  # as ^C sends to the whole process group
     assert [await pool.transcribe(door) for _ in pids] == ["Open the door, please."] * 2
     assert pool.stats().pids == pids and pool.stats().restarts == 0
+
+
+async def test_workers_do_not_inherit_the_servers_settings(
+    packaged: ModelChoice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRIO_DUPLEX_API_KEYS", "sk-secret")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # (the hub's own settings pass through)
+    async with open_pool(packaged, 1) as pool:
+        with trio.fail_after(60):
+            await pool.wait_ready()
+        environ = environ_of(pool.stats().pids[0])
+    assert b"HF_HUB_OFFLINE=1" in environ and b"sk-secret" not in b"".join(environ)
+    assert not [entry for entry in environ if entry.startswith(b"TRIO_DUPLEX_")]
 
 
 async def test_a_request_past_the_bound_is_refused(pool: RecogniserPool) -> None:
