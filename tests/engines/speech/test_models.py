@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -74,12 +75,15 @@ def test_a_name_is_a_name() -> None:
 
 
 def run_worker(source: str, is_path: bool, sha256: str, home: Path) -> tuple[int, dict[str, str]]:
-    """The worker script as the pool starts it, its hub cache in ``home``, stdin closed."""
+    """The worker script as the pool starts it, its hub cache in ``home``, stdin closed:
+    its exit status and first line (it writes nothing on stderr, no traceback)."""
     env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "0"}
     command = [sys.executable, "-P", _whisper.__file__, source, "1" if is_path else "0", sha256]
     done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, env=env)
-    first = done.stdout.splitlines()[0] if done.stdout else b"{}"
-    return done.returncode, json.loads(first)
+    assert done.stderr == b""
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1
+    return done.returncode, json.loads(lines[0])
 
 
 @needs_model
@@ -117,3 +121,20 @@ async def test_a_pool_that_cannot_load_its_model_is_broken_at_once(
         assert stats.alive == 0 and stats.restarts == 0  # (not retried)
         with pytest.raises(RecogniserFailed, match=expected):
             await pool.transcribe(bytes(640))
+
+
+@needs_model
+async def test_a_name_is_fetched_by_the_workers_and_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # (as a user may set it: left as it is)
+    caplog.set_level(logging.INFO, "trio_duplex.engines.speech")
+    async with open_pool(choose_model("base.en"), 1) as pool:
+        with trio.fail_after(60):
+            await pool.wait_ready()
+        broken = pool.stats().broken
+    assert broken is not None and "the model base.en did not load" in broken
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
+        "fetching model base.en"
+    ]
