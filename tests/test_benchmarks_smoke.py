@@ -493,3 +493,30 @@ def test_the_wer_benchmark_hears_one_sentence_both_paths(tmp_path: Path) -> None
         assert 0 <= r.wer <= 2
     report = json.loads(out.read_text())
     assert len(report["results"]) == 2 and report["results"][0]["heard"][0]["words"] == 4
+
+
+def test_the_noise_step_trims_a_sentence_to_its_speech() -> None:
+    import numpy as np
+
+    from benchmarks.probes.speech_turns import trim
+
+    tone = (8000 * np.sin(np.arange(8000) / 5)).astype(np.int16)
+    padded = np.concatenate((np.zeros(3200, np.int16), tone, np.zeros(6080, np.int16)))
+    out = trim(padded)
+    assert len(out) == 8000 and np.array_equal(out, tone)  # 10 ms blocks, exact here
+    assert len(trim(np.zeros(50, np.int16))) == 50  # shorter than a block: kept as is
+
+
+@pytest.mark.skipif(
+    shutil.which("espeak-ng") is None or importlib.util.find_spec("onnxruntime") is None,
+    reason="needs espeak-ng and the speech extra",
+)
+def test_the_noise_step_times_a_turn_end_in_noise(tmp_path: Path) -> None:
+    from benchmarks.probes.speech_turns import TAIL_S, noise_turn_ends, table
+    from benchmarks.speech_wer import espeak
+
+    (said,) = espeak(["turn off the lights in the kitchen"], tmp_path)
+    (row,) = noise_turn_ends([said], [64])
+    assert row["starts"] == 1 and row["sentences"] == 1 and row["held_open"] == 0, row
+    assert 0 < row["p50_ms"] < TAIL_S * 1000, row
+    assert "| 64 (-54) |" in table([row])

@@ -51,6 +51,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 
 from benchmarks.probes.speech_tables import (
@@ -61,6 +62,8 @@ from benchmarks.probes.speech_tables import (
     pooled,
     ramp_table,
 )
+from benchmarks.probes.speech_turns import noise_turn_ends, trim
+from benchmarks.probes.speech_turns import table as detector_table
 from benchmarks.speech_wer import VOICES, sentences, voice_missing
 from benchmarks.suite._procs import (
     PY,
@@ -103,12 +106,14 @@ route = _Route()
 
 def synthesise(directory: Path, voice: str, count: int) -> list[str]:
     """The first ``count`` sentences of the outside set said by ``voice``, as 16 kHz mono
-    PCM16 WAV files."""
+    PCM16 WAV files, trimmed to their speech (espeak-ng ends each with 380 ms of silence,
+    which the end of speech would otherwise include)."""
     why = voice_missing(voice)
     if why:
         raise BenchError(f"voice {voice}: {why}")
     paths = []
-    for i, samples in enumerate(VOICES[voice][1](sentences(count), directory)):
+    for i, said in enumerate(VOICES[voice][1](sentences(count), directory)):
+        samples = trim(said)  # its last frame is the end of speech
         path = directory / f"sentence{i}.wav"
         with wave.open(str(path), "wb") as wav:
             wav.setnchannels(1)
@@ -270,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     report["loadavg_before"] = os.getloadavg()
     steps: list[dict[str, Any]] = []
     noise: list[dict[str, Any]] = []
+    detector: list[dict[str, Any]] = []
     memory: list[dict[str, Any]] = []
     admission: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="speech-bench-") as tmp:
@@ -291,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
                 step["round"] = r + 1
                 steps.append(step)
                 print(ramp_table([step], args.threshold_ms).splitlines()[-1], file=sys.stderr)
+        if _steps(args.noise_peaks):
+            detector = noise_turn_ends([_read(p) for p in utterances], _steps(args.noise_peaks))
         for peak in _steps(args.noise_peaks):
             step = run_step(
                 "benchmarks.probes.speech:route",
@@ -328,6 +336,9 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(step), file=sys.stderr)
     steps.sort(key=lambda s: (s["sessions"], s["round"]))
     report.update(sentences_s=seconds, ramp=steps, noise=noise, memory=memory)
+    report["detector"] = [
+        {k: (None if v == float("inf") else v) for k, v in r.items()} for r in detector
+    ]
     report["admission"] = admission
     report["loadavg_after"] = os.getloadavg()
     print(f"## Ramp ({started}; {args.voice}, noise peak {args.noise_peak}; threshold "
@@ -351,8 +362,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"End of speech → first reply audio at N={n}: p50 {p['p50_ms']:.0f} ms, "
                   f"p90 {p['p90_ms']:.0f} ms, p99 {p['p99_ms']:.0f} ms "
                   f"({p['n']} turns, rounds pooled)")  # fmt: skip
+    if detector:
+        print("\n## Turn ends in background noise: the turn detector alone (stream time)\n")
+        print(detector_table(detector))
     if noise:
-        print("\n## Turn ends in background noise (one session)\n")
+        print("\n## Turn ends in background noise: one session on the server (wall time)\n")
         print(noise_table(noise))
     if memory:
         print("\n## Memory: the server and its children at the end of the window\n")
@@ -364,6 +378,11 @@ def main(argv: list[str] | None = None) -> None:
     report["largest_held"] = most
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
+
+
+def _read(path: str) -> Any:
+    with wave.open(path) as wav:
+        return np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").astype(np.int16)
 
 
 def _seconds(path: str) -> float:
