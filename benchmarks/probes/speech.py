@@ -11,7 +11,9 @@ The test sentences are the first ``--sentences`` of the outside set
 (espeak-ng by default) at the start, at the engine's 16 kHz; session i starts at
 sentence i and goes on in order, cycling. Each speech session streams them at real-time
 pace, with white noise between them (peaks of ``--noise-peak``, 64: -54 dBFS), and
-waits for each reply before the next sentence (see the load generator).
+waits for each reply before the next sentence (see the load generator). Sessions name
+``turn_detection: {"type": "server_vad"}`` (the engine's defaults), so that turns come
+as OpenAI's do, with ``speech_stopped``; ``--plain`` leaves it out.
 
 1. **The ramp.** For each N of ``--steps`` a fresh server (``--max-sessions`` raised out
    of the way) serves N speech sessions and one neighbour: a session of the echo engine
@@ -201,6 +203,8 @@ def run_step(
         load += ["--noise-peak", str(args.noise_peak if noise_peak is None else noise_peak)]
         if neighbour:
             load.append("--neighbour")
+        if not args.plain:
+            load.append("--converse")
         timeout = 180 + args.measure + sessions * 3
 
         def on_mark(name: str) -> None:
@@ -264,6 +268,11 @@ def main(argv: list[str] | None = None) -> None:
         default=-10 if os.geteuid() == 0 else 0,
         help="the server's and the load generator's niceness: ahead of other work on a "
         "shared machine (-10 as root, else 0)",
+    )
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="sessions that name no turn_detection (no speech_stopped: no turn end delay)",
     )
     parser.add_argument("--json", type=Path, help="write every figure here too")
     args = parser.parse_args(argv)

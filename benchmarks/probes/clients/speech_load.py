@@ -56,12 +56,16 @@ RATE = 16_000
 FRAME_BYTES = RATE * 2 // 50
 HEADER = BINARY_HEADER.pack(INPUT_AUDIO_KIND, 0, 0, 0)
 PCM16 = {"format": "pcm16", "rate": RATE}
-SPEECH_UPDATE = json.dumps(
+SPEECH_AUDIO = {"audio": {"wire": "binary", "input": PCM16, "output": PCM16}}
+SPEECH_UPDATE = json.dumps({"type": "session.update", "session": SPEECH_AUDIO})
+CONVERSE_UPDATE = json.dumps(
     {
         "type": "session.update",
-        "session": {"audio": {"wire": "binary", "input": PCM16, "output": PCM16}},
+        "session": {**SPEECH_AUDIO, "turn_detection": {"type": "server_vad"}},
     }
 )
+"""``--converse``: turns as OpenAI's sessions have them (``speech_stopped``, items), the
+engine's default turn detection settings."""
 NEIGHBOUR_UPDATE = json.dumps(
     {"type": "session.update", "session": {"audio": {"wire": "binary"}, "bench_engine": "echo"}}
 )
@@ -149,7 +153,8 @@ class Session:
                 close_timeout=2,
                 max_queue=256,
             )
-            await self.ws.send(NEIGHBOUR_UPDATE if self.neighbour else SPEECH_UPDATE)
+            speech = CONVERSE_UPDATE if args.converse else SPEECH_UPDATE
+            await self.ws.send(NEIGHBOUR_UPDATE if self.neighbour else speech)
             first = json.loads(await asyncio.wait_for(self.ws.recv(), 30))
         except (OSError, TimeoutError, ConnectionClosed, InvalidStatus) as exc:
             self.load.refused[type(exc).__name__] += 1
@@ -372,6 +377,9 @@ def cli() -> None:
     p.add_argument("--reply-timeout", type=float, default=15.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--noise-peak", type=int, default=64, help="the noise's peak (64: -54 dBFS)")
+    p.add_argument(
+        "--converse", action="store_true", help="turn_detection server_vad: speech_stopped"
+    )
     args = p.parse_args()
     emit("result", asyncio.run(run(args)))
 
