@@ -265,6 +265,30 @@ async def test_partials_are_skipped_while_the_pool_is_busy(busy: bool) -> None:
         assert firm and firm[:1] == normalise(done["text"])[:1]
 
 
+@needs_speech
+@pytest.mark.parametrize(("silence_ms", "turns"), [(None, 2), (1500, 1)])
+async def test_a_session_update_s_silence_duration_decides_where_turns_end(
+    silence_ms: int | None, turns: int
+) -> None:
+    engine = SpeechEngine(voice="flite")
+    config = {"turn_detection": {"type": "server_vad", "create_response": False}}
+    pause = say(DOOR)[: -len(bytes(2 * RATE))] + bytes(RATE)  # then 0.5 s more of quiet
+    await ready_pool(engine)
+    async with talking(engine, config) as talk:
+        if silence_ms is not None:  # before the turn: it takes effect from this turn on
+            detection = {"type": "server_vad", "create_response": False,
+                         "silence_duration_ms": silence_ms}  # fmt: skip
+            talk.inbox.put_nowait({"type": "session.update",
+                                   "session": {"turn_detection": detection}})  # fmt: skip
+        talk.put(appends(pause + say(LONG) + bytes(2 * RATE)))  # (2 s of quiet to end it)
+        with trio.fail_after(60):
+            await talk.heard()
+    done = of(talk.outputs, "input_audio.transcript.done")
+    assert len(done) == turns
+    heard = normalise(" ".join(e["text"] for e in done))
+    assert "door" in heard and "kitchen" in heard
+
+
 # -- migration --------------------------------------------------------------------------
 
 
