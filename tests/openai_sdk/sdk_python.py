@@ -4,7 +4,7 @@
 Run in the venv of ``requirements.txt``, never the project's (of the tests it imports
 only ``sdk_shared.py``), from the repository's root: ``python -m tests.openai_sdk.sdk_python
 --base-url http://H:P/v1 --voice-url http://H:P2/v1 --speech-url http://H:P3/v1
---speech-audio PCM --speech-sentences PCM --speech-turns N --api-key K [SCENARIO ...]``
+--speech-audio PCM --speech-sentences DIR --api-key K [SCENARIO ...]``
 (the echo, voice and speech engines' servers). Every event is read with the connection's
 own ``recv()`` (the SDK's models) and also validated by the SDK's pydantic union,
 strictly. Prints one JSON object, scenario →
@@ -237,12 +237,12 @@ async def speech_scenario(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def speech_sentences_scenario(args: argparse.Namespace) -> dict[str, Any]:
-    """Sentences one after another (``--speech-sentences``, ``--speech-turns`` of them) to
-    the speech engine, whose turn detection announces and transcribes each without
-    answering (``create_response: false``); then a ``response.create`` answers the last,
-    aloud."""
+    """Sentences (``--speech-sentences``) to the speech engine, whose turn detection
+    announces and transcribes each without answering (``create_response: false``): each
+    sent as fast as it goes once the turns before it have their transcripts (a client
+    sending faster than the recogniser hears would be refused with input_backpressure);
+    then a ``response.create`` answers the last, aloud."""
     client = AsyncOpenAI(api_key=args.api_key, base_url=args.speech_url, max_retries=0)
-    sent: bytes = args.sentences_pcm
     async with client.realtime.connect(model="gpt-realtime-test") as conn:
         reader = Reader(conn)
         await reader.until("session.created")
@@ -255,24 +255,32 @@ async def speech_sentences_scenario(args: argparse.Namespace) -> dict[str, Any]:
             }
         )
         await reader.until("session.updated")
-        for start in range(0, len(sent), 960):  # 20 ms a chunk, sent as fast as it goes
-            await conn.input_audio_buffer.append(
-                audio=base64.b64encode(sent[start : start + 960]).decode()
-            )
         heard: list[Any] = []
-        completed = "conversation.item.input_audio_transcription.completed"
-        while sum(e.type == completed for e in heard) < args.speech_turns:
-            heard.append(await reader.next())
+        started = completed = 0
+        for sent in args.sentences_pcm:
+            for start in range(0, len(sent), 960):  # 20 ms a chunk
+                await conn.input_audio_buffer.append(
+                    audio=base64.b64encode(sent[start : start + 960]).decode()
+                )
+            before = started
+            while started == before or completed < started:
+                event = await reader.next()
+                heard.append(event)
+                if event.type == "input_audio_buffer.speech_started":
+                    started += 1
+                elif event.type.startswith("conversation.item.input_audio_transcription."):
+                    completed += event.type != "conversation.item.input_audio_transcription.delta"
         await conn.response.create()
         events = await reader.until("response.done")
         audio = b"".join(
             base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
         )
+        done = "conversation.item.input_audio_transcription.completed"
         return {
             "answer": base64.b64encode(audio).decode(),
             **reader.record(),
             "heard_types": [e.type for e in heard],
-            "transcripts": [e.transcript for e in heard if e.type == completed],
+            "transcripts": [e.transcript for e in heard if e.type == done],
             "turn": turn_summary(events),
         }
 

@@ -83,16 +83,13 @@ def http_servers(
         folder = tmp_path_factory.mktemp("speech")
         pcm = folder / "in.pcm"
         pcm.write_bytes(spoken_at_24k(sentences(1)[0]))
-        many = folder / "sentences.pcm"
-        texts = sentences(SENTENCES)
-        many.write_bytes(b"".join(spoken_at_24k(t, v) for v in VOICES for t in texts))
+        many = folder / "sentences"
+        many.mkdir()
+        said = [(text, voice) for voice in VOICES for text in sentences(SENTENCES)]
+        for n, (text, voice) in enumerate(said):
+            (many / f"{n:03}.pcm").write_bytes(spoken_at_24k(text, voice))
         arguments += ["--speech-url", urls["speech"], "--speech-audio", str(pcm)]
-        arguments += [
-            "--speech-sentences",
-            str(many),
-            "--speech-turns",
-            str(len(VOICES) * SENTENCES),
-        ]
+        arguments += ["--speech-sentences", str(many)]
     return arguments
 
 
