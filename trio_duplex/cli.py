@@ -176,6 +176,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         configure(args.log_level, args.log_format, config.node_id)
         return supervise(config, args.engine, args.serve_args, config.node_id)
     configure(args.log_level, args.log_format, config.node_id)
+    _describe(factory)
     failed: list[OSError] = []
     # Everything loaded so far lives as long as the process: keep it out of the cyclic
     # collector's full passes, which otherwise walk it all (~11 ms here, a visible share
@@ -222,14 +223,26 @@ def _engine_factory(engine: str, config: ServerConfig) -> EngineFactory:
         return proxy_factory(config.upstream, config.upstream_header)
     if config.upstream is not None or config.upstream_header:
         raise ValueError(f"--upstream and --upstream-header need --engine {PROXY}")
-    if engine == "speech":  # said plainly, before the factory's trial run says it less so
-        from .engines.speech import SpeechUnavailable, check_available
+    speech = (config.speech_model, config.speech_voice, config.speech_recognisers)
+    if engine != "speech" and speech != (None, "auto", None):
+        raise ValueError(
+            "--speech-model, --speech-voice and --speech-recognisers need --engine speech"
+        )
+    if engine == "speech":  # its parts chosen once, here: a missing one is said plainly
+        from .engines.speech import SpeechFactory, SpeechUnavailable
 
         try:
-            check_available()
+            return SpeechFactory.choose(*speech)
         except SpeechUnavailable as exc:
             raise ValueError(str(exc)) from None
     return load_engine_factory(engine)
+
+
+def _describe(factory: EngineFactory) -> None:
+    """Log what the engine runs on, if it says (``--engine speech``: its model and voice)."""
+    describe = getattr(factory, "describe", None)
+    if callable(describe):
+        log.info("%s", describe())
 
 
 def _engine_defaults(

@@ -401,6 +401,38 @@ class ServerConfig:
             "none",
         ),
     )
+    # The speech engine (docs/speech.md): what it hears and speaks with.
+    speech_model: str | None = attrs.field(
+        default=None,
+        validator=check.speech_model,
+        metadata=_flag(
+            "--engine speech: the Whisper model, a directory holding model.bin (a path: "
+            "has a '/', starts with '.' or '~', or exists; never fetched) or a "
+            "faster-whisper model name (fetched from the Hugging Face hub if not cached)",
+            "PATH|NAME",
+            "the packaged tiny.en",
+        ),
+    )
+    speech_voice: str = attrs.field(
+        default="auto",
+        validator=check.speech_voice,
+        metadata=_flag(
+            "--engine speech: piper (the bundled joe voice; the piper extra), "
+            "piper:VOICE.onnx, flite, flite:VOICE, espeak-ng or espeak-ng:VOICE; auto: "
+            "piper if installed, else flite if on PATH, else espeak-ng",
+            "VOICE",
+        ),
+    )
+    speech_recognisers: int | None = attrs.field(
+        default=None,
+        validator=check.positive_or_none,
+        metadata=_flag(
+            "--engine speech: recogniser processes (one Whisper model each) the speech "
+            "sessions share",
+            "N",
+            "one per core",
+        ),
+    )
     # Not flags: WebSocket keepalive and queue depths are tuned by embedders, not operators.
     ping_interval_s: float = attrs.field(default=20.0, validator=check.above(0))
     ping_timeout_s: float = attrs.field(default=20.0, validator=check.above(0))

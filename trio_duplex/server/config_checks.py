@@ -135,6 +135,22 @@ def headers_repr(headers: tuple[str, ...]) -> str:
     return repr(tuple(f"{h.partition(':')[0]}: ***" if ":" in h else "***" for h in headers))
 
 
+VOICES = ("auto", "piper", "flite", "espeak-ng")
+"""``--speech-voice``'s kinds (engines/speech/_synthesise.py's ``choose_voice`` reads them;
+not imported here: the speech package loads numpy and its parts)."""
+
+
+def _is_voice(value: str) -> bool:
+    kind, sep, rest = value.partition(":")
+    return value in VOICES or (kind in VOICES[1:] and bool(sep) and bool(rest.strip()))
+
+
+speech_voice = Rule(
+    "must be auto, piper, piper:VOICE.onnx, flite, flite:VOICE, espeak-ng or espeak-ng:VOICE",
+    lambda value: _is_voice(value),
+)
+speech_model = Rule("must not be empty", lambda value: value is None or bool(value.strip()))
+
 positive_or_none = Rule("must be at least 1", lambda value: value is None or value >= 1)
 port_or_none = Rule(
     "must be a port from 0 to 65535", lambda value: value is None or 0 <= value <= 65535

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from openai.types.realtime import (
     ConversationItemInputAudioTranscriptionCompletedEvent,
     ConversationItemInputAudioTranscriptionDeltaEvent,
+    ConversationItemInputAudioTranscriptionFailedEvent,
     InputAudioBufferCommittedEvent,
     InputAudioBufferSpeechStartedEvent,
     InputAudioBufferSpeechStoppedEvent,
@@ -212,6 +213,25 @@ def test_turns_and_transcripts_get_openais_names_and_ids() -> None:
     assert isinstance(done, ConversationItemInputAudioTranscriptionCompletedEvent)
     assert (done.item_id, done.transcript) == ("item_u1", "hello")
     assert cleared.type == "input_audio_buffer.cleared"
+
+
+def test_a_failed_transcription_gets_openais_name_its_item_and_error() -> None:
+    # Was: passed through with its native name, which OpenAI's SDK does not read.
+    shaper = OPENAI.shaper(defaults())
+    error = {"type": "transcription_failed", "message": "the recogniser died"}
+    frames = shaped_frames(
+        shaper,
+        [
+            {"type": "input_audio_buffer.committed", "item_id": "item_u2"},
+            {"type": "input_audio.transcript.failed", "item_id": "item_u2", "error": error},
+            {"type": "input_audio.transcript.failed", "error": error},  # (no item named)
+        ],
+    )
+    _, failed, unnamed = (validate(f) for f in frames)
+    for model in (failed, unnamed):
+        assert isinstance(model, ConversationItemInputAudioTranscriptionFailedEvent)
+        assert (model.item_id, model.content_index) == ("item_u2", 0)
+        assert (model.error.type, model.error.message) == (error["type"], error["message"])
 
 
 def test_session_updated_is_the_full_session_from_the_live_config() -> None:

@@ -315,6 +315,19 @@ class OpenAIShaper:
             }
         ]
 
+    def _transcript_failed(self, event: Event) -> list[Event]:
+        error = event.get("error")
+        error = error if isinstance(error, dict) else {}
+        return [
+            {
+                "type": "conversation.item.input_audio_transcription.failed",
+                "item_id": self._transcript_id(event),
+                "content_index": 0,
+                "error": {k: error[k] for k in ("type", "code", "message", "param")
+                          if isinstance(error.get(k), str)},
+            }
+        ]  # fmt: skip
+
     def _updated(self, event: Event) -> list[Event]:
         session_id = event.get("session_id", "")
         session = to_session(self.config, session_id if isinstance(session_id, str) else "")
@@ -380,5 +393,6 @@ _HANDLERS: Final[Mapping[str, Callable[[OpenAIShaper, Event], list[Event]]]] = {
     "input_audio_buffer.committed": OpenAIShaper._committed,
     "input_audio.transcript.delta": OpenAIShaper._transcript_delta,
     "input_audio.transcript.done": OpenAIShaper._transcript_done,
+    "input_audio.transcript.failed": OpenAIShaper._transcript_failed,
     "session.updated": OpenAIShaper._updated,
 }

@@ -1,25 +1,31 @@
-"""What the speech engine needs from the machine: its programs, and its share of the CPU.
+"""What the speech engine needs from the machine: its packages and programs, and its share
+of the CPU.
 
-Every recogniser request (to its process) and every resampling of synthesised audio (in a
-worker thread) goes through one ``trio.CapacityLimiter`` per server (a ``RunVar``: one
-per ``trio.run``), sized to the CPU cores this process may use: more at once would only queue
-in the kernel instead of here.
+Recognition runs in the shared pool of recogniser processes (``_pool.py``), one per core
+this process may use; the resampling of synthesised audio (in a worker thread) goes
+through one ``trio.CapacityLimiter`` per server (a ``RunVar``: one per ``trio.run``),
+sized to the same cores.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import trio
 
-from ._synthesise import espeak_path
+if TYPE_CHECKING:
+    from ._models import ModelChoice
+    from ._synthesise import Voice
+
+SAMPLE_RATE: Final = 16_000
+"""Whisper and Silero VAD hear 16 kHz mono PCM16: the engine's ``audio_rate``."""
+BYTES_PER_SECOND: Final = SAMPLE_RATE * 2
 
 SESSIONS_PER_CORE: Final = 4
-"""Speech sessions one core holds in real time (docs/speech.md, "Capacity"): recognition
-costs 0.12-0.16 s of CPU per second of audio (6-8 sessions a core if all talked at
-once), and synthesis, the codecs and the event loop take their share."""
+"""Speech sessions one core holds (docs/speech.md, "Capacity"): provisional, until the
+benchmark of the pooled recogniser (docs/benchmarks.md, "The speech engine") measures it."""
 
 INSTALL: Final = "pip install 'trio-duplex[speech]'"
 
@@ -27,18 +33,33 @@ _LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("spe
 
 
 class SpeechUnavailable(RuntimeError):
-    """pocketsphinx is not installed, or espeak-ng is not on PATH."""
+    """A part the speech engine needs is missing: faster-whisper, the model, or the voice
+    asked for. The message says what to install."""
 
 
-def check_available() -> None:
-    """Raise SpeechUnavailable, saying what to install, unless both parts are there."""
-    if importlib.util.find_spec("pocketsphinx") is None:
-        raise SpeechUnavailable(f"the speech engine needs pocketsphinx: {INSTALL}")
-    if espeak_path() is None:
-        raise SpeechUnavailable(
-            "the speech engine needs the espeak-ng program on PATH "
-            "(Debian, Ubuntu: apt-get install espeak-ng)"
-        )
+def check_available(
+    model: str | None = None, voice: str | None = None
+) -> tuple[ModelChoice, Voice]:
+    """The model and the voice these specs name (``--speech-model``, ``--speech-voice``;
+    None: the defaults), or SpeechUnavailable saying what to install."""
+    return check_model(model), check_voice(voice)
+
+
+def check_model(spec: str | None) -> ModelChoice:
+    """``--speech-model``'s choice (None: the packaged tiny.en), or SpeechUnavailable.
+    Nothing is loaded here: the pool's workers load it."""
+    if importlib.util.find_spec("faster_whisper") is None:
+        raise SpeechUnavailable(f"the speech engine needs faster-whisper: {INSTALL}")
+    from ._models import choose_model
+
+    return choose_model(spec)
+
+
+def check_voice(spec: str | None) -> Voice:
+    """``--speech-voice``'s voice (None: ``auto``), or SpeechUnavailable."""
+    from ._synthesise import choose_voice
+
+    return choose_voice(spec)
 
 
 def cores() -> int:
@@ -55,7 +76,7 @@ def default_max_sessions() -> int:
 
 
 def shared_limiter() -> trio.CapacityLimiter:
-    """This server's limiter of model work at once: one per core."""
+    """This server's limiter of CPU work in threads at once: one per core."""
     try:
         return _LIMITER.get()
     except LookupError:

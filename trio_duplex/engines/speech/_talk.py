@@ -1,8 +1,9 @@
 """The speech engine's part in the conversation (docs/engines.md, "The conversation"):
 its items, the words heard for a client's commit, and the answers not yet sent.
 
-With turn detection (``turn_detection`` absent or an object), the engine's endpointer
-ends turns; in a conversing session each is announced as an item (``Talk.end_turn``).
+With turn detection (``turn_detection`` absent or an object), the engine's turn detector
+ends turns; in a conversing session each is announced as an item (``Talk.stop_turn``,
+then ``Talk.transcribed`` or ``Talk.failed`` once the pool has decoded it).
 With ``turn_detection: null`` nothing is announced: the words heard are kept here, and
 the client's ``input_audio_buffer.commit`` makes them a turn (``Talk.commit``).
 """
@@ -40,6 +41,7 @@ class Talk:
     partial: str = ""  # the last guess at the turn going on
     skip_turn: bool = False  # the turn going on was committed (or cleared) already
     then_answer: str | None = None  # the transcript to answer once ``announcing`` is sent
+    awaiting: str | None = None  # the item of a stopped turn whose transcript is to come
 
     async def flush(self, session: EngineSession) -> None:
         await _send_all(session, self.outbox)
@@ -78,11 +80,11 @@ class Talk:
         self.turn_item = new_item_id()
         return self.turn_item
 
-    def end_turn(self, text: str, end_ms: float) -> list[Event]:
-        """A detected turn has ended: ``speech_stopped``, the item committed, its
-        transcript done."""
+    def stop_turn(self, end_ms: float) -> list[Event]:
+        """A detected turn has ended: ``speech_stopped``, the item committed (its
+        transcript to come: ``transcribed`` or ``failed``)."""
         item_id = self.turn_item or new_item_id()
-        self.turn_item, self.partial = None, ""
+        self.turn_item, self.partial, self.awaiting = None, "", item_id
         stopped = {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": round(end_ms),
                    "item_id": item_id}  # fmt: skip
         self.conversation.clear_audio()
@@ -90,8 +92,26 @@ class Talk:
             {"id": item_id, "type": "message", "role": "user",
              "content": [{"type": "input_audio", "transcript": None}]}
         )  # fmt: skip
-        committed = self.conversation.committed_events(item_id, done=False)
-        return [stopped, *committed, *self.conversation.transcribed(item_id, text)]
+        return [stopped, *self.conversation.committed_events(item_id, done=False)]
+
+    def transcribed(self, text: str) -> list[Event]:
+        """The stopped turn's transcript: ``transcript.done``, ``item.done``."""
+        item_id, self.awaiting = self.awaiting or new_item_id(), None
+        return self.conversation.transcribed(item_id, text)
+
+    def failed(self, message: str) -> list[Event]:
+        """The stopped turn's transcription failed: ``transcript.failed``, and its item
+        done without a transcript."""
+        item_id, self.awaiting = self.awaiting or new_item_id(), None
+        failed: Event = {
+            "type": "input_audio.transcript.failed",
+            "item_id": item_id,
+            "error": {"type": "transcription_failed", "message": message},
+        }
+        if item_id not in self.conversation:
+            return [failed]
+        return [failed, {"type": "conversation.item.done",
+                         "item": self.conversation.public(item_id)}]  # fmt: skip
 
     def state(self) -> dict[str, Any]:
         return {
@@ -103,6 +123,7 @@ class Talk:
             "partial": self.partial,
             "skip_turn": self.skip_turn,
             "then_answer": self.then_answer,
+            "awaiting": self.awaiting,
         }
 
     @classmethod
@@ -116,6 +137,7 @@ class Talk:
         announcing = state.get("announcing")
         turn_item, partial = state.get("turn_item"), state.get("partial")
         skip, then_answer = state.get("skip_turn"), state.get("then_answer")
+        awaiting = state.get("awaiting")  # (absent from older snapshots: none)
         if not (
             isinstance(outbox, list)
             and isinstance(announcing, list)
@@ -126,11 +148,12 @@ class Talk:
             and isinstance(partial, str)
             and isinstance(skip, bool)
             and isinstance(then_answer, str | None)
+            and isinstance(awaiting, str | None)
         ):
             raise ValueError("speech snapshot: 'talk' is malformed")
         return cls(
             conversation, deque(outbox), deque(announcing), turn_item, heard, partial, skip,
-            then_answer,
+            then_answer, awaiting,
         )  # fmt: skip
 
 
