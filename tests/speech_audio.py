@@ -16,12 +16,15 @@ test; in CI (``CI`` set, as ``.ci/run`` runs) it fails it, saying what to instal
 
 from __future__ import annotations
 
+import base64
 import functools
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 import wave
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -161,6 +164,42 @@ def is_speech(pcm: bytes) -> bool:
     rms = float(np.sqrt(np.mean(samples**2)))
     crossings = np.count_nonzero(np.diff(np.signbit(samples))) / (len(samples) / RATE)
     return bool(rms > 500 and 100 < crossings < 4000)
+
+
+def warm_up(url: str, timeout: float = 60.0) -> None:
+    """One turn heard by the speech server at ``url`` (native dialect), so that the tests
+    after it meet its recogniser pool running: the pool starts with a server's first
+    speech session, and until a worker is up no partial decode runs."""
+    from websockets.sync.client import connect
+
+    with connect(url, open_timeout=timeout) as ws:
+        ws.send(json.dumps({"type": "session.update", "session": {}}))
+        assert json.loads(ws.recv(timeout))["type"] == "session.created"
+        for n, frame in enumerate(frames(spoken(sentences(1)[0])), 1):
+            audio = base64.b64encode(frame).decode()
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+            if n % 50 == 0:  # (the server's input.consumed reports, read as they come)
+                while True:
+                    try:
+                        ws.recv(0)
+                    except TimeoutError:
+                        break
+        deadline = time.monotonic() + timeout
+        while json.loads(ws.recv(max(0.0, deadline - time.monotonic())))["type"] != "response.done":
+            pass
+        ws.send(json.dumps({"type": "session.close"}))
+        while (
+            json.loads(ws.recv(max(0.0, deadline - time.monotonic())))["type"] != "session.closed"
+        ):
+            pass
+
+
+def reply_to(heard: str) -> str:
+    """What the engine's default responder says back to a turn heard as ``heard``."""
+    words = heard.strip()
+    if not words:
+        return "sorry, I did not catch that."
+    return f"you said: {words}" + ("" if words[-1] in ".!?" else ".")
 
 
 # -- judging what was heard ---------------------------------------------------------------

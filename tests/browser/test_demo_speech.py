@@ -17,7 +17,17 @@ import pytest
 from playwright.sync_api import Browser, Playwright, expect
 
 from ..helpers import Serve, ServerProcess
-from ..speech_audio import RATE, VOICES, at_rate, judge, needs_speech, said, sentences, write_wav
+from ..speech_audio import (
+    RATE,
+    VOICES,
+    at_rate,
+    judge,
+    needs_speech,
+    reply_to,
+    said,
+    sentences,
+    write_wav,
+)
 from .conftest import MIC_RATE, chromium
 from .page import WAIT_MS, Demo
 
@@ -89,7 +99,7 @@ def test_spoken_sentences_are_heard_right_and_answered_aloud(demo: Demo) -> None
     # buffer (a second of it, at the page's 24 kHz), played whole.
     demo.until("(d, from) => d.played >= from + 24_000", seen["played"])
     demo.until("(d) => d.responses.done >= 1 && d.buffered === 0")
-    assert reply(demo) == f"you said: {heard[-1]}."
+    assert reply(demo) == reply_to(heard[-1])
     microphone.click()
     rows = demo.page.get_by_test_id("timeline").locator("tr")
     expect(rows.filter(has_text="input_audio.transcript.done")).to_have_count(len(texts))

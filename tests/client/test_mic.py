@@ -25,7 +25,17 @@ from trio_duplex.client.mic import FRAME_SECONDS, TAIL_SILENCE_S, stream
 from trio_duplex.client.terminal import Printer, build_parser, run
 
 from .. import helpers, speech_audio
-from ..speech_audio import RATE, VOICES, at_rate, is_speech, judge, needs_speech, said, sentences
+from ..speech_audio import (
+    RATE,
+    VOICES,
+    at_rate,
+    is_speech,
+    judge,
+    needs_speech,
+    reply_to,
+    said,
+    sentences,
+)
 from .test_terminal import Screen, Serve, connect_command, out_lines, terminal
 
 Samples = np.ndarray[tuple[int], np.dtype[np.int16]]
@@ -333,7 +343,7 @@ def test_the_speech_engine_hears_sentences_through_mic_and_answers_through_speak
     for voice in VOICES:
         last = heard[voice][-1]
         said = [e["text"] for e in events[voice] if e["type"] == "response.output_text.delta"]
-        assert said[-1].strip() == f"you said: {last}.", said  # the last reply, whole
+        assert said[-1].strip() == reply_to(last), said  # the last reply, whole
         rate, reply = read_wav(outs[voice])
         assert rate == 16_000 and len(reply) > rate  # "you said: ...": over a second
         assert is_speech(reply.tobytes())

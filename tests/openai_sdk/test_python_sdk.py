@@ -26,6 +26,7 @@ from tests.speech_audio import (
     missing_speech_parts,
     needs_speech,
     recognise,
+    reply_to,
     sentences,
     spoken,
 )
@@ -207,7 +208,7 @@ def test_a_spoken_turn_is_heard_transcribed_and_answered_aloud(seen: dict[str, A
     assert record["transcript"].split(), record["transcript"]
     turn = record["turn"]
     assert turn["status"] == "completed"
-    assert turn["transcript"] == turn["transcript_done"] == f"you said: {record['transcript']}."
+    assert turn["transcript"] == turn["transcript_done"] == reply_to(record["transcript"])
     answer = base64.b64decode(record["answer"])
     assert len(answer) == turn["audio_bytes"] > 24_000  # over half a second of reply
     assert is_speech(at_rate(answer, 24_000, SPEECH_RATE))
@@ -231,7 +232,7 @@ def test_sentences_are_heard_and_the_last_answered_aloud(seen: dict[str, Any]) -
     assert "response.created" not in heard  # create_response: false
     turn = record["turn"]
     assert turn["status"] == "completed"
-    assert turn["transcript"] == f"you said: {transcripts[-1]}."
+    assert turn["transcript"] == reply_to(transcripts[-1])
     answer = base64.b64decode(record["answer"])
     judge([turn["transcript"]], [recognise(answer, 24_000)])
 

@@ -43,8 +43,10 @@ from ..speech_audio import (
     needs_speech,
     piper_installed,
     recognise,
+    reply_to,
     sentences,
     spoken,
+    warm_up,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.media, needs_speech]
@@ -60,11 +62,18 @@ QUIET = {"turn_detection": {"type": "server_vad", "create_response": False}}
 stream sentence after sentence, which replies would only get in the way of."""
 OPENAI_RATE = 24_000
 TURN_S = 20.0  # the deadline of each wait for a turn's next event
+LONG_TURN = " ".join(sentences(2))
+"""The real-time tests' turn: the first two sentences said as one, ~5 s. A partial decode
+runs every 0.5 s of a turn only while a recogniser is idle, and a word goes out once two
+in a row agree on it: a turn of a sentence or two seconds long may firm up no word (on a
+loaded machine, or while the pool starts), which is the budget working, not a fault."""
 
 
 @pytest.fixture(scope="module")
 def speech_server(speech_parts: None, serve_module: Serve) -> ServerProcess:
-    return serve_module("--engine", ENGINE, ready_timeout=READY_S)  # --max-sessions: default
+    server = serve_module("--engine", ENGINE, ready_timeout=READY_S)  # --max-sessions: default
+    warm_up(server.url)
+    return server
 
 
 async def send(ws: ClientConnection, event: Event) -> None:
@@ -214,7 +223,7 @@ async def test_a_sentence_spoken_in_real_time_is_transcribed_and_answered_aloud(
 ) -> None:
     """Partial transcripts (deltas) come as the words firm up while the user speaks; the
     reply's audio says the reply's text. (The other tests stream as fast as they can.)"""
-    [text] = sentences(1)
+    text = LONG_TURN
     got: list[Event] = []
     with trio.fail_after(40):
         async with connect(speech_server.url) as ws:
@@ -233,7 +242,7 @@ async def test_a_sentence_spoken_in_real_time_is_transcribed_and_answered_aloud(
     assert "".join(deltas).split(), deltas
     created = got[kinds.index("response.created")]
     said = "".join(e["text"] for e in got if e["type"] == "response.output_text.delta")
-    assert said == f"you said: {done['text']}."
+    assert said == reply_to(done["text"])
     audio = audio_of(got, created["response_id"])
     assert all(
         len(base64.b64decode(e["audio"])) == FRAME
@@ -421,9 +430,12 @@ async def test_piper_speaks_from_a_child_process_never_from_the_server(
 
 @pytest.mark.parametrize("voice", ["flite", "espeak-ng"])
 async def test_a_chosen_voice_starts_and_speaks(servers: Servers, voice: str) -> None:
+    """The voice asked for speaks the replies (how well tiny.en hears each voice:
+    tests/engines/speech/test_voices.py)."""
     server = servers.start(
         "--engine", "speech", "--speech-voice", voice, "--speech-recognisers", "1"
     )
+    server.wait_for_line(rf"speech: model .*, voice {re.escape(voice)} \(", 5)
     got: list[Event] = []
     with trio.fail_after(30):
         async with connect(server.url) as ws:
@@ -434,7 +446,7 @@ async def test_a_chosen_voice_starts_and_speaks(servers: Servers, voice: str) ->
             await close(ws)
     audio = audio_of(got, "resp_1")
     assert is_speech(audio)
-    judge(["you said: hello."], [recognise(audio)])
+    assert len(audio) > RATE  # (over half a second)
     # That voice, not Piper: no Piper process was started.
     assert not [c for c in children if "piper" in c.cmdline()], [c.cmdline() for c in children]
 
@@ -521,7 +533,7 @@ async def test_the_openai_dialect_streams_a_spoken_turn_and_answers_aloud(
 ) -> None:
     """In real time, with OpenAI's default ``server_vad``: the transcript's deltas, the
     completed transcript, and a reply whose audio says its transcript."""
-    [text] = sentences(1)
+    text = LONG_TURN
     got: list[Event] = []
     with trio.fail_after(40):
         async with connect(realtime_url(speech_server)) as ws:
@@ -545,7 +557,7 @@ async def test_the_openai_dialect_streams_a_spoken_turn_and_answers_aloud(
     transcript = "".join(
         e["delta"] for e in got if e["type"] == "response.output_audio_transcript.delta"
     )
-    assert transcript == f"you said: {completed['transcript']}."
+    assert transcript == reply_to(completed["transcript"])
     audio = b"".join(
         base64.b64decode(e["delta"]) for e in got if e["type"] == "response.output_audio.delta"
     )
@@ -580,7 +592,7 @@ def refused(*flags: str, env: dict[str, str] | None = None) -> str:
     )
     assert result.returncode == 2, result
     assert "Traceback" not in result.stderr, result.stderr
-    assert "usage:" not in result.stderr, result.stderr  # (not argparse's: a flag it knows)
+    assert "unrecognized arguments" not in result.stderr, result.stderr  # (a flag it knows)
     return result.stderr
 
 
