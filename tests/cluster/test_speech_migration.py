@@ -24,7 +24,7 @@ import trio
 from websockets.exceptions import ConnectionClosed
 
 from ..helpers import ServerProcess
-from ..speech_audio import FRAME, frames, needs_speech, sentences, spoken
+from ..speech_audio import FRAME, frames, needs_speech, sentences, spoken, warm_up
 from .test_relay import open_session, receive, resume, send, ws_to
 from .test_serve import TIMEOUT
 
@@ -56,11 +56,18 @@ async def heard_until(ws: Any, kind: str, heard: list[Event]) -> Event:
 async def test_sigterm_mid_sentence_moves_the_turn_and_loses_no_word(
     speech_parts: None, nodes: Callable[..., list[ServerProcess]]
 ) -> None:
-    a, b = nodes("ab", "--relay-port", "0", "--engine", "speech", "--speech-recognisers", "1")
+    # (flite speaks the replies: what moves is the turn being heard, not the voice)
+    speech = ("--engine", "speech", "--speech-recognisers", "1", "--speech-voice", "flite")
+    a, b = nodes("ab", "--relay-port", "0", *speech)
     [text] = sentences(1)
     pcm = spoken(text)
     half = len(pcm) // 2 // FRAME * FRAME
     sent = appends(pcm)
+    # Each node's recogniser pool starts with its first speech session: one turn each
+    # first, so that no wait below (TIMEOUT an event) includes a pool's start.
+    async with trio.open_nursery() as nursery:
+        for node in (a, b):
+            nursery.start_soon(trio.to_thread.run_sync, warm_up, node.url)
     with trio.fail_after(TIMEOUT * 3):
         async with ws_to(b.url) as ws:  # the sentence without a move, for comparison
             await open_session(ws)
