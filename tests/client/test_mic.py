@@ -342,8 +342,9 @@ def test_the_speech_engine_hears_sentences_through_mic_and_answers_through_speak
     judge(texts * len(VOICES), [text for voice in VOICES for text in heard[voice]])
     for voice in VOICES:
         last = heard[voice][-1]
-        texts = [e for e in events[voice] if e["type"] == "response.output_text.delta"]
-        said = "".join(e["text"] for e in texts if e["response_id"] == texts[-1]["response_id"])
+        deltas = [e for e in events[voice] if e["type"] == "response.output_text.delta"]
+        last_id = deltas[-1]["response_id"]
+        said = "".join(e["text"] for e in deltas if e["response_id"] == last_id)
         assert said == reply_to(last), said  # the last reply, whole
         rate, reply = read_wav(outs[voice])
         assert rate == 16_000 and len(reply) > rate  # "you said: ...": over a second

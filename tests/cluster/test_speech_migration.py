@@ -63,11 +63,15 @@ async def test_sigterm_mid_sentence_moves_the_turn_and_loses_no_word(
     pcm = spoken(text)
     half = len(pcm) // 2 // FRAME * FRAME
     sent = appends(pcm)
+
     # Each node's recogniser pool starts with its first speech session: one turn each
     # first, so that no wait below (TIMEOUT an event) includes a pool's start.
+    async def warm(url: str) -> None:
+        await trio.to_thread.run_sync(warm_up, url)
+
     async with trio.open_nursery() as nursery:
         for node in (a, b):
-            nursery.start_soon(trio.to_thread.run_sync, warm_up, node.url)
+            nursery.start_soon(warm, node.url)
     with trio.fail_after(TIMEOUT * 3):
         async with ws_to(b.url) as ws:  # the sentence without a move, for comparison
             await open_session(ws)
