@@ -258,6 +258,8 @@ async def test_partials_are_skipped_while_the_pool_is_busy(busy: bool) -> None:
             await talk.until(lambda o: bool(of(o, "input_audio.transcript.done")))
     deltas = of(talk.outputs, "input_audio.transcript.delta")
     assert bool(deltas) is not busy
+    types = check_all(defaults(), talk.outputs)  # as OpenAI's SDK reads them
+    assert ("conversation.item.input_audio_transcription.delta" in types) is not busy
     [done] = of(talk.outputs, "input_audio.transcript.done")
     assert "kitchen" in normalise(done["text"])
     if deltas:  # the words that firmed up, joined, begin the transcript so far

@@ -151,7 +151,7 @@ class Listener:
     def _new_detector(self, settings: TurnSettings | None = None) -> TurnDetector:
         if settings is None:
             detection = self.config.get("turn_detection")
-            self._seen_detection = detection
+            self._seen_detection = _copy(detection)
             try:
                 settings = turn_settings(self.base, detection)
             except ValueError as exc:  # (the engine refused such a session at its start)
@@ -169,7 +169,7 @@ class Listener:
         detection = self.config.get("turn_detection")
         if detection == self._seen_detection or detector.in_turn:
             return detector
-        self._seen_detection = detection
+        self._seen_detection = _copy(detection)
         try:
             settings = turn_settings(self.base, detection)
         except ValueError as exc:  # (a session.update's: the settings in force stay)
@@ -305,7 +305,7 @@ class Listener:
             return None
         self._generation += 1
         try:
-            return await self.pool.transcribe(detector.turn_audio())
+            return await self.pool.transcribe(_whole(detector.turn_audio()))
         except RecogniserFailed as exc:
             log.info("a committed turn's transcription failed: %s", exc)
             return None
@@ -320,7 +320,7 @@ class Listener:
         every = self.partial_every_s
         self._next_partial_s = (math.floor(seconds / every) + 1) * every
         self._partial_running = True
-        partials.start_soon(self._partial, detector.turn_audio(), self._generation)
+        partials.start_soon(self._partial, _whole(detector.turn_audio()), self._generation)
 
     async def _partial(self, pcm: bytes, generation: int) -> None:
         assert self.pool is not None
@@ -362,6 +362,17 @@ class Listener:
             return ""
         new = " ".join(firm[len(sent) :])
         return f" {new}" if sent else new
+
+
+def _copy(detection: object) -> object:
+    # (a copy: a configuration changed in place is still seen as changed)
+    return dict(detection) if isinstance(detection, Mapping) else detection
+
+
+def _whole(pcm: bytes) -> bytes:
+    # The turn so far ends where the audio fed ends: whole samples only (the server
+    # refuses odd PCM16; an embedder's engine API may not).
+    return pcm[: len(pcm) - len(pcm) % 2]
 
 
 def failed(message: str, item_id: str | None = None) -> Event:
