@@ -126,12 +126,14 @@ class VadStream:
         for at in range(0, whole, MAX_BATCH):
             n = min(MAX_BATCH, whole - at)
             chunk = view[at * WINDOW_BYTES : (at + n) * WINDOW_BYTES]
-            samples = np.frombuffer(chunk, dtype="<i2").astype(np.float32) / 32768.0
-            padded = np.concatenate((self._context, samples))
-            # Row i: window i with the 64 samples before it.
-            rows = np.lib.stride_tricks.sliding_window_view(padded, WINDOW + CONTEXT)[::WINDOW]
-            out, self._h, self._c = self._model.run(np.ascontiguousarray(rows), self._h, self._c)
+            samples = np.frombuffer(chunk, dtype="<i2").reshape(n, WINDOW)
+            # Row i: window i with the last 64 samples of window i-1 in front.
+            rows = np.empty((n, CONTEXT + WINDOW), dtype=np.float32)
+            np.multiply(samples, 1 / 32768, out=rows[:, CONTEXT:], casting="unsafe")
+            rows[0, :CONTEXT] = self._context
+            rows[1:, :CONTEXT] = rows[:-1, -CONTEXT:]
+            out, self._h, self._c = self._model.run(rows, self._h, self._c)
             probs.extend(out.tolist())
-            self._context = padded[-CONTEXT:].copy()
+            self._context = rows[-1, -CONTEXT:].copy()
         self.windows += whole
         return probs
