@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 from functools import cache
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from trio_duplex.engines.speech._detector import (
     LEAD_IN_MS,
+    MAX_AUDIO_S,
     TAIL_MS,
     Detected,
     Kind,
@@ -189,6 +191,25 @@ def test_a_turn_longer_than_max_turn_s_is_cut_and_goes_on() -> None:
     joined = b"".join(d.audio for d in found[1::2])
     first = int(found[1].at_ms * BYTES_PER_MS) - len(found[1].audio)
     assert pcm[first : first + len(joined) - TAIL_MS * BYTES_PER_MS] == joined[: -TAIL_MS * 32]
+
+
+def test_a_turns_audio_fits_the_recogniser_at_the_longest_settings() -> None:
+    parts = [silence(LEAD_S)]
+    for text in sentences(3 * N):  # about 45 s of speech, 100 ms pauses
+        parts += [_trimmed("espeak-ng", text), silence(0.1)]
+    pcm = np.concatenate([*parts, silence(1.0)]).tobytes()
+    longest = TurnSettings(prefix_padding_ms=1_000, max_turn_s=MAX_AUDIO_S - 1.512)
+    found = _detector(**attrs.asdict(longest)).feed(pcm)
+    stopped = [d for d in found if d.kind is Kind.STOPPED]
+    assert len(stopped) >= 2
+    assert max(len(d.audio) for d in stopped) <= MAX_AUDIO_S * 32_000
+    assert len(stopped[0].audio) > (MAX_AUDIO_S - 1) * 32_000
+
+
+def test_feeding_nothing_changes_nothing() -> None:
+    detector = _detector()
+    assert detector.feed(b"") == []
+    assert (detector.fed_ms, detector.in_turn, detector.held()) == (0.0, False, b"")
 
 
 @cache
