@@ -30,12 +30,14 @@ from trio_duplex.engines.speech._synthesise import (
     FRAME_BYTES,
     MAX_TEXT_CHARS,
     SAMPLE_RATE,
+    SYNTH_TIMEOUT_S,
     EspeakVoice,
     FliteVoice,
     SynthesisError,
     Voice,
     choose_voice,
     one_line,
+    start_voice,
     wav_to_engine_rate,
 )
 from trio_duplex.testing.transcripts import word_error_rate
@@ -258,6 +260,18 @@ async def test_a_piper_clause_past_its_deadline_fails_and_its_process_is_replace
 
 
 @needs_piper
+async def test_a_started_pool_is_warm_before_its_first_clause() -> None:
+    voice = joe()
+    start_voice(voice)
+    pool = _pool(voice)
+    await _until(pool, lambda pool: pool.stats().alive == pool.size)
+    assert pool.stats().clauses == 0 and len(pool.pids()) == pool.size
+    with trio.fail_after(SYNTH_TIMEOUT_S):
+        assert await voice.synthesise("Turn up the brightness.")
+    start_voice(FliteVoice())  # (nothing to start)
+
+
+@needs_piper
 def test_the_pool_ends_with_its_run() -> None:
     seen: dict[str, Any] = {}
 
@@ -266,10 +280,15 @@ def test_the_pool_ends_with_its_run() -> None:
         assert await voice.synthesise("Hello.")
         pool = _pool(voice)
         await _until(pool, lambda pool: pool.stats().alive == pool.size)
+        os.kill(pool.pids()[0], signal.SIGKILL)  # one replaced on the way: its pipes closed
+        await _until(pool, lambda pool: pool.stats().restarts == 1)
+        await _until(pool, lambda pool: pool.stats().alive == pool.size)
         seen.update(pids=pool.pids(), directories=list(pool.directories))
 
+    fds = sorted(os.listdir("/proc/self/fd"))
     trio.run(main)
-    assert len(seen["pids"]) == len(seen["directories"]) >= 1
+    assert sorted(os.listdir("/proc/self/fd")) == fds
+    assert len(seen["pids"]) + 1 == len(seen["directories"]) >= 2
     for pid in seen["pids"]:  # killed and reaped
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

@@ -244,6 +244,7 @@ class PiperPool:
             self.directories.append(directory)
             try:
                 await self._process(index, directory)
+                return  # (the pool is closing)
             except _Died as exc:
                 log.warning("a Piper process failed (%s): starting another", exc)
             finally:
@@ -289,9 +290,8 @@ class PiperPool:
             self._alive.add(index)
             self._change()
             while True:
-                try:
-                    clause = await self._receive.receive()
-                except (trio.EndOfChannel, trio.ClosedResourceError):
+                clause = await self._next(talk)
+                if clause is None:
                     return
                 self._busy[index] = process.pid
                 self._change()
@@ -311,9 +311,34 @@ class PiperPool:
             process.kill()
             with trio.move_on_after(2) as reaping:
                 reaping.shield = True
+                for pipe in (process.stdin, process.stderr):
+                    if pipe is not None:
+                        await pipe.aclose()
                 await process.wait()
             self._pids.pop(index, None)
             self._change()
+
+    async def _next(self, talk: _Talk) -> _Clause | None:
+        """The next clause, None once the pool closes; _Died if the process exits first
+        (an idle process that dies is replaced before a clause depends on it)."""
+        taken: list[_Clause] = []
+
+        async def take(cancel: trio.CancelScope) -> None:
+            try:
+                taken.append(await self._receive.receive())
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                pass
+            cancel.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(take, nursery.cancel_scope)
+            await talk.process.wait()
+            nursery.cancel_scope.cancel()
+        if taken:  # (taken as it died: the clause finds out)
+            return taken[0]
+        if talk.process.returncode is not None:
+            raise _Died(f"it exited while idle ({talk.why()})")
+        return None
 
 
 class _Talk:
@@ -333,12 +358,12 @@ class _Talk:
             try:
                 await self._stdin.send_all(line.encode("utf-8", "replace") + b"\n")
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                raise _Died(f"it exited ({self._why()})") from None
+                raise _Died(f"it exited ({self.why()})") from None
             while True:
                 text = await self._line()
                 if text is None:
                     await self._reap()
-                    raise _Died(f"it exited ({self._why()})")
+                    raise _Died(f"it exited ({self.why()})")
                 wrote = _WROTE.fullmatch(text)
                 if wrote:
                     return await trio.to_thread.run_sync(self._take, Path(wrote[1]))
@@ -373,7 +398,7 @@ class _Talk:
         with trio.move_on_after(1):
             await self.process.wait()
 
-    def _why(self) -> str:
+    def why(self) -> str:
         code = self.process.returncode
         status = "running" if code is None else f"status {code}"
         return f"{status}; {self._last}" if self._last else status

@@ -255,6 +255,15 @@ async def synthesise(
     return await to_engine_rate(wav, "espeak-ng", limiter)
 
 
+def start_voice(voice: Voice) -> None:
+    """Start what ``voice`` keeps running (Piper's pool of processes) in this ``trio.run``
+    now, so that the first clause does not wait for it; nothing for the other voices."""
+    from ._piper import PiperVoice, shared_pool
+
+    if isinstance(voice, PiperVoice):
+        shared_pool(voice)
+
+
 def choose_voice(spec: str | None) -> Voice:
     """The voice ``--speech-voice`` names (module docstring); SpeechUnavailable, saying
     what to install, when it is not here. A named voice is never swapped for another."""
