@@ -307,6 +307,24 @@ async def test_a_bundled_voice_that_is_not_the_packaged_file_is_refused(tmp_path
     assert pool.stats().restarts == 0 and not pool.directories  # no process was started
 
 
+@needs_piper
+async def test_a_voice_piper_cannot_load_breaks_the_pool_and_clauses_fail_fast(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_piper, "_BACKOFF_S", (0.0,))
+    monkeypatch.setattr(_piper, "MAX_FAILED_STARTS", 2)
+    model = tmp_path / "broken.onnx"
+    model.write_bytes(b"not a voice")
+    (tmp_path / "broken.onnx.json").write_text("{}")
+    voice = PiperVoice(model, processes=1)
+    with pytest.raises(SynthesisError, match="2 Piper processes in a row failed to start"):
+        await voice.synthesise("Hello.")  # waited for a process that never came up
+    pool = _pool(voice)
+    assert pool.stats().restarts == 2 and not pool.pids()
+    with trio.fail_after(0.1), pytest.raises(SynthesisError, match="failed to start"):
+        await voice.synthesise("Hello again.")  # at once now
+
+
 # Which voice.
 
 
