@@ -42,8 +42,10 @@ from typing import Final
 import attrs
 import trio
 
+from ._capacity import SpeechUnavailable, cores
 from ._synthesise import (
     MAX_WAV_BYTES,
+    PIPER_INSTALL,
     SYNTH_TIMEOUT_S,
     SynthesisError,
     one_line,
@@ -69,15 +71,9 @@ MAX_LINE_BYTES: Final = 16 * 1024
 _BACKOFF_S: Final = (0.0, 0.5, 1.0, 2.0, 4.0)
 _WROTE: Final = re.compile(r"INFO:[\w.]+:Wrote (.+)")  # logging's basicConfig format
 
-_POOLS: trio.lowlevel.RunVar[dict[tuple[Path, int], PiperPool]] = trio.lowlevel.RunVar(
+_POOLS: trio.lowlevel.RunVar[dict[tuple[Path, bool, int], PiperPool]] = trio.lowlevel.RunVar(
     "piper_pools"
 )
-
-
-def _install() -> str:
-    from ._synthesise import PIPER_INSTALL
-
-    return PIPER_INSTALL
 
 
 @attrs.frozen
@@ -99,8 +95,6 @@ class PiperVoice:
     @classmethod
     def at(cls, path: str) -> PiperVoice:
         """The voice at ``path``, which must be a .onnx file with its .onnx.json."""
-        from ._capacity import SpeechUnavailable
-
         model = Path(path).expanduser()
         if model.suffix != ".onnx" or not model.is_file():
             raise SpeechUnavailable(f"--speech-voice piper:{path}: no Piper voice (.onnx) there")
@@ -124,17 +118,16 @@ class PiperVoice:
 
 def shared_pool(voice: PiperVoice) -> PiperPool:
     """This ``trio.run``'s pool of ``voice``'s processes, started on first use."""
-    from ._capacity import cores
-
     size = voice.processes or min(cores(), MAX_PROCESSES)
     try:
         pools = _POOLS.get()
     except LookupError:
         pools = {}
         _POOLS.set(pools)
-    pool = pools.get((voice.model, size))
+    key = (voice.model, voice.packaged, size)
+    pool = pools.get(key)
     if pool is None:
-        pool = pools[voice.model, size] = PiperPool(voice, size)
+        pool = pools[key] = PiperPool(voice, size)
         trio.lowlevel.spawn_system_task(pool.run, name=f"piper pool ({voice.model.stem})")
     return pool
 
@@ -225,7 +218,7 @@ class PiperPool:
                 if digest != PACKAGED_VOICE_SHA256:
                     self.broken = (
                         f"the bundled Piper voice {self.voice.model} is not the packaged "
-                        f"file (sha256 {digest}): reinstall it, {_install()}"
+                        f"file (sha256 {digest}): reinstall it, {PIPER_INSTALL}"
                     )
                     log.error("%s", self.broken)
                     return
@@ -255,7 +248,7 @@ class PiperPool:
             if self._failed_starts >= MAX_FAILED_STARTS:
                 self.broken = (
                     f"{self._failed_starts} Piper processes in a row failed to start: "
-                    f"see the log ({_install()})"
+                    f"see the log ({PIPER_INSTALL})"
                 )
                 log.error("%s", self.broken)
                 self._receive.close()
