@@ -9,6 +9,7 @@ needs a Piper process to hold a clause waits for the pool to say so (``wait_for`
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import signal
@@ -228,15 +229,22 @@ async def test_a_piper_process_killed_mid_clause_fails_that_clause_only(hear: He
 
 
 @needs_piper
-async def test_a_line_that_kills_piper_fails_only_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_line_that_kills_piper_fails_only_itself(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # Piper's process dies (wave.Error) on a line it finds nothing to say in: Arabic-Indic
     # digits, for the joe voice, were one (one_line now writes them as ASCII digits).
     monkeypatch.setattr(_piper, "one_line", lambda text: text)
     voice = joe(processes=1)
-    with pytest.raises(SynthesisError, match="Piper failed on this clause"):
-        await voice.synthesise("\u0661\u0662\u0663")
-    assert await voice.synthesise("Turn up the brightness.")
-    assert _pool(voice).stats().restarts == 1
+    with caplog.at_level(logging.INFO, logger=_piper.__name__):
+        for _ in range(2):
+            with pytest.raises(SynthesisError, match="Piper failed on this clause"):
+                await voice.synthesise("\u0661\u0662\u0663")
+        assert await voice.synthesise("Turn up the brightness.")
+    assert _pool(voice).stats().restarts == 2
+    failures = [r for r in caplog.records if "a Piper process failed" in r.getMessage()]
+    assert len(failures) == 1 and "wave.Error" in failures[0].getMessage()  # one a 10 s
+    assert not any(r.exc_info for r in caplog.records)  # (no traceback)
 
 
 @needs_piper

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import re
 import shutil
@@ -68,6 +69,7 @@ problem, not a clause's): clauses then fail at once."""
 NICE: Final = 5
 """Synthesis yields the CPU to the server's event loop, as the recognisers do."""
 MAX_LINE_BYTES: Final = 16 * 1024
+LOG_EVERY_S: Final = 10.0
 _BACKOFF_S: Final = (0.0, 0.5, 1.0, 2.0, 4.0)
 _WROTE: Final = re.compile(r"INFO:[\w.]+:Wrote (.+)")  # logging's basicConfig format
 
@@ -166,6 +168,8 @@ class PiperPool:
         self._restarts = 0
         self._clauses = 0
         self._failed_starts = 0
+        self._quiet_until = -math.inf  # a failing process is logged at most every LOG_EVERY_S
+        self._unlogged = 0
         self._changed = trio.lowlevel.ParkingLot()  # woken when stats() may have changed
 
     def stats(self) -> PoolStats:
@@ -222,6 +226,7 @@ class PiperPool:
                     )
                     log.error("%s", self.broken)
                     return
+            log.info("Piper: %d process(es) of %s", self.size, self.voice.model)
             async with trio.open_nursery() as nursery:
                 for index in range(self.size):
                     nursery.start_soon(self._worker, index)
@@ -239,7 +244,7 @@ class PiperPool:
                 await self._process(index, directory)
                 return  # (the pool is closing)
             except _Died as exc:
-                log.warning("a Piper process failed (%s): starting another", exc)
+                self._log_failure(exc)
             finally:
                 self._alive.discard(index)
                 self._busy.pop(index, None)
@@ -254,6 +259,15 @@ class PiperPool:
                 self._receive.close()
                 return
             await trio.sleep(_BACKOFF_S[min(self._failed_starts, len(_BACKOFF_S) - 1)])
+
+    def _log_failure(self, exc: _Died) -> None:
+        now = trio.current_time()
+        if now < self._quiet_until:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more since the last line)" if self._unlogged else ""
+        log.warning("a Piper process failed (%s): starting another%s", exc, more)
+        self._quiet_until, self._unlogged = now + LOG_EVERY_S, 0
 
     async def _process(self, index: int, directory: Path) -> None:
         model = self.voice.model
