@@ -272,7 +272,8 @@ async def test_a_piper_clause_past_its_deadline_fails_and_its_process_is_replace
     assert await voice.synthesise("Hello.")  # the pool up and warm
     first = _pool(voice).pids()
     monkeypatch.setattr(_piper, "SYNTH_TIMEOUT_S", 0.02)
-    with pytest.raises(SynthesisError, match="no WAV within"):
+    # Both deadlines fall due together: the caller's own, or its process's first.
+    with pytest.raises(SynthesisError, match=r"Piper (took over|.*no WAV within) 0\.02s"):
         await voice.synthesise(LONG)
     monkeypatch.undo()
     assert await voice.synthesise("Hello again.")
