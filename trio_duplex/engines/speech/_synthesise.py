@@ -4,8 +4,9 @@ A ``Voice`` speaks one clause at a time: ``await voice.synthesise(text)`` is the
 as 16 kHz mono PCM16 in whole 20 ms frames (the tail padded with silence), within
 ``SYNTH_TIMEOUT_S``, or ``SynthesisError``. Three voices (``choose_voice``):
 
-- Piper (``_piper.py``): a small shared pool of long-lived ``python -m piper`` processes;
-  piper-tts is GPL-3.0-or-later, so it only ever runs as a child process.
+- Piper (``_piper.py``): a small shared pool of long-lived ``python -m piper`` processes
+  (22,050 Hz resampled to 16 kHz); piper-tts is GPL-3.0-or-later, so it only ever runs as
+  a child process, never imported here.
 - flite: ``flite -voice VOICE -t TEXT -o FILE`` per clause, 16 kHz already.
 - eSpeak NG: ``espeak-ng --stdout`` per clause, 22.05 kHz resampled to 16 kHz.
 
