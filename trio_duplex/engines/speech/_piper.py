@@ -1,10 +1,10 @@
 """Piper: a small shared pool of long-lived ``python -m piper`` processes.
 
 piper-tts is GPL-3.0-or-later: this process never imports it (``find_spec`` only says it
-is installed); it runs as a separate program, ``python -m piper -m MODEL.onnx --output-
-dir DIR``, which reads one line of text at a time on stdin and, per line, writes a WAV
-into DIR and logs ``Wrote DIR/NNN.wav`` on stderr. It stays alive between lines, so the
-voice is loaded once per process, not once per clause.
+is installed); it runs as a separate program, ``python -m piper -m MODEL.onnx
+--output-dir DIR``, which reads one line of text at a time on stdin and, per line,
+writes a WAV into DIR and logs ``Wrote DIR/NNN.wav`` on stderr. It stays alive between
+lines, so the voice is loaded once per process, not once per clause.
 
 One pool per voice model per ``trio.run`` (a ``RunVar``), started by the first clause
 (or ``start_voice``) and owned by a trio system task, so that its processes are killed
