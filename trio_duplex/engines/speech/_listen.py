@@ -346,22 +346,28 @@ class Listener:
             self.turn_words += delta.split()
 
     def _firm_delta(self, guess: list[str]) -> str:
-        """The words that firmed up: the same in the last ``FIRM_GUESSES`` guesses, and
-        not the guess's last word (still forming); "" if none, or if they contradict the
-        words already sent. The final decode (``transcript.done``) may differ from them."""
+        """The words that firmed up: the same in the last ``FIRM_GUESSES`` guesses (case
+        and the marks around a word aside: Whisper punctuates an unfinished sentence as it
+        pleases), and not the guess's last word (still forming); "" if none, or if they
+        contradict the words already sent. They are written as the latest guess has them.
+        The final decode (``transcript.done``) may differ from them."""
         self._guesses.append(guess[:-1])
         if len(self._guesses) < FIRM_GUESSES:
             return ""
         firm: list[str] = []
         for same in zip(*self._guesses, strict=False):
-            if any(word != same[0] for word in same):
+            if any(_key(word) != _key(same[0]) for word in same):
                 break
-            firm.append(same[0])
-        sent = self.turn_words
-        if len(firm) <= len(sent) or firm[: len(sent)] != sent:
+            firm.append(same[-1])
+        sent = [_key(word) for word in self.turn_words]
+        if len(firm) <= len(sent) or [_key(word) for word in firm[: len(sent)]] != sent:
             return ""
         new = " ".join(firm[len(sent) :])
         return f" {new}" if sent else new
+
+
+def _key(word: str) -> str:
+    return word.strip(".,!?;:\"'()").lower()
 
 
 def _copy(detection: object) -> object:
