@@ -157,6 +157,22 @@ def test_clauses_are_cut_at_punctuation_and_bounded() -> None:
     assert " ".join([*done, rest]).split() == long.split()  # nothing lost at the cuts
 
 
+def test_a_word_firms_up_when_two_guesses_agree_whatever_their_marks() -> None:
+    listener = SpeechEngine(voice="espeak-ng")._listener
+    said = []
+    for guess in [
+        "Please turn on the.",
+        "please turn on the lights, in",
+        "Please turn on the lights in the",
+    ]:
+        delta = listener._firm_delta(guess.split())
+        listener.turn_words += delta.split()
+        said.append(delta)
+    # Written as the latest guess has them. (Was: "" twice more: "Please" and "please",
+    # "lights," and "lights" disagreed.)
+    assert said == ["", "please turn on", " the lights"]
+
+
 # -- hearing ----------------------------------------------------------------------------
 
 HEARD = 20  # the outside set's first sentences, each said by both voices
