@@ -157,6 +157,22 @@ def test_clauses_are_cut_at_punctuation_and_bounded() -> None:
     assert " ".join([*done, rest]).split() == long.split()  # nothing lost at the cuts
 
 
+def test_a_word_firms_up_when_two_guesses_agree_whatever_their_marks() -> None:
+    listener = SpeechEngine(voice="espeak-ng")._listener
+    said = []
+    for guess in [
+        "Please turn on the.",
+        "please turn on the lights, in",
+        "Please turn on the lights in the",
+    ]:
+        delta = listener._firm_delta(guess.split())
+        listener.turn_words += delta.split()
+        said.append(delta)
+    # Written as the latest guess has them. (Was: "" twice more: "Please" and "please",
+    # "lights," and "lights" disagreed.)
+    assert said == ["", "please turn on", " the lights"]
+
+
 # -- hearing ----------------------------------------------------------------------------
 
 HEARD = 20  # the outside set's first sentences, each said by both voices
@@ -258,11 +274,37 @@ async def test_partials_are_skipped_while_the_pool_is_busy(busy: bool) -> None:
             await talk.until(lambda o: bool(of(o, "input_audio.transcript.done")))
     deltas = of(talk.outputs, "input_audio.transcript.delta")
     assert bool(deltas) is not busy
+    types = check_all(defaults(), talk.outputs)  # as OpenAI's SDK reads them
+    assert ("conversation.item.input_audio_transcription.delta" in types) is not busy
     [done] = of(talk.outputs, "input_audio.transcript.done")
     assert "kitchen" in normalise(done["text"])
     if deltas:  # the words that firmed up, joined, begin the transcript so far
         firm = normalise("".join(e["text"] for e in deltas))
         assert firm and firm[:1] == normalise(done["text"])[:1]
+
+
+@needs_speech
+@pytest.mark.parametrize(("silence_ms", "turns"), [(None, 2), (1500, 1)])
+async def test_a_session_update_s_silence_duration_decides_where_turns_end(
+    silence_ms: int | None, turns: int
+) -> None:
+    engine = SpeechEngine(voice="flite")
+    config = {"turn_detection": {"type": "server_vad", "create_response": False}}
+    pause = say(DOOR)[: -len(bytes(2 * RATE))] + bytes(RATE)  # then 0.5 s more of quiet
+    await ready_pool(engine)
+    async with talking(engine, config) as talk:
+        if silence_ms is not None:  # before the turn: it takes effect from this turn on
+            detection = {"type": "server_vad", "create_response": False,
+                         "silence_duration_ms": silence_ms}  # fmt: skip
+            talk.inbox.put_nowait({"type": "session.update",
+                                   "session": {"turn_detection": detection}})  # fmt: skip
+        talk.put(appends(pause + say(LONG) + bytes(2 * RATE)))  # (2 s of quiet to end it)
+        with trio.fail_after(60):
+            await talk.heard()
+    done = of(talk.outputs, "input_audio.transcript.done")
+    assert len(done) == turns
+    heard = normalise(" ".join(e["text"] for e in done))
+    assert "door" in heard and "kitchen" in heard
 
 
 # -- migration --------------------------------------------------------------------------

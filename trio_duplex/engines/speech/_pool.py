@@ -18,6 +18,7 @@ import collections
 import contextlib
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ from typing import Any, Final
 import attrs
 import trio
 
+from ...settings import ENV_PREFIX
 from . import _whisper
 from ._capacity import cores
 from ._models import ModelChoice
@@ -297,8 +299,10 @@ class RecogniserPool:
             model.expected_sha256 or "-",
         ]
         worker.died = None
+        # The server's settings (API keys, the cluster secret, Redis passwords) stay with it.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
         process = await trio.lowlevel.open_process(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
         )
         try:
             assert process.stdout is not None and process.stdin is not None

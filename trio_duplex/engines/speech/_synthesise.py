@@ -4,8 +4,9 @@ A ``Voice`` speaks one clause at a time: ``await voice.synthesise(text)`` is the
 as 16 kHz mono PCM16 in whole 20 ms frames (the tail padded with silence), within
 ``SYNTH_TIMEOUT_S``, or ``SynthesisError``. Three voices (``choose_voice``):
 
-- Piper (``_piper.py``): a small shared pool of long-lived ``python -m piper`` processes;
-  piper-tts is GPL-3.0-or-later, so it only ever runs as a child process.
+- Piper (``_piper.py``): a small shared pool of long-lived ``python -m piper`` processes
+  (22,050 Hz resampled to 16 kHz); piper-tts is GPL-3.0-or-later, so it only ever runs as
+  a child process, never imported here.
 - flite: ``flite -voice VOICE -t TEXT -o FILE`` per clause, 16 kHz already.
 - eSpeak NG: ``espeak-ng --stdout`` per clause, 22.05 kHz resampled to 16 kHz.
 
@@ -21,6 +22,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, Protocol
@@ -48,6 +50,7 @@ _PROBE_TIMEOUT_S: Final = 5.0
 # A clause ends after . ! ? ; : or , followed by a space (or the text's end).
 _CLAUSE_END = re.compile(r"(?<=[.!?;:,])\s+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
 _SPEAKABLE = re.compile(r"[^\W_]")  # a letter or a digit: text without one says nothing
 _VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 
@@ -112,10 +115,23 @@ def one_line(text: str, limit: int | None = MAX_TEXT_CHARS) -> str:
     "" when nothing in it is speakable (no letter or digit): such a clause is silence,
     and Piper's process dies on a line that yields no audio. SynthesisError when it is
     longer than ``limit``."""
-    line = " ".join(_CONTROL.sub(" ", text).split())
+    line = " ".join(_CONTROL.sub(" ", _NON_ASCII.sub(_numeral, text)).split())
     if limit is not None and len(line) > limit:
         raise SynthesisError(f"a clause of {len(line)} characters (at most {MAX_TEXT_CHARS})")
     return line if _SPEAKABLE.search(line) else ""
+
+
+def _numeral(match: re.Match[str]) -> str:
+    """A digit of another script (Arabic-Indic, Bengali, circled, mathematical) as ASCII:
+    Piper's English voice finds nothing to say in a line of them, and its process dies."""
+    char = match[0]
+    if unicodedata.category(char) not in ("Nd", "No"):
+        return char
+    digit = unicodedata.digit(char, None)
+    if digit is not None:
+        return str(digit)
+    compatible = unicodedata.normalize("NFKC", char)
+    return compatible if compatible.isascii() else char
 
 
 def whole_frames(pcm: bytes) -> bytes:
@@ -253,6 +269,15 @@ async def synthesise(
     command = [program, "-v", voice, "-s", str(words_per_minute), "--stdout"]
     wav = await _run(command, "espeak-ng", stdin=line.encode("utf-8", "replace"))
     return await to_engine_rate(wav, "espeak-ng", limiter)
+
+
+def start_voice(voice: Voice) -> None:
+    """Start what ``voice`` keeps running (Piper's pool of processes) in this ``trio.run``
+    now, so that the first clause does not wait for it; nothing for the other voices."""
+    from ._piper import PiperVoice, shared_pool
+
+    if isinstance(voice, PiperVoice):
+        shared_pool(voice)
 
 
 def choose_voice(spec: str | None) -> Voice:
