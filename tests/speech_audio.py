@@ -51,7 +51,8 @@ that margin. Recognition is deterministic (the same samples, the same transcript
 test's rate is the same run after run. Heard by the engine (2026-12-02): the first 16 in
 both voices 0.15, the first 8 0.22, the first 6 through --mic 0.23, through the demo page
 0.20; the first sentence alone 0.25 (espeak-ng) and 0.5 (flite), which is why no test
-judges fewer than 6. PocketSphinx, the engine this replaced, heard them at 0.41-0.57."""
+judges what it hears on fewer than 6. PocketSphinx, the engine this replaced, heard them
+at 0.41-0.57."""
 
 # The issue's own examples, for tests of the protocol's shape (events, barge-in, resume),
 # never of how well speech is heard: that is judged on SENTENCES.
