@@ -3,13 +3,13 @@
 sentences (tests/speech_audio.py), said by espeak-ng and flite at test time.
 
 How well speech is heard is judged by pooled word error rate over the first ``COUNT``
-sentences in each voice (``WER_BOUND``); a test of one or a few sentences (events, barge-in,
-resume) asks only that something was heard, since one sentence's rate scatters far from
-the set's (the first sentence alone: 0.25 by espeak-ng, 0.5 by flite). A reply is judged
-by what the recogniser hears in its audio. Recognition is
-deterministic (the same audio gives the same transcript), which the dropped-connection
-test relies on. One server serves the module's tests: each server starts a pool of
-recogniser processes.
+sentences in each voice (``WER_BOUND``); a test of one or two sentences (events,
+barge-in, resume) asks only that something was heard, since one sentence's rate scatters
+far from the set's (the first alone: 0.25 by espeak-ng, 0.5 by flite). A reply is judged
+by what the recogniser, run in the test, hears in its audio. Recognition is deterministic
+(the same audio gives the same transcript), which the dropped-connection test relies on.
+One server serves the module's tests (each server starts a pool of recogniser processes),
+warmed by one turn before them.
 """
 
 from __future__ import annotations
