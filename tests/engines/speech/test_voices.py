@@ -293,6 +293,21 @@ async def test_a_started_pool_is_warm_before_its_first_clause() -> None:
 
 
 @needs_piper
+async def test_piper_runs_without_the_servers_settings_and_out_of_its_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TRIO_DUPLEX_API_KEYS", "a-secret-key")
+    monkeypatch.setenv("H3_PLAIN", "kept")
+    voice = joe(processes=1)
+    assert await voice.synthesise("Hello.")
+    (pid,) = _pool(voice).pids()
+    environ = (await trio.Path(f"/proc/{pid}/environ").read_bytes()).split(b"\0")
+    assert b"H3_PLAIN=kept" in environ
+    assert not [v for v in environ if v.startswith(b"TRIO_DUPLEX_") or b"a-secret-key" in v]
+    assert os.getsid(pid) == pid != os.getsid(0)  # the terminal's ^C is not sent to it
+
+
+@needs_piper
 def test_the_pool_ends_with_its_run() -> None:
     seen: dict[str, Any] = {}
 

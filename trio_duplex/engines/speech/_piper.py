@@ -47,6 +47,7 @@ from typing import Final
 import attrs
 import trio
 
+from ...settings import ENV_PREFIX
 from ._capacity import SpeechUnavailable, cores
 from ._synthesise import (
     MAX_WAV_BYTES,
@@ -283,6 +284,10 @@ class PiperPool:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             cwd=directory,  # nothing of ours on its path
+            # The server's settings (API keys, the cluster secret, Redis passwords) stay
+            # with it; its own session keeps the terminal's ^C (the pool ends it).
+            env={k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)},
+            start_new_session=True,
         )
         self._pids[index] = process.pid
         self._change()
