@@ -196,15 +196,15 @@ class TurnDetector:
         speech = p >= self.settings.threshold
         quiet = not speech and p < self.settings.quiet_below
         if not self.in_turn:
+            recent = self._speech
+            while recent and window - recent[0] >= 2 * self._min_windows:
+                recent.popleft()  # too far back to start a turn with this one
             if quiet:
                 self._onset = window + 1
             elif speech:
-                self._speech.append(window)
-                first = self._speech[0]
-                if len(self._speech) == self._min_windows and (
-                    window - first < 2 * self._min_windows
-                ):
-                    return self._start(first)
+                recent.append(window)
+                if len(recent) == self._min_windows:
+                    return self._start(recent[0])
             return None
         if speech:
             self._quiet_from = None
