@@ -107,7 +107,7 @@ class PiperVoice:
             raise SpeechUnavailable(
                 f"--speech-voice piper:{path}: its config {model.name}.json is not beside it"
             )
-        return cls(model.resolve())
+        return cls(model.absolute())  # (not resolved: its .json is the one beside the path)
 
     @property
     def name(self) -> str:
