@@ -1,5 +1,5 @@
-"""The speech engine's voices (engines/speech/_synthesise.py, _piper.py): each one's audio
-heard right by the real recogniser (Whisper tiny.en), its framing and rate, Piper's pool
+"""The speech engine's voices (engines/speech/_synthesise.py, _piper.py, _clause.py): each
+one's audio heard right by the real recogniser (Whisper tiny.en), its framing and rate, Piper's pool
 (the GPL program never imported here, a process failing only its clause, cancellation
 not shifting replies, the pool ending with its run), and what ``choose_voice`` picks.
 

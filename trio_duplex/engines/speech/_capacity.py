@@ -14,7 +14,7 @@ from typing import Final
 
 import trio
 
-from ._synthesise import espeak_path
+from ._clause import espeak_path
 
 SESSIONS_PER_CORE: Final = 4
 """Speech sessions one core holds in real time (docs/speech.md, "Capacity"): recognition

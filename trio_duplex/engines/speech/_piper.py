@@ -48,8 +48,8 @@ import attrs
 import trio
 
 from ...settings import ENV_PREFIX
-from ._capacity import SpeechUnavailable, cores
-from ._synthesise import (
+from ._capacity import SpeechUnavailable, cores, shared_limiter
+from ._clause import (
     MAX_WAV_BYTES,
     PIPER_INSTALL,
     SYNTH_TIMEOUT_S,
@@ -118,7 +118,7 @@ class PiperVoice:
         if not line:
             return b""
         wav = await shared_pool(self).say(line)
-        return await to_engine_rate(wav, "piper", None)
+        return await to_engine_rate(wav, "piper", shared_limiter())
 
 
 def shared_pool(voice: PiperVoice) -> PiperPool:
