@@ -191,6 +191,22 @@ def test_the_packaged_voice_is_the_wheels_file() -> None:
     assert _piper._sha256(PiperVoice.bundled().model) == PACKAGED_VOICE_SHA256
 
 
+def test_a_wav_is_taken_only_from_its_processs_own_directory(tmp_path: Path) -> None:
+    own, other = tmp_path / "own", tmp_path / "other"
+    own.mkdir()
+    other.mkdir()
+    (other / "1.wav").write_bytes(b"someone else's")
+    (own / "2.wav").symlink_to(other / "1.wav")
+    (own / "3.wav").write_bytes(b"RIFF its own")
+    talk = object.__new__(_piper._Talk)  # (only its directory is used)
+    talk.directory = own
+    for wrote in (other / "1.wav", own / "2.wav", own / ".." / "other" / "1.wav"):
+        with pytest.raises(_piper._Died, match="outside its directory"):
+            talk._take(wrote)
+    assert (other / "1.wav").exists()  # not deleted either
+    assert talk._take(own / "3.wav") == b"RIFF its own" and not (own / "3.wav").exists()
+
+
 @needs_piper
 async def test_piper_is_never_imported_here() -> None:
     assert await joe().synthesise("Hello there.")
