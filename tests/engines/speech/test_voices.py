@@ -23,6 +23,7 @@ import numpy as np
 import psutil
 import pytest
 import trio
+import trio.testing
 
 from trio_duplex.engines.speech import _piper, _synthesise
 from trio_duplex.engines.speech._capacity import SpeechUnavailable
@@ -242,6 +243,41 @@ async def test_a_piper_process_killed_mid_clause_fails_that_clause_only(hear: He
     pcm = await voice.synthesise(SENTENCES[3])  # the replacement process
     assert word_error_rate([(SENTENCES[3], hear(pcm))]) <= 0.2
     assert pool.stats().restarts == 1 and pool.stats().alive == 1
+
+
+@needs_piper
+@needs_whisper
+async def test_clauses_at_once_each_get_their_own_audio(hear: Hear) -> None:
+    voice = joe()  # two processes on two cores: both clauses are being said at once
+    said: dict[str, bytes] = {}
+
+    async def say(text: str) -> None:
+        said[text] = await voice.synthesise(text)
+
+    async with trio.open_nursery() as nursery:
+        for sentence in SENTENCES[3:5]:
+            nursery.start_soon(say, sentence)
+    for sentence in SENTENCES[3:5]:
+        assert word_error_rate([(sentence, hear(said[sentence]))]) <= 0.2
+
+
+@needs_piper
+async def test_clauses_wait_for_a_process_first_come_first_served() -> None:
+    voice = joe(processes=1)
+    pool = _pool(voice)
+    done: list[int] = []
+
+    async def say(n: int) -> None:
+        await voice.synthesise(f"Clause number {n}.")
+        done.append(n)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(say, 0)
+        await _until(pool, lambda pool: bool(pool.busy_pids()))
+        for n in (1, 2, 3):
+            nursery.start_soon(say, n)
+            await trio.testing.wait_all_tasks_blocked()  # n queued behind n - 1
+    assert done == [0, 1, 2, 3]
 
 
 @needs_piper
