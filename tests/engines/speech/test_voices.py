@@ -1,5 +1,5 @@
-"""The speech engine's voices (engines/speech/_synthesise.py, _piper.py): each one's audio
-heard right by the real recogniser (Whisper tiny.en), its framing and rate, Piper's pool
+"""The speech engine's voices (engines/speech/_synthesise.py, _piper.py, _clause.py): each
+one's audio heard right by the real recogniser (Whisper tiny.en), its framing and rate, Piper's pool
 (the GPL program never imported here, a process failing only its clause, cancellation
 not shifting replies, the pool ending with its run), and what ``choose_voice`` picks.
 
@@ -23,6 +23,7 @@ import numpy as np
 import psutil
 import pytest
 import trio
+import trio.testing
 
 from trio_duplex.engines.speech import _piper, _synthesise
 from trio_duplex.engines.speech._capacity import SpeechUnavailable
@@ -191,6 +192,22 @@ def test_the_packaged_voice_is_the_wheels_file() -> None:
     assert _piper._sha256(PiperVoice.bundled().model) == PACKAGED_VOICE_SHA256
 
 
+def test_a_wav_is_taken_only_from_its_processs_own_directory(tmp_path: Path) -> None:
+    own, other = tmp_path / "own", tmp_path / "other"
+    own.mkdir()
+    other.mkdir()
+    (other / "1.wav").write_bytes(b"someone else's")
+    (own / "2.wav").symlink_to(other / "1.wav")
+    (own / "3.wav").write_bytes(b"RIFF its own")
+    talk = object.__new__(_piper._Talk)  # (only its directory is used)
+    talk.directory = own
+    for wrote in (other / "1.wav", own / "2.wav", own / ".." / "other" / "1.wav"):
+        with pytest.raises(_piper._Died, match="outside its directory"):
+            talk._take(wrote)
+    assert (other / "1.wav").exists()  # not deleted either
+    assert talk._take(own / "3.wav") == b"RIFF its own" and not (own / "3.wav").exists()
+
+
 @needs_piper
 async def test_piper_is_never_imported_here() -> None:
     assert await joe().synthesise("Hello there.")
@@ -226,6 +243,41 @@ async def test_a_piper_process_killed_mid_clause_fails_that_clause_only(hear: He
     pcm = await voice.synthesise(SENTENCES[3])  # the replacement process
     assert word_error_rate([(SENTENCES[3], hear(pcm))]) <= 0.2
     assert pool.stats().restarts == 1 and pool.stats().alive == 1
+
+
+@needs_piper
+@needs_whisper
+async def test_clauses_at_once_each_get_their_own_audio(hear: Hear) -> None:
+    voice = joe()  # two processes on two cores: both clauses are being said at once
+    said: dict[str, bytes] = {}
+
+    async def say(text: str) -> None:
+        said[text] = await voice.synthesise(text)
+
+    async with trio.open_nursery() as nursery:
+        for sentence in SENTENCES[3:5]:
+            nursery.start_soon(say, sentence)
+    for sentence in SENTENCES[3:5]:
+        assert word_error_rate([(sentence, hear(said[sentence]))]) <= 0.2
+
+
+@needs_piper
+async def test_clauses_wait_for_a_process_first_come_first_served() -> None:
+    voice = joe(processes=1)
+    pool = _pool(voice)
+    done: list[int] = []
+
+    async def say(n: int) -> None:
+        await voice.synthesise(f"Clause number {n}.")
+        done.append(n)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(say, 0)
+        await _until(pool, lambda pool: bool(pool.busy_pids()))
+        for n in (1, 2, 3):
+            nursery.start_soon(say, n)
+            await trio.testing.wait_all_tasks_blocked()  # n queued behind n - 1
+    assert done == [0, 1, 2, 3]
 
 
 @needs_piper
@@ -290,6 +342,21 @@ async def test_a_started_pool_is_warm_before_its_first_clause() -> None:
     with trio.fail_after(SYNTH_TIMEOUT_S):
         assert await voice.synthesise("Turn up the brightness.")
     start_voice(FliteVoice())  # (nothing to start)
+
+
+@needs_piper
+async def test_piper_runs_without_the_servers_settings_and_out_of_its_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TRIO_DUPLEX_API_KEYS", "a-secret-key")
+    monkeypatch.setenv("H3_PLAIN", "kept")
+    voice = joe(processes=1)
+    assert await voice.synthesise("Hello.")
+    (pid,) = _pool(voice).pids()
+    environ = (await trio.Path(f"/proc/{pid}/environ").read_bytes()).split(b"\0")
+    assert b"H3_PLAIN=kept" in environ
+    assert not [v for v in environ if v.startswith(b"TRIO_DUPLEX_") or b"a-secret-key" in v]
+    assert os.getsid(pid) == pid != os.getsid(0)  # the terminal's ^C is not sent to it
 
 
 @needs_piper
@@ -414,7 +481,7 @@ def test_a_named_voice_that_is_missing_is_an_error_not_another_voice(
 
 
 @needs_piper
-def test_a_piper_voice_by_path(tmp_path: Path) -> None:
+def test_a_piper_voice_by_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SpeechUnavailable, match="no Piper voice"):
         choose_voice(f"piper:{tmp_path}/nowhere.onnx")
     model = tmp_path / "voice.onnx"
@@ -423,7 +490,9 @@ def test_a_piper_voice_by_path(tmp_path: Path) -> None:
         choose_voice(f"piper:{model}")
     (tmp_path / "voice.onnx.json").symlink_to(PiperVoice.bundled().model.with_suffix(".onnx.json"))
     voice = choose_voice(f"piper:{model}")
-    assert voice == PiperVoice(model.resolve()) and voice.name == "piper (en_US-joe-medium)"
+    assert voice == PiperVoice(model) and voice.name == "piper (voice)"
+    monkeypatch.chdir(tmp_path)
+    assert choose_voice("piper:voice.onnx") == voice  # made absolute
 
 
 @needs_flite

@@ -41,8 +41,8 @@ MAX_AUDIO_S: Final = 30.0
 TAIL_MS: Final = 192
 """Audio kept after a turn's end (its first quiet window), 6 windows: Silero's probability
 falls under the quiet mark before a soft ending is over (a final "th", the release of a
-final "p"): up to ~130 ms early on the outside set's sentences (150 ms under -54 dBFS
-white noise), and Whisper hears a clipped last word worse than a little silence."""
+final "p"): up to ~130 ms early on the outside set's sentences in silence, ~170 ms under
+white noise, and Whisper hears a clipped last word worse than a little silence."""
 LEAD_IN_MS: Final = 512
 """How far before a turn's first speech window its audio may reach back to where the VAD
 grew unsure (no quiet window since): Silero can hover near the threshold for ~0.5 s at the
@@ -122,7 +122,8 @@ class Detected:
     kind: Kind
     at_ms: float
     audio: bytes = attrs.field(default=b"", repr=lambda audio: f"<{len(audio)} bytes>")
-    """STOPPED: the turn's PCM, prefix padding and :data:`TAIL_MS` of silence included."""
+    """STOPPED: the turn's PCM, its prefix padding (and lead-in) and :data:`TAIL_MS` after
+    its end included."""
 
 
 class TurnDetector:
@@ -196,15 +197,15 @@ class TurnDetector:
         speech = p >= self.settings.threshold
         quiet = not speech and p < self.settings.quiet_below
         if not self.in_turn:
+            recent = self._speech
+            while recent and window - recent[0] >= 2 * self._min_windows:
+                recent.popleft()  # too far back to start a turn with this one
             if quiet:
                 self._onset = window + 1
             elif speech:
-                self._speech.append(window)
-                first = self._speech[0]
-                if len(self._speech) == self._min_windows and (
-                    window - first < 2 * self._min_windows
-                ):
-                    return self._start(first)
+                recent.append(window)
+                if len(recent) == self._min_windows:
+                    return self._start(recent[0])
             return None
         if speech:
             self._quiet_from = None

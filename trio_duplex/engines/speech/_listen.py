@@ -147,6 +147,9 @@ class Listener:
                 self._trim(len(detector.held()))
             self.hearing = False
             self.heard_all.unpark_all()
+            # A backlog (a restored turn, a client ahead of real time) is heard a piece at
+            # a time with the other sessions' frames between: never a long stretch at once.
+            await trio.lowlevel.checkpoint()
 
     def _new_detector(self, settings: TurnSettings | None = None) -> TurnDetector:
         if settings is None:

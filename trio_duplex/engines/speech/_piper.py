@@ -47,8 +47,9 @@ from typing import Final
 import attrs
 import trio
 
-from ._capacity import SpeechUnavailable, cores
-from ._synthesise import (
+from ...settings import ENV_PREFIX
+from ._capacity import SpeechUnavailable, cores, shared_limiter
+from ._clause import (
     MAX_WAV_BYTES,
     PIPER_INSTALL,
     SYNTH_TIMEOUT_S,
@@ -106,7 +107,7 @@ class PiperVoice:
             raise SpeechUnavailable(
                 f"--speech-voice piper:{path}: its config {model.name}.json is not beside it"
             )
-        return cls(model.resolve())
+        return cls(model.absolute())  # (not resolved: its .json is the one beside the path)
 
     @property
     def name(self) -> str:
@@ -117,7 +118,7 @@ class PiperVoice:
         if not line:
             return b""
         wav = await shared_pool(self).say(line)
-        return await to_engine_rate(wav, "piper", None)
+        return await to_engine_rate(wav, "piper", shared_limiter())
 
 
 def shared_pool(voice: PiperVoice) -> PiperPool:
@@ -283,6 +284,10 @@ class PiperPool:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             cwd=directory,  # nothing of ours on its path
+            # The server's settings (API keys, the cluster secret, Redis passwords) stay
+            # with it; its own session keeps the terminal's ^C (the pool ends it).
+            env={k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)},
+            start_new_session=True,
         )
         self._pids[index] = process.pid
         self._change()
