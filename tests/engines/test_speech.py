@@ -31,7 +31,7 @@ from trio_duplex.dialects.openai.config import defaults
 from trio_duplex.engines.api import BadEvent, EngineSession, Event, Inbox
 from trio_duplex.engines.speech import SpeechEngine
 from trio_duplex.engines.speech._pool import RecogniserPool, shared_pool
-from trio_duplex.engines.speech._synthesise import MAX_CLAUSE_CHARS, clauses
+from trio_duplex.engines.speech._synthesise import MAX_CLAUSE_CHARS, SynthesisError, clauses
 from trio_duplex.testing.transcripts import normalise, word_error_rate
 
 from .migration import Client, Cut, Node, audio
@@ -450,3 +450,42 @@ def test_a_snapshot_of_another_shape_is_refused(change: dict[str, Any]) -> None:
     state = SpeechEngine(voice="espeak-ng").snapshot() | change
     with pytest.raises(ValueError, match="snapshot"):
         SpeechEngine(voice="espeak-ng").restore(state)
+
+
+@attrs.define(eq=False)
+class FailingFirst:
+    """A voice whose first clause fails (as a Piper process that dies on it), then
+    says each clause as a second of tone."""
+
+    said: list[str] = attrs.Factory(list)
+
+    @property
+    def name(self) -> str:
+        return "failing-first"
+
+    async def synthesise(self, text: str) -> bytes:
+        self.said.append(text)
+        if len(self.said) == 1:
+            raise SynthesisError("the voice's process died on this clause")
+        tone = 8000 * np.sin(2 * np.pi * 440 * np.arange(RATE) / RATE)
+        return tone.astype(np.int16).tobytes()
+
+
+@needs_speech
+async def test_a_clause_the_voice_cannot_say_loses_its_audio_not_the_reply(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    voice = FailingFirst()
+    engine = SpeechEngine(voice=voice)
+    async with talking(engine, {}) as talk:
+        talk.put([{"type": "input.text.append", "text": "lights on"}])
+        with trio.fail_after(60):
+            await talk.until(lambda o: bool(of(o, "response.done") + of(o, "response.cancelled")))
+    assert voice.said == ["you said:", "lights on."]
+    texts = [e["text"] for e in of(talk.outputs, "response.output_text.delta")]
+    assert "".join(texts) == "you said: lights on."  # the failed clause's text went out
+    assert of(talk.outputs, "response.done") and not of(talk.outputs, "response.cancelled")
+    audio = b"".join(e["audio"] for e in of(talk.outputs, "response.output_audio.delta"))
+    assert len(audio) == 2 * RATE  # the second clause's second, no more
+    warned = [r for r in caplog.records if "could not say a clause" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].exc_info is None

