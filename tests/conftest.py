@@ -17,6 +17,7 @@ from wsproto.events import AcceptConnection
 from trio_duplex.testing import Simulation
 
 from .helpers import RawClient, RawHttp, RawWs, Serve, Servers, raw_handshake
+from .speech_audio import speech_parts  # noqa: F401  (the fixture of the needs_speech mark)
 
 
 @pytest.fixture

@@ -6,12 +6,15 @@ subprocesses against a real ``trio-duplex serve``."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import selectors
 import subprocess
 import time
 import wave
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +24,18 @@ import trio.testing
 from trio_duplex.client.mic import FRAME_SECONDS, TAIL_SILENCE_S, stream
 from trio_duplex.client.terminal import Printer, build_parser, run
 
-from ..speech_audio import DOOR, is_speech, needs_speech
+from .. import helpers, speech_audio
+from ..speech_audio import (
+    RATE,
+    VOICES,
+    at_rate,
+    is_speech,
+    judge,
+    needs_speech,
+    reply_to,
+    said,
+    sentences,
+)
 from .test_terminal import Screen, Serve, connect_command, out_lines, terminal
 
 Samples = np.ndarray[tuple[int], np.dtype[np.int16]]
@@ -271,42 +285,85 @@ def test_a_bad_mic_file_exits_2_through_the_command(tmp_path: Path) -> None:
     assert done.stderr == f"* --mic: {path} has 24-bit samples; --mic takes 16-bit PCM\n"
 
 
-@pytest.mark.integration
-@needs_speech
-def test_a_conversation_with_the_speech_engine_through_mic_and_speaker(
-    serve: Serve, tmp_path: Path
-) -> None:
-    """Issue 15's "done when": espeak-ng's sentence (22.05 kHz, as espeak-ng writes it) as
-    the microphone of ``trio-duplex connect``; the engine hears it and answers, and the
-    answer written by ``--speaker`` is speech."""
-    server = serve("--engine", "speech")
-    espeak_wav = tmp_path / "espeak.wav"
-    argv = ["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(espeak_wav), DOOR]
-    subprocess.run(argv, check=True, timeout=30)
-    rate, speech = read_wav(espeak_wav)  # 22.05 kHz: --mic resamples it
-    silence = np.zeros(rate // 2, dtype=np.int16)  # the endpointer hears the speech begin
-    mic = write_wav(tmp_path / "door.wav", np.concatenate((silence, speech)), rate)
-    out = tmp_path / "reply.wav"
-    argv = connect_command(server.url, "--mic", str(mic), "--speaker", str(out), "--linger", "0.3")
+def converse(url: str, mic: Path, out: Path, count: int) -> list[dict[str, Any]]:
+    """``trio-duplex connect --mic MIC --speaker OUT --json`` until ``count`` turns are
+    heard and the last one's reply has played; its events, then it ends (end of input)."""
+    argv = connect_command(url, "--mic", str(mic), "--speaker", str(out), "--json")
+    events: list[dict[str, Any]] = []
     with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
         assert proc.stdout is not None and proc.stdin is not None
-        said = b""
-        deadline = time.monotonic() + 60
-        with selectors.DefaultSelector() as selector:  # stdout until the reply has ended
+        buffer = b""
+        deadline = time.monotonic() + 120
+        with selectors.DefaultSelector() as selector:
             selector.register(proc.stdout, selectors.EVENT_READ)
-            while b"response.done" not in said:
+            while not heard_all(events, count):
                 left = deadline - time.monotonic()
-                assert left > 0, said
+                assert left > 0, [e["type"] for e in events]
                 if selector.select(left):
                     chunk = os.read(proc.stdout.fileno(), 65536)
-                    assert chunk, said
-                    said += chunk
+                    assert chunk, [e["type"] for e in events]
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    events += [json.loads(line) for line in lines if line.startswith(b"{")]
         proc.stdin.close()  # end of input: the client closes the session
         assert proc.wait(30) == 0
-    lines = said.decode().splitlines()
-    (done,) = [line for line in lines if "input_audio.transcript.done" in line]
-    assert "door" in done, lines
-    assert any("response.output_text.delta" in line and "door" in line for line in lines)
-    rate, reply = read_wav(out)
-    assert rate == 16_000 and len(reply) > rate  # "you said: ...": over a second
-    assert is_speech(reply.tobytes())
+    return events
+
+
+def heard_all(events: list[dict[str, Any]], count: int) -> bool:
+    kinds = [e["type"] for e in events]
+    done = kinds.count("input_audio.transcript.done")
+    started = kinds.count("input_audio_buffer.speech_started")
+    return done >= count and done == started and kinds[-1] == "response.done"
+
+
+@pytest.mark.integration
+@pytest.mark.media
+@needs_speech
+def test_the_speech_engine_hears_sentences_through_mic_and_answers_through_speaker(
+    speech_parts: None, serve: helpers.Serve, tmp_path: Path
+) -> None:
+    """Issue 26's "done when": the outside set's first sentences, in a WAV file per voice
+    at the rate the voice writes (espeak-ng 22.05 kHz, flite 16 kHz: --mic resamples),
+    are the microphone of ``trio-duplex connect``, two at once against one server; the
+    engine hears them (pooled word error rate over all of them), answers each, and the
+    answer --speaker writes is speech."""
+    server = serve("--engine", "speech", ready_timeout=60)
+    texts = sentences(MIC_SENTENCES)
+    wavs = {voice: said_in_a_file(tmp_path, voice, texts) for voice in VOICES}
+    outs = {voice: tmp_path / f"reply-{voice}.wav" for voice in VOICES}
+    with ThreadPoolExecutor(len(VOICES)) as pool:
+        talks = {v: pool.submit(converse, server.url, wavs[v], outs[v], len(texts)) for v in VOICES}
+        events = {voice: talk.result() for voice, talk in talks.items()}
+    heard = {
+        v: [e["text"] for e in events[v] if e["type"] == "input_audio.transcript.done"]
+        for v in VOICES
+    }
+    judge(texts * len(VOICES), [text for voice in VOICES for text in heard[voice]])
+    for voice in VOICES:
+        last = heard[voice][-1]
+        deltas = [e for e in events[voice] if e["type"] == "response.output_text.delta"]
+        last_id = deltas[-1]["response_id"]
+        said = "".join(e["text"] for e in deltas if e["response_id"] == last_id)
+        assert said == reply_to(last), said  # the last reply, whole
+        rate, reply = read_wav(outs[voice])
+        assert rate == 16_000 and len(reply) > rate  # "you said: ...": over a second
+        assert is_speech(reply.tobytes())
+
+
+MIC_SENTENCES = 6
+"""Sentences each voice says into the microphone (in real time: ~25 s a voice)."""
+
+
+def said_in_a_file(folder: Path, voice: str, texts: list[str]) -> Path:
+    """``texts`` said by ``voice`` one after another, 1.5 s of silence after each (the
+    turn ends, and the reply starts, before the next), in a WAV at the voice's own rate."""
+    parts = [np.zeros(RATE // 2, dtype=np.int16)]
+    for text in texts:
+        parts += [
+            np.frombuffer(said(text, voice), dtype=np.int16),
+            np.zeros(RATE * 3 // 2, dtype=np.int16),
+        ]
+    pcm = np.concatenate(parts).tobytes()
+    rate = 22_050 if voice == "espeak-ng" else RATE
+    return speech_audio.write_wav(folder / f"{voice}.wav", at_rate(pcm, RATE, rate), rate)

@@ -31,7 +31,7 @@ from trio_duplex.dialects.openai.config import defaults
 from trio_duplex.engines.api import BadEvent, EngineSession, Event, Inbox
 from trio_duplex.engines.speech import SpeechEngine
 from trio_duplex.engines.speech._pool import RecogniserPool, shared_pool
-from trio_duplex.engines.speech._synthesise import MAX_CLAUSE_CHARS, clauses
+from trio_duplex.engines.speech._synthesise import MAX_CLAUSE_CHARS, SynthesisError, clauses
 from trio_duplex.testing.transcripts import normalise, word_error_rate
 
 from .migration import Client, Cut, Node, audio
@@ -157,6 +157,22 @@ def test_clauses_are_cut_at_punctuation_and_bounded() -> None:
     assert " ".join([*done, rest]).split() == long.split()  # nothing lost at the cuts
 
 
+def test_a_word_firms_up_when_two_guesses_agree_whatever_their_marks() -> None:
+    listener = SpeechEngine(voice="espeak-ng")._listener
+    said = []
+    for guess in [
+        "Please turn on the.",
+        "please turn on the lights, in",
+        "Please turn on the lights in the",
+    ]:
+        delta = listener._firm_delta(guess.split())
+        listener.turn_words += delta.split()
+        said.append(delta)
+    # Written as the latest guess has them. (Was: "" twice more: "Please" and "please",
+    # "lights," and "lights" disagreed.)
+    assert said == ["", "please turn on", " the lights"]
+
+
 # -- hearing ----------------------------------------------------------------------------
 
 HEARD = 20  # the outside set's first sentences, each said by both voices
@@ -209,9 +225,10 @@ async def test_speech_over_a_reply_cancels_it_before_speech_started() -> None:
 
 
 @needs_speech
-async def test_a_turn_whose_decode_fails_is_told_and_the_session_goes_on() -> None:
+@pytest.mark.parametrize("openai", [True, False])
+async def test_a_turn_whose_decode_fails_is_told_and_the_session_goes_on(openai: bool) -> None:
     engine = SpeechEngine(voice="flite", recognisers=1, partial_every_s=1000)  # no partials
-    config = defaults()  # an OpenAI session: the turn is an item
+    config = defaults() if openai else {}  # an OpenAI session's turn is an item
     pool = await ready_pool(engine, 1)
     (pid,) = pool.stats().pids
     os.kill(pid, signal.SIGSTOP)  # it takes the turn's final decode and never answers
@@ -225,13 +242,18 @@ async def test_a_turn_whose_decode_fails_is_told_and_the_session_goes_on() -> No
             talk.put(appends(say(DOOR)))  # the next turn, on the restarted worker
             await talk.until(lambda o: bool(of(o, "response.done")))
     [failed] = of(talk.outputs, "input_audio.transcript.failed")
-    item_id = of(talk.outputs, "input_audio_buffer.speech_stopped")[0]["item_id"]
-    assert failed["item_id"] == item_id
     assert failed["error"]["type"] == "transcription_failed" and failed["error"]["message"]
     [done] = of(talk.outputs, "input_audio.transcript.done")
-    assert "door" in normalise(done["text"]) and done["item_id"] != item_id
+    assert "door" in normalise(done["text"])
     # Not answered: the one response is the second turn's.
     assert [e["response_id"] for e in of(talk.outputs, "response.created")] == ["resp_1"]
+    kinds = [e["type"] for e in talk.outputs]
+    assert kinds.index("input_audio.transcript.failed") < kinds.index("response.created")
+    if not openai:
+        assert "item_id" not in failed and kinds.count("input_audio_buffer.speech_started") == 2
+        return
+    item_id = of(talk.outputs, "input_audio_buffer.speech_stopped")[0]["item_id"]
+    assert failed["item_id"] == item_id and done["item_id"] != item_id
     types = check_all(config, talk.outputs)
     assert "conversation.item.input_audio_transcription.failed" in types
     assert "response.done" in types
@@ -258,6 +280,8 @@ async def test_partials_are_skipped_while_the_pool_is_busy(busy: bool) -> None:
             await talk.until(lambda o: bool(of(o, "input_audio.transcript.done")))
     deltas = of(talk.outputs, "input_audio.transcript.delta")
     assert bool(deltas) is not busy
+    types = check_all(defaults(), talk.outputs)  # as OpenAI's SDK reads them
+    assert ("conversation.item.input_audio_transcription.delta" in types) is not busy
     [done] = of(talk.outputs, "input_audio.transcript.done")
     assert "kitchen" in normalise(done["text"])
     if deltas:  # the words that firmed up, joined, begin the transcript so far
@@ -426,3 +450,42 @@ def test_a_snapshot_of_another_shape_is_refused(change: dict[str, Any]) -> None:
     state = SpeechEngine(voice="espeak-ng").snapshot() | change
     with pytest.raises(ValueError, match="snapshot"):
         SpeechEngine(voice="espeak-ng").restore(state)
+
+
+@attrs.define(eq=False)
+class FailingFirst:
+    """A voice whose first clause fails (as a Piper process that dies on it), then
+    says each clause as a second of tone."""
+
+    said: list[str] = attrs.Factory(list)
+
+    @property
+    def name(self) -> str:
+        return "failing-first"
+
+    async def synthesise(self, text: str) -> bytes:
+        self.said.append(text)
+        if len(self.said) == 1:
+            raise SynthesisError("the voice's process died on this clause")
+        tone = 8000 * np.sin(2 * np.pi * 440 * np.arange(RATE) / RATE)
+        return tone.astype(np.int16).tobytes()
+
+
+@needs_speech
+async def test_a_clause_the_voice_cannot_say_loses_its_audio_not_the_reply(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    voice = FailingFirst()
+    engine = SpeechEngine(voice=voice)
+    async with talking(engine, {}) as talk:
+        talk.put([{"type": "input.text.append", "text": "lights on"}])
+        with trio.fail_after(60):
+            await talk.until(lambda o: bool(of(o, "response.done") + of(o, "response.cancelled")))
+    assert voice.said == ["you said:", "lights on."]
+    texts = [e["text"] for e in of(talk.outputs, "response.output_text.delta")]
+    assert "".join(texts) == "you said: lights on."  # the failed clause's text went out
+    assert of(talk.outputs, "response.done") and not of(talk.outputs, "response.cancelled")
+    audio = b"".join(e["audio"] for e in of(talk.outputs, "response.output_audio.delta"))
+    assert len(audio) == 2 * RATE  # the second clause's second, no more
+    warned = [r for r in caplog.records if "could not say a clause" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].exc_info is None

@@ -4,9 +4,10 @@
 Run in the venv of ``requirements.txt``, never the project's (of the tests it imports
 only ``sdk_shared.py``), from the repository's root: ``python -m tests.openai_sdk.sdk_python
 --base-url http://H:P/v1 --voice-url http://H:P2/v1 --speech-url http://H:P3/v1
---speech-audio PCM --api-key K [SCENARIO ...]`` (the echo, voice and speech engines'
-servers). Every event is read with the connection's own ``recv()`` (the SDK's models) and
-also validated by the SDK's pydantic union, strictly. Prints one JSON object, scenario →
+--speech-audio PCM --speech-sentences DIR --api-key K [SCENARIO ...]``
+(the echo, voice and speech engines' servers). Every event is read with the connection's
+own ``recv()`` (the SDK's models) and also validated by the SDK's pydantic union,
+strictly. Prints one JSON object, scenario →
 what it saw (or ``{"crash": traceback}``), which ``test_python_sdk.py`` asserts on.
 """
 
@@ -235,6 +236,55 @@ async def speech_scenario(args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
+async def speech_sentences_scenario(args: argparse.Namespace) -> dict[str, Any]:
+    """Sentences (``--speech-sentences``) to the speech engine, whose turn detection
+    announces and transcribes each without answering (``create_response: false``): each
+    sent as fast as it goes once the turns before it have their transcripts (a client
+    sending faster than the recogniser hears would be refused with input_backpressure);
+    then a ``response.create`` answers the last, aloud."""
+    client = AsyncOpenAI(api_key=args.api_key, base_url=args.speech_url, max_retries=0)
+    async with client.realtime.connect(model="gpt-realtime-test") as conn:
+        reader = Reader(conn)
+        await reader.until("session.created")
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "audio": {
+                    "input": {"turn_detection": {"type": "server_vad", "create_response": False}}
+                },
+            }
+        )
+        await reader.until("session.updated")
+        heard: list[Any] = []
+        started = completed = 0
+        for sent in args.sentences_pcm:
+            for start in range(0, len(sent), 960):  # 20 ms a chunk
+                await conn.input_audio_buffer.append(
+                    audio=base64.b64encode(sent[start : start + 960]).decode()
+                )
+            before = started
+            while started == before or completed < started:
+                event = await reader.next()
+                heard.append(event)
+                if event.type == "input_audio_buffer.speech_started":
+                    started += 1
+                elif event.type.startswith("conversation.item.input_audio_transcription."):
+                    completed += event.type != "conversation.item.input_audio_transcription.delta"
+        await conn.response.create()
+        events = await reader.until("response.done")
+        audio = b"".join(
+            base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
+        )
+        done = "conversation.item.input_audio_transcription.completed"
+        return {
+            "answer": base64.b64encode(audio).decode(),
+            **reader.record(),
+            "heard_types": [e.type for e in heard],
+            "transcripts": [e.transcript for e in heard if e.type == done],
+            "turn": turn_summary(events),
+        }
+
+
 async def cancel_scenario(args: argparse.Namespace) -> dict[str, Any]:
     client = AsyncOpenAI(api_key=args.api_key, base_url=args.voice_url, max_retries=0)
     async with client.realtime.connect(model="gpt-realtime-test") as conn:
@@ -342,6 +392,7 @@ SCENARIOS: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] 
     "text": text_scenario,
     "audio_echo": audio_scenario,
     "audio_speech": speech_scenario,
+    "speech_sentences": speech_sentences_scenario,
     "cancel": cancel_scenario,
     "error": error_scenario,
     "client_secret": client_secret_scenario,

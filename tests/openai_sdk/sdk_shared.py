@@ -58,14 +58,16 @@ def cli(
     url: str = "http://H:P/v1",
     speech: bool = True,
 ) -> None:
-    """Parse the script's arguments (``speech``: ``--speech-url`` and ``--speech-audio``,
-    read into ``args.speech_pcm``), ``run`` them and print its result as one JSON object."""
+    """Parse the script's arguments (``speech``: ``--speech-url``, ``--speech-audio`` read
+    into ``args.speech_pcm``, ``--speech-sentences``' files, in name order, into the list
+    ``args.sentences_pcm``), ``run`` them and print its result as one JSON object."""
     parser = argparse.ArgumentParser(description=doc)
     parser.add_argument("--base-url", required=True, help=f"the echo server, {url}")
     parser.add_argument("--voice-url", required=True, help=f"the voice server, {url}")
     if speech:
         parser.add_argument("--speech-url", help=f"the speech server, {url}")
         parser.add_argument("--speech-audio", help="a spoken sentence, 24 kHz PCM16")
+        parser.add_argument("--speech-sentences", help="sentences, a file each, in a folder")
     parser.add_argument("--api-key", required=True)
     parser.add_argument("scenarios", nargs="*", help=f"any of {', '.join(scenarios)} (all)")
     args = parser.parse_args()
@@ -75,4 +77,7 @@ def cli(
         args.scenarios = list(scenarios)
     if speech:
         args.speech_pcm = Path(args.speech_audio).read_bytes() if args.speech_audio else b""
+        folder = args.speech_sentences
+        files = sorted(Path(folder).iterdir()) if folder else []
+        args.sentences_pcm = [file.read_bytes() for file in files]
     json.dump(asyncio.run(run(args)), sys.stdout, default=str)

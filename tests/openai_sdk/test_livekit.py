@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers import Servers
 from tests.speech_audio import RATE as SPEECH_RATE
-from tests.speech_audio import is_speech, needs_speech
+from tests.speech_audio import is_speech, needs_speech, reply_to
 
 from .conftest import run_script
 from .sdk_shared import LONG_TEXT, pcm16
@@ -98,11 +98,11 @@ def test_a_spoken_turn_the_server_hears_is_answered_aloud(seen: dict[str, Any]) 
     """The agent's own path: server-side turn detection, a response the server starts."""
     record = scenario(seen, "speech")
     [heard] = record["heard"]  # the plugin's input_audio_transcription_completed
-    assert "door" in heard.split(), heard
+    assert heard.split(), heard  # (how well: test_python_sdk.py, on many sentences)
     reply = record["reply"]
     assert not reply["user_initiated"]
     assert "audio" in reply["modalities"]
-    assert reply["text"] == f"you said: {heard}."
+    assert reply["text"] == reply_to(heard)
     answer = base64.b64decode(reply["audio"])
     assert len(answer) == reply["audio_bytes"] > 24_000
     assert is_speech(at_rate(answer, 24_000, SPEECH_RATE))

@@ -2,10 +2,11 @@
 
 ``api`` is the whole engine API (``Engine``, ``EngineSession``, ``BadEvent``,
 ``ConfigLocked``, ``can_migrate``, ``UpstreamLost``); ``echo`` and ``voice`` are the
-built-in engines, and the examples to learn it from; ``speech`` wraps a real speech
-model (PocketSphinx and eSpeak NG, the ``speech`` extra); ``realtime_proxy`` puts resume
-in front of an existing OpenAI-Realtime-style endpoint; ``turns`` is the turn loop
-(queue, one response at a time, barge-in) that ``voice`` and ``speech`` share.
+built-in engines, and the examples to learn it from; ``speech`` wraps real speech
+models (Whisper, Silero VAD and Piper: the ``speech`` and ``piper`` extras);
+``realtime_proxy`` puts resume in front of an existing OpenAI-Realtime-style endpoint;
+``turns`` is the turn loop (queue, one response at a time, barge-in) that ``voice`` and
+``speech`` share.
 """
 
 from .api import (

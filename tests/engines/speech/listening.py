@@ -71,9 +71,9 @@ def span_ms(pcm: np.ndarray, floor_dbfs: float = -50.0) -> tuple[float, float]:
 def noise(seconds: float, dbfs: float, seed: int) -> Pcm:
     """White noise at ``dbfs`` RMS."""
     rms = 32768 * 10 ** (dbfs / 20)
-    samples = np.random.default_rng(seed).normal(0.0, rms, int(seconds * RATE))
+    samples = np.random.default_rng(seed).normal(0.0, rms, round(seconds * RATE))
     return np.clip(np.round(samples), -32768, 32767).astype(np.int16)
 
 
 def silence(seconds: float) -> Pcm:
-    return np.zeros(int(seconds * RATE), dtype=np.int16)
+    return np.zeros(round(seconds * RATE), dtype=np.int16)

@@ -8,12 +8,15 @@ import math
 from collections.abc import Sequence
 from functools import cache
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trio_duplex.engines.speech._detector import (
+    LEAD_IN_MS,
+    MAX_AUDIO_S,
     TAIL_MS,
     Detected,
     Kind,
@@ -77,21 +80,27 @@ def _check_turns(
     found: list[tuple[Detected, float]],
     spans: list[tuple[float, float]],
     silence_ms: int,
-    early: float = WINDOW_MS,
-    late: float = 3 * WINDOW_MS,
+    early: float = TAIL_MS,
+    late: float = 4 * WINDOW_MS,
+    start_late: float = 200,
 ) -> None:
-    """One turn per span, started and stopped where the speech really did (the first quiet
-    window from ``early`` before its real end to ``late`` after it)."""
+    """One turn per span, started and stopped where the speech really did: the first quiet
+    window from ``early`` before its real end (a soft ending Silero does not call speech: the
+    turn's audio still holds it) to ``late`` after it."""
     kinds = [d.kind for d, _ in found]
     assert kinds == [Kind.STARTED, Kind.STOPPED] * len(spans)
     quiet_ms = math.ceil(silence_ms / WINDOW_MS) * WINDOW_MS
     for (started, heard), (stopped, ended), (start, end) in zip(
         found[::2], found[1::2], spans, strict=True
     ):
-        assert start - WINDOW_MS <= started.at_ms <= start + 150
-        assert heard - start <= 250  # the STARTED within ~0.2 s of the speech's start
+        # Within 0.2 s of the speech's start (Silero hears an opening "s" as noise: the
+        # turn's audio holds it, from prefix_padding_ms before).
+        assert start - WINDOW_MS <= started.at_ms <= start + start_late
+        assert heard - started.at_ms <= 2 * 3 * WINDOW_MS + 20  # (3 speech windows in 6)
         assert end - early <= stopped.at_ms <= end + late
-        assert stopped.at_ms + TAIL_MS >= end  # the turn's audio holds all of its speech
+        # The turn's audio holds all of its speech.
+        audio_from = stopped.at_ms + min(TAIL_MS, quiet_ms) - len(stopped.audio) / BYTES_PER_MS
+        assert audio_from <= start
         # Returned once the silence rule is met: at the window completing it (+ one chunk).
         assert stopped.at_ms + quiet_ms <= ended <= stopped.at_ms + quiet_ms + 20
         assert silence_ms - early <= ended - end <= silence_ms + late + 2 * WINDOW_MS
@@ -99,16 +108,17 @@ def _check_turns(
 
 @pytest.mark.parametrize("voice", VOICES)
 def test_each_sentence_is_one_turn(voice: str) -> None:
-    for text in sentences(N):
+    for text in sentences(3 * N):
         spoken = said(voice, text)
         pcm, spans = _stream([silence(LEAD_S), spoken, silence(1.5)])
         found = _run(_detector(), pcm.tobytes())
         _check_turns(found, spans, 300)
         started, stopped = found[0][0], found[1][0]
-        # The turn's audio: prefix padding before the start, TAIL_MS of silence after the end.
-        first = int((started.at_ms - 300) * BYTES_PER_MS)
+        # The turn's audio: prefix padding before its onset, TAIL_MS of silence after its end.
         last = int((stopped.at_ms + TAIL_MS) * BYTES_PER_MS)
+        first = last - len(stopped.audio)
         assert stopped.audio == pcm.tobytes()[first:last]
+        assert started.at_ms - 300 - LEAD_IN_MS <= first / BYTES_PER_MS <= started.at_ms - 300
 
 
 @pytest.mark.parametrize("silence_ms", [100, 300, 700])
@@ -147,7 +157,9 @@ def test_white_noise_neither_starts_nor_holds_a_turn(voice: str, dbfs: float) ->
     for i, text in enumerate(sentences(N)):
         parts += [said(voice, text), noise(3.0, dbfs, seed=i + 1)]
     pcm, spans = _stream(parts)
-    _check_turns(_run(_detector(), pcm.tobytes()), spans, 300)
+    # After noise Silero may hover near the threshold for up to ~0.5 s of a voice it hears
+    # poorly (flite), so the start may come later (its audio still holds the speech's start).
+    _check_turns(_run(_detector(), pcm.tobytes()), spans, 300, start_late=500)
     # Noise under the speech as well as between it (which hides the speech's quieter end:
     # its real end is where it is louder than the noise).
     parts = [silence(LEAD_S)]
@@ -157,7 +169,7 @@ def test_white_noise_neither_starts_nor_holds_a_turn(voice: str, dbfs: float) ->
     noisy = clean.astype(np.int32) + noise(len(clean) / 16_000, dbfs, seed=99)
     mixed = np.clip(noisy, -32768, 32767).astype(np.int16)
     found = _run(_detector(), mixed.tobytes())
-    _check_turns(found, spans, 300, early=4 * WINDOW_MS, late=4 * WINDOW_MS)
+    _check_turns(found, spans, 300, late=8 * WINDOW_MS)
 
 
 def test_a_turn_longer_than_max_turn_s_is_cut_and_goes_on() -> None:
@@ -177,8 +189,27 @@ def test_a_turn_longer_than_max_turn_s_is_cut_and_goes_on() -> None:
         assert stopped.at_ms <= started.at_ms <= stopped.at_ms + 200  # and goes on
     # The turns' audio follows on, with nothing lost or heard twice at a cut.
     joined = b"".join(d.audio for d in found[1::2])
-    first = int((found[0].at_ms - 300) * BYTES_PER_MS)
+    first = int(found[1].at_ms * BYTES_PER_MS) - len(found[1].audio)
     assert pcm[first : first + len(joined) - TAIL_MS * BYTES_PER_MS] == joined[: -TAIL_MS * 32]
+
+
+def test_a_turns_audio_fits_the_recogniser_at_the_longest_settings() -> None:
+    parts = [silence(LEAD_S)]
+    for text in sentences(3 * N):  # about 45 s of speech, 100 ms pauses
+        parts += [_trimmed("espeak-ng", text), silence(0.1)]
+    pcm = np.concatenate([*parts, silence(1.0)]).tobytes()
+    longest = TurnSettings(prefix_padding_ms=1_000, max_turn_s=MAX_AUDIO_S - 1.512)
+    found = _detector(**attrs.asdict(longest)).feed(pcm)
+    stopped = [d for d in found if d.kind is Kind.STOPPED]
+    assert len(stopped) >= 2
+    assert max(len(d.audio) for d in stopped) <= MAX_AUDIO_S * 32_000
+    assert len(stopped[0].audio) > (MAX_AUDIO_S - 1) * 32_000
+
+
+def test_feeding_nothing_changes_nothing() -> None:
+    detector = _detector()
+    assert detector.feed(b"") == []
+    assert (detector.fed_ms, detector.in_turn, detector.held()) == (0.0, False, b"")
 
 
 @cache
@@ -245,8 +276,9 @@ def test_what_it_keeps_is_bounded() -> None:
         parts += [said("espeak-ng", text), noise(0.15, -40.0, seed=6)]
     pcm = np.concatenate(parts).tobytes()
     detector = TurnDetector(turn, VadStream(vad_model()))
-    outside = turn.prefix_padding_ms * BYTES_PER_MS + 2 * 3 * WINDOW_BYTES + WINDOW_BYTES + chunk
-    inside = (turn.prefix_padding_ms + turn.max_turn_s * 1000) * BYTES_PER_MS + WINDOW_BYTES
+    lead = (turn.prefix_padding_ms + LEAD_IN_MS) * BYTES_PER_MS
+    outside = lead + 2 * 3 * WINDOW_BYTES + WINDOW_BYTES + chunk
+    inside = lead + turn.max_turn_s * 1000 * BYTES_PER_MS + WINDOW_BYTES
     most_outside = most_inside = 0
     for at in range(0, len(pcm), chunk):
         detector.feed(pcm[at : at + chunk])
@@ -300,7 +332,7 @@ def test_from_config_refuses_bad_values(config: dict[str, object], field: str) -
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="turn_detection must be an object"):
         TurnSettings.from_config([])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="at most 30 s"):
+    with pytest.raises(ValueError, match=r"at most 29\.488 s"):
         TurnSettings(prefix_padding_ms=5_000, max_turn_s=28.0)
     with pytest.raises(ValueError, match="max_turn_s must be"):
         TurnSettings(max_turn_s=0.0)

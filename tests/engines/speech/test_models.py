@@ -138,3 +138,28 @@ async def test_a_name_is_fetched_by_the_workers_and_said_so(
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
         "fetching model base.en"
     ]
+
+
+@needs_model
+def test_what_a_library_prints_never_reaches_the_protocol(tmp_path: Path) -> None:
+    # The worker as the pool runs it, with faster-whisper made to write on fd 1 (as C
+    # code would) and to print while the model loads.
+    script = f"""
+import os, runpy, sys
+import faster_whisper
+load = faster_whisper.WhisperModel.__init__
+def noisy(self, *args, **kwargs):
+    print("printed"); sys.stdout.flush(); os.write(1, b"written\\n")
+    load(self, *args, **kwargs)
+faster_whisper.WhisperModel.__init__ = noisy
+sys.argv = ["_whisper.py", {choose_model(None).source!r}, "1", "-"]
+runpy.run_path({_whisper.__file__!r}, run_name="__main__")
+"""
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", script],
+        input=(640).to_bytes(4, "big") + bytes(640),
+        capture_output=True,
+    )
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert done.returncode == 0 and answers[0]["ready"] and answers[1:] == [{"text": ""}]
+    assert done.stderr.split() == [b"printed", b"written"]

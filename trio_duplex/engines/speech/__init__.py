@@ -54,11 +54,11 @@ from ._capacity import (
     SAMPLE_RATE,
     SESSIONS_PER_CORE,
     SpeechUnavailable,
-    check_available,
     cores,
     default_max_sessions,
     shared_limiter,
 )
+from ._choose import check_available
 from ._detector import TurnSettings
 from ._engine import SpeechEngine, SpeechFactory
 

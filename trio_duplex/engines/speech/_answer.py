@@ -19,7 +19,7 @@ from ..conversation import conversing, created
 from ..turns import send_end, send_live, speak_unless_cancelled
 from ._capacity import SAMPLE_RATE
 from ._snapshot import Asked
-from ._synthesise import Voice, clauses
+from ._synthesise import SynthesisError, Voice, clauses
 from ._talk import Talk
 
 log = logging.getLogger("trio_duplex.engines.speech")
@@ -148,7 +148,14 @@ class Answerer:
         # aclosing: a cancelled response closes the responder's generator now, not at GC.
         async with send, contextlib.aclosing(self._clauses(transcript)) as reply:
             async for clause in reply:
-                pcm = await self.voice.synthesise(clause)
+                try:
+                    pcm = await self.voice.synthesise(clause)
+                except SynthesisError as exc:
+                    # Decision: a clause the voice cannot say loses its audio, not the
+                    # reply nor the session: its text still goes out, the next clause is
+                    # spoken. One line in the log, no traceback (the voice's reason).
+                    log.warning("speech: %s could not say a clause: %s", self.voice.name, exc)
+                    pcm = b""
                 pcm += bytes(-len(pcm) % FRAME_BYTES)  # whole 20 ms frames (the tail: silence)
                 await send.send((clause, pcm))
 

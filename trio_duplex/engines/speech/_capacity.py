@@ -1,5 +1,5 @@
-"""What the speech engine needs from the machine: its packages and programs, and its share
-of the CPU.
+"""What the speech engine needs from the machine: its share of the CPU, and what it says
+when a part is missing (``_choose.py`` looks for the parts).
 
 Recognition runs in the shared pool of recogniser processes (``_pool.py``), one per core
 this process may use; the resampling of synthesised audio (in a worker thread) goes
@@ -9,15 +9,10 @@ sized to the same cores.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import trio
-
-if TYPE_CHECKING:
-    from ._models import ModelChoice
-    from ._synthesise import Voice
 
 SAMPLE_RATE: Final = 16_000
 """Whisper and Silero VAD hear 16 kHz mono PCM16: the engine's ``audio_rate``."""
@@ -35,31 +30,6 @@ _LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("spe
 class SpeechUnavailable(RuntimeError):
     """A part the speech engine needs is missing: faster-whisper, the model, or the voice
     asked for. The message says what to install."""
-
-
-def check_available(
-    model: str | None = None, voice: str | None = None
-) -> tuple[ModelChoice, Voice]:
-    """The model and the voice these specs name (``--speech-model``, ``--speech-voice``;
-    None: the defaults), or SpeechUnavailable saying what to install."""
-    return check_model(model), check_voice(voice)
-
-
-def check_model(spec: str | None) -> ModelChoice:
-    """``--speech-model``'s choice (None: the packaged tiny.en), or SpeechUnavailable.
-    Nothing is loaded here: the pool's workers load it."""
-    if importlib.util.find_spec("faster_whisper") is None:
-        raise SpeechUnavailable(f"the speech engine needs faster-whisper: {INSTALL}")
-    from ._models import choose_model
-
-    return choose_model(spec)
-
-
-def check_voice(spec: str | None) -> Voice:
-    """``--speech-voice``'s voice (None: ``auto``), or SpeechUnavailable."""
-    from ._synthesise import choose_voice
-
-    return choose_voice(spec)
 
 
 def cores() -> int:

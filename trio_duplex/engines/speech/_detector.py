@@ -12,12 +12,14 @@ window (``p`` the window's speech probability):
   window since (hysteresis windows count as silence, as in Silero's iterator); ``at_ms`` is
   that first quiet window. A turn reaching ``max_turn_s`` stops there (``at_ms`` the cut),
   and speech going on past the cut starts a new turn;
-* a STOPPED carries the turn's audio: from ``prefix_padding_ms`` before its start (never
-  before the previous turn's end) to its end plus :data:`TAIL_MS` of the silence.
+* a STOPPED carries the turn's audio: from ``prefix_padding_ms`` before its onset (its first
+  speech window, or the start of the run of unsure windows leading into it, at most
+  :data:`LEAD_IN_MS` before; never before the previous turn's end) to its end plus
+  :data:`TAIL_MS` of the silence.
 
-What it keeps is bounded in bytes: outside a turn, the pre-roll (``prefix_padding_ms``
-plus the speech windows that may yet start a turn); in a turn, the turn so far, at most
-``prefix_padding_ms`` + ``max_turn_s``.
+What it keeps is bounded in bytes: outside a turn, the pre-roll (``prefix_padding_ms``,
+:data:`LEAD_IN_MS` and the speech windows that may yet start a turn, ~1 s); in a turn, the
+turn so far, at most ``prefix_padding_ms`` + :data:`LEAD_IN_MS` + ``max_turn_s``.
 """
 
 from __future__ import annotations
@@ -34,13 +36,18 @@ from ._vad import RATE, WINDOW_BYTES, WINDOW_MS, VadStream
 
 BYTES_PER_MS: Final = RATE * 2 // 1000
 MAX_AUDIO_S: Final = 30.0
-"""The longest turn audio a STOPPED carries (the recogniser's limit): prefix padding plus
-``max_turn_s`` may not exceed it."""
-TAIL_MS: Final = 160
-"""Audio kept after a turn's end (its first quiet window), 5 windows: under noise Silero's
-probability can fall under the quiet mark while a soft ending (a final nasal or fricative)
-still sounds, up to ~100 ms early on the outside set under -40 dBFS white noise, and Whisper
-hears a clipped last word worse than a little silence."""
+"""The longest turn audio a STOPPED may carry (the recogniser's limit): prefix padding,
+:data:`LEAD_IN_MS` and ``max_turn_s`` together may not exceed it."""
+TAIL_MS: Final = 192
+"""Audio kept after a turn's end (its first quiet window), 6 windows: Silero's probability
+falls under the quiet mark before a soft ending is over (a final "th", the release of a
+final "p"): up to ~130 ms early on the outside set's sentences in silence, ~170 ms under
+white noise, and Whisper hears a clipped last word worse than a little silence."""
+LEAD_IN_MS: Final = 512
+"""How far before a turn's first speech window its audio may reach back to where the VAD
+grew unsure (no quiet window since): Silero can hover near the threshold for ~0.5 s at the
+start of a voice it hears poorly (an opening "s", flite after noise), and the prefix
+padding alone would then clip the first word."""
 QUIET_BELOW: Final = 0.15
 """How far under ``threshold`` a window's probability must fall to count as quiet."""
 
@@ -74,10 +81,11 @@ class TurnSettings:
         _whole("turn_detection.silence_duration_ms", self.silence_duration_ms, 0, 10_000)
         _whole("min_speech_ms", self.min_speech_ms, 0, 1_000)
         _number("max_turn_s", self.max_turn_s, 1.0, MAX_AUDIO_S)
-        if self.prefix_padding_ms / 1000 + self.max_turn_s > MAX_AUDIO_S:
+        if (self.prefix_padding_ms + LEAD_IN_MS) / 1000 + self.max_turn_s > MAX_AUDIO_S:
             raise ValueError(
                 f"turn_detection.prefix_padding_ms ({self.prefix_padding_ms}) plus max_turn_s "
-                f"({self.max_turn_s}) must be at most {MAX_AUDIO_S:g} s of audio"
+                f"({self.max_turn_s}) must be at most {MAX_AUDIO_S - LEAD_IN_MS / 1000:g} s "
+                "of audio"
             )
 
     @classmethod
@@ -114,7 +122,8 @@ class Detected:
     kind: Kind
     at_ms: float
     audio: bytes = attrs.field(default=b"", repr=lambda audio: f"<{len(audio)} bytes>")
-    """STOPPED: the turn's PCM, prefix padding and :data:`TAIL_MS` of silence included."""
+    """STOPPED: the turn's PCM, its prefix padding (and lead-in) and :data:`TAIL_MS` after
+    its end included."""
 
 
 class TurnDetector:
@@ -136,11 +145,13 @@ class TurnDetector:
         self._min_windows = max(1, math.ceil(settings.min_speech_ms / WINDOW_MS))
         self._quiet_windows = max(1, math.ceil(settings.silence_duration_ms / WINDOW_MS))
         self._max_windows = math.floor(settings.max_turn_s * 1000 / WINDOW_MS)
+        self._lead_in = math.ceil(LEAD_IN_MS / WINDOW_MS)
         self._kept = bytearray()  # stream bytes [_base, _fed)
         self._base = 0
         self._fed = 0
         self._window = 0  # the next window's index
         self._speech: deque[int] = deque(maxlen=self._min_windows)  # outside a turn
+        self._onset = 0  # outside a turn: the window after the last quiet one
         self._floor = 0  # a turn's audio starts no earlier (the previous turn's end)
         self.in_turn = False
         self._start_window = 0
@@ -186,13 +197,15 @@ class TurnDetector:
         speech = p >= self.settings.threshold
         quiet = not speech and p < self.settings.quiet_below
         if not self.in_turn:
-            if speech:
-                self._speech.append(window)
-                first = self._speech[0]
-                if len(self._speech) == self._min_windows and (
-                    window - first < 2 * self._min_windows
-                ):
-                    return self._start(first)
+            recent = self._speech
+            while recent and window - recent[0] >= 2 * self._min_windows:
+                recent.popleft()  # too far back to start a turn with this one
+            if quiet:
+                self._onset = window + 1
+            elif speech:
+                recent.append(window)
+                if len(recent) == self._min_windows:
+                    return self._start(recent[0])
             return None
         if speech:
             self._quiet_from = None
@@ -201,33 +214,40 @@ class TurnDetector:
         end = (window + 1) * WINDOW_BYTES
         if self._quiet_from is not None and window + 1 - self._quiet_from >= self._quiet_windows:
             stop = self._quiet_from * WINDOW_BYTES
-            return self._stop(stop, min(end, stop + self._tail))
+            return self._stop(window, stop, min(end, stop + self._tail))
         if window + 1 - self._start_window >= self._max_windows:
-            return self._stop(end, end)
+            return self._stop(window, end, end)
         return None
 
+    def _lead(self) -> int:
+        """Outside a turn, the window the next turn's audio would start from (before its
+        prefix padding)."""
+        first = self._speech[0] if self._speech else self._window
+        return min(first, max(self._onset, first - self._lead_in))
+
     def _start(self, first: int) -> Detected:
+        lead = self._lead()
         self._speech.clear()
         self.in_turn = True
         self._start_window = first
         self._quiet_from = None
         at = first * WINDOW_BYTES
-        self._turn_from = max(self._floor, self._base, at - self._prefix)
+        self._turn_from = max(self._floor, self._base, lead * WINDOW_BYTES - self._prefix)
         return Detected(Kind.STARTED, self._ms(at))
 
-    def _stop(self, at: int, audio_end: int) -> Detected:
+    def _stop(self, window: int, at: int, audio_end: int) -> Detected:
         audio = bytes(self._kept[self._turn_from - self._base : audio_end - self._base])
         self.in_turn = False
         self._quiet_from = None
         self._floor = audio_end
+        self._onset = window + 1
         return Detected(Kind.STOPPED, self._ms(at), audio)
 
     def _trim(self) -> None:
         if self.in_turn:
             keep = self._turn_from
         else:
-            first = self._speech[0] if self._speech else self._window
-            keep = max(self._floor, first * WINDOW_BYTES - self._prefix)
+            keep = max(self._floor, self._lead() * WINDOW_BYTES - self._prefix)
         if keep > self._base:
             del self._kept[: keep - self._base]
             self._base = keep

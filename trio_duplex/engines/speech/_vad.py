@@ -5,9 +5,10 @@ One ``InferenceSession`` serves every session of the process (:func:`vad_model`,
 first use); each session's stream (:class:`VadStream`) carries the model's recurrent state
 and the audio around its window boundaries. A window is 512 samples (32 ms at 16 kHz), given
 to the model with the 64 samples before it in front; a stream's windows run through the
-model in order, so the probabilities do not depend on how the audio was chunked. A call
-costs ~0.07 ms of CPU a window in batches and ~0.13 ms one at a time (docs/speech.md), cheap
-enough to run inline on the event loop as audio arrives.
+model in order, so the probabilities do not depend on how the audio was chunked. Measured
+here: 1.8 ms of CPU per second of audio fed in batches, 4.8 ms fed 20 ms at a time (~0.15
+ms a window), cheap enough to run inline on the event loop as audio arrives; the process
+pays ~41 MB once (onnxruntime 27, the session 9, its first runs 4), a stream ~1.5 KB.
 
 faster-whisper is located with ``importlib.util.find_spec``, not imported: its package
 imports CTranslate2, which the server process has no use for (recognition runs in the
@@ -126,12 +127,14 @@ class VadStream:
         for at in range(0, whole, MAX_BATCH):
             n = min(MAX_BATCH, whole - at)
             chunk = view[at * WINDOW_BYTES : (at + n) * WINDOW_BYTES]
-            samples = np.frombuffer(chunk, dtype="<i2").astype(np.float32) / 32768.0
-            padded = np.concatenate((self._context, samples))
-            # Row i: window i with the 64 samples before it.
-            rows = np.lib.stride_tricks.sliding_window_view(padded, WINDOW + CONTEXT)[::WINDOW]
-            out, self._h, self._c = self._model.run(np.ascontiguousarray(rows), self._h, self._c)
+            samples = np.frombuffer(chunk, dtype="<i2").reshape(n, WINDOW)
+            # Row i: window i with the last 64 samples of window i-1 in front.
+            rows = np.empty((n, CONTEXT + WINDOW), dtype=np.float32)
+            np.multiply(samples, 1 / 32768, out=rows[:, CONTEXT:], casting="unsafe")
+            rows[0, :CONTEXT] = self._context
+            rows[1:, :CONTEXT] = rows[:-1, -CONTEXT:]
+            out, self._h, self._c = self._model.run(rows, self._h, self._c)
             probs.extend(out.tolist())
-            self._context = padded[-CONTEXT:].copy()
+            self._context = rows[-1, -CONTEXT:].copy()
         self.windows += whole
         return probs

@@ -140,7 +140,11 @@ def _answer(stdout: Any, line: dict[str, Any]) -> None:
 
 def serve_stdio(source: str, is_path: bool, sha256: str | None) -> int:
     """The worker's loop (the module docstring's protocol); returns the exit status."""
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdin = sys.stdin.buffer
+    # fd 1 carries the protocol alone: whatever a library prints goes to stderr instead.
+    sys.stdout.flush()
+    stdout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     started = time.process_time()
     try:
         model = load(source, is_path, sha256)
@@ -148,7 +152,8 @@ def serve_stdio(source: str, is_path: bool, sha256: str | None) -> int:
         _answer(stdout, {"fatal": str(exc)})
         return 2
     except Exception as exc:  # (a name that cannot be fetched, a broken model)
-        _answer(stdout, {"fatal": f"the model {source} did not load: {exc}"})
+        why = " ".join(str(exc).split())[:400]  # (one line: the pool logs it)
+        _answer(stdout, {"fatal": f"the model {source} did not load: {why}"})
         return 2
     _answer(
         stdout, {"ready": True, "pid": os.getpid(), "load_cpu_s": time.process_time() - started}
@@ -176,7 +181,10 @@ def main(argv: list[str]) -> int:
     os.nice(5)  # the server's event loop, and every session's frames, win the CPU
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the server's ^C: the pool ends us)
     source, is_path, sha256 = argv[1], argv[2] == "1", argv[3]
-    return serve_stdio(source, is_path, None if sha256 == "-" else sha256)
+    try:
+        return serve_stdio(source, is_path, None if sha256 == "-" else sha256)
+    except BrokenPipeError:  # the server went away mid-decode: nobody to answer
+        return 0
 
 
 if __name__ == "__main__":  # a worker process (_pool.RecogniserPool starts it)
