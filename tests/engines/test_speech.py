@@ -27,11 +27,14 @@ import soxr  # type: ignore[import-untyped]
 import trio
 import trio.testing
 
+from trio_duplex import DuplexServer, ServerConfig
 from trio_duplex.dialects.openai.config import defaults
 from trio_duplex.engines.api import BadEvent, EngineSession, Event, Inbox
 from trio_duplex.engines.speech import SpeechEngine
+from trio_duplex.engines.speech._engine import SpeechFactory
 from trio_duplex.engines.speech._pool import RecogniserPool, shared_pool
 from trio_duplex.engines.speech._synthesise import MAX_CLAUSE_CHARS, SynthesisError, clauses
+from trio_duplex.testing import MemoryListener
 from trio_duplex.testing.transcripts import normalise, word_error_rate
 
 from .migration import Client, Cut, Node, audio
@@ -489,3 +492,17 @@ async def test_a_clause_the_voice_cannot_say_loses_its_audio_not_the_reply(
     assert len(audio) == 2 * RATE  # the second clause's second, no more
     warned = [r for r in caplog.records if "could not say a clause" in r.getMessage()]
     assert len(warned) == 1 and warned[0].exc_info is None
+
+
+@needs_speech
+async def test_serving_starts_the_recogniser_pool_before_any_session() -> None:
+    factory = SpeechFactory.choose(None, "flite", recognisers=1)
+    server = DuplexServer(ServerConfig(), factory)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run, [MemoryListener.create()])
+        # The first call's size counts: a pool of 1 is the one the server's start made.
+        pool = shared_pool(factory.model, 2)
+        assert pool.size == 1
+        with trio.fail_after(120):  # (processes starting on a loaded machine)
+            await pool.wait_ready()
+        nursery.cancel_scope.cancel()

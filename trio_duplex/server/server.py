@@ -231,6 +231,7 @@ class DuplexServer:
                     ):
                         for listener in group:
                             conns.start_soon(door.accept, listener, conns, kind)
+                    _warm(self.engine_factory)
                     task_status.started()
                     await self._shutdown.wait()
                     if sessions.handing_over is not None:  # (begin_shutdown asked)
@@ -329,3 +330,14 @@ class DuplexServer:
 
 
 __all__ = ["DuplexServer", "Observer"]
+
+
+def _warm(factory: EngineFactory) -> None:
+    """An engine factory's optional ``warm()``, called once when the server starts
+    serving, inside its ``trio.run``: an engine that loads models (``speech``: its pool of
+    recognisers, its voice's processes) starts them then, not at its first session, so a
+    server's first turn does not wait for them. It must not block (it may spawn system
+    tasks); what it raises stops the server, as a broken factory should."""
+    warm = getattr(factory, "warm", None)
+    if callable(warm):
+        warm()

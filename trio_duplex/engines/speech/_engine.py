@@ -274,6 +274,13 @@ class SpeechFactory:
 
     default_max_sessions = staticmethod(default_max_sessions)
 
+    def warm(self) -> None:
+        """The server's start (DuplexServer.run): the recogniser pool and the voice's
+        processes start loading now (1-4 s), so that the first session's first turn
+        neither waits for them nor goes without partial transcripts."""
+        shared_pool(self.model, self.recognisers)
+        _warm(self.voice)
+
     def describe(self) -> str:
         """For the startup log: what the engine hears and speaks with."""
         model = self.model
