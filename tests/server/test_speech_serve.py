@@ -187,22 +187,32 @@ async def native_turns(url: str, texts: list[str], voice: str, got: list[Event])
     return heard
 
 
-async def test_the_outside_sentences_are_heard_right_in_both_voices(
-    speech_server: ServerProcess,
-) -> None:
-    """Two sessions at once, one a voice, each saying the first COUNT sentences."""
+async def in_every_voice(talk: Callable[[list[str], str], Awaitable[list[str]]]) -> None:
+    """A session per voice at once, each ``talk``ing the first COUNT sentences; what they
+    heard judged together (pooled word error rate)."""
     texts = sentences(COUNT)
     heard: dict[str, list[str]] = {}
-    got: dict[str, list[Event]] = {voice: [] for voice in VOICES}
 
-    async def talk(voice: str) -> None:
-        heard[voice] = await native_turns(speech_server.url, texts, voice, got[voice])
+    async def one(voice: str) -> None:
+        heard[voice] = await talk(texts, voice)
 
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             for voice in VOICES:
-                nursery.start_soon(talk, voice)
+                nursery.start_soon(one, voice)
     judge(texts * len(VOICES), [t for voice in VOICES for t in heard[voice]])
+
+
+async def test_the_outside_sentences_are_heard_right_in_both_voices(
+    speech_server: ServerProcess,
+) -> None:
+    """Two sessions at once, one a voice, each saying the first COUNT sentences."""
+    got: dict[str, list[Event]] = {voice: [] for voice in VOICES}
+
+    async def talk(texts: list[str], voice: str) -> list[str]:
+        return await native_turns(speech_server.url, texts, voice, got[voice])
+
+    await in_every_voice(talk)
     for voice in VOICES:
         kinds = [e["type"] for e in got[voice]]
         assert "input_audio.transcript.failed" not in kinds, got[voice]
@@ -496,11 +506,9 @@ OPENAI_TURN = (
 async def test_the_openai_dialect_hears_the_outside_sentences(
     speech_server: ServerProcess,
 ) -> None:
-    texts = sentences(COUNT)
-    heard: dict[str, list[str]] = {}
     got: dict[str, list[Event]] = {voice: [] for voice in VOICES}
 
-    async def talk(voice: str) -> None:
+    async def talk(texts: list[str], voice: str) -> list[str]:
         async with connect(realtime_url(speech_server)) as ws:
             await realtime_session(ws, {"type": "server_vad", "create_response": False})
 
@@ -508,15 +516,9 @@ async def test_the_openai_dialect_hears_the_outside_sentences(
                 await realtime_append(ws, pcm, real_time=False)
 
             pcms = [spoken(text, voice) for text in texts]
-            heard[voice] = await turns(
-                lambda: realtime_event(ws), say, pcms, OPENAI_TURN, got[voice]
-            )
+            return await turns(lambda: realtime_event(ws), say, pcms, OPENAI_TURN, got[voice])
 
-    with trio.fail_after(120):
-        async with trio.open_nursery() as nursery:
-            for voice in VOICES:
-                nursery.start_soon(talk, voice)
-    judge(texts * len(VOICES), [t for voice in VOICES for t in heard[voice]])
+    await in_every_voice(talk)
     for voice in VOICES:
         events = got[voice]
         kinds = [e["type"] for e in events]
