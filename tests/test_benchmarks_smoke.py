@@ -305,18 +305,40 @@ def test_the_voice_load_drives_both_lanes_of_a_real_server() -> None:
 
 
 @pytest.mark.integration
-def test_the_workers_benchmark_ramps_both_servers_in_cluster_mode(tmp_path: Path) -> None:
-    """benchmarks.workers: its own redis-server, `serve --workers 1` and `--workers 2`, one
-    step of 2 voice sessions each."""
+def test_the_workers_benchmark_runs_its_three_parts_in_cluster_mode(tmp_path: Path) -> None:
+    """benchmarks.workers: its own redis-server, `serve --workers 1` and `--workers 2`: the
+    CPU per session at 0 and 2 sessions, the split of 4 sessions, a one-step ramp of 2
+    sessions each; every table printed, every session counted by a worker, nothing timed."""
     out_file = tmp_path / "workers.json"
-    out = _run("workers", "--quick", "--start", "2", "--max-sessions", "2",
-               "--out", str(out_file), timeout=120)  # fmt: skip
-    assert "| 1 |" in out and "| 2 |" in out, out
-    runs = json.loads(out_file.read_text())["runs"]
+    out = _run("workers", "--quick", "--sessions", "0,2", "--measure", "0.3", "--settle", "0.2",
+               "--split-sessions", "4", "--start", "2", "--max-sessions", "2",
+               "--out", str(out_file), timeout=150)  # fmt: skip
+    assert "### CPU per voice session" in out and "| 0 (idle) |" in out and "| 2 |" in out, out
+    assert "### Sessions per worker" in out and "Pooled: worker 0 took" in out, out
+    assert "### Capacity with cores" in out and "(measured)" in out, out
+    report = json.loads(out_file.read_text())
     for workers in ("1", "2"):
-        ((step,),) = [run["steps"] for run in runs[workers]]
-        assert step["sessions"] == 2 and step["samples"] > 0, step
+        ((idle, step),) = [run["steps"] for run in report["cpu"][workers]]
+        assert idle["sessions"] == 0 and step["sessions"] == 2 and step["samples"] > 0, step
         assert not step["errors"] and not step["dead"], step
+        assert len(step["worker_cpu_s"]) == int(workers) and step["cpu_ms_per_session_s"] >= 0
+        ((ramp_step,),) = [run["steps"] for run in report["capacity"][workers]]
+        assert ramp_step["sessions"] == 2 and not ramp_step["dead"], ramp_step
+    ((_, step),) = [run["steps"] for run in report["cpu"]["2"]]
+    assert sum(step["sessions_by_worker"]) == 2, step  # each session on exactly one worker
+    (sample,) = report["split"]["samples"]
+    assert sample["sessions"] == 4 and sum(sample["sessions_by_worker"]) == 4, sample
+
+
+def test_the_workers_benchmark_judges_a_split_against_a_fair_coin() -> None:
+    from benchmarks.probes import workers
+
+    assert workers.deviation([50, 50]) == 0 and workers.deviation([60, 40]) == pytest.approx(0.2)
+    assert workers.deviation([30, 30, 60]) == pytest.approx(0.5)
+    assert workers.fair_within(2, 0.1) == 0.5  # 1/1 only: 2 of the 4 outcomes
+    assert workers.fair_within(400, 0.1) == pytest.approx(0.958, abs=0.002)
+    assert workers.cores_for(1, 2) == ([0], [1]) and workers.cores_for(2, 2) == ([0], [1])
+    assert workers.cores_for(2, 4) == ([0, 1], [2, 3]) and workers.cores_for(1, 1) == ([0], [0])
 
 
 @pytest.mark.integration

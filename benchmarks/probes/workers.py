@@ -1,32 +1,49 @@
-"""Voice sessions held at p99 ≤ 20 ms with ``serve --workers 2`` against ``--workers 1``
-(docs/cluster.md, "Worker processes"), both in cluster mode against a local redis-server
-started here.
+"""``serve --workers 2`` against ``--workers 1`` (docs/cluster.md, "Worker processes"),
+both in cluster mode against a local redis-server started here. Three parts, each
+honest on a machine whose cores the load generator shares:
 
-    python -m benchmarks.workers [--workers 1,2] [--rounds 1] [--client-nice 10]
-                                 [--server-nice -10] [--lane binary] [--quick]
+    python -m benchmarks.workers [--quick] [--rounds 3] [--sessions 30,60]
+                                 [--split-sessions 100,400,1000] [--split-rounds 3]
+                                 [--capacity-rounds 1] [--parts cpu,split,capacity]
 
-Scenario 3's method and load generator (``benchmarks.suite.clients.asyncio_ws voice``): N
-sessions each send a 20 ms audio frame every 20 ms (protocol v2's binary lane by
-default) to the echo engine and time each echo; a ramp adds sessions step by step and the
-answer is the largest N whose p99 (frames still unanswered counted with their age) held
-at or below 20 ms, with no session lost and no error. One coarse ramp per server, then
-``--rounds`` fine ramps (factor 1.07) from 70 % of what the coarse one found, the servers
-alternating (1, 2, then 2, 1, ...).
+1. **CPU per voice session** (``cpu``). Scenario 3's load generator
+   (``benchmarks.suite.clients.asyncio_ws voice``, protocol v2's binary lane: each
+   session sends a 20 ms frame every 20 ms and times its echo) holds a fixed number of
+   sessions (``--sessions``, each a measured window of ``--measure`` seconds) against
+   ``--workers 1`` and ``--workers 2`` in turn, ``--rounds`` interleaved rounds (1, 2, then
+   2, 1, ...), nothing pinned. The figure is the workers' CPU (psutil, user + system,
+   summed over the workers; the supervisor's own is shown apart) over the window, per
+   session and second of wall time; the ratio 2/1 is taken per round (the two servers
+   measured minutes apart at most) and shown as its median with min-max. CPU *time* is
+   what the process used, whoever else ran meanwhile, so sharing cores with the load
+   generator and the rest of the machine moves it little; the load is kept well below
+   the knee (the p99 is shown) so that neither server batches more for being saturated.
+2. **The split** (``split``). How many sessions each worker took, read from each worker:
+   its established TCP connections on the served port (psutil, per worker process; each
+   connection carries one session), at every measured window of part 1 and in
+   ``--split-rounds`` rounds of ``asyncio_ws idle`` opening ``--split-sessions`` sessions on
+   one ``--workers 2`` server. The deviation of a round is the largest ``|count - N/W|``
+   over ``N/W``; the verdict is ±10 %. The kernel picks a listener by a hash of the
+   connection's addresses and ports (with a per-boot secret), so each connection is, in
+   effect, a fair coin: the table shows beside each row how often a fair coin per
+   connection lands within ±10 % at that N (exact binomial, W = 2), and the pooled share
+   with its z score says whether the hash leans towards one worker.
+3. **Capacity with cores** (``capacity``). Scenario 3's ramp (the largest N whose p99,
+   unanswered frames counted with their age, stays ≤ 20 ms with nothing lost) with the
+   load generator (and redis-server) pinned to cores of its own and each
+   configuration's workers to the rest: on C cores, ``--workers W`` gets cores
+   0..min(W, C - 1) - 1 and the load generator the others. On a 2-core machine both
+   configurations get core 0 (one core: what two workers cost where one would do) and
+   the figure for two workers on two cores is an extrapolation from the three measured
+   figures (one worker's sessions per core, the CPU ratio of part 1, the split's
+   deviation), printed and labelled as such. On a machine with more cores than W the
+   same command measures it (one load-generator process: about 150 voice sessions are
+   its own limit on one core, so watch its CPU column).
 
-The cores. Scenario 3 pins the server to one core and the load generator to the other;
-here the server must have both cores (that is the point of two workers), so nothing is
-pinned, and the load generator (one process) shares the machine with the server. So
-that it takes what the server leaves rather than the reverse, it runs at a lower
-priority than the servers (as root: servers at ``--server-nice -10``, the load generator
-at ``--client-nice -5``, both ahead of anything else on the machine; otherwise 0 and 5).
-Each ramp also records what other processes took of the machine meanwhile (/proc/stat).
-Its own delay still counts in the latency it measures: each step records
-its CPU use and how late its sends were (``lateness_p99_ms``), and the report says how busy
-it was at the step where the ramp stopped. Both servers are measured the same way; but
-the load generator itself needs most of a core at 100+ sessions, so on a 2-core machine
-there is about one core of room for the server whatever the number of workers (see
-docs/benchmarks.md, "Worker processes"): two workers can only show their worth with
-more cores than the load generator takes.
+As root the servers run at ``--server-nice -10`` and the load generator at
+``--client-nice -5`` (both ahead of the rest of the machine; otherwise 0 and 5), and every
+part records what other processes took of the machine meanwhile (/proc/stat) and the
+1-minute load average.
 """
 
 from __future__ import annotations
@@ -34,11 +51,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import queue
 import re
+import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,19 +76,50 @@ from benchmarks.suite._procs import (
     machine_info,
     redis,
     run_client,
+    run_to_result,
 )
 from benchmarks.suite._stats import DASH, TIMES, largest_passing
 from benchmarks.suite._suite import duplex_flags
 
 SECRET = "benchmark-cluster-secret-0123456789"
 SERVING = re.compile(r"serving (ws://\S+)")
+PORT = re.compile(r":(\d+)/")
 THRESHOLD_MS = 20.0
+CPU_TARGET = 1.10
+"""Part 1's target: --workers 2's CPU per session within 10 % of --workers 1's."""
+SPLIT_TARGET = 0.10
+"""Part 2's target: each worker within ±10 % of an even share."""
+NO_THRESHOLD_MS = 10_000.0
+"""Part 1 measures at a fixed load: a slow window is recorded, never a reason to stop."""
 
 
-class Tree(Proc):
-    """A server process whose CPU counts its children's: the supervisor and its workers."""
+# ------------------------------------------------------------------------------ processes
+class Server(Proc):
+    """``serve --workers W``: the supervisor and its workers (W > 1), or the one process."""
+
+    def __init__(self, name: str, argv: Sequence[str], workers: int) -> None:
+        super().__init__(name, argv)
+        self.workers = workers
+        self.port = 0
+        self.worker_ps: list[psutil.Process] = []
+
+    def ready(self, url: str) -> None:
+        """After the ``serving`` line: the port, and the worker processes (every one is
+        ready by then)."""
+        match = PORT.search(url)
+        assert match is not None, url
+        self.port = int(match.group(1))
+        if self.workers == 1:
+            self.worker_ps = [self.ps]
+        else:
+            self.worker_ps = sorted(self.ps.children(), key=lambda p: p.pid)
+            if len(self.worker_ps) != self.workers:
+                raise BenchError(
+                    f"{self.name}: {len(self.worker_ps)} worker processes, not {self.workers}"
+                )
 
     def snapshot(self) -> dict[str, float]:
+        """The ramps' sample: CPU and RSS of the supervisor and its workers together."""
         try:
             family = [self.ps, *self.ps.children(recursive=True)]
             cpu = rss = 0.0
@@ -81,52 +132,248 @@ class Tree(Proc):
             raise BenchError(f"{self.name} is gone: {exc}\n{self.tail()}") from None
         return {"t": time.monotonic(), "cpu": cpu, "rss": rss}
 
+    def worker_cpu(self) -> tuple[list[float], float]:
+        """CPU seconds (user + system) of each worker, and the supervisor's own (0 for W=1)."""
+        try:
+            each = [_cpu(p) for p in self.worker_ps]
+            own = _cpu(self.ps) if self.workers > 1 else 0.0
+        except psutil.Error as exc:  # a worker exited (and was perhaps restarted): unusable
+            raise BenchError(f"{self.name}: a worker is gone: {exc}\n{self.tail()}") from None
+        return each, own
+
+    def sessions_by_worker(self) -> list[int]:
+        """Each worker's established TCP connections on the served port (one session
+        each): which worker the kernel gave each connection to."""
+        counts = []
+        try:
+            for proc in self.worker_ps:
+                conns = proc.net_connections(kind="tcp")
+                counts.append(
+                    sum(
+                        1
+                        for c in conns
+                        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == self.port
+                    )
+                )
+        except psutil.Error as exc:
+            raise BenchError(f"{self.name}: a worker is gone: {exc}\n{self.tail()}") from None
+        return counts
+
+
+def _cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
 
 def _niced(argv: list[str], nice: int) -> list[str]:
     return ["nice", "-n", str(nice), *argv] if nice else argv
 
 
-def start_server(workers: int, redis_url: str, nice: int) -> tuple[Tree, str]:
+def _pinned(argv: list[str], cpus: Sequence[int] | None) -> list[str]:
+    return ["taskset", "-c", ",".join(map(str, cpus)), *argv] if cpus else argv
+
+
+def start_server(
+    workers: int, redis_url: str, nice: int, cpus: Sequence[int] | None = None
+) -> tuple[Server, str]:
     port = free_port()
     argv = [
         *(PY, "-m", "trio_duplex", "serve", *duplex_flags(port)),
         *("--workers", str(workers), "--cluster", redis_url, "--cluster-secret", SECRET),
     ]
-    proc = Tree(f"serve --workers {workers}", _niced(argv, nice))
+    proc = Server(f"serve --workers {workers}", _pinned(_niced(argv, nice), cpus), workers)
     deadline = time.monotonic() + 30
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            proc.stop()
-            raise BenchError(f"{proc.name} did not report ready\n{proc.tail()}")
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BenchError(f"{proc.name} did not report ready\n{proc.tail()}")
+            try:
+                line = proc.lines.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                continue
+            if line is None:
+                raise BenchError(f"{proc.name} exited before ready\n{proc.tail()}")
+            match = SERVING.search(line)
+            if match:
+                proc.ready(match.group(1))
+                return proc, match.group(1)
+    except BaseException:
+        proc.stop()
+        raise
+
+
+def _voice_client(url: str, steps: Sequence[int], args: argparse.Namespace) -> list[str]:
+    return [
+        *(PY, "-m", "benchmarks.suite.clients.asyncio_ws", "voice", "--url", url),
+        *("--proto", "duplex", "--lane", args.lane, "--steps", ",".join(map(str, steps))),
+        *("--ack-every", "50"),
+    ]
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _load() -> str:
+    return f"load {os.getloadavg()[0]:.2f}"
+
+
+# ------------------------------------------------------------------ part 1: CPU per session
+def cpu_run(
+    workers: int, args: argparse.Namespace, redis_proc: Proc, redis_url: str
+) -> dict[str, Any]:
+    """One server at each of ``--sessions`` in turn (one client run): each window's CPU
+    per worker, the supervisor's, redis-server's, and (W > 1) each worker's sessions."""
+    meter = LoadMeter()
+    server, url = start_server(workers, redis_url, args.server_nice)
+    marks: dict[str, dict[str, Any]] = {}
+
+    def on_mark(mark: str) -> None:
         try:
-            line = proc.lines.get(timeout=min(left, 0.5))
-        except queue.Empty:
-            continue
-        if line is None:
-            proc.stop()
-            raise BenchError(f"{proc.name} exited before ready\n{proc.tail()}")
-        match = SERVING.search(line)
-        if match:
-            return proc, match.group(1)
+            each, own = server.worker_cpu()
+            snap: dict[str, Any] = {
+                "t": time.monotonic(),
+                "workers": each,
+                "supervisor": own,
+                "redis": redis_proc.snapshot()["cpu"],
+            }
+            if mark.startswith("start_") and workers > 1:
+                snap["sessions_by_worker"] = server.sessions_by_worker()
+        except BenchError as exc:
+            snap = {"error": str(exc)}
+        marks[mark] = snap
+
+    try:
+        client = [
+            *_voice_client(url, args.sessions, args),
+            *("--settle", str(args.settle), "--measure", str(args.measure)),
+            *("--threshold-ms", str(NO_THRESHOLD_MS), "--confirm", "0"),
+            *("--ramp-time", "600", "--max-time", str(args.cpu_timeout)),
+        ]
+        result = run_to_result(
+            "voice load",
+            _niced(client, args.client_nice),
+            on_mark=on_mark,
+            timeout=args.cpu_timeout + 30,
+            watch=server,
+        )
+    finally:
+        server.stop(grace=10)
+        background = meter.read()
+    for step in result["steps"]:
+        a, b = marks.get(f"start_{step['mark']}", {}), marks.get(f"end_{step['mark']}", {})
+        if "error" in a or "error" in b or not a or not b:
+            raise BenchError(f"--workers {workers}: {a.get('error') or b.get('error')}")
+        n, wall = step["sessions"], b["t"] - a["t"]
+        cpu = [y - x for x, y in zip(a["workers"], b["workers"], strict=True)]
+        step["window_s"] = wall
+        step["worker_cpu_s"] = cpu
+        step["supervisor_cpu_s"] = b["supervisor"] - a["supervisor"]
+        step["server_cores"] = sum(cpu) / wall
+        step["redis_cores"] = (b["redis"] - a["redis"]) / wall
+        if n:
+            step["cpu_ms_per_session_s"] = 1000 * sum(cpu) / (n * wall)
+            step["redis_cpu_ms_per_session_s"] = 1000 * step["redis_cores"] / n
+        if "sessions_by_worker" in a:
+            step["sessions_by_worker"] = a["sessions_by_worker"]
+    result.update(workers=workers, background=background)
+    shown = ", ".join(
+        f"{s['sessions']}: {s['cpu_ms_per_session_s']:.2f} ms/s per session "
+        f"(p99 {s['p99_ms']:.1f} ms" + (f", split {s['sessions_by_worker']}" if workers > 1 else "")
+        + ")" if s["sessions"] else f"idle: {s['server_cores']:.2%} of a core"
+        for s in result["steps"]
+    )  # fmt: skip
+    _say(
+        f"cpu --workers {workers}: {shown}; other processes {background['other_share']:.0%}, "
+        f"{_load()}"
+    )
+    return result
+
+
+# ---------------------------------------------------------------------------- part 2: split
+def split_runs(args: argparse.Namespace, redis_url: str) -> dict[str, Any]:
+    """``--split-rounds`` rounds of opening each of ``--split-sessions`` on one
+    ``--workers 2`` server: how many each worker took."""
+    meter = LoadMeter()
+    workers = max(args.counts)
+    server, url = start_server(workers, redis_url, args.server_nice)
+    samples: list[dict[str, Any]] = []
+    try:
+        for r in range(args.split_rounds):
+            for n in args.split_sessions:
+                counts: list[int] = []
+
+                def on_mark(mark: str, counts: list[int] = counts) -> None:
+                    if mark == "opened":
+                        try:
+                            counts.extend(server.sessions_by_worker())
+                        except BenchError:
+                            pass  # the main loop reports the server's death
+
+                client = [
+                    *(PY, "-m", "benchmarks.suite.clients.asyncio_ws", "idle", "--url", url),
+                    *("--proto", "duplex", "--count", str(n), "--settle", "0.1"),
+                    *("--open-time-limit", "30", "--max-time", "60"),
+                ]
+                result = run_to_result(
+                    "idle opens", _niced(client, args.client_nice), on_mark=on_mark,
+                    timeout=90, watch=server,
+                )  # fmt: skip
+                if not counts:
+                    raise BenchError(f"split: no count at {n} sessions\n{server.tail()}")
+                samples.append(
+                    {"round": r, "sessions": result["count"], "wanted": n,
+                     "sessions_by_worker": counts, "failures": result["failures"]}
+                )  # fmt: skip
+                _say(f"split {n}: {counts} (opened {result['count']}), {_load()}")
+    finally:
+        server.stop(grace=10)
+        background = meter.read()
+    return {"workers": workers, "samples": samples, "background": background}
+
+
+def deviation(counts: Sequence[int]) -> float:
+    """The largest ``|count - N/W| / (N/W)``: 0 for an even split."""
+    total = sum(counts)
+    if not total:
+        return math.nan
+    even = total / len(counts)
+    return max(abs(c - even) for c in counts) / even
+
+
+def fair_within(n: int, bound: float) -> float:
+    """How often N connections, each a fair coin between two workers, split within
+    ``±bound`` of N/2 (exact binomial)."""
+    lo, hi = math.ceil(n / 2 * (1 - bound) - 1e-9), math.floor(n / 2 * (1 + bound) + 1e-9)
+    hits: int = sum(math.comb(n, k) for k in range(lo, hi + 1))
+    return hits / (1 << n)
+
+
+# ------------------------------------------------------------------------- part 3: capacity
+def cores_for(workers: int, cores: int) -> tuple[list[int], list[int]]:
+    """The server's cores and the load generator's: the load generator keeps at least one
+    core of its own; the workers get as many of the rest as they number."""
+    server = list(range(max(1, min(workers, cores - 1))))
+    return server, [c for c in range(cores) if c not in server] or [0]
 
 
 def ramp(
     workers: int, steps: list[int], args: argparse.Namespace, redis_url: str
 ) -> dict[str, Any]:
     meter = LoadMeter()
-    server, url = start_server(workers, redis_url, args.server_nice)
+    server_cpus, client_cpus = cores_for(workers, args.cores)
+    server, url = start_server(workers, redis_url, args.server_nice, server_cpus)
     try:
         client = [
-            *(PY, "-m", "benchmarks.suite.clients.asyncio_ws", "voice", "--url", url),
-            *("--proto", "duplex", "--lane", args.lane, "--steps", ",".join(map(str, steps))),
-            *("--settle", str(args.settle), "--measure", str(args.measure)),
+            *_voice_client(url, steps, args),
+            *("--settle", str(args.ramp_settle), "--measure", str(args.ramp_measure)),
             *("--threshold-ms", str(THRESHOLD_MS), "--ramp-time", str(args.ramp_time)),
-            *("--ack-every", "50", "--max-time", str(args.ramp_time + 60)),
+            *("--max-time", str(args.ramp_time + 60)),
         ]
         result, marks = run_client(
             "voice load",
-            _niced(client, args.client_nice),
+            _pinned(_niced(client, args.client_nice), client_cpus),
             watch=server,
             timeout=args.ramp_time + 90,
         )
@@ -142,25 +389,211 @@ def ramp(
     passing = [(s["sessions"], s["p99_ms"] if not (s["dead"] or s["errors"]) else float("inf"))
                for s in result["steps"]]  # fmt: skip
     result["largest"] = largest_passing(passing, THRESHOLD_MS)
-    result["workers"] = workers
+    result.update(workers=workers, server_cpus=server_cpus, client_cpus=client_cpus)
     last = result["steps"][-1] if result["steps"] else {}
-    print(
-        f"--workers {workers}: {result['largest']} sessions held (stopped at "
-        f"{last.get('sessions')}: p99 {last.get('p99_ms', float('nan')):.1f} ms, server "
-        f"{last.get('server_cpu_util', float('nan')):.0%} of a core, load generator "
-        f"{last.get('client_cpu_util', float('nan')):.0%}, its sends late by "
-        f"{last.get('lateness_p99_ms', float('nan')):.1f} ms at p99; other processes "
-        f"{background['other_share']:.0%} of the machine, steal {background['steal_share']:.0%})",
-        file=sys.stderr,
-        flush=True,
+    _say(
+        f"capacity --workers {workers} on cores {server_cpus} (load generator {client_cpus}): "
+        f"{result['largest']} sessions held (stopped at {last.get('sessions')}: p99 "
+        f"{last.get('p99_ms', math.nan):.1f} ms, server "
+        f"{last.get('server_cpu_util', math.nan):.0%} of a core, load generator "
+        f"{last.get('client_cpu_util', math.nan):.0%}, its sends late by "
+        f"{last.get('lateness_p99_ms', math.nan):.1f} ms at p99; other processes "
+        f"{background['other_share']:.0%}, {_load()})"
     )
     return result
 
 
+# ------------------------------------------------------------------------------- the report
+def _mid(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def _range(values: Sequence[float], fmt: str, unit: str = "") -> str:
+    if not values:
+        return DASH
+    shown = f"{_mid(values):{fmt}}{unit}"
+    return shown + (f" ({min(values):{fmt}}{DASH}{max(values):{fmt}})" if len(values) > 1 else "")
+
+
+def report_cpu(cpu: dict[int, list[dict[str, Any]]], counts: list[int]) -> dict[str, Any]:
+    one, two = counts[0], counts[-1]
+    print(
+        f"### CPU per voice session: --workers {two} against --workers {one} (nothing pinned, "
+        "interleaved rounds)\n"
+    )
+    print(
+        f"| sessions | --workers {one}: server CPU per session | --workers {two} | ratio "
+        f"{two}/{one} per round | p99 {one} / {two} | load avg | within 10 % |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    summary: dict[str, Any] = {}
+    sessions = sorted({s["sessions"] for run in cpu[one] for s in run["steps"]})
+    for n in sessions:
+
+        def at(w: int, n: int = n) -> list[dict[str, Any]]:
+            return [s for run in cpu[w] for s in run["steps"] if s["sessions"] == n]
+
+        a, b = at(one), at(two)
+        if n == 0:  # no session: what the workers cost doing nothing (timers, the cluster)
+            print(
+                f"| 0 (idle) | {_range([s['server_cores'] * 100 for s in a], '.2f', ' %')} "
+                f"of a core | {_range([s['server_cores'] * 100 for s in b], '.2f', ' %')} "
+                f"| {DASH} | {DASH} | {DASH} | {DASH} |"
+            )
+            continue
+        ratios = [
+            y["cpu_ms_per_session_s"] / x["cpu_ms_per_session_s"]
+            for x, y in zip(a, b, strict=False)
+            if x["cpu_ms_per_session_s"] > 0
+        ]
+        loads = [run["background"]["loadavg_1m"] for w in (one, two) for run in cpu[w]]
+        met = "met" if ratios and _mid(ratios) <= CPU_TARGET else "not met"
+        print(
+            f"| {n} | {_range([s['cpu_ms_per_session_s'] for s in a], '.2f', ' ms/s')} "
+            f"| {_range([s['cpu_ms_per_session_s'] for s in b], '.2f', ' ms/s')} "
+            f"| **{_range(ratios, '.3f', TIMES)}** "
+            f"| {_mid([s['p99_ms'] for s in a]):.1f} / {_mid([s['p99_ms'] for s in b]):.1f} ms "
+            f"| {_range(loads, '.2f')} | {met} |"
+        )
+        summary[str(n)] = {"ratio": ratios, "met": met == "met"}
+    sup = [s["supervisor_cpu_s"] / s["window_s"] for run in cpu[two] for s in run["steps"]]
+    red = {
+        w: [
+            s["redis_cpu_ms_per_session_s"] for run in cpu[w] for s in run["steps"] if s["sessions"]
+        ]
+        for w in (one, two)
+    }
+    print(
+        f"\n(ms/s: server CPU-milliseconds per session per second, the workers summed; the "
+        f"supervisor took {_mid(sup):.1%} of a core besides; redis-server "
+        f"{_mid(red[one]):.3f} / {_mid(red[two]):.3f} ms/s per session)\n"
+    )
+    return summary
+
+
+def report_split(
+    cpu: dict[int, list[dict[str, Any]]], split: dict[str, Any] | None, workers: int
+) -> dict[str, Any]:
+    samples: list[tuple[int, list[int], str]] = []
+    for run in cpu.get(workers, []):
+        for step in run["steps"]:
+            if "sessions_by_worker" in step and step["sessions"]:
+                samples.append((step["sessions"], step["sessions_by_worker"], "voice"))
+    for sample in (split or {}).get("samples", []):
+        samples.append((sample["sessions"], sample["sessions_by_worker"], "idle"))
+    if not samples:
+        return {}
+    print(f"### Sessions per worker, --workers {workers} (the kernel's SO_REUSEPORT hash)\n")
+    print(
+        "| sessions | rounds | sessions per worker, each round | largest deviation from "
+        f"even: median (min{DASH}max) | rounds within ±10 % | a fair coin per connection: within "
+        "±10 % |"
+    )
+    print("|---|---|---|---|---|---|")
+    summary: dict[str, Any] = {}
+    by_n: dict[int, list[list[int]]] = {}
+    for n, counts, _ in samples:
+        by_n.setdefault(n, []).append(counts)
+    for n in sorted(by_n):
+        rounds = by_n[n]
+        devs = [deviation(c) for c in rounds]
+        within = sum(d <= SPLIT_TARGET + 1e-9 for d in devs)
+        fair = f"{fair_within(n, SPLIT_TARGET):.0%}" if workers == 2 and n > 0 else DASH
+        shown = ", ".join("/".join(map(str, c)) for c in rounds)
+        print(
+            f"| {n} | {len(rounds)} | {shown} | **{_range(devs, '.1%')}** "
+            f"| {within}/{len(rounds)} | {fair} |"
+        )
+        summary[str(n)] = {"deviations": devs, "within": within, "rounds": len(rounds)}
+    total = sum(sum(c) for _, c, _ in samples)
+    first = sum(c[0] for _, c, _ in samples)
+    z = (first - total / workers) / math.sqrt(total * (1 / workers) * (1 - 1 / workers))
+    print(
+        f"\nPooled: worker 0 took {first:,} of {total:,} sessions ({first / total:.1%}; "
+        f"an even share is {1 / workers:.1%}; z = {z:+.2f}, |z| < 2: no sign that the hash "
+        "favours a worker). A fair coin per connection deviates by about 1/√N at W = 2: "
+        "±10 % holds for 95 % of rounds only from about 400 sessions on.\n"
+    )
+    summary["pooled"] = {"worker0": first, "total": total, "z": z}
+    return summary
+
+
+def report_capacity(
+    caps: dict[int, list[dict[str, Any]]], counts: list[int], ratio: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    one, two = counts[0], counts[-1]
+    print("### Capacity with cores (load generator and redis-server pinned to their own core)\n")
+    print(
+        "| --workers | server cores | load generator's | voice sessions held at p99 ≤ 20 ms "
+        "| at the stop: server CPU, load generator CPU | load avg |"
+    )
+    print("|---|---|---|---|---|---|")
+    held: dict[int, list[int]] = {}
+    for w in counts:
+        runs = caps.get(w, [])
+        if not runs:
+            continue
+        deciding = runs[1:] if len(runs) > 1 else runs
+        held[w] = [r["largest"] for r in deciding if r["largest"]]
+        stops = [r["steps"][-1] for r in deciding if r["steps"]]
+        srv = [s.get("server_cpu_util", math.nan) for s in stops]
+        cli = [s.get("client_cpu_util", math.nan) for s in stops]
+        loads = [r["background"]["loadavg_1m"] for r in runs]
+        print(
+            f"| {w} | {','.join(map(str, runs[0]['server_cpus']))} "
+            f"| {','.join(map(str, runs[0]['client_cpus']))} "
+            f"| **{_range([float(h) for h in held[w]], '.0f')}** "
+            f"| {_mid(srv):.0%}, {_mid(cli):.0%} | {_range(loads, '.2f')} |"
+        )
+    summary: dict[str, Any] = {"held": {str(w): h for w, h in held.items()}}
+    if not (held.get(one) and held.get(two)):
+        print()
+        return summary
+    c1, c2 = _mid(held[one]), _mid(held[two])
+    s1, s2 = cores_for(one, args.cores)[0], cores_for(two, args.cores)[0]
+    print(
+        f"\n--workers {two} on {len(s2)} core(s) over --workers {one} on {len(s1)}: "
+        f"**{c2 / c1:.2f}{TIMES}** (measured)"
+    )
+    summary["measured_ratio"] = c2 / c1
+    if len(s2) < two:
+        # The machine cannot give each worker a core of its own beside the load generator:
+        # extrapolate from one worker's sessions per core, the CPU ratio and the split.
+        per_core = c1 / len(s1)
+        r = ratio if not math.isnan(ratio) else 1.0
+        n = two * per_core / r
+        for _ in range(20):  # the busiest worker, at a split 2 sigma off even (W = 2)
+            n = two * per_core / r / (1 + 2 * math.sqrt((two - 1) / n))
+        print(
+            f"Extrapolation (not measured: this machine has {args.cores} cores and the load "
+            f"generator needs one): --workers {two} on {two} cores, load from elsewhere, holds "
+            f"about {two} {TIMES} {per_core:.0f} / {r:.3f} = {two * per_core / r:.0f} sessions "
+            f"with an even split, or **{n:.0f}** if the busiest worker takes a 2-sigma share of "
+            f"the kernel's hash (≈ {2 * math.sqrt((two - 1) / n):.0%} over even at that N): "
+            f"{n / c1:.2f}{TIMES} --workers {one}. Capacity scales with the workers, one core "
+            "each, as long as each has a core (a worker is one thread; --workers 1 cannot use "
+            "a second core) and the cluster store keeps up.\n"
+        )
+        summary["extrapolated"] = {"sessions": n, "even_split": two * per_core / r}
+    else:
+        print()
+    return summary
+
+
+# ----------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", default="1,2", help="the --workers values to compare")
-    parser.add_argument("--rounds", type=int, default=1, help="fine ramps per server")
+    parser.add_argument("--workers", default="1,2", help="the two --workers values to compare")
+    parser.add_argument("--parts", default="cpu,split,capacity")
+    parser.add_argument("--rounds", type=int, default=3, help="part 1's interleaved rounds")
+    parser.add_argument(
+        "--sessions", default="0,30,60", help="part 1's fixed loads (0: the workers idle)"
+    )
+    parser.add_argument("--measure", type=float, default=3.0, help="part 1's window, seconds")
+    parser.add_argument("--settle", type=float, default=1.0)
+    parser.add_argument("--split-sessions", default="100,400,1000")
+    parser.add_argument("--split-rounds", type=int, default=3)
+    parser.add_argument("--capacity-rounds", type=int, default=1, help="fine ramps per server")
     parser.add_argument("--lane", choices=["binary", "json"], default="binary")
     root = os.geteuid() == 0
     parser.add_argument(
@@ -171,56 +604,70 @@ def main(argv: list[str] | None = None) -> int:
         help="the load generator's: above the servers' (lower priority), below the rest "
         "of the machine's (default -5 as root, else 5)",
     )  # fmt: skip
-    parser.add_argument("--quick", action="store_true", help="coarse ramps only, shorter steps")
-    parser.add_argument("--start", type=int, default=10, help="sessions at the coarse ramp's start")
+    parser.add_argument(
+        "--quick", action="store_true", help="one round, small splits, coarse ramps only"
+    )
+    parser.add_argument("--start", type=int, default=20, help="sessions at the coarse ramp's start")
     parser.add_argument("--max-sessions", type=int, default=2000, help="the ramps' last step")
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    args.settle, args.measure, args.ramp_time = (0.5, 1.0, 30.0) if args.quick else (0.6, 1.5, 45.0)
-    rounds = 0 if args.quick else args.rounds
-    counts = [int(w) for w in args.workers.split(",")]
+    args.counts = [int(w) for w in args.workers.split(",")]
+    if len(args.counts) != 2 or args.counts[0] >= args.counts[1]:
+        parser.error("--workers: two values, the smaller first (1,2)")
+    parts = set(args.parts.split(","))
+    if args.quick:
+        args.rounds, args.split_rounds, args.capacity_rounds = 1, 1, 0
+        args.measure = min(args.measure, 1.5)
+    args.sessions = [int(n) for n in args.sessions.split(",")]
+    args.split_sessions = [int(n) for n in args.split_sessions.split(",")]
+    args.cpu_timeout = len(args.sessions) * (args.settle + args.measure + 20) + 30
+    args.ramp_settle, args.ramp_measure, args.ramp_time = (
+        (0.5, 1.0, 30.0) if args.quick else (0.6, 1.5, 45.0)
+    )
     install_reaper()
     started = datetime.datetime.now(datetime.UTC)
-    runs: dict[int, list[dict[str, Any]]] = {w: [] for w in counts}
-    with redis() as (_, redis_url):
-        coarse = geometric_steps(min(args.start, args.max_sessions), 1.25, args.max_sessions)
-        for w in counts:
-            runs[w].append({"phase": "coarse", **ramp(w, coarse, args, redis_url)})
-        for i in range(rounds):
-            order = counts if i % 2 else counts[::-1]
-            for w in order:
-                found = runs[w][0]["largest"] or args.start
-                start = min(max(1, int(found * 0.7)), args.max_sessions)
-                fine = geometric_steps(start, 1.07, args.max_sessions)
-                runs[w].append({"phase": "fine", **ramp(w, fine, args, redis_url)})
-    # With fine ramps, they decide; the coarse one only located the knee.
-    # A ramp that failed at its first step found nothing (it is not "0"): dropped, as in
-    # scenario 3, and said.
-    best: dict[int, list[int]] = {}
-    for w, rs in runs.items():
-        deciding = rs[1:] if len(rs) > 1 else rs
-        best[w] = [r["largest"] for r in deciding if r["largest"]]
-        if len(best[w]) < len(deciding):
-            print(
-                f"--workers {w}: {len(deciding) - len(best[w])} ramp(s) failed at their first "
-                "step; dropped",
-                file=sys.stderr,
-            )
-    print("| --workers | voice sessions at p99 ≤ 20 ms | ramps |")
-    print("|---|---|---|")
-    for w in counts:
-        values = best[w]
-        if not values:
-            print(f"| {w} | none | 0 |")
-            continue
-        shown = f"{sorted(values)[len(values) // 2]}" + (
-            f" ({min(values)}{DASH}{max(values)})" if len(values) > 1 else ""
-        )
-        print(f"| {w} | {shown} | {len(values)} |")
-    if len(counts) == 2 and best[counts[0]] and best[counts[1]]:
-        a = sorted(best[counts[0]])[len(best[counts[0]]) // 2]
-        b = sorted(best[counts[1]])[len(best[counts[1]]) // 2]
-        print(f"\n--workers {counts[1]} over --workers {counts[0]}: {b / a:.2f}{TIMES}")
+    t0 = time.monotonic()
+    two = args.counts[1]
+    cpu: dict[int, list[dict[str, Any]]] = {w: [] for w in args.counts}
+    caps: dict[int, list[dict[str, Any]]] = {w: [] for w in args.counts}
+    split: dict[str, Any] | None = None
+    _say(f"benchmarks.workers: {args.cores} cores, {_load()} at the start")
+    with redis() as (redis_proc, redis_url):
+        if "cpu" in parts:
+            for i in range(args.rounds):
+                for w in args.counts if i % 2 == 0 else args.counts[::-1]:
+                    cpu[w].append(cpu_run(w, args, redis_proc, redis_url))
+        if "split" in parts:
+            split = split_runs(args, redis_url)
+        if "capacity" in parts:
+            _, client_cpus = cores_for(two, args.cores)
+            redis_proc.ps.cpu_affinity(client_cpus)  # the store beside the load generator
+            coarse = geometric_steps(min(args.start, args.max_sessions), 1.25, args.max_sessions)
+            for w in args.counts:
+                caps[w].append({"phase": "coarse", **ramp(w, coarse, args, redis_url)})
+            for i in range(args.capacity_rounds):
+                for w in args.counts[::-1] if i % 2 == 0 else args.counts:
+                    found = caps[w][0]["largest"] or args.start
+                    begin = min(max(1, int(found * 0.7)), args.max_sessions)
+                    fine = geometric_steps(begin, 1.07, args.max_sessions)
+                    caps[w].append({"phase": "fine", **ramp(w, fine, args, redis_url)})
+    given = " ".join(sys.argv[1:] if argv is None else argv)
+    print(
+        f"benchmarks.workers: {args.cores} cores, `{given}`, "
+        f"{time.monotonic() - t0:.0f} s, load avg {os.getloadavg()[0]:.2f} at the end\n"
+    )
+    summary: dict[str, Any] = {}
+    ratio = math.nan
+    if "cpu" in parts:
+        summary["cpu"] = report_cpu(cpu, args.counts)
+        largest = str(max(args.sessions))
+        if summary["cpu"].get(largest, {}).get("ratio"):
+            ratio = _mid(summary["cpu"][largest]["ratio"])
+    if "cpu" in parts or "split" in parts:
+        summary["split"] = report_split(cpu, split, two)
+    if "capacity" in parts:
+        summary["capacity"] = report_capacity(caps, args.counts, ratio, args)
     out = args.out or ROOT / "benchmarks" / "results" / (
         f"workers-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     )
@@ -228,14 +675,18 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "command": " ".join(["python -m benchmarks.workers", *(argv or sys.argv[1:])]),
         "started": started.isoformat(),
+        "seconds": time.monotonic() - t0,
         "machine": machine_info(),
         "client_nice": args.client_nice,
         "server_nice": args.server_nice,
         "lane": args.lane,
-        "runs": {str(w): rs for w, rs in runs.items()},
+        "summary": summary,
+        "cpu": {str(w): rs for w, rs in cpu.items()},
+        "split": split,
+        "capacity": {str(w): rs for w, rs in caps.items()},
     }
     out.write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
-    print(f"\nraw figures: {out}", file=sys.stderr)
+    print(f"raw figures: {out}", file=sys.stderr)
     return 0
 
 
