@@ -307,27 +307,33 @@ def test_the_voice_load_drives_both_lanes_of_a_real_server() -> None:
 @pytest.mark.integration
 def test_the_workers_benchmark_runs_its_three_parts_in_cluster_mode(tmp_path: Path) -> None:
     """benchmarks.workers: its own redis-server, `serve --workers 1` and `--workers 2`: the
-    CPU per session at 0 and 2 sessions, the split of 4 sessions, a one-step ramp of 2
-    sessions each; every table printed, every session counted by a worker, nothing timed."""
+    CPU per session at 0, 2 and 4 sessions, the split of 4 sessions, a one-step ramp of 2
+    sessions each; every table printed, every session counted by a worker, nothing timed;
+    and `--report` prints the same tables again from the record."""
     out_file = tmp_path / "workers.json"
-    out = _run("workers", "--quick", "--sessions", "0,2", "--measure", "0.3", "--settle", "0.2",
+    out = _run("workers", "--quick", "--sessions", "0,2,4", "--measure", "0.3", "--settle", "0.2",
                "--split-sessions", "4", "--start", "2", "--max-sessions", "2",
                "--out", str(out_file), timeout=150)  # fmt: skip
     assert "### CPU per voice session" in out and "| 0 (idle) |" in out and "| 2 |" in out, out
+    assert "| sessions per worker |" in out, out  # --workers 2 at 4 against 1 at 2
     assert "### Sessions per worker" in out and "Pooled: worker 0 took" in out, out
     assert "### Capacity with cores" in out and "(measured)" in out, out
     report = json.loads(out_file.read_text())
     for workers in ("1", "2"):
-        ((idle, step),) = [run["steps"] for run in report["cpu"][workers]]
+        ((idle, step, _),) = [run["steps"] for run in report["cpu"][workers]]
         assert idle["sessions"] == 0 and step["sessions"] == 2 and step["samples"] > 0, step
         assert not step["errors"] and not step["dead"], step
         assert len(step["worker_cpu_s"]) == int(workers) and step["cpu_ms_per_session_s"] >= 0
         ((ramp_step,),) = [run["steps"] for run in report["capacity"][workers]]
         assert ramp_step["sessions"] == 2 and not ramp_step["dead"], ramp_step
-    ((_, step),) = [run["steps"] for run in report["cpu"]["2"]]
+    ((_, step, step4),) = [run["steps"] for run in report["cpu"]["2"]]
     assert sum(step["sessions_by_worker"]) == 2, step  # each session on exactly one worker
+    assert sum(step4["sessions_by_worker"]) == 4, step4
     (sample,) = report["split"]["samples"]
     assert sample["sessions"] == 4 and sum(sample["sessions_by_worker"]) == 4, sample
+    again = _run("workers", "--report", str(out_file))
+    tables = "### CPU per voice session"
+    assert again.split(tables, 1)[1] == out.split(tables, 1)[1], again
 
 
 def test_the_workers_benchmark_judges_a_split_against_a_fair_coin() -> None:

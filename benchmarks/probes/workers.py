@@ -2,32 +2,40 @@
 both in cluster mode against a local redis-server started here. Three parts, each
 honest on a machine whose cores the load generator shares:
 
-    python -m benchmarks.workers [--quick] [--rounds 3] [--sessions 30,60]
+    python -m benchmarks.workers [--quick] [--rounds 3] [--sessions 0,30,45,60,90]
                                  [--split-sessions 100,400,1000] [--split-rounds 3]
                                  [--capacity-rounds 1] [--parts cpu,split,capacity]
+
+About 4-5 minutes with the defaults (``--quick``: about 2).
 
 1. **CPU per voice session** (``cpu``). Scenario 3's load generator
    (``benchmarks.suite.clients.asyncio_ws voice``, protocol v2's binary lane: each
    session sends a 20 ms frame every 20 ms and times its echo) holds a fixed number of
-   sessions (``--sessions``, each a measured window of ``--measure`` seconds) against
-   ``--workers 1`` and ``--workers 2`` in turn, ``--rounds`` interleaved rounds (1, 2, then
-   2, 1, ...), nothing pinned. The figure is the workers' CPU (psutil, user + system,
-   summed over the workers; the supervisor's own is shown apart) over the window, per
-   session and second of wall time; the ratio 2/1 is taken per round (the two servers
-   measured minutes apart at most) and shown as its median with min-max. CPU *time* is
-   what the process used, whoever else ran meanwhile, so sharing cores with the load
-   generator and the rest of the machine moves it little; the load is kept well below
-   the knee (the p99 is shown) so that neither server batches more for being saturated.
+   sessions (``--sessions``, each a measured window of ``--measure`` seconds; 0: the
+   workers idle) against ``--workers 1`` and ``--workers 2`` in turn, ``--rounds``
+   interleaved rounds (1, 2, then 2, 1, ...), nothing pinned. The figure is the workers'
+   CPU (psutil, user + system, summed over the workers; the supervisor's own is shown
+   apart) over the window, per session and second of wall time; the ratio 2/1 is taken
+   per round (the two servers measured a minute apart at most) and shown as its median
+   with min-max. CPU *time* is what the process used, whoever else ran meanwhile, so
+   sharing cores moves it less than it moves latency; but an event loop's cost per event
+   falls as more events share one wake-up (each worker's context switches per echo are
+   recorded), and a loop that is starved of CPU, or carries more sessions, batches more.
+   So: the verdict counts only rounds where both servers held p99 ≤ 20 ms (below the
+   knee), and a second table compares the same load *per worker* (``--workers 2`` at 2N
+   sessions against ``--workers 1`` at N), which is what decides how many sessions a
+   worker per core holds.
 2. **The split** (``split``). How many sessions each worker took, read from each worker:
-   its established TCP connections on the served port (psutil, per worker process; each
-   connection carries one session), at every measured window of part 1 and in
-   ``--split-rounds`` rounds of ``asyncio_ws idle`` opening ``--split-sessions`` sessions on
-   one ``--workers 2`` server. The deviation of a round is the largest ``|count - N/W|``
-   over ``N/W``; the verdict is ±10 %. The kernel picks a listener by a hash of the
-   connection's addresses and ports (with a per-boot secret), so each connection is, in
-   effect, a fair coin: the table shows beside each row how often a fair coin per
-   connection lands within ±10 % at that N (exact binomial, W = 2), and the pooled share
-   with its z score says whether the hash leans towards one worker.
+   its established TCP connections on the served port (its file descriptors' sockets
+   found established in /proc/net/tcp; each connection carries one session), at every
+   measured window of part 1 and in ``--split-rounds`` rounds of ``asyncio_ws idle``
+   opening ``--split-sessions`` sessions on one ``--workers 2`` server. The deviation of a
+   round is the largest ``|count - N/W|`` over ``N/W``; the verdict is ±10 %. The kernel
+   picks a listener by a hash of the connection's addresses and ports (with a per-boot
+   secret), so each connection is, in effect, a fair coin: the table shows beside each
+   row how often a fair coin per connection lands within ±10 % at that N (exact
+   binomial, W = 2), and the pooled share with its z score says whether the hash leans
+   towards one worker.
 3. **Capacity with cores** (``capacity``). Scenario 3's ramp (the largest N whose p99,
    unanswered frames counted with their age, stays ≤ 20 ms with nothing lost) with the
    load generator (and redis-server) pinned to cores of its own and each
@@ -474,6 +482,23 @@ def _range(values: Sequence[float], fmt: str, unit: str = "") -> str:
     return shown + (f" ({min(values):{fmt}}{DASH}{max(values):{fmt}})" if len(values) > 1 else "")
 
 
+def _ratios(
+    a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]
+) -> tuple[list[float], list[float]]:
+    """Round i of the one against round i of the other (measured within a minute): every
+    round's ratio of CPU per session, and those of the rounds where both held p99 <=
+    20 ms. A round past the knee (a busy machine) is shown but not judged: a starved
+    worker batches more and costs less per frame."""
+    pairs = [(x, y) for x, y in zip(a, b, strict=False) if x["cpu_ms_per_session_s"] > 0]
+    ratios = [y["cpu_ms_per_session_s"] / x["cpu_ms_per_session_s"] for x, y in pairs]
+    held = [
+        y["cpu_ms_per_session_s"] / x["cpu_ms_per_session_s"]
+        for x, y in pairs
+        if max(x["p99_ms"], y["p99_ms"]) <= THRESHOLD_MS
+    ]
+    return ratios, held
+
+
 def report_cpu(cpu: dict[int, list[dict[str, Any]]], counts: list[int]) -> dict[str, Any]:
     one, two = counts[0], counts[-1]
     print(
@@ -502,22 +527,12 @@ def report_cpu(cpu: dict[int, list[dict[str, Any]]], counts: list[int]) -> dict[
                 f"| {DASH} | {DASH} | {DASH} | {_range(loads, '.2f')} | {DASH} |"
             )
             continue
-        # Round i of one against round i of the other: measured within a minute.
-        pairs = [(x, y) for x, y in zip(a, b, strict=False) if x["cpu_ms_per_session_s"] > 0]
-        ratios = [y["cpu_ms_per_session_s"] / x["cpu_ms_per_session_s"] for x, y in pairs]
-        # A round where either server missed p99 <= 20 ms was past the knee (on a busy
-        # machine): a starved worker batches more and costs less per frame, so the ratio
-        # is shown but not judged.
-        held = [
-            y["cpu_ms_per_session_s"] / x["cpu_ms_per_session_s"]
-            for x, y in pairs
-            if max(x["p99_ms"], y["p99_ms"]) <= THRESHOLD_MS
-        ]
+        ratios, held = _ratios(a, b)
         if not held:
-            met = f"not judged (no round below the knee, of {len(pairs)})"
+            met = f"not judged (no round below the knee, of {len(ratios)})"
         else:
             met = "met" if _mid(held) <= CPU_TARGET else "not met"
-            met += f" ({_mid(held):.3f}{TIMES} over the {len(held)} of {len(pairs)} rounds held)"
+            met += f" ({_mid(held):.3f}{TIMES} over the {len(held)} of {len(ratios)} rounds held)"
         print(
             f"| {n} | {_range([s['cpu_ms_per_session_s'] for s in a], '.2f', ' ms/s')} "
             f"| {_range([s['cpu_ms_per_session_s'] for s in b], '.2f', ' ms/s')} "
@@ -536,26 +551,24 @@ def report_cpu(cpu: dict[int, list[dict[str, Any]]], counts: list[int]) -> dict[
     if per_worker:
         print(
             f"\n| sessions per worker | --workers {one} at N | --workers {two} at "
-            f"{two // one}N | ratio per round | p99 {one} / {two} | echoes per wake-up |"
+            f"{two // one}N | ratio per round | p99 {one} / {two} | echoes per wake-up "
+            "| rounds below the knee: ratio |"
         )
-        print("|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|")
     for n in per_worker:
         a = [s for run in cpu[one] for s in run["steps"] if s["sessions"] == n]
         b = [s for run in cpu[two] for s in run["steps"] if s["sessions"] == n * two // one]
-        ratios = [
-            y["cpu_ms_per_session_s"] / x["cpu_ms_per_session_s"]
-            for x, y in zip(a, b, strict=False)
-            if x["cpu_ms_per_session_s"] > 0
-        ]
+        ratios, held = _ratios(a, b)
         print(
             f"| {n} | {_range([s['cpu_ms_per_session_s'] for s in a], '.2f', ' ms/s')} "
             f"| {_range([s['cpu_ms_per_session_s'] for s in b], '.2f', ' ms/s')} "
             f"| **{_range(ratios, '.3f', TIMES)}** "
             f"| {_mid([s['p99_ms'] for s in a]):.1f} / {_mid([s['p99_ms'] for s in b]):.1f} ms "
             f"| {_mid([s.get('frames_per_wake', math.nan) for s in a]):.2f} / "
-            f"{_mid([s.get('frames_per_wake', math.nan) for s in b]):.2f} |"
+            f"{_mid([s.get('frames_per_wake', math.nan) for s in b]):.2f} "
+            f"| {len(held)} of {len(ratios)}: {_range(held, '.3f', TIMES)} |"
         )
-        summary[f"per_worker_{n}"] = {"ratio": ratios}
+        summary[f"per_worker_{n}"] = {"ratio": ratios, "held": held}
     sup = [s["supervisor_cpu_s"] / s["window_s"] for run in cpu[two] for s in run["steps"]]
     red = {
         w: [
@@ -667,15 +680,18 @@ def report_capacity(
         # The machine cannot give each worker a core of its own beside the load generator:
         # extrapolate from one worker's sessions per core, the CPU ratio and the split.
         per_core = c1 / len(s1)
-        r = ratio if not math.isnan(ratio) else 1.0
+        # Never below 1: a worker doing one worker's job on its own core is not expected
+        # to beat --workers 1 (a figure below 1 is noise or batching).
+        r = max(1.0, ratio) if not math.isnan(ratio) else 1.0
+        clamped = "" if math.isnan(ratio) or ratio >= 1 else f", {ratio:.3f} taken as 1"
         n = two * per_core / r
         for _ in range(20):  # the busiest worker, at a split 2 sigma off even (W = 2)
             n = two * per_core / r / (1 + 2 * math.sqrt((two - 1) / n))
         print(
             f"Extrapolation (not measured: this machine has {args.cores} cores and the load "
             f"generator needs one): --workers {two} on {two} cores, load from elsewhere, holds "
-            f"about {two} {TIMES} {per_core:.0f} / {r:.3f} (the CPU ratio at "
-            f"{args.ratio_source}) = {two * per_core / r:.0f} sessions with an even split"
+            f"about {two} {TIMES} {per_core:.0f} / {r:.3f} (the CPU ratio, {args.ratio_source}"
+            f"{clamped}) = {two * per_core / r:.0f} sessions with an even split"
             f", or **{n:.0f}** if the busiest worker takes a 2-sigma share of "
             f"the kernel's hash (≈ {2 * math.sqrt((two - 1) / n):.0%} over even at that N): "
             f"{n / c1:.2f}{TIMES} --workers {one}. Capacity scales with the workers, one core "
@@ -688,6 +704,41 @@ def report_capacity(
     return summary
 
 
+def report(
+    args: argparse.Namespace,
+    parts: set[str],
+    cpu: dict[int, list[dict[str, Any]]],
+    split: dict[str, Any] | None,
+    caps: dict[int, list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """Print the three parts' tables; their figures, for the record."""
+    two = args.counts[1]
+    summary: dict[str, Any] = {}
+    ratio = math.nan
+    args.ratio_source = "not measured below the knee: 1 assumed"
+    if "cpu" in parts:
+        summary["cpu"] = report_cpu(cpu, args.counts)
+        largest = str(max(args.sessions))
+        # Capacity is each worker at its knee: the same-load-per-worker ratio (the largest
+        # measured) says what a worker per core costs; else the same-total one.
+        # Only rounds below the knee (past it, a starved worker's cost per frame falls).
+        per_worker = [k for k in summary["cpu"] if k.startswith("per_worker_")]
+        per_worker = [k for k in per_worker if summary["cpu"][k]["held"]]
+        at_largest = summary["cpu"].get(largest, {})
+        if per_worker:
+            best = max(per_worker, key=lambda k: int(k.removeprefix("per_worker_")))
+            ratio = _mid(summary["cpu"][best]["held"])
+            args.ratio_source = f"the same sessions per worker, {best.removeprefix('per_worker_')}"
+        elif at_largest.get("held"):
+            ratio = _mid(at_largest["held"])
+            args.ratio_source = f"the same sessions in all, {largest}"
+    if "cpu" in parts or "split" in parts:
+        summary["split"] = report_split(cpu, split, two)
+    if "capacity" in parts:
+        summary["capacity"] = report_capacity(caps, args.counts, ratio, args)
+    return summary
+
+
 # ----------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -695,9 +746,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="cpu,split,capacity")
     parser.add_argument("--rounds", type=int, default=3, help="part 1's interleaved rounds")
     parser.add_argument(
-        "--sessions", default="0,30,60", help="part 1's fixed loads (0: the workers idle)"
+        "--sessions", default="0,30,45,60,90", help="part 1's fixed loads (0: the workers idle)"
     )
-    parser.add_argument("--measure", type=float, default=3.0, help="part 1's window, seconds")
+    parser.add_argument("--measure", type=float, default=2.5, help="part 1's window, seconds")
     parser.add_argument("--settle", type=float, default=1.0)
     parser.add_argument("--split-sessions", default="100,400,1000")
     parser.add_argument("--split-rounds", type=int, default=3)
@@ -719,6 +770,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-sessions", type=int, default=2000, help="the ramps' last step")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--report", type=Path, metavar="JSON", help="print the tables of an earlier run's record"
+    )
     args = parser.parse_args(argv)
     args.counts = [int(w) for w in args.workers.split(",")]
     if len(args.counts) != 2 or args.counts[0] >= args.counts[1]:
@@ -733,6 +787,8 @@ def main(argv: list[str] | None = None) -> int:
     args.ramp_settle, args.ramp_measure, args.ramp_time = (
         (0.5, 1.0, 30.0) if args.quick else (0.6, 1.5, 45.0)
     )
+    if args.report is not None:
+        return report_again(args)
     install_reaper()
     started = datetime.datetime.now(datetime.UTC)
     t0 = time.monotonic()
@@ -765,27 +821,7 @@ def main(argv: list[str] | None = None) -> int:
         f"benchmarks.workers: {args.cores} cores, `{given}`, "
         f"{time.monotonic() - t0:.0f} s, load avg {os.getloadavg()[0]:.2f} at the end\n"
     )
-    summary: dict[str, Any] = {}
-    ratio = math.nan
-    args.ratio_source = "no measurement: 1 assumed"
-    if "cpu" in parts:
-        summary["cpu"] = report_cpu(cpu, args.counts)
-        largest = str(max(args.sessions))
-        # Capacity is each worker at its knee: the same-load-per-worker ratio (the largest
-        # measured) says what a worker per core costs; else the same-total one.
-        per_worker = [k for k in summary["cpu"] if k.startswith("per_worker_")]
-        at_largest = summary["cpu"].get(largest, {})
-        if per_worker:
-            best = max(per_worker, key=lambda k: int(k.removeprefix("per_worker_")))
-            ratio = _mid(summary["cpu"][best]["ratio"])
-            args.ratio_source = f"the same sessions per worker ({best.removeprefix('per_worker_')})"
-        elif at_largest.get("ratio"):
-            ratio = _mid(at_largest["held"] or at_largest["ratio"])
-            args.ratio_source = f"the same sessions in all ({largest})"
-    if "cpu" in parts or "split" in parts:
-        summary["split"] = report_split(cpu, split, two)
-    if "capacity" in parts:
-        summary["capacity"] = report_capacity(caps, args.counts, ratio, args)
+    summary = report(args, parts, cpu, split, caps)
     out = args.out or ROOT / "benchmarks" / "results" / (
         f"workers-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     )
@@ -798,6 +834,10 @@ def main(argv: list[str] | None = None) -> int:
         "client_nice": args.client_nice,
         "server_nice": args.server_nice,
         "lane": args.lane,
+        "cores": args.cores,
+        "counts": args.counts,
+        "sessions": args.sessions,
+        "parts": sorted(parts),
         "summary": summary,
         "cpu": {str(w): rs for w, rs in cpu.items()},
         "split": split,
@@ -805,6 +845,21 @@ def main(argv: list[str] | None = None) -> int:
     }
     out.write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
     print(f"raw figures: {out}", file=sys.stderr)
+    return 0
+
+
+def report_again(args: argparse.Namespace) -> int:
+    record = json.loads(args.report.read_text(encoding="utf-8"))
+    args.counts = record.get("counts", args.counts)
+    args.cores = record.get("cores", args.cores)
+    cpu = {int(w): rs for w, rs in record["cpu"].items()}
+    caps = {int(w): rs for w, rs in record["capacity"].items()}
+    args.sessions = record.get("sessions") or sorted(
+        {s["sessions"] for rs in cpu.values() for r in rs for s in r["steps"]} or {0}
+    )
+    parts = set(record.get("parts") or ["cpu", "split", "capacity"])
+    print(f"benchmarks.workers: the record of `{record['command']}`, {record['started']}\n")
+    report(args, parts, cpu, record["split"], caps)
     return 0
 
 
