@@ -2,9 +2,11 @@
 both in cluster mode against a local redis-server started here. Three parts, each
 honest on a machine whose cores the load generator shares:
 
-    python -m benchmarks.workers [--quick] [--rounds 3] [--sessions 0,30,45,60,90]
+    python -m benchmarks.workers [--quick] [--realtime] [--rounds 3]
+                                 [--sessions 0,30,60,90] [--own-sessions 30,45]
                                  [--split-sessions 100,400,1000] [--split-rounds 3]
-                                 [--capacity-rounds 1] [--parts cpu,split,capacity]
+                                 [--capacity-rounds 1] [--parts cpu,own,split,capacity]
+                                 [--report JSON]
 
 About 4-5 minutes with the defaults (``--quick``: about 2).
 
@@ -25,6 +27,15 @@ About 4-5 minutes with the defaults (``--quick``: about 2).
    knee), and a second table compares the same load *per worker* (``--workers 2`` at 2N
    sessions against ``--workers 1`` at N), which is what decides how many sessions a
    worker per core holds.
+1b. **A worker on a core of its own** (``own``). What decides how capacity scales: worker
+   0 of ``--workers 2`` alone on core 0 (its affinity set once it is up), the other
+   worker, the load generator and redis-server on the other core(s), against
+   ``--workers 1`` alone on core 0 with the rest elsewhere, in the same interleaved
+   rounds. ``--workers 2`` carries 2N sessions (``--own-sessions`` gives N) so that worker
+   0 holds about N: its CPU over its own sessions (counted as in part 2) against
+   ``--workers 1``'s at as many sessions, read off ``--workers 1``'s steps around N
+   (piecewise linear). This is the one comparison here in which both sides have a core
+   that neither the load generator nor another worker uses.
 2. **The split** (``split``). How many sessions each worker took, read from each worker:
    its established TCP connections on the served port (its file descriptors' sockets
    found established in /proc/net/tcp; each connection carries one session), at every
@@ -58,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import math
 import os
@@ -302,12 +314,31 @@ def _load() -> str:
 
 # ------------------------------------------------------------------ part 1: CPU per session
 def cpu_run(
-    workers: int, args: argparse.Namespace, redis_proc: Proc, redis_url: str
+    workers: int,
+    args: argparse.Namespace,
+    redis_proc: Proc,
+    redis_url: str,
+    sessions: Sequence[int] | None = None,
+    own_core: bool = False,
 ) -> dict[str, Any]:
-    """One server at each of ``--sessions`` in turn (one client run): each window's CPU
-    per worker, the supervisor's, redis-server's, and (W > 1) each worker's sessions."""
+    """One server at each of ``sessions`` in turn (one client run): each window's CPU
+    per worker, the supervisor's, redis-server's, and (W > 1) each worker's sessions.
+
+    ``own_core``: worker 0 alone on core 0, every other worker and the load generator on
+    the other cores (--workers 1: the one worker on core 0); worker 0's CPU over its own
+    sessions is then what a worker costs on a core of its own."""
     meter = LoadMeter()
-    server, url = start_server(workers, redis_url, args.server_nice, realtime=args.server_rt)
+    steps = list(sessions or args.sessions)
+    rest = list(range(1, args.cores)) or [0]
+    pin = [0] if own_core and workers == 1 else None
+    server, url = start_server(workers, redis_url, args.server_nice, pin, realtime=args.server_rt)
+    if own_core and workers > 1:
+        try:
+            for i, proc in enumerate(server.worker_ps):
+                proc.cpu_affinity([0] if i == 0 else rest)
+        except psutil.Error as exc:
+            server.stop()
+            raise BenchError(f"{server.name}: cannot pin its workers: {exc}") from None
     marks: dict[str, dict[str, Any]] = {}
 
     def on_mark(mark: str) -> None:
@@ -331,14 +362,14 @@ def cpu_run(
 
     try:
         client = [
-            *_voice_client(url, args.sessions, args),
+            *_voice_client(url, steps, args),
             *("--settle", str(args.settle), "--measure", str(args.measure)),
             *("--threshold-ms", str(NO_THRESHOLD_MS), "--confirm", "0"),
             *("--ramp-time", "600", "--max-time", str(args.cpu_timeout)),
         ]
         result = run_to_result(
             "voice load",
-            _niced(client, args.client_nice, args.client_rt),
+            _pinned(_niced(client, args.client_nice, args.client_rt), rest if own_core else None),
             on_mark=on_mark,
             timeout=args.cpu_timeout + 30,
             watch=server,
@@ -366,16 +397,27 @@ def cpu_run(
             step["redis_cpu_ms_per_session_s"] = 1000 * step["redis_cores"] / n
         if "sessions_by_worker" in a:
             step["sessions_by_worker"], step["readings"] = a["sessions_by_worker"], a["readings"]
-    result.update(workers=workers, background=background)
+        if own_core and n:
+            mine = step["sessions_by_worker"][0] if workers > 1 else n
+            step["own_core_sessions"] = mine
+            if mine:
+                step["own_core_cpu_ms_per_session_s"] = 1000 * cpu[0] / (mine * wall)
+    result.update(workers=workers, background=background, own_core=own_core)
     shown = ", ".join(
         f"{s['sessions']}: {s['cpu_ms_per_session_s']:.2f} ms/s per session "
         f"(p99 {s['p99_ms']:.1f} ms" + (f", split {s['sessions_by_worker']}" if workers > 1 else "")
         + ")" if s["sessions"] else f"idle: {s['server_cores']:.2%} of a core"
         for s in result["steps"]
     )  # fmt: skip
+    if own_core:
+        shown = ", ".join(
+            f"{s['sessions']}: worker 0 {s.get('own_core_cpu_ms_per_session_s', math.nan):.2f} "
+            f"ms/s per session over its {s['own_core_sessions']} (p99 {s['p99_ms']:.1f} ms)"
+            for s in result["steps"]
+        )
     _say(
-        f"cpu --workers {workers}: {shown}; other processes {background['other_share']:.0%}, "
-        f"{_load()}"
+        f"cpu{' (a core of its own)' if own_core else ''} --workers {workers}: {shown}; other "
+        f"processes {background['other_share']:.0%}, {_load()}"
     )
     return result
 
@@ -762,14 +804,93 @@ def report_capacity(
     return summary
 
 
+def _own_steps(per_worker: Sequence[int], workers: int) -> list[int]:
+    """Part 1b's steps: --workers W (W > 1) at W*N for each N; --workers 1 at each N and
+    a step below and above them, so that its cost can be read at whatever worker 0 of
+    the other got (the kernel's split moves it by a few sessions)."""
+    if workers > 1:
+        return [n * workers for n in per_worker]
+    low, high = round(min(per_worker) * 2 / 3), round(max(per_worker) * 4 / 3)
+    return sorted({max(1, low), *per_worker, high})
+
+
+def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear through ``points`` (sorted by x), extended linearly past the ends."""
+    pts = sorted(points)
+    if len(pts) == 1:
+        return pts[0][1] * x / pts[0][0] if pts[0][0] else math.nan
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if x <= x1 or (x1, y1) == pts[-1]:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return math.nan  # unreachable: the loop returns at the last pair
+
+
+def report_own(own: dict[int, list[dict[str, Any]]], counts: list[int]) -> dict[str, Any]:
+    one, two = counts[0], counts[-1]
+    print(
+        f"### A worker on a core of its own: worker 0 of --workers {two} against --workers "
+        f"{one}\n\nEach alone on core 0; the load generator, redis-server and the other "
+        f"worker(s) on the other core(s). --workers {two} carries {two}N sessions, so that "
+        "worker 0 gets about N (its own count shown); its CPU is divided by its own "
+        "sessions.\n"
+    )
+    print(
+        f"| worker 0's sessions (rounds) | worker 0 of --workers {two} on core 0 | --workers "
+        f"{one} on core 0 at as many (interpolated) | ratio per round | p99 {one} / {two} "
+        f"| echoes per wake-up {one} / {two} | within 10 % |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    summary: dict[str, Any] = {}
+    key = "own_core_cpu_ms_per_session_s"
+    # Round i of the one against round i of the other. --workers 1's CPU (cores) against
+    # its sessions, through its steps of that round, read at worker 0's count.
+    for n in sorted({s["sessions"] for run in own.get(two, []) for s in run["steps"]}):
+        rows: list[tuple[int, float, float, float, float, float, float]] = []
+        for run1, run2 in zip(own.get(one, []), own.get(two, []), strict=False):
+            curve = [(s["sessions"], s["server_cores"]) for s in run1["steps"] if s["sessions"]]
+            for y in run2["steps"]:
+                if y["sessions"] != n or key not in y or not curve:
+                    continue
+                mine = y["own_core_sessions"]
+                base = 1000 * interpolate(curve, mine) / mine
+                p99_1 = max(s["p99_ms"] for s in run1["steps"] if s["sessions"])
+                wake = y.get("frames_per_wake", math.nan)
+                rows.append((mine, y[key], base, y[key] / base, p99_1, y["p99_ms"], wake))
+        if not rows:
+            continue
+        ratios = [r[3] for r in rows]
+        held = [r[3] for r in rows if max(r[4], r[5]) <= THRESHOLD_MS]
+        if not held:
+            met = f"not judged (no round below the knee, of {len(ratios)})"
+        else:
+            met = "met" if _mid(held) <= CPU_TARGET else "not met"
+            met += f" ({_mid(held):.3f}{TIMES}, {len(held)} of {len(ratios)} rounds held)"
+        fpw_one = _mid(
+            [s.get("frames_per_wake", math.nan) for run in own.get(one, []) for s in run["steps"]]
+        )
+        print(
+            f"| {', '.join(str(r[0]) for r in rows)} (--workers {two} at {n}) "
+            f"| {_range([r[1] for r in rows], '.2f', ' ms/s')} "
+            f"| {_range([r[2] for r in rows], '.2f', ' ms/s')} "
+            f"| **{_range(ratios, '.3f', TIMES)}** "
+            f"| {_mid([r[4] for r in rows]):.1f} / {_mid([r[5] for r in rows]):.1f} ms "
+            f"| {fpw_one:.2f} / {_mid([r[6] for r in rows]):.2f} | {met} |"
+        )
+        summary[str(n // two)] = {"ratio": ratios, "held": held, "met": met.startswith("met")}
+    loads = [run["background"]["loadavg_1m"] for w in (one, two) for run in own.get(w, [])]
+    print(f"\n(load avg {_range(loads, '.2f')}; echoes per wake-up: all workers together)\n")
+    return summary
+
+
 def report(
     args: argparse.Namespace,
     parts: set[str],
     cpu: dict[int, list[dict[str, Any]]],
     split: dict[str, Any] | None,
     caps: dict[int, list[dict[str, Any]]],
+    own: dict[int, list[dict[str, Any]]],
 ) -> dict[str, Any]:
-    """Print the three parts' tables; their figures, for the record."""
+    """Print the parts' tables; their figures, for the record."""
     two = args.counts[1]
     summary: dict[str, Any] = {}
     ratio = math.nan
@@ -790,8 +911,16 @@ def report(
         elif at_largest.get("held"):
             ratio = _mid(at_largest["held"])
             args.ratio_source = f"the same sessions in all, {largest}"
-    if "cpu" in parts or "split" in parts:
-        summary["split"] = report_split(cpu, split, two)
+    if "own" in parts:
+        summary["own"] = report_own(own, args.counts)
+        held = [k for k, v in summary["own"].items() if v["held"]]
+        if held:  # the figure that decides capacity: a worker on a core of its own
+            best = max(held, key=int)
+            ratio = _mid(summary["own"][best]["held"])
+            args.ratio_source = f"a worker on a core of its own, {best} sessions per worker"
+    if parts & {"cpu", "own", "split"}:
+        merged = {w: cpu.get(w, []) + own.get(w, []) for w in args.counts}
+        summary["split"] = report_split(merged, split, two)
     if "capacity" in parts:
         summary["capacity"] = report_capacity(caps, args.counts, ratio, args)
     return summary
@@ -801,10 +930,14 @@ def report(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="1,2", help="the two --workers values to compare")
-    parser.add_argument("--parts", default="cpu,split,capacity")
+    parser.add_argument("--parts", default="cpu,own,split,capacity")
+    parser.add_argument(
+        "--own-sessions", default="30,45",
+        help="part 1b's sessions per worker: a worker on a core of its own (own)",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="part 1's interleaved rounds")
     parser.add_argument(
-        "--sessions", default="0,30,45,60,90", help="part 1's fixed loads (0: the workers idle)"
+        "--sessions", default="0,30,60,90", help="part 1's fixed loads (0: the workers idle)"
     )
     parser.add_argument("--measure", type=float, default=2.5, help="part 1's window, seconds")
     parser.add_argument("--settle", type=float, default=1.0)
@@ -849,6 +982,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds, args.split_rounds, args.capacity_rounds = 1, 1, 0
         args.measure = min(args.measure, 1.5)
     args.sessions = [int(n) for n in args.sessions.split(",")]
+    args.own_sessions = [int(n) for n in args.own_sessions.split(",")]
     args.split_sessions = [int(n) for n in args.split_sessions.split(",")]
     args.cpu_timeout = len(args.sessions) * (args.settle + args.measure + 20) + 30
     args.ramp_settle, args.ramp_measure, args.ramp_time = (
@@ -862,6 +996,7 @@ def main(argv: list[str] | None = None) -> int:
     two = args.counts[1]
     cpu: dict[int, list[dict[str, Any]]] = {w: [] for w in args.counts}
     caps: dict[int, list[dict[str, Any]]] = {w: [] for w in args.counts}
+    own: dict[int, list[dict[str, Any]]] = {w: [] for w in args.counts}
     split: dict[str, Any] | None = None
     _say(f"benchmarks.workers: {args.cores} cores, {_load()} at the start")
     with redis() as (redis_proc, redis_url):
@@ -869,6 +1004,12 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.rounds):
                 for w in args.counts if i % 2 == 0 else args.counts[::-1]:
                     cpu[w].append(cpu_run(w, args, redis_proc, redis_url))
+        if "own" in parts:
+            redis_proc.ps.cpu_affinity(list(range(1, args.cores)) or [0])  # off core 0
+            for i in range(args.rounds):
+                for w in args.counts if i % 2 == 0 else args.counts[::-1]:
+                    steps = _own_steps(args.own_sessions, w)
+                    own[w].append(cpu_run(w, args, redis_proc, redis_url, steps, own_core=True))
         if "split" in parts:
             split = split_runs(args, redis_url)
         if "capacity" in parts:
@@ -888,7 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
         f"benchmarks.workers: {args.cores} cores, `{given}`, "
         f"{time.monotonic() - t0:.0f} s, load avg {os.getloadavg()[0]:.2f} at the end\n"
     )
-    summary = report(args, parts, cpu, split, caps)
+    summary = report(args, parts, cpu, split, caps, own)
     out = args.out or ROOT / "benchmarks" / "results" / (
         f"workers-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     )
@@ -908,6 +1049,7 @@ def main(argv: list[str] | None = None) -> int:
         "parts": sorted(parts),
         "summary": summary,
         "cpu": {str(w): rs for w, rs in cpu.items()},
+        "own": {str(w): rs for w, rs in own.items()},
         "split": split,
         "capacity": {str(w): rs for w, rs in caps.items()},
     }
@@ -927,7 +1069,8 @@ def report_again(args: argparse.Namespace) -> int:
     )
     parts = set(record.get("parts") or ["cpu", "split", "capacity"])
     print(f"benchmarks.workers: the record of `{record['command']}`, {record['started']}\n")
-    report(args, parts, cpu, record["split"], caps)
+    own = {int(w): rs for w, rs in record.get("own", {}).items()}
+    report(args, parts, cpu, record["split"], caps, own)
     return 0
 
 
