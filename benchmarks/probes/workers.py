@@ -776,6 +776,14 @@ def report_capacity(
         f"**{c2 / c1:.2f}{TIMES}** (measured)"
     )
     summary["measured_ratio"] = c2 / c1
+    others = _mid([r["background"]["other_share"] for w in counts for r in caps.get(w, [])])
+    if others > 0.2:
+        print(
+            f"Other processes took {others:.0%} of the machine during the ramps: where they "
+            "share the servers' core, the scheduler gives two workers two shares of it and "
+            "one worker one, so these figures say more about the machine than the servers "
+            "(run them on a quiet machine)."
+        )
     if len(s2) < two:
         # The machine cannot give each worker a core of its own beside the load generator:
         # extrapolate from one worker's sessions per core, the CPU ratio and the split.
@@ -878,7 +886,11 @@ def report_own(own: dict[int, list[dict[str, Any]]], counts: list[int]) -> dict[
         )
         summary[str(n // two)] = {"ratio": ratios, "held": held, "met": met.startswith("met")}
     loads = [run["background"]["loadavg_1m"] for w in (one, two) for run in own.get(w, [])]
-    print(f"\n(load avg {_range(loads, '.2f')}; echoes per wake-up: all workers together)\n")
+    print(
+        f"\n(load avg {_range(loads, '.2f')}; echoes per wake-up: all workers together; "
+        f"--workers {two}'s p99 covers all its sessions, also those of the worker that shares "
+        "its core with the load generator)\n"
+    )
     return summary
 
 
