@@ -4,11 +4,12 @@ honest on a machine whose cores the load generator shares:
 
     python -m benchmarks.workers [--quick] [--realtime] [--rounds 3]
                                  [--sessions 0,30,60,90] [--own-sessions 30,45]
-                                 [--split-sessions 100,400,1000] [--split-rounds 3]
+                                 [--split-sessions 100,400,1000] [--split-rounds 2]
                                  [--capacity-rounds 1] [--parts cpu,own,split,capacity]
                                  [--report JSON]
 
-About 4-5 minutes with the defaults (``--quick``: about 2).
+About 5 minutes with the defaults (5-6 while other work takes most of this 2-core
+machine; ``--quick``: about 2). As root, ``--realtime`` is the recommended run.
 
 1. **CPU per voice session** (``cpu``). Scenario 3's load generator
    (``benchmarks.suite.clients.asyncio_ws voice``, protocol v2's binary lane: each
@@ -954,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", type=float, default=2.5, help="part 1's window, seconds")
     parser.add_argument("--settle", type=float, default=1.0)
     parser.add_argument("--split-sessions", default="100,400,1000")
-    parser.add_argument("--split-rounds", type=int, default=3)
+    parser.add_argument("--split-rounds", type=int, default=2)
     parser.add_argument("--capacity-rounds", type=int, default=1, help="fine ramps per server")
     parser.add_argument("--lane", choices=["binary", "json"], default="binary")
     root = os.geteuid() == 0
@@ -977,7 +978,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="one round, small splits, coarse ramps only"
     )
-    parser.add_argument("--start", type=int, default=20, help="sessions at the coarse ramp's start")
+    parser.add_argument("--start", type=int, default=30, help="sessions at the coarse ramp's start")
     parser.add_argument("--max-sessions", type=int, default=2000, help="the ramps' last step")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
