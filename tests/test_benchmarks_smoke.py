@@ -320,7 +320,8 @@ def test_the_workers_benchmark_runs_its_three_parts_in_cluster_mode(tmp_path: Pa
     assert "| sessions per worker |" in out, out  # --workers 2 at 4 against 1 at 2
     assert "### A worker on a core of its own" in out and "(--workers 2 at 4)" in out, out
     assert "### Sessions per worker" in out and "Pooled (each connection once" in out, out
-    assert "### Capacity with cores" in out and "(measured)" in out, out
+    # Whether 2 sessions held p99 <= 20 ms is the machine's business: not asserted.
+    assert "### Capacity with cores" in out and "over --workers 1 on 1:" in out, out
     report = json.loads(out_file.read_text())
     for workers in ("1", "2"):
         ((idle, step, _),) = [run["steps"] for run in report["cpu"][workers]]

@@ -767,11 +767,14 @@ def report_capacity(
             f"| {_mid(srv):.0%}, {_mid(cli):.0%} | {_range(loads, '.2f')} |"
         )
     summary: dict[str, Any] = {"held": {str(w): h for w, h in held.items()}}
+    s1, s2 = cores_for(one, args.cores)[0], cores_for(two, args.cores)[0]
     if not (held.get(one) and held.get(two)):
-        print()
+        print(
+            f"\n--workers {two} on {len(s2)} core(s) over --workers {one} on {len(s1)}: not "
+            "measured (a ramp held none of its steps)\n"
+        )
         return summary
     c1, c2 = _mid(held[one]), _mid(held[two])
-    s1, s2 = cores_for(one, args.cores)[0], cores_for(two, args.cores)[0]
     print(
         f"\n--workers {two} on {len(s2)} core(s) over --workers {one} on {len(s1)}: "
         f"**{c2 / c1:.2f}{TIMES}** (measured)"
@@ -865,7 +868,9 @@ def report_own(own: dict[int, list[dict[str, Any]]], counts: list[int]) -> dict[
                 p99_1 = max(s["p99_ms"] for s in run1["steps"] if s["sessions"])
                 wake = y.get("frames_per_wake", math.nan)
                 rows.append((mine, y[key], base, y[key] / base, p99_1, y["p99_ms"], wake))
-        if not rows:
+        if not rows:  # the kernel gave worker 0 none of the sessions (a small N)
+            print(f"| 0 (--workers {two} at {n}) | {DASH} | {DASH} | {DASH} | {DASH} | {DASH} "
+                  "| not judged (worker 0 got no session) |")  # fmt: skip
             continue
         ratios = [r[3] for r in rows]
         held = [r[3] for r in rows if max(r[4], r[5]) <= THRESHOLD_MS]
