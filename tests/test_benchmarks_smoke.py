@@ -305,18 +305,61 @@ def test_the_voice_load_drives_both_lanes_of_a_real_server() -> None:
 
 
 @pytest.mark.integration
-def test_the_workers_benchmark_ramps_both_servers_in_cluster_mode(tmp_path: Path) -> None:
-    """benchmarks.workers: its own redis-server, `serve --workers 1` and `--workers 2`, one
-    step of 2 voice sessions each."""
+def test_the_workers_benchmark_runs_its_three_parts_in_cluster_mode(tmp_path: Path) -> None:
+    """benchmarks.workers: its own redis-server, `serve --workers 1` and `--workers 2`: the
+    CPU per session at 0, 2 and 4 sessions, a worker on a core of its own (1, 2 and 3
+    sessions against 4), the split of 4 sessions, a one-step ramp of 2 sessions each;
+    every table printed, every session counted by a worker, nothing timed; and
+    `--report` prints the same tables again from the record."""
     out_file = tmp_path / "workers.json"
-    out = _run("workers", "--quick", "--start", "2", "--max-sessions", "2",
-               "--out", str(out_file), timeout=120)  # fmt: skip
-    assert "| 1 |" in out and "| 2 |" in out, out
-    runs = json.loads(out_file.read_text())["runs"]
+    out = _run("workers", "--quick", "--sessions", "0,2,4", "--measure", "0.3", "--settle", "0.2",
+               "--own-sessions", "2", "--split-sessions", "4", "--start", "2",
+               "--max-sessions", "2",
+               "--out", str(out_file), timeout=240)  # fmt: skip
+    assert "### CPU per voice session" in out and "| 0 (idle) |" in out and "| 2 |" in out, out
+    assert "| sessions per worker |" in out, out  # --workers 2 at 4 against 1 at 2
+    assert "### A worker on a core of its own" in out and "(--workers 2 at 4)" in out, out
+    assert "### Sessions per worker" in out and "Pooled (each connection once" in out, out
+    # Whether 2 sessions held p99 <= 20 ms is the machine's business: not asserted.
+    assert "### Capacity with cores" in out and "over --workers 1 on 1:" in out, out
+    report = json.loads(out_file.read_text())
     for workers in ("1", "2"):
-        ((step,),) = [run["steps"] for run in runs[workers]]
-        assert step["sessions"] == 2 and step["samples"] > 0, step
+        ((idle, step, _),) = [run["steps"] for run in report["cpu"][workers]]
+        assert idle["sessions"] == 0 and step["sessions"] == 2 and step["samples"] > 0, step
         assert not step["errors"] and not step["dead"], step
+        assert len(step["worker_cpu_s"]) == int(workers) and step["cpu_ms_per_session_s"] >= 0
+        ((ramp_step,),) = [run["steps"] for run in report["capacity"][workers]]
+        assert ramp_step["sessions"] == 2 and not ramp_step["dead"], ramp_step
+    ((_, step, step4),) = [run["steps"] for run in report["cpu"]["2"]]
+    assert sum(step["sessions_by_worker"]) == 2, step  # each session on exactly one worker
+    assert sum(step4["sessions_by_worker"]) == 4, step4
+    (own1,) = [[s["sessions"] for s in run["steps"]] for run in report["own"]["1"]]
+    assert own1 == [1, 2, 3], own1
+    ((own2,),) = [run["steps"] for run in report["own"]["2"]]
+    assert own2["sessions"] == 4 and sum(own2["sessions_by_worker"]) == 4, own2
+    assert own2["own_core_sessions"] == own2["sessions_by_worker"][0], own2
+    (sample,) = report["split"]["samples"]
+    assert sample["sessions"] == 4 and sum(sample["sessions_by_worker"]) == 4, sample
+    again = _run("workers", "--report", str(out_file))
+    tables = "### CPU per voice session"
+    assert again.split(tables, 1)[1] == out.split(tables, 1)[1], again
+
+
+def test_the_workers_benchmark_judges_a_split_against_a_fair_coin() -> None:
+    from benchmarks.probes import workers
+
+    assert workers.deviation([50, 50]) == 0 and workers.deviation([60, 40]) == pytest.approx(0.2)
+    assert workers.deviation([30, 30, 60]) == pytest.approx(0.5)
+    assert workers.fair_within(2, 0.1) == 0.5  # 1/1 only: 2 of the 4 outcomes
+    assert workers.fair_within(400, 0.1) == pytest.approx(0.958, abs=0.002)
+    assert workers.cores_for(1, 2) == ([0], [1]) and workers.cores_for(2, 2) == ([0], [1])
+    assert workers.cores_for(2, 4) == ([0, 1], [2, 3]) and workers.cores_for(1, 1) == ([0], [0])
+    # Part 1b: --workers 1 around the sessions per worker, --workers 2 at twice them.
+    assert workers._own_steps([30, 45], 1) == [20, 30, 45, 60]
+    assert workers._own_steps([30, 45], 2) == [60, 90]
+    line = [(10.0, 1.0), (20.0, 3.0), (40.0, 4.0)]
+    assert workers.interpolate(line, 15) == 2.0 and workers.interpolate(line, 30) == 3.5
+    assert workers.interpolate(line, 5) == 0.0 and workers.interpolate(line, 60) == 5.0
 
 
 @pytest.mark.integration
