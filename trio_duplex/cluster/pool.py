@@ -654,8 +654,9 @@ class HomeChannel(Channel, trio.abc.HalfCloseableStream):
             raise trio.ClosedResourceError("the relay channel was closed")
         await trio.lowlevel.checkpoint_if_cancelled()
         payload = data if isinstance(data, bytes) else bytes(data)
-        if self.credit >= len(payload) and not self.link.full and not self.failed:
-            self.credit -= len(payload)
+        n = len(payload)
+        if n <= self.credit and n <= MAX_FRAME and not self.link.full and not self.failed:
+            self.credit -= n
             self.link.put(_DATA, self.id, payload)  # the common case: whole frames at once
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
@@ -1015,6 +1016,7 @@ async def relay(
                 code = CloseCode.NORMAL
             channel.send_control(client_frame(Opcode.CLOSE, code.to_bytes(2, "big")))
             channel.end(reset=False)
+            conn.finish([], CloseCode.GOING_AWAY)  # (its WebSocket is closed already)
             return True
     finally:
         channel.end(reset=channel.closed_by_home is None)
