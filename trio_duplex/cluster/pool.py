@@ -52,9 +52,11 @@ import base64
 import enum
 import hashlib
 import logging
+import os
 import secrets
 import ssl
 import struct
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -289,6 +291,17 @@ class Link:
     on_open: Callable[[Link, int, str, str], None] | None = None
     """The home's: a channel was opened (id, session, dialect name)."""
     ended: trio.Event = attrs.field(factory=trio.Event)
+    _sending: bool = False
+    """The writer has a write under way (nothing may be written directly meanwhile)."""
+    _fd: int = attrs.field(init=False)
+    """The socket's descriptor for direct writes; -1: none (TLS, in memory)."""
+
+    def __attrs_post_init__(self) -> None:
+        stream = self.stream
+        usable = isinstance(stream, trio.SocketStream) and sys.platform != "win32"
+        self._fd = (
+            stream.socket.fileno() if isinstance(stream, trio.SocketStream) and usable else -1
+        )
 
     def __repr__(self) -> str:
         side = "to" if self.front else "from"
@@ -297,13 +310,28 @@ class Link:
     # -- writing -----------------------------------------------------------------------
 
     def put(self, kind: int, channel: int, payload: bytes = b"") -> None:
-        """Queue a frame (never waits: the caller minds ``room``)."""
+        """Queue a frame (never waits: the caller minds ``room``). With nothing queued
+        and no write under way, it is written at once from the caller's task (one
+        non-blocking ``os.write``: no task switch); what the socket does not take, and
+        whatever is queued after it, the writer sends in order."""
         if self.broken:
             return
         out = self._out
-        out += _HEAD.pack(kind, channel, len(payload))
-        if payload:
-            out += payload
+        if not out and not self._sending and self._fd >= 0:
+            frame = _HEAD.pack(kind, channel, len(payload)) + payload
+            try:
+                sent = os.write(self._fd, frame)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                sent = 0  # (reset, broken pipe: the writer's send says so and ends it)
+            if sent == len(frame):
+                return
+            out += frame[sent:] if sent else frame
+        else:
+            out += _HEAD.pack(kind, channel, len(payload))
+            if payload:
+                out += payload
         if self._wake:
             self._wake.unpark()
 
@@ -322,8 +350,10 @@ class Link:
             while not self._out:
                 await wake.park()
             out, self._out = self._out, bytearray()
+            self._sending = True
             with trio.move_on_after(self.write_timeout_s) as timer:
                 await stream.send_all(out)
+            self._sending = False
             if timer.cancelled_caught:
                 raise Broken(f"a write not taken within {self.write_timeout_s}s")
             if self._room:
