@@ -413,6 +413,8 @@ class Link:
             elif kind == _OPEN:
                 self._opened(cid, buf[start:end])
             elif kind == _PINGK:
+                if length != _PING.size:  # (so a peer's pings cannot grow our queue)
+                    raise Broken("a ping of another length")
                 self.put(_PONGK, 0, buf[start:end])
             elif kind == _PONGK:
                 pass  # (heard: that is all a pong says)
