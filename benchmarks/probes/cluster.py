@@ -320,8 +320,9 @@ def resume_scenario(
 def parts_table(parts: dict[str, Any]) -> str:
     names = {
         "locate": "the store's `locate` (one Lua script, coredis)",
-        "relay_connect": "connect to the home's relay endpoint (signed upgrade)",
-        "resume": "`session.resume` over it → `session.resumed`",
+        "relay_connect": "a new pooled peer connection to the home (signed upgrade and "
+        "proof; paid once per pair of nodes, then kept)",
+        "resume": "`session.resume` over a kept peer connection (a channel) → `session.resumed`",
         "public_connect": "(compare) the same client's connect to the public endpoint",
     }
     lines = ["| step of a relayed resume, timed alone | p50 | p99 |", "|---|---|---|"]

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import trio
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -297,5 +298,38 @@ async def test_the_relay_s_signature_stays_out_of_a_debug_log(
     async with ws_to(b.url) as on_b:
         await send(on_b, resume(created, created["resume_token"], 0))
         assert (await receive(on_b))["type"] == "session.resumed"
-    assert f"{HEADER}: <redacted>" in b.log  # websockets logged the request's headers
-    assert f"{HEADER}: v2" not in b.log and SECRET not in b.log
+    # The pooled peer connection's signed request (pool.py) is never logged, nor its proof.
+    assert f"{HEADER}: p1" not in b.log and f"{HEADER}: v2" not in b.log
+    assert SECRET not in b.log and SECRET not in a.log
+    assert "relaying its resume to its home node a" in b.log
+
+
+async def test_many_relayed_sessions_share_one_peer_connection(
+    three: list[ServerProcess],
+) -> None:
+    """Every resume B relays to A goes over the one pooled peer connection (pool.py),
+    each session's messages its own, both ways."""
+    a, b, _ = three
+    relay_port = int(a.wait_for_line(r"registered \(advertised as ws://[^:]+:(\d+)", TIMEOUT)[1])
+    sessions = []
+    for _ in range(12):
+        async with ws_to(a.url) as on_a:
+            sessions.append(await open_session(on_a))
+            drop(on_a)
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(ws_to(b.url)) for _ in sessions]
+        for ws, created in zip(clients, sessions, strict=True):
+            await send(ws, resume(created, created["resume_token"], 0))
+        for ws in clients:
+            assert (await receive(ws))["type"] == "session.resumed"
+        for n, ws in enumerate(clients):
+            await send(ws, text(1, f"session {n}"))
+        for n, ws in enumerate(clients):
+            echo = await receive(ws)
+            assert echo["text"] == f"session {n}" and echo["server_event_seq"] == 1, echo
+        to_a = [
+            c
+            for c in psutil.Process(b.proc.pid).net_connections("tcp")
+            if c.raddr and c.raddr.port == relay_port and c.status == psutil.CONN_ESTABLISHED
+        ]
+        assert len(to_a) == 1, to_a

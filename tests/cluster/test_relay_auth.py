@@ -27,6 +27,7 @@ from websockets.http11 import Request, Response
 from websockets.trio.client import connect
 from websockets.trio.server import ServerConnection, serve
 
+from trio_duplex.cluster.pool import Pool, Refused
 from trio_duplex.cluster.relay import (
     HEADER,
     PROOF_HEADER,
@@ -34,9 +35,11 @@ from trio_duplex.cluster.relay import (
     RelayKeys,
     ReplayCache,
     Signed,
+    pool_proof,
     proof,
     relay,
     sign,
+    sign_pool,
     verify,
 )
 from trio_duplex.cluster.store import Store
@@ -331,3 +334,111 @@ async def test_with_a_relay_port_the_main_listener_does_not_serve_the_relay_path
     signed = sign(KEYS, "b", "a", "sess_1", time.time()).header.encode()
     header = b"%s: %s\r\n" % (HEADER.encode(), signed)
     assert raw_upgrade(a.port, RELAY_PATH, header) == b"HTTP/1.1 404 Not Found"
+
+
+# -- the pooled relay's peer connections (pool.py) ---------------------------------------
+
+
+def pool_upgrade(port: int, header: str | None) -> tuple[bytes, dict[str, list[str]]]:
+    """A pooled peer connection's upgrade, ``header`` as its relay header: the answer's
+    status line and headers (names in lower case)."""
+    extra = b"" if header is None else f"{HEADER}: {header}\r\n".encode("latin-1")
+    head = (
+        f"GET {RELAY_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+        "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    ).encode() + extra
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as sock:
+        sock.sendall(head + b"\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            data = sock.recv(65536)
+            if not data:
+                break
+            answer += data
+    status, _, rest = answer.partition(b"\r\n")
+    headers: dict[str, list[str]] = {}
+    for line in rest.split(b"\r\n\r\n")[0].split(b"\r\n"):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers.setdefault(name.strip().lower(), []).append(value.strip())
+    return status, headers
+
+
+@pytest.mark.integration
+async def test_a_pool_handshake_not_signed_for_this_node_gets_403(
+    two: list[ServerProcess],
+) -> None:
+    a, _ = two
+    port = relay_port(a)
+    now = time.time()
+    good = sign_pool(KEYS, "b", "a", now).header
+    parts = good.split(" ")
+    refused = [
+        None,
+        sign_pool(RelayKeys.derive("another-cluster-secret-00000"), "b", "a", now).header,
+        sign_pool(KEYS, "b", "c", now).header,  # for another node
+        sign_pool(KEYS, "b", "a", now - 3600).header,  # too old
+        sign_pool(KEYS, "b", "a", now + 3600).header,  # from the future
+        " ".join([*parts[:5], "0" * 64]),  # a MAC that is not its own
+        " ".join([parts[0], "b", "a", "sess_1", *parts[3:]]),  # a session named: not p1's
+        " ".join(["v2", *parts[1:]]),  # a resume's label on a pool request
+        "p1 " + "\xb2" * 300,
+    ]
+    for header in refused:
+        status, answer = pool_upgrade(port, header)
+        assert status == b"HTTP/1.1 403 Forbidden", (header, status)
+        assert PROOF_HEADER.lower() not in answer
+    a.wait_for_line(r"client fault on .*: 403: a relay request not signed", TIMEOUT)
+    assert "Traceback" not in a.log and SECRET not in a.log
+
+
+@pytest.mark.integration
+async def test_a_captured_pool_handshake_is_refused_when_played_again(
+    two: list[ServerProcess],
+) -> None:
+    a, _ = two
+    port = relay_port(a)
+    signed = sign_pool(KEYS, "b", "a", time.time())
+    status, answer = pool_upgrade(port, signed.header)
+    assert status == b"HTTP/1.1 101 Switching Protocols", status
+    (proved,) = answer[PROOF_HEADER.lower()]
+    assert signed.proven(proved)  # the home proved it holds the secret
+    # The proof is a pool's, bound to the nonce: it proves no resume's request.
+    resume = sign(KEYS, "b", "a", "sess_1", time.time(), nonce=signed.header.split(" ")[4])
+    assert not resume.proven(proved)
+    status, answer = pool_upgrade(port, signed.header)  # captured and played again
+    assert status == b"HTTP/1.1 403 Forbidden", status
+
+
+def pool_proof_under(secret: str) -> ProofOf:
+    def answer(request: Request) -> list[str]:
+        _, sender, receiver, _, nonce, _ = request.headers[HEADER].split(" ")
+        return [pool_proof(RelayKeys.derive(secret), sender, receiver, nonce)]
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [no_proof, pool_proof_under("another-cluster-secret-00000")],
+    ids=["none", "other-secret"],
+)
+async def test_the_pool_sends_nothing_to_a_node_that_does_not_prove_the_secret(
+    answer: ProofOf, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with fake_home(answer) as home, trio.open_nursery() as nursery:
+        pool = Pool("front", KEYS, TIMEOUT, TIMEOUT, nursery=nursery)
+        with pytest.raises(Refused, match="did not prove it holds --cluster-secret"):
+            await pool.link_to("home", home.url)
+        nursery.cancel_scope.cancel()
+    assert len(home.headers) == 1 and home.messages == []
+    assert not pool.links and SECRET not in caplog.text
+
+
+async def test_the_pool_dials_a_node_that_proves_the_secret_once() -> None:
+    async with fake_home(pool_proof_under(SECRET)) as home, trio.open_nursery() as nursery:
+        pool = Pool("front", KEYS, TIMEOUT, TIMEOUT, nursery=nursery)
+        first = await pool.link_to("home", home.url)
+        assert await pool.link_to("home", home.url) is first  # kept, not dialled again
+        assert pool.dialled == 1 and not first.broken
+        nursery.cancel_scope.cancel()

@@ -18,30 +18,35 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
+import trio
 from websockets.http11 import Request
 
 from ..core import cluster
 from ..core.events import ErrorCode, Event
 from ..core.opening import Grant
+from ..dialects import Dialect
 from ..dialects.jsonwire import encode
 from ..engines.api import Engine
 from ..server.config import ServerConfig
 from ..server.sessions.connection import Connection
 from ..server.sessions.owner import Sessions
 from ..server.sessions.runner import SessionRunner
+from ..server.sessions.websocket import WebSocket
 from .connect import tls_context
 from .migration import adopt, hand_over_all, migratable
 from .node import ClusterNode, advertise_url
 from .node import joined as node_joined
+from .pool import Home, Pool, PoolGrant, Serve, pool_grant
+from .pool import relay as pooled_relay
 from .relay import (
+    HEADER,
     PROOF_HEADER,
     RELAY_PATH,
     RelayKeys,
     ReplayCache,
     client_ssl_context,
-    relay,
     relayable,
-    sign,
+    verify_pool,
     verify_request,
 )
 
@@ -61,9 +66,43 @@ class ClusterPlacement:
     _keys: RelayKeys = attrs.field(init=False, repr=False)
     """Derived from ``--cluster-secret`` (relay.py)."""
     _nonces: ReplayCache = attrs.field(factory=ReplayCache, init=False, repr=False)
+    pool: Pool = attrs.field(init=False)
+    """This node's peer connections to the homes it relays to (pool.py)."""
+    home: Home | None = attrs.field(default=None, init=False)
+    """The peer connections other nodes relay over to this one: set by ``serving``."""
 
     def __attrs_post_init__(self) -> None:
         self._keys = RelayKeys.derive(self.node.secret)
+        config = self.config
+        self.pool = Pool(
+            self.node.node_id,
+            self._keys,
+            config.handshake_timeout_s,
+            config.write_timeout_s,
+            self.relay_ssl,
+        )
+
+    def serving(self, serve: Serve) -> Serve:
+        """The front door's ``serve`` for as long as this node is joined: a pooled peer
+        connection (``relay_grant`` let it upgrade) is taken aside and served here, each
+        of its channels given to ``serve`` (the session code's) as a relayed connection;
+        every other connection goes to ``serve`` as before. Until this is called, the
+        relay endpoint refuses pooled peer connections (403)."""
+        home = self.home = Home(serve, self.config.first_message_bytes, self.config.write_timeout_s)
+
+        async def door_serve(
+            ws: WebSocket,
+            query: dict[str, list[str]],
+            grant: Grant,
+            dialect: Dialect,
+            bearer: str | None,
+        ) -> None:
+            if isinstance(grant, PoolGrant):
+                await home.accept(ws.stream, grant.peer)
+            else:
+                await serve(ws, query, grant, dialect, bearer)
+
+        return door_serve
 
     @property
     def store_up(self) -> bool | None:
@@ -99,8 +138,14 @@ class ClusterPlacement:
         """A relayed resume (relay.py), if another node of this cluster signed it for this
         one, and its nonce is new: it may resume the session it names, and nothing else;
         the 101 proves this node holds the secret too."""
-        node = self.node
-        accepted = verify_request(self._keys, request, node.node_id, time.time(), self._nonces)
+        node, now = self.node, time.time()
+        values = request.headers.get_all(HEADER)
+        if values and values[0].startswith("p1 ") and self.home is not None:
+            pooled = verify_pool(self._keys, values, node.node_id, now, self._nonces)
+            if pooled is None:
+                return None
+            return pool_grant(pooled.sender), {PROOF_HEADER: pooled.proof}
+        accepted = verify_request(self._keys, request, node.node_id, now, self._nonces)
         if accepted is None:
             return None
         grant = Grant(None, resume_of=accepted.session_id, relayed=True)
@@ -146,22 +191,19 @@ class ClusterPlacement:
         config, totals = self.config, self.sessions.totals
         conn.ws.max_message_bytes = config.max_event_bytes  # the session's own bound
         conn.start_keepalive(self.sessions.timers, config.ping_interval_s, config.ping_timeout_s)
-        signed = sign(self._keys, self.node.node_id, home, session_id, time.time())
         log.info(
             "session %s: relaying its resume to its home node %s",
             session_id,
             home,
             extra={"session_id": session_id},
         )
-        relayed = await relay(
+        relayed = await pooled_relay(
+            self.pool,
             conn,
             encode(event),
             home=home,
             url=url,
-            signed=signed,
-            connect_timeout_s=config.handshake_timeout_s,
-            write_timeout_s=config.write_timeout_s,
-            ssl_context=self.relay_ssl,
+            session_id=session_id,
             dialect=conn.dialect.name,
         )
         if not relayed:
@@ -190,7 +232,14 @@ async def joined(
         # (None while draining: a handed-over session's entry must stay dropped.)
         lambda: [] if sessions.shutting_down else [r.session.id for r in sessions.runners()],
     ) as node:
-        yield ClusterPlacement(node, config, sessions, new_engine, relay_ssl)
+        placement = ClusterPlacement(node, config, sessions, new_engine, relay_ssl)
+        async with trio.open_nursery() as nursery:  # the pool's peer connections
+            placement.pool.nursery = nursery
+            try:
+                yield placement
+            finally:
+                placement.pool.nursery = None
+                nursery.cancel_scope.cancel()
 
 
 def checked_tls(config: ServerConfig) -> ssl.SSLContext:

@@ -93,6 +93,12 @@ _V2 = re.compile(
 bounded, so nothing a peer sends can make parsing raise or take long."""
 _MAX_HEADER_CHARS = 3 * 128 + 12 + 32 + 64 + 8
 _PROOF = re.compile(r"[0-9a-f]{64}")
+_P1 = re.compile(
+    r"p1 ([A-Za-z0-9._-]{1,128}) ([A-Za-z0-9._-]{1,128})"
+    r" ([0-9]{1,12}) ([0-9a-f]{32}) ([0-9a-f]{64})"
+)
+"""A pooled peer connection's request (pool.py), as strictly: no session named, a label
+of its own in the MAC (so a pool request and a resume's can never stand for each other)."""
 
 _UNSENDABLE = frozenset({1005, 1006, 1015})
 """Close codes that describe a close but may not be sent in one."""
@@ -196,6 +202,30 @@ class ReplayCache:
         return True
 
 
+def _pool_mac(keys: RelayKeys, sender: str, receiver: str, when: str, nonce: str) -> bytes:
+    message = f"p1\npool request\n{sender}\n{receiver}\n{when}\n{nonce}".encode()
+    return hmac.new(keys.request, message, hashlib.sha256).hexdigest().encode("ascii")
+
+
+def pool_proof(keys: RelayKeys, sender: str, receiver: str, nonce: str) -> str:
+    """The home's answer to ``sender``'s pooled connection request with ``nonce``."""
+    message = f"p1\npool proof\n{sender}\n{receiver}\n{nonce}".encode()
+    return hmac.new(keys.proof, message, hashlib.sha256).hexdigest()
+
+
+def sign_pool(
+    keys: RelayKeys, sender: str, receiver: str, now: float, nonce: str | None = None
+) -> Signed:
+    """A pooled peer connection's request from ``sender`` to ``receiver`` at wall clock
+    time ``now``, with a fresh nonce (``nonce``: a given one, for tests)."""
+    nonce = secrets.token_hex(16) if nonce is None else nonce
+    when = str(int(now))
+    mac = _pool_mac(keys, sender, receiver, when, nonce).decode("ascii")
+    return Signed(
+        f"p1 {sender} {receiver} {when} {nonce} {mac}", pool_proof(keys, sender, receiver, nonce)
+    )
+
+
 @attrs.frozen
 class Accepted:
     """A request the home took: the session it may resume, the 101's proof header."""
@@ -239,6 +269,34 @@ def verify_request(
 ) -> Accepted | None:
     """``verify`` on an upgrade request's relay headers."""
     return verify(keys, request.headers.get_all(HEADER), receiver, now, seen)
+
+
+@attrs.frozen
+class PoolAccepted:
+    """A pooled peer connection the home took: the node that dialled, the 101's proof."""
+
+    sender: str
+    proof: str = attrs.field(repr=False)
+
+
+def verify_pool(
+    keys: RelayKeys, values: list[str], receiver: str, now: float, seen: ReplayCache
+) -> PoolAccepted | None:
+    """``verify`` for a pooled peer connection's request (``sign_pool``): the same rules
+    (one header, strict, MAC in constant time, for this node, within the skew, a new
+    nonce), or None. Never raises."""
+    value = values[0] if len(values) == 1 else ""
+    match = _P1.fullmatch(value) if len(value) <= _MAX_HEADER_CHARS else None
+    if match is None:
+        hmac.compare_digest(_DUMMY_MAC, _pool_mac(keys, "", "", "0", ""))
+        return None
+    sender, to, when, nonce, mac = match.groups()
+    good = hmac.compare_digest(mac.encode("ascii"), _pool_mac(keys, sender, to, when, nonce))
+    if not good or to != receiver or abs(now - int(when)) > MAX_SKEW_S:
+        return None
+    if not seen.add(nonce, int(when) + MAX_SKEW_S, now):
+        return None
+    return PoolAccepted(sender, pool_proof(keys, sender, to, nonce))
 
 
 def relay_url(advertised: str) -> str:
@@ -380,15 +438,19 @@ __all__ = [
     "PROOF_HEADER",
     "RELAY_PATH",
     "Accepted",
+    "PoolAccepted",
     "RelayKeys",
     "ReplayCache",
     "Signed",
     "client_ssl_context",
+    "pool_proof",
     "proof",
     "relay",
     "relay_url",
     "relayable",
     "sign",
+    "sign_pool",
     "verify",
+    "verify_pool",
     "verify_request",
 ]

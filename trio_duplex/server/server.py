@@ -257,6 +257,8 @@ class DuplexServer:
             releasing = Releasing(placement)
             self.placement = self.opener.placement = placement
             self.door.relay = (RELAY_PATH, placement.relay_grant)
+            # Pooled peer connections (cluster/pool.py) are taken aside at the door.
+            self.door.serve = placement.serving(self.opener.serve)
             self.sessions.observers.append(releasing)
             try:
                 yield
@@ -264,6 +266,7 @@ class DuplexServer:
                 self.sessions.observers.remove(releasing)
                 self.placement = self.opener.placement = SingleProcess()
                 self.door.relay = None
+                self.door.serve = self.opener.serve
 
     def reload_keys(self) -> bool:
         """SIGHUP: read ``--api-key-file`` again (auth.py). The client tokens of every

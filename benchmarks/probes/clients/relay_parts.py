@@ -1,12 +1,13 @@
 """Where a relayed resume's time goes: the front node's steps, done one by one from here.
 
 For each of ``--sessions`` sessions opened on the home node (and dropped), time what a
-relaying node does (``server/server.py`` ``_resume_elsewhere``, ``cluster/relay.py``)
-with the same calls: the store's ``locate`` (one Lua script through coredis), the
-``websockets.trio`` connect to the home's relay endpoint with a signed header (TCP,
-HTTP upgrade, the home's signature check), and the ``session.resume`` over it to
-``session.resumed``. For comparison, the same client's connect to the home's public
-endpoint. Speaks the ``@result`` protocol of ``benchmarks.cluster``.
+relaying node does (``cluster/placement.py`` ``resume_elsewhere``, ``cluster/pool.py``)
+with the same calls: the store's ``locate`` (one Lua script through coredis), a new
+pooled peer connection to the home's relay endpoint (TCP, the signed upgrade, the
+home's signature check and proof: paid once per pair of nodes, then kept), and the
+``session.resume`` over a kept peer connection (a channel opened, the resume sent) to
+``session.resumed``. For comparison, a ``websockets`` client's connect to the home's
+public endpoint. Speaks the ``@result`` protocol of ``benchmarks.cluster``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from websockets.trio.client import connect
 
 from benchmarks.suite._stats import ms_summary
 from benchmarks.suite._workload import SESSION_UPDATE, emit, resume
-from trio_duplex.cluster.relay import HEADER, RelayKeys, relay_url, sign
+from trio_duplex.cluster.pool import FrontChannel, Kind, Link, Pool, message_frame
+from trio_duplex.cluster.relay import RelayKeys, relay_url
 from trio_duplex.cluster.store import open_store
 
 now = time.perf_counter
@@ -37,11 +39,34 @@ async def open_dropped(url: str) -> dict[str, Any]:
     return created
 
 
+async def resume_over(link: Link, session_id: str, token: str) -> dict[str, Any]:
+    """A channel on ``link`` resuming ``session_id``: the home's first answer."""
+    items: list[tuple[int, bytes]] = []
+    answered = trio.Event()
+
+    def deliver(got: list[tuple[int, bytes]]) -> bool:
+        items.extend(got)
+        answered.set()
+        return False
+
+    async with trio.open_nursery() as nursery:
+        channel = FrontChannel(link, link.new_channel_id(), deliver, nursery)
+        link.add(channel)
+        link.put(Kind.OPEN, channel.id, f"{session_id} native".encode("ascii"))
+        await channel.send(message_frame(resume(session_id, token, 0)))
+        await answered.wait()
+        channel.end(reset=True)  # dropped: the session detaches at home
+    answer: dict[str, Any] = json.loads(items[0][1])
+    return answer
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     parts: dict[str, list[float]] = {k: [] for k in ("locate", "relay_connect", "resume",
                                                       "public_connect")}  # fmt: skip
-    async with open_store(args.store) as store:
+    keys = RelayKeys.derive(args.secret)
+    async with open_store(args.store) as store, trio.open_nursery() as nursery:
         store.sign_with(args.secret)  # (the store's records are sealed with it)
+        kept: Link | None = None
         for _ in range(args.sessions):
             created = await open_dropped(args.home)
             sid = created["session_id"]
@@ -50,29 +75,26 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             t1 = now()
             if located.kind != "home" or located.url is None or located.node_id is None:
                 raise RuntimeError(f"the store does not place {sid} at a live home: {located}")
-            keys = RelayKeys.derive(args.secret)
-            header = sign(keys, "probe", located.node_id, sid, time.time()).header
-            async with connect(
-                relay_url(located.url),
-                additional_headers={HEADER: header},
-                compression=None,
-                proxy=None,
-                ping_interval=None,
-            ) as up:
-                t2 = now()
-                await up.send(resume(sid, created["resume_token"], 0))
-                resumed = json.loads(await up.recv())
-                t3 = now()
-                if resumed.get("type") != "session.resumed":
-                    raise RuntimeError(f"expected session.resumed, got {resumed}")
-                await up.send(json.dumps({"type": "session.close"}))
+            fresh = Pool("probe", keys, 10.0, 10.0, nursery=nursery)
+            link = await fresh.link_to(located.node_id, relay_url(located.url))
+            t2 = now()
+            if kept is None:
+                kept = link  # the one every resume goes over, as a front keeps it
+            else:
+                link.cut()
+            t3 = now()
+            resumed = await resume_over(kept, sid, created["resume_token"])
             t4 = now()
+            if resumed.get("type") != "session.resumed":
+                raise RuntimeError(f"expected session.resumed, got {resumed}")
+            t5 = now()
             async with connect(args.home, compression=None, proxy=None, ping_interval=None):
-                t5 = now()
+                t6 = now()
             parts["locate"].append(t1 - t0)
             parts["relay_connect"].append(t2 - t1)
-            parts["resume"].append(t3 - t2)
-            parts["public_connect"].append(t5 - t4)
+            parts["resume"].append(t4 - t3)
+            parts["public_connect"].append(t6 - t5)
+        nursery.cancel_scope.cancel()
     return {key: ms_summary(values) for key, values in parts.items()}
 
 
