@@ -70,7 +70,7 @@ class Shaped(dict[str, Any]):
     __slots__ = ("head",)
 
     def __init__(self, kind: str, head: str) -> None:
-        super().__init__(type=kind)
+        self["type"] = kind  # (not super().__init__: half the cost, per event)
         self.head = head
 
 
@@ -82,7 +82,8 @@ class ShapedAudio(dict[str, Any]):
     __slots__ = ("where",)
 
     def __init__(self, audio: bytes, where: str) -> None:
-        super().__init__(type=_AUDIO_DELTA, audio=audio)
+        self["type"] = _AUDIO_DELTA
+        self["audio"] = audio
         self.where = where
 
 

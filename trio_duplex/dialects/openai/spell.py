@@ -104,7 +104,8 @@ def frame(event: Event) -> Frame:
     if type(event) is Shaped:  # the shaper's, written already: the per-event path
         if seq is None:
             return f'{event.head},"event_id":"{unjournaled_id()}"}}'
-        return f'{event.head},"server_event_seq":{seq},"event_id":"event_{seq}"}}'
+        n = str(seq)
+        return f'{event.head},"server_event_seq":{n},"event_id":"event_{n}"}}'
     special = _SPECIAL.get(event["type"])
     if special is not None:
         return encode(special(event))
@@ -118,9 +119,10 @@ def audio_frame(seq: int, payload: bytes, fields: Event | None) -> Frame:
         return output_message(seq, payload)
     delta = _b2a(payload, newline=False).decode("ascii")
     if type(fields) is ShapedAudio:  # the shaper's delta, its response's fields encoded
+        n = str(seq)
         return (
-            f'{{"type":"response.output_audio.delta","event_id":"event_{seq}",{fields.where},'
-            f'"delta":"{delta}","server_event_seq":{seq}}}'
+            f'{{"type":"response.output_audio.delta","event_id":"event_{n}",{fields.where},'
+            f'"delta":"{delta}","server_event_seq":{n}}}'
         )
     if fields.keys() == _SHAPED_AUDIO:  # the shaper's delta: the per-event path
         return encode(
