@@ -159,6 +159,9 @@ def _cancel(event: Event) -> Event:
     return event
 
 
+_APPEND: Final = "input_audio_buffer.append"
+_APPEND_KEYS: Final = _keys("audio")
+
 # type: (the fields it may carry, its check, which returns the canonical event).
 _EVENTS: Final[Mapping[str, tuple[frozenset[str], Callable[[Event], Event]]]] = {
     "input_audio_buffer.append": (_keys("audio"), _append),
@@ -216,7 +219,18 @@ def decode(message: str | bytes) -> Event:
     ``decode_binary``'s."""
     if not isinstance(message, str):
         raise ProtocolError(ErrorCode.BAD_EVENT, "binary frames are not accepted; send JSON text")
-    return translate(decode_object(message, _NOT_OBJECT))
+    event = decode_object(message, _NOT_OBJECT)
+    # The per-event path: an append that is valid is returned as it was parsed, with
+    # translate's checks done here (anything else, or an append with a fault, takes
+    # translate and its refusals).
+    if (
+        event.get("type") == _APPEND
+        and type(event.get("audio")) is str
+        and event.keys() <= _APPEND_KEYS
+        and type(event.get("event_id", "")) is str
+    ):
+        return event
+    return translate(event)
 
 
 def decode_steps(message: str | bytes) -> Generator[None, None, Event]:
