@@ -1,4 +1,4 @@
-"""How much of each scenario to run: the full suite (< 10 min) and ``--quick`` (< 2 min)."""
+"""How much of each scenario to run: the full suite (~13 min) and ``--quick`` (< 3 min)."""
 
 from __future__ import annotations
 
