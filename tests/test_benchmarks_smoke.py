@@ -229,6 +229,34 @@ def _serving() -> Iterator[int]:
         server.wait(10)
 
 
+def test_throughput_counts_every_event_either_way_for_every_server() -> None:
+    """Scenario 1/7's OpenAI rows: a turns run counts its client and server events, an
+    echo run two per echo; per server CPU-second between the window's marks."""
+    from benchmarks.suite._scenarios import either_way, either_way_per_cpu
+
+    marks = {"window_start": {"cpu": 1.0}, "window_end": {"cpu": 1.5}}
+    turns = {"turns": 10, "client_events": 20, "server_events": 120, "server": marks}
+    echo = {"events": 70, "server": marks}
+    assert either_way(turns) == 140 and either_way(echo) == 140
+    assert either_way_per_cpu(turns) == either_way_per_cpu(echo) == 280
+
+
+def test_the_dialect_turns_drive_the_openai_dialect_of_a_real_server() -> None:
+    """The OpenAI throughput of scenarios 1, 7 and 8: text turns on /v1/realtime, answered
+    without an error, each with OpenAI's 12 server events."""
+    from benchmarks.suite._dialects import dialect_url
+
+    with _serving() as port:
+        url = dialect_url(f"ws://127.0.0.1:{port}/v1/duplex", "openai")
+        out = _run("suite.clients.dialects", "turns", "--url", url, "--dialect", "openai",
+                   "--warmup", "0.2", "--duration", "0.3", "--window", "1")  # fmt: skip
+    result = _result(out)
+    assert result["turns"] > 0 and not result["errors"], result
+    assert result["client_events"] == 2 * result["turns"]
+    # (window 1: a turn is sent when the last ended, so the window holds whole turns, +-1)
+    assert abs(result["server_events"] - 12 * result["turns"]) <= 12, result
+
+
 def test_wire_bytes_runs_every_lane_and_format() -> None:
     out = _run("wire_bytes", "--seconds", "0.1")
     for lane in wire_bytes.LANES:

@@ -5,12 +5,22 @@ move those by 10-30 % between runs; an instruction count moves by well under 1 %
     python -m benchmarks.instructions                      # this tree
     python -m benchmarks.instructions --tree ../other      # another checkout, to compare
     python -m benchmarks.instructions --events 2000 --runs 2
+    python -m benchmarks.instructions --turns text --dialect openai   # per turn, /v1/realtime
+    python -m benchmarks.instructions --turns voice --dialect native  # the same, /v1/duplex
 
 The server runs under ``valgrind --tool=callgrind`` on the echo engine; a client in this
 process opens one session and sends ``N`` then ``2N`` 100-byte ``input.text.append``
 events, ``--window`` at a time, reading every echo. Per event = (count at 2N - count at N) / N, so
 start-up, the handshake and the shutdown cancel out. Needs ``valgrind`` (Debian's
 package) and is slow (~1 min a run): a measuring tool, not part of the suite.
+
+``--turns text|voice`` counts scenario 8's conversation instead (its client events,
+``benchmarks/suite/clients/dialects.py``), per turn, on ``--dialect native`` (``/v1/duplex``)
+or ``openai`` (``/v1/realtime``): a text turn is ``conversation.item.create`` and
+``response.create``, a voice turn ten 20 ms ``input_audio_buffer.append``, a commit and
+``response.create``; a turn ends with its ``response.done``, and the client acks every
+100 server events. ``--events`` is then the turns N (default 500) and ``--window`` the
+turns in flight. The figure is per turn, and per server event of the turn beside it.
 """
 
 from __future__ import annotations
@@ -26,13 +36,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from websockets.sync.client import connect
+from websockets.sync.client import ClientConnection, connect
+
+from benchmarks.suite._workload import VOICE_JSON
+from benchmarks.suite.clients.dialects import COMMIT, ITEM, OPEN_NATIVE, RESPONSE
 
 READY = re.compile(r"serving (ws://\S+)")
 TEXT = "x" * 60  # with the envelope, a ~100-byte message each way
 
 
-def count(tree: Path, events: int, window: int) -> int:
+def count(
+    tree: Path, events: int, window: int, turns: str | None = None, dialect: str = "native"
+) -> int:
     """Instructions of one server process that served ``events`` echoes."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -68,7 +83,10 @@ def count(tree: Path, events: int, window: int) -> int:
             proc.kill()
             raise SystemExit(f"the server under valgrind did not start ({tree})")
         try:
-            drive(url, events, window)
+            if turns is None:
+                drive(url, events, window)
+            else:
+                drive_turns(url, events, window, turns, dialect)
         finally:
             proc.send_signal(signal.SIGINT)
             proc.communicate(timeout=300)
@@ -94,16 +112,71 @@ def drive(url: str, events: int, window: int) -> None:
             pass
 
 
-def per_event(tree: Path, events: int, window: int) -> float:
-    small = count(tree, events, window)
-    large = count(tree, 2 * events, window)
+TURN_FRAMES = 10  # a voice turn: 200 ms of 20 ms appends, as scenario 8's
+
+
+def _realtime(url: str) -> str:
+    """The server's ``/v1/realtime`` URL (scenario 8's ``dialect_url``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/v1/realtime", "model=bench", ""))
+
+
+def drive_turns(url: str, turns: int, window: int, kind: str, dialect: str) -> int:
+    """Scenario 8's conversation, ``turns`` turns, ``window`` in flight; the server
+    events read."""
+    if dialect == "openai":
+        url = _realtime(url)
+    turn = [ITEM, RESPONSE] if kind == "text" else [VOICE_JSON] * TURN_FRAMES + [COMMIT, RESPONSE]
+    with connect(url, max_size=None, open_timeout=120, close_timeout=120) as ws:
+        if dialect == "native":
+            ws.send(OPEN_NATIVE)
+        assert json.loads(ws.recv(timeout=120))["type"] == "session.created"
+        sent = done = events = 0
+        while done < turns:
+            while sent < turns and sent - done < window:
+                for message in turn:
+                    ws.send(message)
+                sent += 1
+            event = json.loads(ws.recv(timeout=120))
+            events += 1
+            if event["type"] == "response.done":
+                done += 1
+            elif event["type"] == "error":
+                raise SystemExit(f"the server answered an error: {event}")
+            seq = event.get("server_event_seq")
+            if seq is not None and seq % 100 == 0:
+                ws.send(f'{{"type":"session.event_ack","server_event_seq":{seq}}}')
+        _close(ws)
+        return events
+
+
+def _close(ws: ClientConnection) -> None:
+    ws.send(json.dumps({"type": "session.close"}))
+    while json.loads(ws.recv(timeout=120))["type"] != "session.closed":
+        pass
+
+
+def per_event(
+    tree: Path, events: int, window: int, turns: str | None = None, dialect: str = "native"
+) -> float:
+    small = count(tree, events, window, turns, dialect)
+    large = count(tree, 2 * events, window, turns, dialect)
     return (large - small) / events
+
+
+def server_events_per_turn(kind: str, dialect: str) -> int:
+    """The server events of one turn of ``kind`` (scenario 8's counts): what the per
+    turn figure is divided by for the per event one."""
+    return {("text", "native"): 5, ("text", "openai"): 12,
+            ("voice", "native"): 7, ("voice", "openai"): 15}[kind, dialect]  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", type=Path, default=Path.cwd(), help="checkout to measure")
-    parser.add_argument("--events", type=int, default=2000, help="N (default 2000)")
+    parser.add_argument("--events", type=int, help="N (default 2000 events; 500 turns)")
     parser.add_argument("--runs", type=int, default=1, help="repeat and show each (1)")
     parser.add_argument(
         "--window",
@@ -112,13 +185,35 @@ def main() -> None:
         help="events in flight (1: round trips, every event takes the same path and the "
         "count repeats; 64: pipelined, batching varies with timing, about ±4 %%)",
     )
+    parser.add_argument(
+        "--turns",
+        choices=["text", "voice"],
+        help="count scenario 8's conversation per turn instead of the echo",
+    )
+    parser.add_argument(
+        "--dialect",
+        choices=["native", "openai"],
+        default="native",
+        help="with --turns: /v1/duplex (native) or /v1/realtime (openai)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    if args.turns is None and args.dialect != "native":
+        raise SystemExit("the echo is native events: --dialect openai needs --turns")
     tree = args.tree.resolve()
+    n = args.events or (2000 if args.turns is None else 500)
     for _ in range(args.runs):
-        figure = per_event(tree, args.events, args.window)
-        print(f"{tree}: {figure:,.0f} instructions per event, window {args.window}", flush=True)
+        figure = per_event(tree, n, args.window, args.turns, args.dialect)
+        if args.turns is None:
+            print(f"{tree}: {figure:,.0f} instructions per event, window {args.window}", flush=True)
+            continue
+        per = figure / server_events_per_turn(args.turns, args.dialect)
+        print(
+            f"{tree}: {figure:,.0f} instructions per {args.turns} turn ({args.dialect}; "
+            f"{per:,.0f} per server event), window {args.window}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

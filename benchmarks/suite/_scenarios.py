@@ -3,6 +3,14 @@ adds report rows.
 
 Scenario 7 (the Socket.IO peer) rides along in 1 and 4: its server takes its turn in the
 same rounds, so its figures are interleaved with ours like every other baseline.
+
+Both dialects are in scenarios 1 and 7: the OpenAI dialect (``/v1/realtime``) runs
+scenario 8's text turns (``clients/dialects.py``: ``conversation.item.create`` and
+``response.create``, answered by 12 server events) in the same rounds, since an OpenAI
+session converses and has no one-for-one echo. Its rows count **every event either way**
+(every WebSocket message, client's and server's) for every server: an echo is two events
+(the event and its echo), a text turn 14. The native rows count echoes, each once (the
+same ratio as counting either way, since both sides echo).
 """
 
 from __future__ import annotations
@@ -63,6 +71,23 @@ def client_per10k(r: dict[str, Any]) -> float:
     return float(r["client_cpu"]) * 10_000 / float(r["events"])
 
 
+OPENAI_TURNS = "trio-duplex OpenAI dialect (text turns, websockets client)"
+EITHER_WAY = "every event either way: an echo is 2, an OpenAI text turn 2 in + 12 out"
+
+
+def either_way(r: dict[str, Any]) -> float:
+    """Every event either way in a run's window: a turns run's client and server events
+    (``clients/dialects.py``), an echo run's two per echo (its event and the echo)."""
+    if "server_events" in r:
+        return float(r["client_events"]) + float(r["server_events"])
+    return 2.0 * float(r["events"])
+
+
+def either_way_per_cpu(r: dict[str, Any]) -> float:
+    """Events either way per server CPU-second (``either_way``)."""
+    return either_way(r) / server_cpu(r)
+
+
 # --------------------------------------------------------------------------- 1 and 7
 def throughput(suite: Suite) -> None:
     p = suite.plan
@@ -84,17 +109,28 @@ def throughput(suite: Suite) -> None:
         result, marks = suite.client(argv, watch=proc, timeout=timeout)
         return {**result, "server": marks}
 
+    def openai(proc: Proc, url: str) -> dict[str, Any]:
+        from benchmarks.suite._dialects import dialect_url
+
+        argv = suite.py_client("dialects", [
+            "turns", "--url", dialect_url(url, "openai"), "--dialect", "openai", *common[:4],
+            "--window", str(p.dialect_window), "--ack-every", str(p.ack_every),
+        ])  # fmt: skip
+        result, marks = suite.client(argv, watch=proc, timeout=timeout)
+        return {**result, "server": marks}
+
     variants = [
         Variant("trio-duplex (trio-websocket client)", "duplex", py("trio_ws", "duplex")),
         Variant("bare trio-websocket pair", "bare_trio", py("trio_ws", "bare")),
         Variant("trio-duplex (websockets client)", "duplex", py("asyncio_ws", "duplex")),
         Variant("bare websockets pair", "bare_asyncio", py("asyncio_ws", "bare")),
         Variant("Socket.IO 4.8 (node client)", "socketio", sio),
+        Variant(OPENAI_TURNS, "duplex", openai),
     ]
     runs = suite.interleave("1 throughput", variants, p.tp_rounds)
-    us, bare, us_ws, ceiling, peer = (runs[v.name] for v in variants)
+    us, bare, us_ws, ceiling, peer, us_openai = (runs[v.name] for v in variants)
     rate = lambda r: float(r["rate"])  # noqa: E731
-    for r in (*us, *us_ws):
+    for r in (*us, *us_ws, *us_openai):
         if r and r.get("errors"):
             suite.say(f"1 throughput: trio-duplex answered errors {r['errors']}")
 
@@ -146,6 +182,17 @@ def throughput(suite: Suite) -> None:
         higher_is_better=False,
         unit="s",
     )
+    row(
+        suite,
+        "1",
+        "events per server CPU-second, every event either way, OpenAI dialect (text turns)",
+        col(us_openai, either_way_per_cpu),
+        "bare websockets pair (an echo: 2 events)",
+        col(ceiling, either_way_per_cpu),
+        target=f"≥ 1.25{TIMES}",
+        target_ratio=1.25,
+        note=EITHER_WAY,
+    )
 
     peer_name = NAMES["socketio"]
     if not suite.available("socketio"):
@@ -164,12 +211,24 @@ def throughput(suite: Suite) -> None:
     row(
         suite,
         "7",
-        "events per server CPU-second",
+        "events per server CPU-second, an echo counted once (native dialect)",
         col(us_ws, eff),
         peer_name,
         col(peer, eff),
         target=f"> 1.0{TIMES}",
         target_ratio=1.0,
+        note="native dialect; an echo counted once both sides (either way: 2 each, same ratio)",
+    )
+    row(
+        suite,
+        "7",
+        "events per server CPU-second, every event either way, OpenAI dialect (text turns)",
+        col(us_openai, either_way_per_cpu),
+        f"{peer_name} (an echo: 2 events)",
+        col(peer, either_way_per_cpu),
+        target=f"≥ 1.0{TIMES}",
+        target_ratio=1.0,
+        note=EITHER_WAY,
     )
     row(
         suite,

@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m benchmarks",
         description="trio-duplex against bare baselines, interleaved, medians with min-max.",
     )
-    parser.add_argument("--quick", action="store_true", help="the short suite (< 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="the short suite (< 3 minutes)")
     parser.add_argument(
         "--only", default="1,2,3,4,5,6,8", help="comma-separated scenarios (7 runs inside 1 and 4)"
     )

@@ -412,3 +412,25 @@ def test_a_null_field_of_a_response_is_not_set() -> None:
     with pytest.raises(ProtocolError) as caught:  # an unknown field is refused, null or not
         OPENAI.decode(wire({"type": "response.create", "response": {"x": None}}))
     assert caught.value.param == "response.x"
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "param"),
+    [
+        ({"audio": 5}, "bad_event", "audio"),
+        ({"audio": "AAAA", "voice": "x"}, "bad_event", "voice"),
+        ({"audio": "AAAA", "event_id": 5}, "bad_event", "event_id"),
+        ({"audio": "AAAA", "event_id": None}, None, None),
+        ({"audio": "AAAA", "event_id": "e1", "client_event_seq": 3}, None, None),
+    ],
+)
+def test_an_append_takes_the_quick_path_only_when_valid(
+    fields: dict[str, Any], code: str | None, param: str | None
+) -> None:
+    message = json.dumps({"type": "input_audio_buffer.append", **fields})
+    if code is None:
+        assert OPENAI.decode(message) == json.loads(message)
+        return
+    with pytest.raises(ProtocolError) as caught:
+        OPENAI.decode(message)
+    assert (caught.value.code, caught.value.param) == (code, param)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from typing import Any
 
@@ -25,6 +26,7 @@ from openai.types.realtime import (
 
 from trio_duplex.core import events
 from trio_duplex.core.conversation import assistant_item_id
+from trio_duplex.dialects.jsonwire import encode
 from trio_duplex.dialects.openai import OPENAI, OpenAIShaper
 from trio_duplex.dialects.openai.config import defaults
 from trio_duplex.dialects.openai.shaper import MAX_OPEN, MAX_TEXT
@@ -406,11 +408,11 @@ def test_the_text_kept_is_bounded() -> None:
         [delta] = shaper.shape(
             {"type": "response.output_text.delta", "response_id": "r0", "text": chunk}
         )[-1:]
-        assert delta["delta"] == chunk  # every delta goes out whole
+        assert json.loads(OPENAI.frame(delta))["delta"] == chunk  # every delta goes out whole
     [[_, _, kept]] = shaper.state()["open"]
     assert len(kept) == MAX_TEXT
     done = shaper.shape({"type": "response.done", "response_id": "r0"})
-    assert len(done[0]["text"]) == MAX_TEXT
+    assert len(json.loads(OPENAI.frame(done[0]))["text"]) == MAX_TEXT
     with pytest.raises(ValueError, match="too long"):
         OPENAI.restore_shaper(
             defaults(), {"state": "openai-shaper/1", "open": [["r", False, "x" * (MAX_TEXT + 1)]]}
@@ -436,9 +438,135 @@ def test_a_responses_metadata_is_in_its_created_and_done_across_a_migration() ->
     assert "metadata" not in json.loads(plain[0])["response"]
     entry: list[Any] = ["resp_3", False, "x"]
     old = {"state": "openai-shaper/1", "open": [entry]}  # before responses had metadata
-    [*_, done] = OPENAI.restore_shaper(defaults(), old).shape(
+    [*_, shaped] = OPENAI.restore_shaper(defaults(), old).shape(
         {"type": "response.done", "response_id": "resp_3"}
     )
+    done = json.loads(OPENAI.frame(shaped))
     assert "metadata" not in done["response"] and done["response"]["output"][0]["id"]
     with pytest.raises(ValueError, match="shaper"):
         OPENAI.restore_shaper(defaults(), {"state": "openai-shaper/1", "open": [[*entry, [1]]]})
+
+
+def _reference(
+    rid: str, audio: bool, texts: list[str], meta: dict[str, str] | None, end: Event
+) -> list[Event]:
+    """A response's events as dicts, written out from OpenAI's shapes: what the shaper's
+    pre-encoded texts must be, byte for byte."""
+    iid = assistant_item_id(rid)
+    where = {"response_id": rid, "item_id": iid, "output_index": 0, "content_index": 0}
+    mods = ["audio"] if audio else ["text"]
+    body: Event = {
+        "id": rid, "object": "realtime.response", "status": "in_progress", "output": [],
+        "output_modalities": mods, **({} if meta is None else {"metadata": meta}),
+    }  # fmt: skip
+    item: Event = {"id": iid, "object": "realtime.item", "type": "message",
+                   "role": "assistant", "status": "in_progress", "content": []}  # fmt: skip
+    empty = {"type": "audio", "transcript": ""} if audio else {"type": "text", "text": ""}
+    out: list[Event] = [
+        {"type": "response.created", "response": body},
+        {"type": "response.output_item.added", "response_id": rid, "output_index": 0,
+         "item": item},
+        {"type": "conversation.item.added", "item": item},
+        {"type": "response.content_part.added", **where, "part": empty},
+    ]  # fmt: skip
+    delta = "response.output_audio_transcript.delta" if audio else "response.output_text.delta"
+    out += [{"type": delta, **where, "delta": t} for t in texts]
+    whole = "".join(texts)
+    if audio:
+        out.append({"type": "response.output_audio.done", **where})
+        out.append({"type": "response.output_audio_transcript.done", **where, "transcript": whole})
+        part = {"type": "audio", "transcript": whole}
+        content = {"type": "output_audio", "transcript": whole}
+    else:
+        out.append({"type": "response.output_text.done", **where, "text": whole})
+        part = {"type": "text", "text": whole}
+        content = {"type": "output_text", "text": whole}
+    status = "cancelled" if end["type"] == "response.cancelled" else end.get("status", "completed")
+    done = {**item, "status": "completed" if status == "completed" else "incomplete",
+            "content": [content]}  # fmt: skip
+    out.append({"type": "response.content_part.done", **where, "part": part})
+    out.append({"type": "response.output_item.done", "response_id": rid, "output_index": 0,
+                "item": done})  # fmt: skip
+    out.append({"type": "conversation.item.done", "item": done})
+    usage = {"total_tokens": 0, "input_tokens": 0, "output_tokens": 0,
+             "input_token_details": {"text_tokens": 0, "audio_tokens": 0, "cached_tokens": 0},
+             "output_token_details": {"text_tokens": 0, "audio_tokens": 0}}  # fmt: skip
+    final: Event = {**body, "status": status, "output": [done], "usage": usage}
+    if meta is not None:
+        final["metadata"] = final.pop("metadata")  # (after usage, as OpenAI's order has it)
+    if status != "completed":
+        details: Event = {"type": status}
+        reason = end.get("reason", "client_cancelled" if status == "cancelled" else None)
+        if reason is not None:
+            details["reason"] = reason
+        if status == "failed":
+            details["error"] = {"type": "server_error", "code": end.get("code")}
+        final["status_details"] = details
+    out.append({"type": "response.done", "response": final})
+    return out
+
+
+_ODD_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=6)  # surrogates
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rid=_ODD_TEXT.map(lambda t: "resp_" + t),
+    audio=st.booleans(),
+    texts=st.lists(_ODD_TEXT, max_size=3),
+    meta=st.none() | st.dictionaries(_ODD_TEXT, _ODD_TEXT, max_size=2),
+    end=st.sampled_from(
+        [
+            {"type": "response.done"},
+            {"type": "response.done", "status": "incomplete", "reason": "max_output_tokens"},
+            {"type": "response.done", "status": "failed", "code": "engine_error"},
+            {"type": "response.done", "status": "failed", "code": 7},
+            {"type": "response.cancelled"},
+        ]
+    ),
+)
+def test_the_pre_encoded_events_are_the_dicts_encoded_byte_for_byte(
+    rid: str, audio: bool, texts: list[str], meta: dict[str, str] | None, end: Event
+) -> None:
+    created: Event = {"type": "response.created", "response_id": rid}
+    if audio:
+        created["output_modalities"] = ["audio"]
+    if meta is not None:
+        created["metadata"] = meta
+    engine = [
+        created,
+        *({"type": "response.output_text.delta", "response_id": rid, "text": t} for t in texts),
+        {**end, "response_id": rid},
+    ]
+    frames = shaped_frames(OPENAI.shaper(defaults()), engine)
+    expected = [
+        encode({**event, "server_event_seq": n, "event_id": f"event_{n}"})
+        for n, event in enumerate(_reference(rid, audio, texts, meta, end), start=1)
+    ]
+    assert frames == expected
+
+
+def test_what_the_templates_do_not_cover_takes_the_dict_path() -> None:
+    shaper = OPENAI.shaper(defaults())
+    shaper.shape({"type": "response.created", "response_id": "r"})
+    [delta] = shaper.shape({"type": "response.output_text.delta", "response_id": "r", "text": 5})
+    assert type(delta) is dict and delta["delta"] == 5  # an engine's odd text: as it gave it
+    delta["server_event_seq"] = 5
+    assert json.loads(OPENAI.frame(delta))["delta"] == 5
+    # A failed response whose code JSON cannot write: refused by frame, as before.
+    *_, done = shaper.shape(
+        {"type": "response.done", "response_id": "r", "status": "failed", "code": math.nan}
+    )
+    assert done["response"]["status_details"]["error"]["code"] is not None
+    done["server_event_seq"] = 9
+    with pytest.raises(ValueError):
+        OPENAI.frame(done)
+    assert shaper.state()["open"] == []
+
+
+def test_a_shaped_event_framed_unjournaled_gets_an_unjournaled_id() -> None:
+    [created, *_] = OPENAI.shaper(defaults()).shape(
+        {"type": "response.created", "response_id": "r"}
+    )
+    data = json.loads(OPENAI.frame(created))
+    assert "server_event_seq" not in data and data["event_id"].startswith("event_x")

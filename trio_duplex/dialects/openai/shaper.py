@@ -17,6 +17,14 @@ The ``metadata`` (its ``response.create``'s) is written into the response object
 
 Its state is the open responses (their text so far, their metadata) and the user item
 being heard: ``state()`` is JSON, and ``restore`` continues exactly where a migration left it.
+
+A response's events are fixed shapes around a few strings (its id, its item's id, its
+text), so the shaper writes them already encoded (``Shaped``): each string is encoded
+once (the text once for its five ``*.done`` events, not five times) and spliced into the
+shape's text, byte for byte what encoding the event's dict writes (``frame`` appends the
+``server_event_seq`` and ``event_id`` as it does to a dict's). A value the templates do
+not cover (an engine's text that is not a string, a ``status_details`` holding what JSON
+cannot write) takes the dict path, and its errors, as before.
 """
 
 from __future__ import annotations
@@ -25,8 +33,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import attrs
+import orjson
 
 from ...core.conversation import assistant_item, assistant_item_id, new_item_id
+from ..jsonwire import encode
 from .config import to_session
 
 Event = dict[str, Any]
@@ -46,6 +56,58 @@ _ENDS: Final = frozenset({"completed", "incomplete", "failed", "cancelled"})
 _TEXT_DELTA: Final = "response.output_text.delta"
 _TRANSCRIPT_DELTA: Final = "response.output_audio_transcript.delta"
 _NO_TOKENS: Final = {"type": "tokens", "input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+_AUDIO_DELTA: Final = "response.output_audio.delta"
+_dumps = orjson.dumps
+_OrjsonError = orjson.JSONEncodeError
+
+
+class Shaped(dict[str, Any]):
+    """A shaped event already written: ``head`` is its JSON text without the closing
+    brace, to which ``frame`` appends ``,"server_event_seq":N,"event_id":"event_N"}``,
+    exactly as it writes the event's dict. The dict holds the event's ``type`` alone
+    (all the runner reads of a shaped event that is not output audio)."""
+
+    __slots__ = ("head",)
+
+    def __init__(self, kind: str, head: str) -> None:
+        self["type"] = kind  # (not super().__init__: half the cost, per event)
+        self.head = head
+
+
+class ShapedAudio(dict[str, Any]):
+    """The shaper's output audio delta: ``type`` and ``audio`` (the bytes, for the
+    runner), and ``where``, its response's ``"response_id":...`` to ``content_index``
+    already encoded, for ``audio_frame``."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, audio: bytes, where: str) -> None:
+        self["type"] = _AUDIO_DELTA
+        self["audio"] = audio
+        self.where = where
+
+
+def _js(text: str) -> str:
+    """A string as JSON, as ``encode`` writes it inside an event."""
+    try:
+        return _dumps(text).decode()
+    except _OrjsonError:  # (a lone surrogate: the json module's escapes, as encode's)
+        return encode(text)
+
+
+def _mods(audio: bool) -> str:
+    return '["audio"]' if audio else '["text"]'
+
+
+_USAGE_JS: Final = encode(
+    {
+        "total_tokens": 0,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "input_token_details": {"text_tokens": 0, "audio_tokens": 0, "cached_tokens": 0},
+        "output_token_details": {"text_tokens": 0, "audio_tokens": 0},
+    }
+)
 
 
 @attrs.define(eq=False)
@@ -57,11 +119,34 @@ class _Response:
     """Characters of ``text``: it stops growing at ``MAX_TEXT``."""
     metadata: dict[str, str] | None = None
     """Its ``response.create``'s, written into the response of created and done."""
+    rid: str = ""
+    """Its id, encoded (set with the rest by ``_Response.of``)."""
+    iid: str = ""
+    """Its item's id, encoded."""
+    where: str = ""
+    """``"response_id":...,"item_id":...,"output_index":0,"content_index":0``, encoded."""
+    delta: str = _TEXT_DELTA
+    """The type of its text deltas: an audio response's text is its transcript."""
+    delta_head: str = ""
+    """A text delta's text up to its ``delta``'s value."""
 
-    @property
-    def delta(self) -> str:
-        """The type of its text deltas: an audio response's text is its transcript."""
-        return _TRANSCRIPT_DELTA if self.audio else _TEXT_DELTA
+    @classmethod
+    def of(
+        cls,
+        response_id: str,
+        audio: bool,
+        text: list[str] | None = None,
+        kept: int = 0,
+        metadata: dict[str, str] | None = None,
+    ) -> _Response:
+        item_id = assistant_item_id(response_id)
+        rid, iid = _js(response_id), _js(item_id)
+        where = f'"response_id":{rid},"item_id":{iid},"output_index":0,"content_index":0'
+        delta = _TRANSCRIPT_DELTA if audio else _TEXT_DELTA
+        return cls(
+            audio, item_id, [] if text is None else text, kept, metadata,
+            rid, iid, where, delta, f'{{"type":"{delta}",{where},"delta":',
+        )  # fmt: skip
 
 
 def _where(response_id: str) -> Event:
@@ -123,29 +208,30 @@ class OpenAIShaper:
     ) -> list[Event]:
         while len(self._open) >= MAX_OPEN:
             del self._open[next(iter(self._open))]
-        item_id = assistant_item_id(response_id)
-        self._open[response_id] = _Response(audio, item_id, metadata=metadata)
-        item = assistant_item(response_id, None, audio=audio, status="in_progress")
-        where = _where(response_id)
-        body: Event = {
-            "id": response_id,
-            "object": "realtime.response",
-            "status": "in_progress",
-            "output": [],
-            "output_modalities": _modalities(audio),
-        }
-        if metadata is not None:
-            body["metadata"] = metadata
+        r = self._open[response_id] = _Response.of(response_id, audio, metadata=metadata)
+        meta = "" if metadata is None else ',"metadata":' + encode(metadata)
+        item = (
+            f'{{"id":{r.iid},"object":"realtime.item","type":"message","role":"assistant",'
+            '"status":"in_progress","content":[]}'
+        )
+        part = '{"type":"audio","transcript":""}' if audio else '{"type":"text","text":""}'
         return [
-            {"type": "response.created", "response": body},
-            {
-                "type": "response.output_item.added",
-                "response_id": response_id,
-                "output_index": 0,
-                "item": item,
-            },
-            {"type": "conversation.item.added", "item": dict(item)},
-            {"type": "response.content_part.added", **where, "part": _part(audio, "")},
+            Shaped(
+                "response.created",
+                f'{{"type":"response.created","response":{{"id":{r.rid},'
+                '"object":"realtime.response","status":"in_progress","output":[],'
+                f'"output_modalities":{_mods(audio)}{meta}}}',
+            ),
+            Shaped(
+                "response.output_item.added",
+                f'{{"type":"response.output_item.added","response_id":{r.rid},'
+                f'"output_index":0,"item":{item}',
+            ),
+            Shaped("conversation.item.added", f'{{"type":"conversation.item.added","item":{item}'),
+            Shaped(
+                "response.content_part.added",
+                f'{{"type":"response.content_part.added",{r.where},"part":{part}',
+            ),
         ]
 
     def _created(self, event: Event) -> list[Event]:
@@ -178,6 +264,9 @@ class OpenAIShaper:
         if response.kept < MAX_TEXT and isinstance(text, str):
             response.text.append(text[: MAX_TEXT - response.kept])
             response.kept += len(text)
+        if type(text) is str:
+            out.append(Shaped(response.delta, response.delta_head + _js(text)))
+            return out
         out.append(
             {
                 "type": response.delta,
@@ -198,6 +287,10 @@ class OpenAIShaper:
         out: list[Event] = []
         if response is None:
             _, response, out = self._response(event, True)
+        audio = event.get("audio")
+        if type(audio) is bytes:  # (the runner's: the session's output format)
+            out.append(ShapedAudio(audio, response.where))
+            return out
         out.append(
             {
                 "type": "response.output_audio.delta",
@@ -224,6 +317,94 @@ class OpenAIShaper:
             return [event]
         response_id, response, out = self._response(event, False)
         del self._open[response_id]
+        details = self._details(event, status)
+        if details is None:  # what JSON cannot write: the dicts, and encode's error
+            return self._end_events(out, response_id, response, event, status)
+        audio, rid, where = response.audio, response.rid, response.where
+        text = _js("".join(response.text))
+        if audio:
+            out.append(
+                Shaped(
+                    "response.output_audio.done", f'{{"type":"response.output_audio.done",{where}'
+                )
+            )
+            out.append(
+                Shaped(
+                    "response.output_audio_transcript.done",
+                    f'{{"type":"response.output_audio_transcript.done",{where},"transcript":{text}',
+                )
+            )
+            part = f'{{"type":"audio","transcript":{text}}}'
+            content = f'[{{"type":"output_audio","transcript":{text}}}]'
+        else:
+            out.append(
+                Shaped(
+                    "response.output_text.done",
+                    f'{{"type":"response.output_text.done",{where},"text":{text}',
+                )
+            )
+            part = f'{{"type":"text","text":{text}}}'
+            content = f'[{{"type":"output_text","text":{text}}}]'
+        out.append(
+            Shaped(
+                "response.content_part.done",
+                f'{{"type":"response.content_part.done",{where},"part":{part}',
+            )
+        )
+        item_status = "completed" if status == "completed" else "incomplete"
+        item = (
+            f'{{"id":{response.iid},"object":"realtime.item","type":"message",'
+            f'"role":"assistant","status":"{item_status}","content":{content}}}'
+        )
+        out.append(
+            Shaped(
+                "response.output_item.done",
+                f'{{"type":"response.output_item.done","response_id":{rid},'
+                f'"output_index":0,"item":{item}',
+            )
+        )
+        out.append(
+            Shaped("conversation.item.done", f'{{"type":"conversation.item.done","item":{item}')
+        )
+        meta = "" if response.metadata is None else ',"metadata":' + encode(response.metadata)
+        out.append(
+            Shaped(
+                "response.done",
+                f'{{"type":"response.done","response":{{"id":{rid},"object":"realtime.response",'
+                f'"status":"{status}","output":[{item}],"output_modalities":{_mods(audio)},'
+                f'"usage":{_USAGE_JS}{meta}{details}}}',
+            )
+        )
+        return out
+
+    @staticmethod
+    def _status_details(event: Event, status: str) -> Event | None:
+        """A response's ``status_details``: None when it completed."""
+        if status == "completed":
+            return None
+        details: Event = {"type": status}
+        reason = event.get("reason", "client_cancelled" if status == "cancelled" else None)
+        if isinstance(reason, str) and reason in _REASONS:
+            details["reason"] = reason
+        if status == "failed":
+            details["error"] = {"type": "server_error", "code": event.get("code")}
+        return details
+
+    def _details(self, event: Event, status: str) -> str | None:
+        """``,"status_details":{...}`` encoded ("" when it completed); None if the
+        engine's ``code`` is something JSON cannot write."""
+        details = self._status_details(event, status)
+        if details is None:
+            return ""
+        try:
+            return ',"status_details":' + encode(details)
+        except (ValueError, TypeError, RecursionError):
+            return None
+
+    def _end_events(
+        self, out: list[Event], response_id: str, response: _Response, event: Event, status: str
+    ) -> list[Event]:
+        """The closing events as dicts: the path of a value the templates do not cover."""
         audio = response.audio
         text = "".join(response.text)
         where = _where(response_id)
@@ -256,13 +437,8 @@ class OpenAIShaper:
         }
         if response.metadata is not None:
             body["metadata"] = response.metadata
-        if status != "completed":
-            details: Event = {"type": status}
-            reason = event.get("reason", "client_cancelled" if status == "cancelled" else None)
-            if isinstance(reason, str) and reason in _REASONS:
-                details["reason"] = reason
-            if status == "failed":
-                details["error"] = {"type": "server_error", "code": event.get("code")}
+        details = self._status_details(event, status)
+        if details is not None:
             body["status_details"] = details
         out.append({"type": "response.done", "response": body})
         return out
@@ -370,9 +546,8 @@ class OpenAIShaper:
             text = [entry[2]] if entry[2] else []
             if len(entry[2]) > MAX_TEXT:
                 raise ValueError("OpenAI shaper state: a response's text is too long")
-            item_id = assistant_item_id(entry[0])
             metadata = _metadata(entry[3]) if len(entry) == 4 else None
-            shaper._open[entry[0]] = _Response(entry[1], item_id, text, len(entry[2]), metadata)
+            shaper._open[entry[0]] = _Response.of(entry[0], entry[1], text, len(entry[2]), metadata)
         for key in ("heard", "last_user"):
             value = state.get(key)
             if value is not None and not isinstance(value, str):

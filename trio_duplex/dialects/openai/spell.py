@@ -6,7 +6,9 @@ counter. ``error`` nests its fields as OpenAI does; ``session.created`` carries 
 OpenAI session object and our ``resume`` object (a field OpenAI's clients ignore);
 ``session.resumed`` keeps its native fields with the session object as OpenAI's; our
 other control events keep their native names and fields. Engine events come already
-shaped (shaper.py); ``frame`` only adds their ``event_id``.
+shaped (shaper.py); ``frame`` only adds their ``event_id`` (to a response's events,
+which the shaper wrote already, by appending it and the ``server_event_seq`` to their
+text: the same bytes as writing the dict).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ...core.spelling import Frame
 from ..binary import output_message
 from ..jsonwire import encode
 from .config import to_session
+from .shaper import Shaped, ShapedAudio
 
 Event = dict[str, Any]
 _b2a = binascii.b2a_base64
@@ -97,9 +100,15 @@ _SPECIAL: Final[Mapping[str, Callable[[Event], Event]]] = {
 
 def frame(event: Event) -> Frame:
     """One server event as OpenAI's JSON text (ValueError/TypeError as ``encode``)."""
-    if event["type"] in _SPECIAL:
-        return encode(_SPECIAL[event["type"]](event))
     seq = event.get("server_event_seq")
+    if type(event) is Shaped:  # the shaper's, written already: the per-event path
+        if seq is None:
+            return f'{event.head},"event_id":"{unjournaled_id()}"}}'
+        n = str(seq)
+        return f'{event.head},"server_event_seq":{n},"event_id":"event_{n}"}}'
+    special = _SPECIAL.get(event["type"])
+    if special is not None:
+        return encode(special(event))
     return encode({**event, "event_id": unjournaled_id() if seq is None else f"event_{seq}"})
 
 
@@ -109,6 +118,12 @@ def audio_frame(seq: int, payload: bytes, fields: Event | None) -> Frame:
     if fields is None:
         return output_message(seq, payload)
     delta = _b2a(payload, newline=False).decode("ascii")
+    if type(fields) is ShapedAudio:  # the shaper's delta, its response's fields encoded
+        n = str(seq)
+        return (
+            f'{{"type":"response.output_audio.delta","event_id":"event_{n}",{fields.where},'
+            f'"delta":"{delta}","server_event_seq":{n}}}'
+        )
     if fields.keys() == _SHAPED_AUDIO:  # the shaper's delta: the per-event path
         return encode(
             {
