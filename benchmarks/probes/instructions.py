@@ -5,12 +5,19 @@ move those by 10-30 % between runs; an instruction count moves by well under 1 %
     python -m benchmarks.instructions                      # this tree
     python -m benchmarks.instructions --tree ../other      # another checkout, to compare
     python -m benchmarks.instructions --events 2000 --runs 2
+    python -m benchmarks.instructions --handshakes 300 [--bare]  # per session opened+closed
 
 The server runs under ``valgrind --tool=callgrind`` on the echo engine; a client in this
 process opens one session and sends ``N`` then ``2N`` 100-byte ``input.text.append``
 events, ``--window`` at a time, reading every echo. Per event = (count at 2N - count at N) / N, so
 start-up, the handshake and the shutdown cancel out. Needs ``valgrind`` (Debian's
 package) and is slow (~1 min a run): a measuring tool, not part of the suite.
+
+``--handshakes N`` counts a session instead: ``N`` then ``2N`` sequential loops of
+connect, ``session.update``, ``session.created``, ``session.close``, ``session.closed``,
+close (scenario 5's); with ``--bare``, the bare trio-websocket server's (connect, 2 echo
+round trips, close). User-space instructions only: the kernel's accept, epoll and close
+are not counted, and are about the same for both servers.
 """
 
 from __future__ import annotations
@@ -24,16 +31,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from websockets.sync.client import connect
 
-READY = re.compile(r"serving (ws://\S+)")
+READY = re.compile(r"(?:serving|echo on) (ws://\S+)")
 TEXT = "x" * 60  # with the envelope, a ~100-byte message each way
 
 
-def count(tree: Path, events: int, window: int) -> int:
-    """Instructions of one server process that served ``events`` echoes."""
+def count(
+    tree: Path, events: int, window: int, handshakes: bool = False, bare: bool = False
+) -> int:
+    """Instructions of one server process that served ``events`` echoes (or, with
+    ``handshakes``, ``events`` sessions opened and closed)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         argv = [
@@ -42,8 +53,7 @@ def count(tree: Path, events: int, window: int) -> int:
             f"--callgrind-out-file={out}",
             sys.executable,
             "-m",
-            "trio_duplex",
-            "serve",
+            *(("benchmarks.suite.servers.bare_trio",) if bare else ("trio_duplex", "serve")),
             "--port",
             "0",
         ]
@@ -54,7 +64,7 @@ def count(tree: Path, events: int, window: int) -> int:
         # (Looked for in the whole package: the setting's module is not the same in every
         # checkout this may compare.)
         package = (tree / "trio_duplex").rglob("*.py")
-        if any("loop_lag_warning_s" in path.read_text() for path in package):
+        if not bare and any("loop_lag_warning_s" in path.read_text() for path in package):
             argv += ["--loop-lag-warning", "0"]
         proc = subprocess.Popen(argv, cwd=tree, env=env, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
@@ -67,11 +77,16 @@ def count(tree: Path, events: int, window: int) -> int:
         if not url:
             proc.kill()
             raise SystemExit(f"the server under valgrind did not start ({tree})")
+        # A session's log lines (two at INFO) would fill the pipe and stall the server.
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
         try:
-            drive(url, events, window)
+            if handshakes:
+                drive_handshakes(url, events, bare)
+            else:
+                drive(url, events, window)
         finally:
             proc.send_signal(signal.SIGINT)
-            proc.communicate(timeout=300)
+            proc.wait(timeout=300)
         totals = re.search(r"^(?:totals|summary): (\d+)", out.read_text(), re.M)
         assert totals is not None, "no totals in the callgrind output"
         return int(totals.group(1))
@@ -94,9 +109,28 @@ def drive(url: str, events: int, window: int) -> None:
             pass
 
 
-def per_event(tree: Path, events: int, window: int) -> float:
-    small = count(tree, events, window)
-    large = count(tree, 2 * events, window)
+def drive_handshakes(url: str, sessions: int, bare: bool) -> None:
+    for _ in range(sessions):  # (no permessage-deflate offered, as scenario 5's client)
+        with connect(
+            url, compression=None, max_size=None, open_timeout=120, close_timeout=120
+        ) as ws:
+            if bare:
+                for _ in range(2):
+                    ws.send(json.dumps({"type": "input.text.append", "text": TEXT}))
+                    ws.recv(timeout=120)
+                continue
+            ws.send(json.dumps({"type": "session.update", "session": {}}))
+            assert json.loads(ws.recv(timeout=120))["type"] == "session.created"
+            ws.send(json.dumps({"type": "session.close"}))
+            while json.loads(ws.recv(timeout=120))["type"] != "session.closed":
+                pass
+
+
+def per_event(
+    tree: Path, events: int, window: int, handshakes: bool = False, bare: bool = False
+) -> float:
+    small = count(tree, events, window, handshakes, bare)
+    large = count(tree, 2 * events, window, handshakes, bare)
     return (large - small) / events
 
 
@@ -112,11 +146,26 @@ def main() -> None:
         help="events in flight (1: round trips, every event takes the same path and the "
         "count repeats; 64: pipelined, batching varies with timing, about ±4 %%)",
     )
+    parser.add_argument(
+        "--handshakes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="count per session opened and closed instead, N then 2N of them (scenario 5)",
+    )
+    parser.add_argument(
+        "--bare", action="store_true", help="with --handshakes: the bare trio-websocket server"
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     tree = args.tree.resolve()
     for _ in range(args.runs):
+        if args.handshakes:
+            figure = per_event(tree, args.handshakes, 1, True, args.bare)
+            who = "bare trio-websocket" if args.bare else str(tree)
+            print(f"{who}: {figure:,.0f} instructions per session opened+closed", flush=True)
+            continue
         figure = per_event(tree, args.events, args.window)
         print(f"{tree}: {figure:,.0f} instructions per event, window {args.window}", flush=True)
 
