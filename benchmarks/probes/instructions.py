@@ -23,6 +23,7 @@ are not counted, and are about the same for both servers.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -41,7 +42,12 @@ TEXT = "x" * 60  # with the envelope, a ~100-byte message each way
 
 
 def count(
-    tree: Path, events: int, window: int, handshakes: bool = False, bare: bool = False
+    tree: Path,
+    events: int,
+    window: int,
+    handshakes: bool = False,
+    bare: bool = False,
+    concurrency: int = 1,
 ) -> int:
     """Instructions of one server process that served ``events`` echoes (or, with
     ``handshakes``, ``events`` sessions opened and closed)."""
@@ -81,7 +87,7 @@ def count(
         threading.Thread(target=proc.stderr.read, daemon=True).start()
         try:
             if handshakes:
-                drive_handshakes(url, events, bare)
+                drive_handshakes(url, events, bare, concurrency)
             else:
                 drive(url, events, window)
         finally:
@@ -109,7 +115,16 @@ def drive(url: str, events: int, window: int) -> None:
             pass
 
 
-def drive_handshakes(url: str, sessions: int, bare: bool) -> None:
+def drive_handshakes(url: str, sessions: int, bare: bool, concurrency: int = 1) -> None:
+    """``sessions`` loops in all, ``concurrency`` at a time (threads, as scenario 5's 8)."""
+    if concurrency > 1:
+        shares = [
+            sessions // concurrency + (i < sessions % concurrency) for i in range(concurrency)
+        ]
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            for done in [pool.submit(drive_handshakes, url, n, bare) for n in shares]:
+                done.result()
+        return
     for _ in range(sessions):  # (no permessage-deflate offered, as scenario 5's client)
         with connect(
             url, compression=None, max_size=None, open_timeout=120, close_timeout=120
@@ -127,10 +142,15 @@ def drive_handshakes(url: str, sessions: int, bare: bool) -> None:
 
 
 def per_event(
-    tree: Path, events: int, window: int, handshakes: bool = False, bare: bool = False
+    tree: Path,
+    events: int,
+    window: int,
+    handshakes: bool = False,
+    bare: bool = False,
+    concurrency: int = 1,
 ) -> float:
-    small = count(tree, events, window, handshakes, bare)
-    large = count(tree, 2 * events, window, handshakes, bare)
+    small = count(tree, events, window, handshakes, bare, concurrency)
+    large = count(tree, 2 * events, window, handshakes, bare, concurrency)
     return (large - small) / events
 
 
@@ -156,15 +176,25 @@ def main() -> None:
     parser.add_argument(
         "--bare", action="store_true", help="with --handshakes: the bare trio-websocket server"
     )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="with --handshakes: loops at a time (1; scenario 5 runs 8)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     tree = args.tree.resolve()
     for _ in range(args.runs):
         if args.handshakes:
-            figure = per_event(tree, args.handshakes, 1, True, args.bare)
+            figure = per_event(tree, args.handshakes, 1, True, args.bare, args.concurrency)
             who = "bare trio-websocket" if args.bare else str(tree)
-            print(f"{who}: {figure:,.0f} instructions per session opened+closed", flush=True)
+            print(
+                f"{who}: {figure:,.0f} instructions per session opened+closed, "
+                f"{args.concurrency} at a time",
+                flush=True,
+            )
             continue
         figure = per_event(tree, args.events, args.window)
         print(f"{tree}: {figure:,.0f} instructions per event, window {args.window}", flush=True)
