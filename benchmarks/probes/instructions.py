@@ -7,6 +7,7 @@ move those by 10-30 % between runs; an instruction count moves by well under 1 %
     python -m benchmarks.instructions --events 2000 --runs 2
     python -m benchmarks.instructions --turns text --dialect openai   # per turn, /v1/realtime
     python -m benchmarks.instructions --turns voice --dialect native  # the same, /v1/duplex
+    python -m benchmarks.instructions --handshakes 300 [--bare]  # per session opened+closed
 
 The server runs under ``valgrind --tool=callgrind`` on the echo engine; a client in this
 process opens one session and sends ``N`` then ``2N`` 100-byte ``input.text.append``
@@ -21,11 +22,19 @@ or ``openai`` (``/v1/realtime``): a text turn is ``conversation.item.create`` an
 ``response.create``; a turn ends with its ``response.done``, and the client acks every
 100 server events. ``--events`` is then the turns N (default 500) and ``--window`` the
 turns in flight. The figure is per turn, and per server event of the turn beside it.
+
+``--handshakes N`` counts a session instead: ``N`` then ``2N`` sequential loops of
+connect, ``session.update``, ``session.created``, ``session.close``, ``session.closed``,
+close (scenario 5's); with ``--bare``, the bare trio-websocket server's (connect, 2 echo
+round trips, close). User-space instructions only: the kernel's accept, epoll and close
+are not counted, and are about the same for both servers.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
 import json
 import os
 import re
@@ -34,6 +43,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from websockets.sync.client import ClientConnection, connect
@@ -41,14 +52,13 @@ from websockets.sync.client import ClientConnection, connect
 from benchmarks.suite._workload import VOICE_JSON
 from benchmarks.suite.clients.dialects import COMMIT, ITEM, OPEN_NATIVE, RESPONSE
 
-READY = re.compile(r"serving (ws://\S+)")
+READY = re.compile(r"(?:serving|echo on) (ws://\S+)")
 TEXT = "x" * 60  # with the envelope, a ~100-byte message each way
 
 
-def count(
-    tree: Path, events: int, window: int, turns: str | None = None, dialect: str = "native"
-) -> int:
-    """Instructions of one server process that served ``events`` echoes."""
+def count(tree: Path, events: int, drive: Callable[[str, int], object], bare: bool = False) -> int:
+    """Instructions of one server process that served ``drive(url, events)``: echoes,
+    turns, or sessions opened and closed (``bare``: the bare trio-websocket server's)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         argv = [
@@ -57,8 +67,7 @@ def count(
             f"--callgrind-out-file={out}",
             sys.executable,
             "-m",
-            "trio_duplex",
-            "serve",
+            *(("benchmarks.suite.servers.bare_trio",) if bare else ("trio_duplex", "serve")),
             "--port",
             "0",
         ]
@@ -69,7 +78,7 @@ def count(
         # (Looked for in the whole package: the setting's module is not the same in every
         # checkout this may compare.)
         package = (tree / "trio_duplex").rglob("*.py")
-        if any("loop_lag_warning_s" in path.read_text() for path in package):
+        if not bare and any("loop_lag_warning_s" in path.read_text() for path in package):
             argv += ["--loop-lag-warning", "0"]
         proc = subprocess.Popen(argv, cwd=tree, env=env, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
@@ -82,20 +91,19 @@ def count(
         if not url:
             proc.kill()
             raise SystemExit(f"the server under valgrind did not start ({tree})")
+        # A session's log lines (two at INFO) would fill the pipe and stall the server.
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
         try:
-            if turns is None:
-                drive(url, events, window)
-            else:
-                drive_turns(url, events, window, turns, dialect)
+            drive(url, events)
         finally:
             proc.send_signal(signal.SIGINT)
-            proc.communicate(timeout=300)
+            proc.wait(timeout=300)
         totals = re.search(r"^(?:totals|summary): (\d+)", out.read_text(), re.M)
         assert totals is not None, "no totals in the callgrind output"
         return int(totals.group(1))
 
 
-def drive(url: str, events: int, window: int) -> None:
+def drive_echo(url: str, events: int, window: int) -> None:
     with connect(url, max_size=None, open_timeout=120, close_timeout=120) as ws:
         ws.send(json.dumps({"type": "session.update", "session": {}}))
         assert json.loads(ws.recv(timeout=120))["type"] == "session.created"
@@ -158,11 +166,37 @@ def _close(ws: ClientConnection) -> None:
         pass
 
 
+def drive_handshakes(url: str, sessions: int, bare: bool, concurrency: int = 1) -> None:
+    """``sessions`` loops in all, ``concurrency`` at a time (threads, as scenario 5's 8)."""
+    if concurrency > 1:
+        shares = [
+            sessions // concurrency + (i < sessions % concurrency) for i in range(concurrency)
+        ]
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            for done in [pool.submit(drive_handshakes, url, n, bare) for n in shares]:
+                done.result()
+        return
+    for _ in range(sessions):  # (no permessage-deflate offered, as scenario 5's client)
+        with connect(
+            url, compression=None, max_size=None, open_timeout=120, close_timeout=120
+        ) as ws:
+            if bare:
+                for _ in range(2):
+                    ws.send(json.dumps({"type": "input.text.append", "text": TEXT}))
+                    ws.recv(timeout=120)
+                continue
+            ws.send(json.dumps({"type": "session.update", "session": {}}))
+            assert json.loads(ws.recv(timeout=120))["type"] == "session.created"
+            ws.send(json.dumps({"type": "session.close"}))
+            while json.loads(ws.recv(timeout=120))["type"] != "session.closed":
+                pass
+
+
 def per_event(
-    tree: Path, events: int, window: int, turns: str | None = None, dialect: str = "native"
+    tree: Path, events: int, drive: Callable[[str, int], object], bare: bool = False
 ) -> float:
-    small = count(tree, events, window, turns, dialect)
-    large = count(tree, 2 * events, window, turns, dialect)
+    small = count(tree, events, drive, bare)
+    large = count(tree, 2 * events, drive, bare)
     return (large - small) / events
 
 
@@ -196,6 +230,22 @@ def main() -> None:
         default="native",
         help="with --turns: /v1/duplex (native) or /v1/realtime (openai)",
     )
+    parser.add_argument(
+        "--handshakes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="count per session opened and closed instead, N then 2N of them (scenario 5)",
+    )
+    parser.add_argument(
+        "--bare", action="store_true", help="with --handshakes: the bare trio-websocket server"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="with --handshakes: loops at a time (1; scenario 5 runs 8)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
@@ -203,17 +253,26 @@ def main() -> None:
         raise SystemExit("the echo is native events: --dialect openai needs --turns")
     tree = args.tree.resolve()
     n = args.events or (2000 if args.turns is None else 500)
+    window, turns, dialect, bare = args.window, args.turns, args.dialect, args.bare
+    drive: Callable[[str, int], object]
+    if args.handshakes:
+        n, concurrency = args.handshakes, args.concurrency
+        drive = functools.partial(drive_handshakes, bare=bare, concurrency=concurrency)
+        who = "bare trio-websocket" if bare else str(tree)
+        unit = f"session opened+closed, {concurrency} at a time"
+    elif turns is None:
+        drive = functools.partial(drive_echo, window=window)
+        who, unit = str(tree), f"event, window {window}"
+    else:
+        drive = functools.partial(drive_turns, window=window, kind=turns, dialect=dialect)
+        who, unit = str(tree), f"{turns} turn ({dialect}), window {window}"
     for _ in range(args.runs):
-        figure = per_event(tree, n, args.window, args.turns, args.dialect)
-        if args.turns is None:
-            print(f"{tree}: {figure:,.0f} instructions per event, window {args.window}", flush=True)
-            continue
-        per = figure / server_events_per_turn(args.turns, args.dialect)
-        print(
-            f"{tree}: {figure:,.0f} instructions per {args.turns} turn ({args.dialect}; "
-            f"{per:,.0f} per server event), window {args.window}",
-            flush=True,
-        )
+        figure = per_event(tree, n, drive, bare)
+        extra = ""
+        if turns is not None and not args.handshakes:
+            per = figure / server_events_per_turn(turns, dialect)
+            extra = f" ({per:,.0f} per server event)"
+        print(f"{who}: {figure:,.0f} instructions per {unit}{extra}", flush=True)
 
 
 if __name__ == "__main__":

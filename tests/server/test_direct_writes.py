@@ -96,6 +96,8 @@ async def test_a_reader_that_keeps_up_gets_frames_written_directly(
     with trio.fail_after(30):
         async with real_server() as (server, port, _):
             client = await open_session(port)
+            assert direct == 1  # session.created, written from the opening task
+            direct = 0
             for i in range(20):
                 await client.send({"type": "input.text.append", "text": f"t{i}"})
                 answer = await client.receive()

@@ -1,22 +1,35 @@
 """The HTTP upgrade to a WebSocket, and the plain HTTP answered before it.
 
-websockets' sans-IO ``ServerProtocol`` answers the upgrade; the request head is read
-here first, bounded, and the listener's ``Router`` (router.py) says what it is for, so
-that a request that is not an upgrade (a client token's POST, health and metrics, the
-demo page, a relayed resume's signature, a refused credential) is answered or refused
-before it reaches a WebSocket.
+The request head is read here first, bounded, and the listener's ``Router`` (router.py)
+says what it is for, so that a request that is not an upgrade (a client token's POST,
+health and metrics, the demo page, a relayed resume's signature, a refused credential)
+is answered or refused before it reaches a WebSocket.
+
+A well-formed upgrade (``quick_request``, ``quick_accept``: a GET of HTTP/1.1, header
+lines of tokens and visible text, the upgrade's headers each once and valid) is parsed
+and answered 101 here, as websockets' sans-IO ``ServerProtocol`` would parse and answer
+it, byte for byte but the clock's ``Date`` (tests/server/test_quick_upgrade.py holds
+them to that). Anything else goes to ``ServerProtocol``, which parses it, and refuses
+it in its own words (400, 404, 426, ...) or answers 101.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import email.utils
+import hashlib
 import logging
 import math
+import re
+import time
 from collections.abc import Callable, Sequence
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
 import attrs
 import trio
-from websockets.http11 import Request
+from websockets.datastructures import Headers
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
@@ -169,23 +182,34 @@ async def accept_websocket(
         await stream.send_all(page)
         return None
     chosen: list[str | None] = [None]
-    protocol = ServerProtocol(select_subprotocol=_selecting(chosen), logger=_quiet)
-    parsed = _parse(protocol, head)
+    protocol = None  # websockets' (made only for what quick_request does not take)
+    quick = quick_request(head)
+    if quick is None:
+        protocol = ServerProtocol(select_subprotocol=_selecting(chosen), logger=_quiet)
+        parsed = _parse(protocol, head)
+    else:
+        parsed = _checked(quick)
     routed = parsed if isinstance(parsed, Answer) else router.route(*parsed, peer)
     if isinstance(routed, Answer):
-        await _send(stream, protocol, routed, where, refused)
+        await _send(stream, protocol or _protocol(chosen), routed, where, refused)
         return None
     assert not isinstance(parsed, Answer)
     request, url = parsed
     dialect = routed.dialect
     chosen[0] = dialect.subprotocol
-    if not await _upgrade(stream, protocol, request, routed, where, refused):
+    answer = (
+        quick_accept(request, dialect.subprotocol) if routed.ours and not routed.headers else None
+    )
+    if answer is not None:
+        await stream.send_all(answer)
+    elif not await _upgrade(stream, protocol or _protocol(chosen), request, routed, where, refused):
         return None
     ws = WebSocket(stream, max_message_bytes, write_timeout, peer)
     if early:
         await ws._feed(early)
     credential = bearer(request) if dialect.speaks_first else None
-    return Accepted(ws, parse_qs(url.query), routed.grant, dialect, credential)
+    query = parse_qs(url.query) if url.query else {}
+    return Accepted(ws, query, routed.grant, dialect, credential)
 
 
 async def _read_head(
@@ -215,6 +239,10 @@ async def _read_head(
     return received[: end + 4], received[end + 4 :]
 
 
+def _protocol(chosen: list[str | None]) -> ServerProtocol:
+    return ServerProtocol(select_subprotocol=_selecting(chosen), logger=_quiet)
+
+
 def _parse(protocol: ServerProtocol, head: bytes) -> tuple[Request, SplitResult] | Answer:
     """The request and its target, or the 400 that refuses them."""
     protocol.receive_data(head)
@@ -224,6 +252,11 @@ def _parse(protocol: ServerProtocol, head: bytes) -> tuple[Request, SplitResult]
         return Answer(plain("400 Bad Request", why + "\n"), f"400: {why}", "bad_request")
     request = events[0]
     assert isinstance(request, Request)
+    return _checked(request)
+
+
+def _checked(request: Request) -> tuple[Request, SplitResult] | Answer:
+    """A parsed request and its target, or the 400 that refuses them."""
     if any(len(request.headers.get_all(name)) > 1 for name in _SINGLE_HEADERS):
         return _TWICE
     try:
@@ -277,4 +310,115 @@ async def _upgrade(
     return response.status_code == 101
 
 
-__all__ = ["RETRY_AFTER_S", "Accepted", "accept_websocket", "refuse_unavailable"]
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
+"""An HTTP token (a header's name), as websockets' parser takes it."""
+_VALUE = re.compile(rb"[\x09\x20-\x7e\x80-\xff]*")
+"""A header's value, as websockets' parser takes it."""
+_TOKEN_TEXT = re.compile(r"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
+_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+"""RFC 6455's, hashed with the client's key into Sec-WebSocket-Accept."""
+
+
+def quick_request(head: bytes) -> Request | None:
+    """The request websockets' parser makes of ``head`` (a whole request head, its
+    blank line included), for the common form only: ``GET target HTTP/1.1``, an ASCII
+    target, header lines ``Name: value`` of a token and visible text, no bare CR or LF,
+    no body (no ``Content-Length``, no ``Transfer-Encoding``), within websockets' line
+    and header bounds. None for anything else: websockets parses it then, and refuses
+    it in its own words if it refuses it."""
+    body = head[:-4]
+    lines = body.split(b"\r\n")
+    count = len(lines) - 1
+    if count > MAX_NUM_HEADERS or body.count(b"\n") != count or body.count(b"\r") != count:
+        return None
+    parts = lines[0].split(b" ", 2)
+    if len(parts) != 3 or parts[0] != b"GET" or parts[2] != b"HTTP/1.1":
+        return None
+    if len(lines[0]) + 2 > MAX_LINE_LENGTH or not parts[1].isascii():
+        return None
+    headers = Headers()
+    token, visible = _TOKEN.fullmatch, _VALUE.fullmatch
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        value = value.strip(b" \t")
+        if not colon or len(line) + 2 > MAX_LINE_LENGTH or not token(name) or not visible(value):
+            return None
+        headers.set_insecure(name.decode("ascii"), value.decode("iso-8859-1"))
+    if "Content-Length" in headers or "Transfer-Encoding" in headers:
+        return None
+    return Request(parts[1].decode("ascii"), headers)
+
+
+def quick_accept(request: Request, subprotocol: str | None) -> bytes | None:
+    """The 101 that websockets' ``ServerProtocol.accept`` answers a valid upgrade
+    ``request`` with (``subprotocol`` selected if offered, as ``_selecting``), as bytes;
+    None unless ``request`` is plainly one: a GET of HTTP/1.1 whose Connection holds
+    ``upgrade``, Upgrade is ``websocket``, one Sec-WebSocket-Key of 16 bytes in base64
+    and one Sec-WebSocket-Version 13, with Connection and Sec-WebSocket-Protocol lists of
+    tokens. (websockets' ``accept`` then decides: a 101 too, or its refusal.)"""
+    headers = request.headers
+    if request.method != "GET" or request.protocol != "HTTP/1.1":
+        return None
+    connection = _tokens(headers.get_all("Connection"))
+    if connection is None or not any(option.lower() == "upgrade" for option in connection):
+        return None
+    upgrade, keys = headers.get_all("Upgrade"), headers.get_all("Sec-WebSocket-Key")
+    if len(upgrade) != 1 or upgrade[0].lower() != "websocket" or len(keys) != 1:
+        return None
+    if headers.get_all("Sec-WebSocket-Version") != ["13"] or len(headers.get_all("Origin")) > 1:
+        return None
+    key = keys[0]
+    try:
+        if len(base64.b64decode(key.encode(), validate=True)) != 16:
+            return None
+    except binascii.Error:
+        return None
+    offered = _tokens(headers.get_all("Sec-WebSocket-Protocol"))
+    if offered is None:
+        return None
+    accept = base64.b64encode(hashlib.sha1((key + _GUID).encode()).digest()).decode()
+    chosen = (
+        f"Sec-WebSocket-Protocol: {subprotocol}\r\n"
+        if subprotocol is not None and subprotocol in offered
+        else ""
+    )
+    return (
+        f"HTTP/1.1 101 Switching Protocols\r\nDate: {_http_date()}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n{chosen}\r\n"
+    ).encode()
+
+
+def _tokens(values: list[str]) -> list[str] | None:
+    """The items of comma-separated lists of tokens (optional whitespace around each
+    comma); None if any item is not a token (an empty one included)."""
+    items = []
+    for value in values:
+        for item in value.split(","):
+            item = item.strip(" \t")
+            if not _TOKEN_TEXT.fullmatch(item):
+                return None
+            items.append(item)
+    return items
+
+
+_date: list[object] = [-1, ""]
+"""The second it is, and its HTTP date (RFC 9110's IMF-fixdate), as last made."""
+
+
+def _http_date() -> str:
+    now = int(time.time())
+    if _date[0] != now:
+        _date[:] = [now, email.utils.formatdate(now, usegmt=True)]
+    date = _date[1]
+    assert isinstance(date, str)
+    return date
+
+
+__all__ = [
+    "RETRY_AFTER_S",
+    "Accepted",
+    "accept_websocket",
+    "quick_accept",
+    "quick_request",
+    "refuse_unavailable",
+]

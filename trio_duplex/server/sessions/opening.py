@@ -14,8 +14,9 @@ docs/protocol.md.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -28,7 +29,7 @@ from ...core.frames import CloseCode
 from ...core.opening import OPEN, Grant, Resume
 from ...core.protocol import CheckFailed, check_input
 from ...core.replay import Replay
-from ...core.session import State
+from ...core.session import Session, State
 from ...core.wire import ProtocolError
 from ...dialects import NATIVE, Dialect
 from ...engines.api import Engine, EngineFactory, engine_audio_rate, prepares
@@ -36,7 +37,7 @@ from ..config import ServerConfig
 from .connection import Connection, decode_large
 from .owner import Sessions
 from .placement import Placement, SingleProcess
-from .runner import SessionRunner, engine_broke, only_trio_cancellation
+from .runner import Prepared, SessionRunner, engine_broke, only_trio_cancellation
 from .websocket import ConnectionClosed, WebSocket
 
 log = logging.getLogger("trio_duplex")
@@ -248,28 +249,21 @@ class Opener:
         # session.created: that session is delivered, and detaches as on any loss. (So
         # nothing looks at the socket after the write; and a stream's send_all yields
         # once more after its last byte, shielded: the cancel can no longer land.)
-        watch = trio.CancelScope()
-        conn.watch_opening(watch.cancel)
+        # With nothing to await before the write (no prepare, no cluster to claim in),
+        # the socket is read just before a direct write instead (``_write_at_once``),
+        # and no task watches it unless the write must wait.
         try:
-            with watch:
-                if prepares(engine):  # e.g. its upstream connected: else the open is refused
-                    prepared = await sessions.prepare(engine)
-                # Found from any node before its client hears of it (a client that drops
-                # at once may resume elsewhere).
-                await placement.claim(session.id)
-                ws.reply_now(ws.read_now())  # what the socket holds already
-                if ws.peer_gone:
-                    raise _gone_while_opening()
-                await ws.send_message(sessions.registry.created_frame(session, token))
-            ws.stop_watching()
-            if watch.cancelled_caught:  # the end came while the write was under way
-                raise _gone_while_opening()
+            if prepares(engine) or not isinstance(placement, SingleProcess):
+                prepared = await self._deliver_watched(conn, session, token, engine)
+            else:  # nothing to await first: written at once where the socket allows
+                created = sessions.registry.created_frame(session, token)
+                if not _write_at_once(ws, created):  # a pong reply_now left goes first
+                    await _watched(conn, functools.partial(ws.send_message, created))
+                elif ws.unsent:  # the socket took part of it: the rest, watched
+                    await _watched(conn, ws.flush)
         except BaseException:
-            ws.stop_watching()
             ws.max_message_bytes = first_bytes
             sessions.undelivered(session)
-            if prepared is not None:
-                prepared.release()
             raise
         runner = sessions.start(
             session, engine, conn, opening_event=first is not None, prepared=prepared
@@ -279,6 +273,36 @@ class Opener:
         if first is not None:
             runner.handle(conn, first, first_size)
         return runner
+
+    async def _deliver_watched(
+        self, conn: Connection, session: Session, token: str, engine: Engine
+    ) -> Prepared | None:
+        """Prepare the engine, claim the session in the cluster, then write its
+        ``session.created``, all while the connection is watched (``_watched``); the
+        engine's ``Prepared``, if it prepares. Raises (its ``Prepared`` released) if the
+        client left first or anything failed."""
+        sessions, ws = self.sessions, conn.ws
+        prepared: Prepared | None = None
+
+        async def deliver() -> None:
+            nonlocal prepared
+            if prepares(engine):  # e.g. its upstream connected: else the open is refused
+                prepared = await sessions.prepare(engine)
+            # Found from any node before its client hears of it (a client that drops at
+            # once may resume elsewhere).
+            await self.placement.claim(session.id)
+            ws.reply_now(ws.read_now())  # what the socket holds already
+            if ws.peer_gone:
+                raise _gone_while_opening()
+            await ws.send_message(sessions.registry.created_frame(session, token))
+
+        try:
+            await _watched(conn, deliver)
+        except BaseException:
+            if prepared is not None:
+                prepared.release()
+            raise
+        return prepared
 
     async def _resume(
         self, conn: Connection, event: Event, resume: Resume, grant: Grant = OPEN
@@ -404,6 +428,41 @@ def settle_audio(engine: Engine, config: dict[str, Any]) -> None:
     opening.check_audio(rate, config)
     if rate is not None and "audio" in config:
         config["audio"] = negotiate(config["audio"], rate).as_event()
+
+
+def _write_at_once(ws: WebSocket, created: str | bytes) -> bool:
+    """Write ``session.created`` from this task without awaiting, if the socket is free
+    (a socket, nothing being written); False: it is not (nothing written). What the
+    socket holds is read just before (``read_now``: a close frame, FIN or reset that came
+    by then is seen), and nothing between that read and the write awaits, so no task
+    needs to watch the connection meanwhile: written whole (``unsent`` false), it is
+    delivered. Raises ``ConnectionClosed`` if the client is gone (read before the write,
+    or the write failed)."""
+    ws.reply_now(ws.read_now())
+    if ws.peer_gone:
+        raise _gone_while_opening()
+    if not ws.can_write_now():
+        return False
+    ws.write_now(created)
+    if ws.peer_gone:  # the write failed: reset, broken pipe
+        raise _gone_while_opening()
+    return True
+
+
+async def _watched(conn: Connection, steps: Callable[[], Awaitable[None]]) -> None:
+    """Run ``steps`` while the connection is read in a task of its own
+    (``Connection.watch_opening``): the client's close frame, FIN or reset, as it
+    arrives, cuts them (a write under way too) and raises ``ConnectionClosed``: the
+    client left before its ``session.created`` was written whole, not delivered."""
+    watch = trio.CancelScope()
+    conn.watch_opening(watch.cancel)
+    try:
+        with watch:
+            await steps()
+    finally:
+        conn.ws.stop_watching()
+    if watch.cancelled_caught:  # the end came while the write was under way
+        raise _gone_while_opening()
 
 
 def _gone_while_opening() -> ConnectionClosed:

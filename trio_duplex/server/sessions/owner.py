@@ -462,4 +462,6 @@ class Sessions:
         await self._changed.park()
 
     def changed(self) -> None:
-        self._changed.unpark_all()
+        # (Called as each connection and session ends: mostly with nobody waiting.)
+        if self._changed:
+            self._changed.unpark_all()
