@@ -118,11 +118,22 @@ def register_key_file(path: str | None) -> None:
     register_secret(*(line.partition(":")[2].strip() for line in lines if ":" in line))
 
 
+_MARKS = (
+    "authorization", "cookie", "x-trio-duplex-relay", "bearer", "://",
+    "token", "key", "secret", "password",
+)  # fmt: skip
+"""A substring, lowercased, that each of ``_FORMS`` needs to match: a line with none of
+them (most lines) skips the six substitutions (19 of the 40 us a line cost)."""
+
+
 def redact(text: str) -> str:
     """``text`` with every secret it holds masked (``***``)."""
     pattern = _SECRETS.pattern
     if pattern is not None:
         text = pattern.sub(MASK, text)
+    lowered = text.lower()
+    if not any(mark in lowered for mark in _MARKS):
+        return text
     for form, replacement in _FORMS:
         text = form.sub(replacement, text)
     return text
