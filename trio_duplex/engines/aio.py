@@ -404,6 +404,19 @@ class _Loop(asyncio.SelectorEventLoop):
         task is its driver (a call that must wait in trio keeps the task it parked, and
         the loop goes on in a new one)."""
         while not self._finished:
+            try:
+                # One scope for as long as nothing wakes the driver from trio (a wake-up
+                # cancels it): a scope costs about a fifth of a trio echo's whole event.
+                with trio.CancelScope(shield=self.ending) as scope:
+                    if await self._run(scope):
+                        return
+            except trio.Cancelled:  # the session's end
+                self._end()
+
+    async def _run(self, scope: trio.CancelScope) -> bool:
+        """Drive the loop inside ``scope`` until it is cancelled (a wake-up), the loop is
+        done (False), or a call that must wait in trio has this task (True)."""
+        while not self._finished:
             if self._ready or self._io_ready or self._due():
                 self._batch()
                 if self._handoff is not None:
@@ -412,21 +425,15 @@ class _Loop(asyncio.SelectorEventLoop):
                     assert self._nursery is not None
                     self._nursery.start_soon(self.drive)  # first: it may wait long
                     await self._finish_call(coro, message, future)
-                    return
-                if not self._ready or self._finished:
-                    continue  # (due timers, maybe: checked again; else idle below)
-                try:  # more is ready: the others' turn first
+                    return True
+                if self._ready and not self._finished:  # more: the others' turn first
                     if self.ending:
                         await trio.lowlevel.cancel_shielded_checkpoint()
                     else:
                         await trio.lowlevel.checkpoint()
-                except trio.Cancelled:
-                    self._end()
                 continue
-            try:
-                await self._wait()
-            except trio.Cancelled:
-                self._end()
+            await self._wait(scope)
+        return False
 
     def _due(self) -> bool:
         scheduled = self._scheduled
@@ -472,28 +479,30 @@ class _Loop(asyncio.SelectorEventLoop):
             sniffio.thread_local.name = library
             sys.set_asyncgen_hooks(*hooks)
 
-    async def _wait(self) -> None:
+    async def _wait(self, scope: trio.CancelScope) -> None:
         """Nothing is ready: wait in trio for the next event (if a task waits in
-        ``receive``), the next timer, or a wake-up."""
+        ``receive``), until the next timer, or for a wake-up (``scope`` cancelled)."""
         scheduled = self._scheduled
-        deadline = scheduled[0].when() if scheduled else math.inf
+        timed = bool(scheduled)
+        if timed:
+            scope.deadline = scheduled[0].when()
         inputs = self._inputs
         while inputs and inputs[0].done():  # (cancelled: their tasks remove them too)
             inputs.popleft()
-        take = self._take if inputs and not self.ending else None
         got: outcome.Outcome[Event] | None = None
-        with trio.CancelScope(deadline=deadline, shield=self.ending) as idle:
-            self._idle = idle
-            try:
-                if take is None:
-                    await trio.sleep_forever()
-                else:
-                    try:
-                        got = outcome.Value(await take())
-                    except trio.EndOfChannel as exc:
-                        got = outcome.Error(exc)
-            finally:
-                self._idle = None
+        self._idle = scope
+        try:
+            if not inputs or self.ending or self._take is None:
+                await trio.sleep_forever()
+            else:
+                try:
+                    got = outcome.Value(await self._take())
+                except trio.EndOfChannel as exc:
+                    got = outcome.Error(exc)
+        finally:
+            self._idle = None
+        if timed:
+            scope.deadline = math.inf
         if got is not None:
             # (the loop ran nothing meanwhile: the receive that waited still does)
             waiter = inputs.popleft()
