@@ -629,16 +629,16 @@ class AsyncioSession(EngineSession):
 
     async def receive(self, *, updates: bool = False, answer: bool = True) -> Event:
         loop: _Loop = self._loop
+        inbox = self._inbox
         while True:
             if loop.ending:
                 raise asyncio.CancelledError
-            try:
-                event = self._inbox.get_nowait()  # queued: taken at once
-            except trio.WouldBlock:
-                event = await loop.wait_input()
-            else:
+            if inbox:  # queued: taken at once
+                event = inbox.get_nowait()
                 if loop.step():
                     await loop.paced(None)
+            else:  # (the driver takes it, and does what get_nowait does on empty)
+                event = await loop.wait_input()
             if event["type"] not in _UPDATE:
                 return event
             update = event["session"]
