@@ -5,7 +5,7 @@ same echo, written with an asyncio.Queue, a TaskGroup and asyncio.sleep). Then, 
 asyncio engine only: its session's end cancels it wherever it waits; whatever it raises,
 an asyncio.CancelledError of its own included, ends only its session; one that ignores
 its cancellation is abandoned; a migration stop leaves a snapshot that matches what
-was sequenced. All under MockClock (trio-asyncio's loop reads trio's clock).
+was sequenced. All under MockClock (the session's asyncio loop reads trio's clock).
 """
 
 from __future__ import annotations
