@@ -138,3 +138,53 @@ class Stages(AsyncioEngine):
                 await self.wake.wait()
             except asyncio.CancelledError:
                 self.swallowed += 1
+
+
+@attrs.define(eq=False)
+class Taker(AsyncioEngine):
+    """Takes every event and records it, with no await of its own between two receives:
+    where a cancel lands in its ``receive`` decides what it took."""
+
+    accepts = frozenset({"input.text.append"})
+    config: Mapping[str, Any] = attrs.field(factory=dict)
+    taken: list[str] = attrs.field(factory=list)
+
+    async def run(self, session: EngineSession) -> None:
+        async for event in session:
+            self.taken.append(event["text"])
+
+
+@attrs.define(eq=False)
+class Busy(AsyncioEngine):
+    """Sends 8000-character events until the connection holds it up (its ``send``
+    waits), while a second task ticks once a second of the loop's clock; ``timeout``
+    makes its first ``receive`` give up after that many seconds (``asyncio.wait_for``)."""
+
+    accepts = frozenset({"input.text.append"})
+    config: Mapping[str, Any] = attrs.field(factory=dict)
+    timeout: float | None = None
+    timed_out: bool = False
+    ticks: int = 0
+    sent: int = 0
+
+    async def run(self, session: EngineSession) -> None:
+        if self.timeout is not None:
+            try:
+                await asyncio.wait_for(session.receive(), self.timeout)
+            except TimeoutError:
+                self.timed_out = True
+        text = (await session.receive())["text"]
+        if text == "echo":  # answer each event from here on
+            await session.send({"type": "response.output_text.delta", "text": text})
+            async for event in session:
+                await session.send({"type": "response.output_text.delta", "text": event["text"]})
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._tick())
+            while self.sent < 1000:  # (bounded)
+                await session.send({"type": "response.output_text.delta", "text": "x" * 8000})
+                self.sent += 1
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(1)
+            self.ticks += 1

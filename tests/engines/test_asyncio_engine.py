@@ -5,33 +5,44 @@ same echo, written with an asyncio.Queue, a TaskGroup and asyncio.sleep). Then, 
 asyncio engine only: its session's end cancels it wherever it waits; whatever it raises,
 an asyncio.CancelledError of its own included, ends only its session; one that ignores
 its cancellation is abandoned; a migration stop leaves a snapshot that matches what
-was sequenced. All under MockClock (trio-asyncio's loop reads trio's clock).
+was sequenced. All under MockClock (the session's asyncio loop reads trio's clock).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import concurrent.futures
 import json
 import logging
-from collections.abc import Mapping
+import socket
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
 
 import pytest
+import sniffio
 import trio
 from trio.testing import MockClock, wait_all_tasks_blocked
 from websockets.sync.client import connect
 
 from trio_duplex import ServerConfig
 from trio_duplex.core.events import Reason
-from trio_duplex.engines.aio import AsyncioEngine, AsyncioSession
-from trio_duplex.engines.api import Engine, EngineFactory, EngineSession, engine_problem
+from trio_duplex.engines.aio import EVERY, AsyncioEngine, AsyncioSession
+from trio_duplex.engines.api import (
+    Engine,
+    EngineFactory,
+    EngineSession,
+    Event,
+    Inbox,
+    engine_problem,
+)
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.testing import running_server, settle
 
 from ..helpers import Serve, echo
-from .asyncio_engines import STAGES, AsyncioEcho, Stages
+from .asyncio_engines import STAGES, AsyncioEcho, Busy, Stages, Taker
 
 ECHOES: dict[str, EngineFactory] = {"trio": EchoEngine, "asyncio": AsyncioEcho}
 
@@ -367,3 +378,162 @@ def test_an_asyncio_engine_serves_outside_clients(
         assert (closed["type"], closed["reason"]) == ("session.closed", "client_close")
         clients[1].send(json.dumps(text("after")))
         assert json.loads(clients[1].recv(timeout=10))["text"] == "after"
+
+
+# -- the bridge's paths: input taken at once or waited for, sends that wait ----------------
+
+
+def bare_session(inbox: Inbox, sent: list[Event]) -> EngineSession:
+    """A session handle outside a server: its input queued in ``inbox``, its output in
+    ``sent`` (never congested)."""
+
+    async def emit(event: Event) -> None:
+        sent.append(event)
+
+    return EngineSession("s", {}, inbox, emit)
+
+
+def queued(count: int) -> Inbox:
+    inbox = Inbox(count)
+    for n in range(count):
+        inbox.put_nowait(text(str(n)))
+    return inbox
+
+
+async def test_queued_input_is_taken_without_starving_other_tasks(
+    autojump_clock: MockClock,
+) -> None:
+    engine, inbox = Taker(), queued(64)
+    rounds = 0
+
+    async def count_rounds() -> None:
+        nonlocal rounds
+        while len(engine.taken) < 64:
+            rounds += 1
+            await trio.lowlevel.checkpoint()
+        inbox.close()  # the engine's `async for` ends
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(count_rounds)
+        await engine.run_in_trio(bare_session(inbox, []))
+    assert engine.taken == [str(n) for n in range(64)]
+    # It yields to trio every EVERY events taken at once (Pace's round): the others ran
+    # between (without the yields, the 64 would be taken in one step: one round at most).
+    assert rounds >= 64 // EVERY - 1
+
+
+async def test_a_cancel_among_queued_input_takes_each_event_once_or_not_at_all(
+    autojump_clock: MockClock,
+) -> None:
+    engine, inbox = Taker(), queued(40)
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+
+            async def cancel_once_it_has_taken() -> None:
+                while not engine.taken:
+                    await trio.lowlevel.checkpoint()
+                scope.cancel()  # (as the session's end or a migration stop would)
+
+            nursery.start_soon(cancel_once_it_has_taken)
+            await engine.run_in_trio(bare_session(inbox, []))
+    left = [event["text"] for event, _ in inbox.pending()]
+    # What a receive returned, the engine has; what it did not, is still queued.
+    assert engine.taken + left == [str(n) for n in range(40)]
+    assert engine.taken and left  # cancelled between two of its yields, not at the end
+
+
+async def test_a_receive_the_engine_cancels_itself_takes_nothing(
+    autojump_clock: MockClock,
+) -> None:
+    made: list[Busy] = []
+
+    def factory(config: Mapping[str, Any]) -> Engine:
+        made.append(Busy(config, timeout=1.0))
+        return made[-1]
+
+    async with running_server(engine_factory=factory) as sim:
+        client, _ = await sim.open_session()
+        await trio.sleep(2)  # (the clock's: its wait_for gives up after 1 s)
+        assert made[-1].timed_out
+        reply = await client.send_and_receive(text("echo"))  # the next receive gets it
+        assert (reply["server_event_seq"], reply["text"]) == (1, "echo")
+        assert (await echo(client, "more"))["text"] == "more"
+
+
+async def test_other_tasks_of_the_engine_run_while_a_send_waits(
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    made: list[Busy] = []
+
+    def factory(config: Mapping[str, Any]) -> Engine:
+        made.append(Busy(config))
+        return made[-1]
+
+    async with running_server(ServerConfig(max_output_bytes=64 * 1024), factory) as sim:
+        client, created = await sim.open_session()
+        engine = made[-1]
+        client.transport.hold()
+        await client.send(text("go"))
+        await settle()
+        sent, ticks = engine.sent, engine.ticks
+        await trio.sleep(10)
+        assert engine.sent == sent  # its send still waits...
+        assert engine.ticks >= ticks + 9  # ...and its loop goes on: its timers fire
+        client.transport.release()
+        await client.receive()
+        await settle()
+        assert engine.sent > sent  # drained: the send returned, and the next ones
+        await client.send({"type": "session.close"})
+        closed = await client.receive_until_closed()
+        assert closed[-1]["reason"] == "client_close"
+        assert sim.session(created["session_id"]) is None
+    assert errors_logged(caplog) == []
+
+
+async def test_the_loop_is_asyncios_for_the_engine_and_trio_stays_trios(
+    autojump_clock: MockClock,
+) -> None:
+    seen: dict[str, Any] = {}
+
+    class Look(AsyncioEngine):
+        accepts = frozenset({"input.text.append"})
+
+        async def run(self, session: EngineSession) -> None:
+            loop = asyncio.get_running_loop()
+            seen["library"] = sniffio.current_async_library()
+            seen["loop"] = loop
+            seen["thread"] = await asyncio.wrap_future(
+                concurrent.futures.ThreadPoolExecutor(1).submit(lambda: 42)
+            )  # (its result comes back through call_soon_threadsafe)
+            seen["to_thread"] = await asyncio.to_thread(lambda: "threaded")
+            first, second = socket.socketpair()
+            with first, second:
+                first.setblocking(False)
+                second.setblocking(False)
+                reading = asyncio.ensure_future(loop.sock_recv(second, 5))
+                await asyncio.sleep(0)  # it waits in the loop's selector
+                await loop.sock_sendall(first, b"hello")
+                seen["socket"] = await reading
+            finalized: list[str] = []
+
+            async def numbers() -> AsyncIterator[int]:
+                try:
+                    yield 1
+                    yield 2
+                finally:
+                    finalized.append("closed")
+
+            agen = numbers()
+            await agen.__anext__()
+            del agen  # unexhausted: the loop's own hook closes it, on the loop
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            seen["finalized"] = finalized
+
+    await Look().run_in_trio(bare_session(Inbox(1), []))
+    assert seen["library"] == "asyncio"
+    assert sniffio.current_async_library() == "trio"
+    assert seen["thread"] == 42 and seen["to_thread"] == "threaded"
+    assert seen["socket"] == b"hello"
+    assert seen["finalized"] == ["closed"]
+    assert seen["loop"].is_closed()
