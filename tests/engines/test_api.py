@@ -321,3 +321,20 @@ async def test_the_inbox_has_one_receiver_woken_by_a_put_or_the_close() -> None:
     assert got == ["woken", "ended"]
     with trio.move_on_after(1):  # a cancelled wait leaves no receiver behind
         await Inbox(1).get()
+
+
+def test_a_batch_is_counted_as_its_events_and_reported_once_after_the_last() -> None:
+    inbox, reports = reporting_inbox(16, 100_000)
+    for seq in range(1, 11):  # 5,000 bytes each: counted (past 4,096)
+        inbox.put_nowait({"type": "e", "client_event_seq": seq}, 5000)
+    inbox.put_nowait({"type": "session.update", "session": {}, "client_event_seq": 11}, 10)
+    batch = [inbox.get_nowait()]  # 1 of 8 events to a report, 5,000 of 50,000 bytes
+    inbox.get_batch(batch, 6)
+    assert [e["client_event_seq"] for e in batch] == [1, 2, 3, 4, 5, 6]
+    assert reports == []  # 6 events, 30,000 bytes: no step reached
+    assert inbox.queued_bytes == 20_000
+    batch = [inbox.get_nowait()]
+    inbox.get_batch(batch, 16)  # to the update, which stays queued
+    assert [e["client_event_seq"] for e in batch] == [7, 8, 9, 10]
+    assert reports == [(10, False)]  # 10 events: one report, naming the last
+    assert inbox.queued_bytes == 0 and len(inbox) == 1

@@ -206,6 +206,8 @@ PROXY = "realtime-proxy"
 
 _UPDATE = frozenset({EventType.UPDATE})  # a set: a member lookup per event costs ~100 ns
 _reschedule = trio.lowlevel.reschedule
+_checkpoint = trio.lowlevel.checkpoint
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _current_task = trio.lowlevel.current_task
 _wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
 _ABORTED = trio.lowlevel.Abort.SUCCEEDED
@@ -363,6 +365,30 @@ class Inbox:
             raise trio.EndOfChannel
         raise trio.WouldBlock
 
+    def get_batch(self, batch: list[Event], limit: int) -> None:
+        """Take more queued events into ``batch`` (which holds one taken already), until
+        it holds ``limit``, the queue is empty, or the next is a ``session.update``: as
+        ``get_nowait`` takes each, with one report step for them all (after the last)."""
+        events = self._events
+        big = self._big
+        taken = taken_bytes = 0
+        while events and len(batch) < limit:
+            event = events[0]
+            if event["type"] in _UPDATE:
+                break
+            events.popleft()
+            batch.append(event)
+            taken += 1
+            if big:
+                size = big.pop(id(event), 0)
+                self._bytes -= size
+                taken_bytes += size
+        if taken:
+            self._taken += taken
+            self._taken_bytes += taken_bytes
+            if self._taken >= self._report_events or self._taken_bytes >= self._report_bytes:
+                self._check(batch[-1])
+
     async def get(self) -> Event:
         # One checkpoint, always before the take: cancelled there (or while parked),
         # nothing was taken, so a frozen session knows what its engine has
@@ -370,13 +396,16 @@ class Inbox:
         if self._events:
             await trio.lowlevel.checkpoint()
         while True:
-            try:
-                return self.get_nowait()
-            except trio.WouldBlock:
-                if self._receiver is not None:
-                    raise trio.BusyResourceError("another task waits for this input") from None
-                self._receiver = _current_task()
-                await _wait_task_rescheduled(self._abort)
+            if self._events or self._closed or self._behind[0]:
+                try:
+                    return self.get_nowait()
+                except trio.WouldBlock:  # (what was refused behind is counted now)
+                    pass
+            # Nothing to take: wait for a put (with no WouldBlock raised per wait).
+            if self._receiver is not None:
+                raise trio.BusyResourceError("another task waits for this input")
+            self._receiver = _current_task()
+            await _wait_task_rescheduled(self._abort)
 
     def _abort(self, raise_cancel: object) -> trio.lowlevel.Abort:
         self._receiver = None  # cancelled while waiting: nobody to wake
@@ -499,7 +528,10 @@ class EngineSession:
         while True:
             inbox = self._inbox
             if inbox:  # queued: taken in a burst, at a Pace (cancelled, it takes none)
-                await self._pace.step()
+                if self._pace.due():
+                    await _checkpoint()
+                else:
+                    await _checkpoint_if_cancelled()
                 event = inbox.get_nowait()
             else:  # parking is the checkpoint
                 self._pace.reset()
@@ -549,11 +581,8 @@ class EngineSession:
                     return [event]
                 continue
             batch = [event]
-            while len(batch) < limit:
-                queued = inbox.peek()
-                if queued is None or queued["type"] in _UPDATE:
-                    break
-                batch.append(inbox.get_nowait())
+            if inbox:
+                inbox.get_batch(batch, limit)
             if waited:
                 pace.count(len(batch))
             return batch

@@ -508,7 +508,12 @@ class SessionRunner:
 
     async def emit(self, event: Event) -> None:
         """An engine's ``send``: sequence, journal, and write to the attached connection."""
-        await self._pace.step()
+        # A cancellation point, and a scheduler round every so often (``Pace.step``,
+        # without its coroutine: one per event).
+        if self._pace.due():
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
         if self.shaper is not None:
             await self._emit_shaped(event, self.shaper)
             return
