@@ -47,8 +47,10 @@ from trio_duplex.core.frames import (
     FrameReader,
     Item,
     Opcode,
+    binary_frame,
     close_frame,
     control_frame,
+    frames_of,
     text_frame,
 )
 
@@ -1072,3 +1074,13 @@ def test_many_small_frames_in_odd_chunks() -> None:
     items = feed(reader, cut(stream, range(0, len(stream), 4093)))
     assert items == [f"m{i}" for i in range(5000)]
     assert reader.error is None
+
+
+def test_frames_of_many_messages_are_each_frame_back_to_back() -> None:
+    messages: list[str | bytes] = []
+    for n in (0, 1, 125, 126, 65535, 65536):
+        messages += ["é" * (n // 2) + "x" * (n % 2), bytes(n)]
+    assert frames_of(messages) == b"".join(
+        text_frame(m) if isinstance(m, str) else binary_frame(m) for m in messages
+    )
+    assert frames_of([]) == b""

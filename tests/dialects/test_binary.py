@@ -54,3 +54,25 @@ def test_malformed_headers_are_refused(data: bytes) -> None:
 def test_a_client_may_not_send_output_audio() -> None:
     with pytest.raises(ProtocolError, match="kind 1"):
         binary.parse_input(binary.output_message(1, b""))
+
+
+@given(st.binary(max_size=40))
+def test_a_client_message_parses_as_the_full_parse_says_or_is_a_bad_event(data: bytes) -> None:
+    # parse_input's quick path (a kind-1 header) answers as parse itself would.
+    try:
+        kind, seq, payload = binary.parse(data)
+    except ProtocolError:
+        with pytest.raises(ProtocolError):
+            binary.parse_input(data)
+        return
+    if kind != binary.INPUT_AUDIO:
+        with pytest.raises(ProtocolError, match="kind 1"):
+            binary.parse_input(data)
+    else:
+        assert binary.parse_input(data) == (seq, payload)
+
+
+@pytest.mark.parametrize("size", range(4, 12))
+def test_a_short_client_message_with_an_input_header_start_is_refused(size: int) -> None:
+    with pytest.raises(ProtocolError, match="12-byte header"):
+        binary.parse_input(bytes([1, 0, 0, 0]) + bytes(size - 4))

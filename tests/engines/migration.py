@@ -111,6 +111,39 @@ class Node(EngineSession):
         self.client.record(event)
         self._cut_here("send", n, after=True)
 
+    async def send_many(self, events: Sequence[Event]) -> None:
+        # As the runner's: a cut at any of the batch's sends lands before the first (a
+        # migration stop lets a batch finish), a cut just after one lets the rest follow;
+        # backpressure holds it between two of them without letting the stop in.
+        client = self.client
+        first = len(client.outputs) + 1
+        for n in range(first, first + len(events)):
+            self._cut_here("send", n)
+        await trio.lowlevel.checkpoint()
+        for n, event in enumerate(events, first):
+            if n in client.during and n > first:
+                client.pending.append(client.during.pop(n))
+                client.arrived.unpark_all()
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(HOLD)
+            client.record(event)
+            self._cut_here("send", n, after=True)
+
+    async def receive_batch(
+        self, limit: int = 16, *, updates: bool = False, answer: bool = True
+    ) -> list[Event]:
+        client = self.client
+        client.receives += 1
+        self._cut_here("receive", client.receives)
+        if client.pending:
+            await trio.lowlevel.checkpoint()
+        while not client.pending:
+            await client.arrived.park()
+        batch = [client.pending.popleft()]
+        while client.pending and len(batch) < limit:
+            batch.append(client.pending.popleft())
+        return batch
+
     async def receive(self, *, updates: bool = False, answer: bool = True) -> Event:
         client = self.client
         client.receives += 1
@@ -136,12 +169,15 @@ async def drive(
     cuts: Sequence[Cut] = (),
     *,
     pause: float = 0.0,
+    queued: Sequence[Event] = (),
 ) -> Trace:
-    """Run ``script`` on a node, migrating at each cut (after ``pause`` seconds) to the next."""
+    """Run ``script`` on a node, migrating at each cut (after ``pause`` seconds) to the next.
+    ``queued``: inputs already waiting when it starts (a batch)."""
     client = Client(
         deque((mark, event) for mark, event in script if mark >= 0),
         {-mark: event for mark, event in script if mark < 0},
     )
+    client.pending.extend(dict(event) for event in queued)
     engine = make()
     states: list[Any] = []
     t0 = trio.current_time()

@@ -113,10 +113,61 @@ async def test_echo_answers_after_restore_what_it_took_before(
     assert [e.get("text", e.get("audio")) for e in trace.outputs[:3]] == ["one", PCM, "two"]
 
 
+ECHO_BATCH: list[Event] = [
+    text("a"),
+    audio(PCM),
+    {"type": "response.create"},  # not an echo: it splits the batch's answers in two
+    text("b"),
+    text("c"),
+]
+ECHO_AFTER: Script = [(6, text("d"))]
+
+
+async def test_echo_answers_a_batch_in_order(autojump_clock: trio.testing.MockClock) -> None:
+    trace = await drive(EchoEngine, ECHO_AFTER, queued=ECHO_BATCH)
+    assert [e["type"].split(".")[-1] for e in trace.outputs] == [
+        "delta", "delta", "created", "done", "delta", "delta", "delta"
+    ]  # fmt: skip
+    assert [e.get("text", e.get("audio")) for e in trace.outputs if "response_id" not in e] == [
+        "a", PCM, "b", "c", "d"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("cut", sweep(ECHO_AFTER, 7, 0), ids=str)
+async def test_echo_migrated_anywhere_in_a_batch_answers_each_input_once(
+    autojump_clock: trio.testing.MockClock, cut: Cut
+) -> None:
+    expected = (await drive(EchoEngine, ECHO_AFTER, queued=ECHO_BATCH)).outputs
+    assert (await drive(EchoEngine, ECHO_AFTER, [cut], queued=ECHO_BATCH)).outputs == expected
+
+
+async def test_echo_keeps_a_batch_it_took_in_its_snapshot(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    trace = await drive(EchoEngine, ECHO_AFTER, [Cut("send", 1)], queued=ECHO_BATCH)
+    [state] = trace.states
+    assert state["state"] == "echo/3"
+    assert [e["type"] for e in state["unanswered"]] == [
+        "input.text.append", "input_audio_buffer.append"
+    ]  # fmt: skip
+    assert [e["event"]["type"] for e in state["taken"]] == [
+        "response.create", "input.text.append", "input.text.append"
+    ]  # fmt: skip
+    # One unanswered event and nothing else taken: echo/2, as an older node writes it.
+    trace = await drive(EchoEngine, ECHO_SCRIPT, [Cut("send", 2)])
+    assert trace.states[0]["state"] == "echo/2"
+
+
 @pytest.mark.parametrize(
     ("state", "match"),
     [
         (b"\x00", "not a snapshot of the echo engine"),
+        ({"state": "echo/3", "unanswered": None, "taken": []}, "must be lists"),
+        ({"state": "echo/3", "unanswered": [], "taken": [{"type": "x"}]}, "not an event"),
+        ({"state": "echo/3", "unanswered": [], "taken": [{"event": {"type": "x"}}]},
+         "has no 'bytes'"),
+        ({"state": "echo/3", "unanswered": [],
+          "taken": [{"event": {"type": "x"}, "bytes": {"audio": "a!"}}]}, "not base64"),
         ({"state": "voice/1"}, "not a snapshot of the echo engine"),
         ({"state": "echo/1", "unanswered": {"type": "response.cancel"}}, "not an input event"),
         ({"state": "echo/1", "unanswered": ["input.text.append"]}, "not an input event"),

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from trio_duplex import DuplexServer, ServerConfig
 from trio_duplex.server.sessions.connection import Connection, Keepalive
@@ -184,3 +185,60 @@ async def test_a_client_that_stops_reading_is_cut_after_the_write_timeout(
                 assert trio.current_time() - start == 7.0  # the clock only jumps at the wait
                 nursery.cancel_scope.cancel()
         await client.stream.aclose()
+
+
+def _client_frame(data: bytes, opcode: int = 1) -> bytes:
+    """One masked client frame (the reader's input), mask 0: the payload as it is."""
+    n = len(data)
+    head = bytes([0x80 | opcode])
+    if n < 126:
+        head += bytes([0x80 | n])
+    elif n < 65536:
+        head += bytes([0x80 | 126]) + n.to_bytes(2, "big")
+    else:
+        head += bytes([0x80 | 127]) + n.to_bytes(8, "big")
+    return head + bytes(4) + data
+
+
+async def test_the_reader_reads_a_socket_when_it_is_readable_whole_and_in_order() -> None:
+    # The socket's own path (os.read once readable; at once after a full read): many
+    # messages in one write, one message over many full reads, then the peer's end.
+    ours, theirs = trio.socket.socketpair()
+    ws = WebSocket(trio.SocketStream(ours), max_message_bytes=1 << 22)
+    peer = trio.SocketStream(theirs)
+    small = [f"m{i}".encode() for i in range(300)]
+    big = bytes(range(256)) * 4096  # 1 MiB: 16 full reads and more
+    got: list[str | bytes] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def write() -> None:
+                await peer.send_all(b"".join(_client_frame(m) for m in small))
+                await peer.send_all(_client_frame(big, opcode=2))
+                await peer.send_eof()
+
+            nursery.start_soon(write)
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    got.append(await ws.get_message())
+    assert got == [m.decode() for m in small] + [big]
+    await peer.aclose()
+    await ws.stream.aclose()
+
+
+async def test_a_reader_waiting_on_a_socket_closed_under_it_sees_the_connection_end() -> None:
+    ours, theirs = trio.socket.socketpair()
+    ws = WebSocket(trio.SocketStream(ours), max_message_bytes=1 << 20)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+
+            async def close_it() -> None:
+                await trio.testing.wait_all_tasks_blocked()
+                await ws.stream.aclose()  # the reader waits for readable meanwhile
+
+            nursery.start_soon(close_it)
+            with pytest.raises(ConnectionClosed):
+                await ws.get_message()
+        with pytest.raises(ConnectionClosed):  # and once closed, at once
+            await ws.get_message()
+    theirs.close()

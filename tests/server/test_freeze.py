@@ -53,6 +53,14 @@ class Tally(Engine):
                 await session.send({"type": TEXT, "text": f"out{self.sent + 1}"})
                 self.sent += 1
             await trio.sleep_forever()
+        if self.mode == "batch":  # send_many, 50 at a time: all of a batch or none
+            while self.sent < self.limit:
+                first = self.sent + 1
+                await session.send_many(
+                    [{"type": TEXT, "text": f"out{n}"} for n in range(first, first + 50)]
+                )
+                self.sent += 50
+            await trio.sleep_forever()
         while True:
             while self.answered < len(self.taken):  # (restored: answer what it owes first)
                 await session.send({"type": TEXT, "text": f"re{self.taken[self.answered]}"})
@@ -105,17 +113,18 @@ async def frozen(runner: SessionRunner) -> Frozen:
 # -- an engine's send ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("mode", ["send", "batch"])
 @pytest.mark.parametrize("passes", [None, 0, 3])
 @pytest.mark.parametrize("cut", [0, 1, 2, 3, 5, 8, 13, 21, 34, 55])
 async def test_every_send_that_returned_is_journaled_and_no_other(
-    autojump_clock: MockClock, cut: int, passes: int | None
+    autojump_clock: MockClock, cut: int, passes: int | None, mode: str
 ) -> None:
     """``passes``: None, the client reads everything; else the connection is held after
     that many writes, and the engine soon waits in ``send`` for it to drain. (A high
     water above the engine's ``Pace``: the pump takes a batch and is held, then the
     outbox fills up again, so the engine waits there with its last event sequenced.)"""
     async with running_server(config(max_pending_output=20), Tally, fail_after_s=60) as sim:
-        client, created = await sim.open_session({"mode": "send"})
+        client, created = await sim.open_session({"mode": mode})
         if passes is not None:
             client.transport.hold(after=passes)
         session_id = created["session_id"]

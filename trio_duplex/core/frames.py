@@ -25,6 +25,7 @@ What a client may send and what it gets for breaking the rules:
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from typing import NamedTuple
 
 try:
@@ -305,6 +306,37 @@ def text_frame(text: str) -> bytes:
     if n < 65536:
         return b"\x81\x7e" + n.to_bytes(2, "big") + data
     return b"\x81\x7f" + n.to_bytes(8, "big") + data
+
+
+_BINARY_HEADS = [bytes((0x80 | _BINARY, n)) for n in range(126)]
+
+
+def frames_of(messages: Iterable[str | bytes]) -> bytes:
+    """Unfragmented frames of ``messages`` (text for ``str``, binary for ``bytes``),
+    back to back: ``text_frame``/``binary_frame`` of each, joined with one copy."""
+    parts: list[bytes] = []
+    append = parts.append
+    for message in messages:
+        if isinstance(message, str):
+            data = message.encode()
+            n = len(data)
+            if n < 126:
+                append(_TEXT_HEADS[n])
+            elif n < 65536:
+                append(b"\x81\x7e" + n.to_bytes(2, "big"))
+            else:
+                append(b"\x81\x7f" + n.to_bytes(8, "big"))
+        else:
+            data = message
+            n = len(data)
+            if n < 126:
+                append(_BINARY_HEADS[n])
+            elif n < 65536:
+                append(b"\x82\x7e" + n.to_bytes(2, "big"))
+            else:
+                append(b"\x82\x7f" + n.to_bytes(8, "big"))
+        append(data)
+    return b"".join(parts)
 
 
 def binary_frame(data: bytes) -> bytes:

@@ -30,6 +30,8 @@ HEADER_SIZE: Final = 12
 _HEADER = struct.Struct(">BBHQ")
 _OUTPUT_HEAD = struct.Struct(">4sQ")
 _OUTPUT_PREFIX = bytes((OUTPUT_AUDIO, 0, 0, 0))
+_INPUT_PREFIX = bytes((INPUT_AUDIO, 0, 0, 0))
+_SEQ = struct.Struct(">Q")
 
 
 def _bad(message: str) -> ProtocolError:
@@ -52,6 +54,8 @@ def parse(data: bytes) -> tuple[int, int, bytes]:
 
 def parse_input(data: bytes) -> tuple[int, bytes]:
     """A client's binary message: its ``client_event_seq`` (0: none) and payload."""
+    if len(data) >= HEADER_SIZE and data[:4] == _INPUT_PREFIX:  # (every valid one)
+        return _SEQ.unpack_from(data, 4)[0], data[HEADER_SIZE:]
     kind, seq, payload = parse(data)
     if kind != INPUT_AUDIO:
         raise _bad("a client sends binary messages of kind 1 (input audio) only")

@@ -33,13 +33,13 @@ import importlib
 import inspect
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
 import trio
 
-from .._pace import Pace
+from .._pace import EVERY, Pace
 from ..audio import ENGINE_RATES, AudioConfig
 from ..core import events, flow
 from ..core.events import CONTROL_EVENTS, ErrorCode, EventType
@@ -205,6 +205,12 @@ PROXY = "realtime-proxy"
 
 
 _UPDATE = frozenset({EventType.UPDATE})  # a set: a member lookup per event costs ~100 ns
+_reschedule = trio.lowlevel.reschedule
+_checkpoint = trio.lowlevel.checkpoint
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+_current_task = trio.lowlevel.current_task
+_wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
+_ABORTED = trio.lowlevel.Abort.SUCCEEDED
 
 
 class Inbox:
@@ -237,11 +243,11 @@ class Inbox:
         "_events",
         "_max_bytes",
         "_on_report",
+        "_receiver",
         "_report_bytes",
         "_report_events",
         "_taken",
         "_taken_bytes",
-        "_waiter",
     )
 
     def __init__(
@@ -257,7 +263,8 @@ class Inbox:
         self._counted = flow.counted_from(bound, max_bytes)
         self._bytes = 0
         self._closed = False
-        self._waiter = trio.lowlevel.ParkingLot()
+        self._receiver: trio.lowlevel.Task | None = None
+        """The receiver, while it waits in ``get`` (woken directly: no parking lot)."""
         self._on_report = on_report
         steps = flow.report_steps(bound, max_bytes) if on_report else (math.inf, math.inf)
         self._report_events: float = steps[0]
@@ -270,6 +277,11 @@ class Inbox:
 
     def __len__(self) -> int:
         return len(self._events)
+
+    def peek(self) -> Event | None:
+        """The next event, left queued (None: nothing is queued)."""
+        events = self._events
+        return events[0] if events else None
 
     @property
     def queued_bytes(self) -> int:
@@ -293,8 +305,10 @@ class Inbox:
             self._big[id(event)] = size  # (a queued event's id is not reused)
             self._bytes += size
         events.append(event)
-        if self._waiter:
-            self._waiter.unpark()
+        receiver = self._receiver
+        if receiver is not None:
+            self._receiver = None
+            _reschedule(receiver)
 
     def refused(self, size: int) -> None:
         """An event was refused for good: it counts as consumed (after those queued)."""
@@ -316,7 +330,10 @@ class Inbox:
     def close(self) -> None:
         """No more events in; those still queued can be taken."""
         self._closed = True
-        self._waiter.unpark_all()
+        receiver = self._receiver
+        if receiver is not None:
+            self._receiver = None
+            _reschedule(receiver)
 
     def clear(self) -> None:
         """Drop what is queued (its receiver is gone)."""
@@ -348,6 +365,30 @@ class Inbox:
             raise trio.EndOfChannel
         raise trio.WouldBlock
 
+    def get_batch(self, batch: list[Event], limit: int) -> None:
+        """Take more queued events into ``batch`` (which holds one taken already), until
+        it holds ``limit``, the queue is empty, or the next is a ``session.update``: as
+        ``get_nowait`` takes each, with one report step for them all (after the last)."""
+        events = self._events
+        big = self._big
+        taken = taken_bytes = 0
+        while events and len(batch) < limit:
+            event = events[0]
+            if event["type"] in _UPDATE:
+                break
+            events.popleft()
+            batch.append(event)
+            taken += 1
+            if big:
+                size = big.pop(id(event), 0)
+                self._bytes -= size
+                taken_bytes += size
+        if taken:
+            self._taken += taken
+            self._taken_bytes += taken_bytes
+            if self._taken >= self._report_events or self._taken_bytes >= self._report_bytes:
+                self._check(batch[-1])
+
     async def get(self) -> Event:
         # One checkpoint, always before the take: cancelled there (or while parked),
         # nothing was taken, so a frozen session knows what its engine has
@@ -355,10 +396,20 @@ class Inbox:
         if self._events:
             await trio.lowlevel.checkpoint()
         while True:
-            try:
-                return self.get_nowait()
-            except trio.WouldBlock:
-                await self._waiter.park()
+            if self._events or self._closed or self._behind[0]:
+                try:
+                    return self.get_nowait()
+                except trio.WouldBlock:  # (what was refused behind is counted now)
+                    pass
+            # Nothing to take: wait for a put (with no WouldBlock raised per wait).
+            if self._receiver is not None:
+                raise trio.BusyResourceError("another task waits for this input")
+            self._receiver = _current_task()
+            await _wait_task_rescheduled(self._abort)
+
+    def _abort(self, raise_cancel: object) -> trio.lowlevel.Abort:
+        self._receiver = None  # cancelled while waiting: nobody to wake
+        return _ABORTED
 
     def pending(self) -> list[tuple[Event, int]]:
         """The events still queued, oldest first, each with the size it was put with
@@ -406,6 +457,10 @@ class EngineSession:
     _attached: Callable[[], Awaitable[None]] | None = attrs.field(default=None, kw_only=True)
     _journal: Journal | None = attrs.field(default=None, kw_only=True)
     """The session's journal, which ``sent_seq`` and ``delivered_seq`` read."""
+    _emit_many: Callable[[list[Event]], Awaitable[None]] | None = attrs.field(
+        default=None, kw_only=True
+    )
+    """What sends a batch (``send_many``); None: each event through ``_emit``, in turn."""
 
     def sent_seq(self) -> int:
         """The ``server_event_seq`` of the newest event sequenced in the session (0:
@@ -437,6 +492,33 @@ class EngineSession:
             raise ValueError(f"an engine cannot send an event of type {kind!r}")
         await self._emit(event)
 
+    async def send_many(self, events: Sequence[Event]) -> None:
+        """Send ``events``, in order, as ``send`` sends each one, with one cancellation
+        point before the first (the batch's): every event is checked first (ValueError:
+        none is sent), and cancelled there, none was sequenced. After it the events are
+        sequenced in turn, waiting only while the attached connection is congested.
+
+        Returned, every event was sequenced. For a migration it is all or nothing: the
+        stop lands before the first, or lets the batch finish. Any other cancellation
+        (the session ending, an engine's own deadline) may land where a congested
+        connection is waited for, or between two ``EVERY``-event chunks of a longer
+        batch, with the events before it sequenced: ``sent_seq`` says how far."""
+        batch = list(events)
+        raw = self.raw
+        for event in batch:
+            kind = event.get("type")
+            if not isinstance(kind, str) or (
+                kind in CONTROL_EVENTS and not (raw and kind == EventType.ERROR)
+            ):
+                raise ValueError(f"an engine cannot send an event of type {kind!r}")
+        if not batch:
+            await trio.lowlevel.checkpoint()
+        elif self._emit_many is not None:
+            await self._emit_many(batch)
+        else:  # (a handle made outside a server)
+            for event in batch:
+                await self._emit(event)
+
     async def receive(self, *, updates: bool = False, answer: bool = True) -> Event:
         """The next client event. ``session.update`` is applied here (the configuration
         updated) and answered (``session.updated`` sent, unless ``answer`` is false), and
@@ -446,7 +528,10 @@ class EngineSession:
         while True:
             inbox = self._inbox
             if inbox:  # queued: taken in a burst, at a Pace (cancelled, it takes none)
-                await self._pace.step()
+                if self._pace.due():
+                    await _checkpoint()
+                else:
+                    await _checkpoint_if_cancelled()
                 event = inbox.get_nowait()
             else:  # parking is the checkpoint
                 self._pace.reset()
@@ -460,6 +545,47 @@ class EngineSession:
                 await self.send(events.updated(self.session_id, update))
             if updates:
                 return event
+
+    async def receive_batch(
+        self, limit: int = EVERY, *, updates: bool = False, answer: bool = True
+    ) -> list[Event]:
+        """The client events queued now, oldest first, up to ``limit``: at least one (it
+        waits for the first). One cancellation point for the batch, before it takes
+        anything: cancelled (it raised), it took no event; returned, it took exactly the
+        events it returns, and the next call starts with the one after them. A
+        scheduler round comes first when the session's ``Pace`` is due one, so that a
+        batch does not starve other sessions.
+
+        ``session.update`` is applied and answered as ``receive`` does; a batch ends
+        before one (it starts the next batch). With ``updates`` it is returned too, as a
+        batch of its own. ``trio.EndOfChannel`` once the session's input has ended."""
+        if limit < 1:
+            raise ValueError(f"a batch holds at least one event, not {limit}")
+        inbox = self._inbox
+        pace = self._pace
+        while True:
+            if inbox:  # queued: one cancellation point (cancelled, it takes none)
+                await pace.step_many(min(len(inbox), limit))
+                event = inbox.get_nowait()
+                waited = False
+            else:  # parking is the checkpoint
+                pace.reset()
+                event = await inbox.get()
+                waited = True
+            if event["type"] in _UPDATE:
+                update = event["session"]
+                self.config.update(update)
+                if answer or not updates:
+                    await self.send(events.updated(self.session_id, update))
+                if updates:
+                    return [event]
+                continue
+            batch = [event]
+            if inbox:
+                inbox.get_batch(batch, limit)
+            if waited:
+                pace.count(len(batch))
+            return batch
 
     def __aiter__(self) -> EngineSession:
         return self

@@ -38,6 +38,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+import trio
+
 from .api import BadEvent, Engine, EngineSession, Event
 from .conversation import (
     EVENTS,
@@ -56,7 +58,9 @@ _REPLY = {
     "input.text.append": "response.output_text.delta",
     "input_audio_buffer.append": "response.output_audio.delta",
 }
-_STATE = "echo/2"  # the shape of the snapshot; a restore takes this and echo/1
+_APPEND = "input_audio_buffer.append"
+_STATE = "echo/3"  # the shape of a snapshot holding a batch; a restore takes echo/1-3
+_ONE_STATE = "echo/2"  # the shape of one holding one unanswered event at most
 _OLD_STATE = "echo/1"
 CHUNK_BYTES = 4800  # 100 ms of 24 kHz PCM16 per audio delta of a response
 
@@ -74,15 +78,18 @@ class EchoEngine(Engine):
         self.config = dict(config or {})
         self.conversation = Conversation(keep_audio=conversing(self.config))
         self.responses = 0  # responses started (their ids: resp_1, resp_2, ...)
-        self._unanswered: Event | None = None  # a native event taken, its answer not sequenced
+        self._unanswered: list[Event] = []  # native events taken, their answers not sequenced
+        self._taken: deque[Event] = deque()  # events taken, not yet looked at
         self._outbox: deque[Event] = deque()  # conversation answers not yet sequenced
         self._response: dict[str, Any] | None = None  # the one being sent, and how far
 
     def check(self, event: Event) -> None:
         # (audio arrives as bytes of PCM16, decoded and checked by the server)
         kind = event["type"]
-        if kind == "input.text.append" and not isinstance(event.get("text"), str):
-            raise BadEvent("text must be a string", param="text")
+        if kind == "input.text.append":  # (the conversation checks nothing of these)
+            if not isinstance(event.get("text"), str):
+                raise BadEvent("text must be a string", param="text")
+            return
         if kind in RESPONSE_EVENTS:
             check_response_event(event)
         else:
@@ -90,22 +97,50 @@ class EchoEngine(Engine):
 
     async def run(self, session: EngineSession) -> None:
         # Restored: finish what the last node could not, in the order it would have.
-        if self._unanswered is not None:
-            await self._answer(session, self._unanswered)
+        if self._unanswered:
+            await self._answer_all(session)
         await self._flush(session)
         if self._response is not None:
             await self._respond(session)
-        async for event in session:
+        taken = self._taken
+        while True:
+            if not taken:
+                try:
+                    taken.extend(await session.receive_batch())
+                except trio.EndOfChannel:
+                    return
+            await self._serve(session)
+
+    async def _serve(self, session: EngineSession) -> None:
+        """Answer the events taken, in order: a run of echoed inputs with one
+        ``send_many``, each other event as it comes."""
+        taken = self._taken
+        conversation = self.conversation
+        converses = conversing(session.config)  # (only a receive applies an update)
+        while taken:
+            event = taken[0]
             kind = event["type"]
-            if kind == "input_audio_buffer.append" and conversing(session.config):
-                self.conversation.keep_audio = True
-                self.conversation.append_audio(event["audio"])
-            elif kind in _FIELD:
-                if kind == "input_audio_buffer.append":  # counted: a commit makes a turn
-                    self.conversation.append_audio(event["audio"])
-                await self._answer(session, event)
+            echoes = kind in _FIELD and not (kind == _APPEND and converses)
+            if echoes:
+                unanswered = self._unanswered
+                while taken:
+                    event = taken[0]
+                    kind = event["type"]
+                    if kind not in _FIELD:
+                        break
+                    if kind == _APPEND:
+                        if converses:
+                            break
+                        conversation.append_audio(event["audio"])  # counted: a commit makes a turn
+                    unanswered.append(taken.popleft())
+                await self._answer_all(session)
+                continue
+            taken.popleft()
+            if kind == _APPEND:  # the session converses: kept for a commit
+                conversation.keep_audio = True
+                conversation.append_audio(event["audio"])
             elif kind in EVENTS:
-                self._outbox.extend(self.conversation.take(event))
+                self._outbox.extend(conversation.take(event))
                 await self._flush(session)
             elif kind == "response.create":
                 self._start(event)
@@ -113,17 +148,32 @@ class EchoEngine(Engine):
             # response.cancel: nothing is ever being sent when it is read
 
     async def _answer(self, session: EngineSession, event: Event) -> None:
-        # Unanswered from the moment it was taken until its answer's send returns: a
-        # migration stop that lands in the send leaves it for the next node.
-        self._unanswered = event
-        field = _FIELD[event["type"]]
-        await session.send({"type": _REPLY[event["type"]], field: event[field]})
-        self._unanswered = None
+        """Answer one echoed input (``_answer_all`` of it alone)."""
+        self._unanswered.append(event)
+        await self._answer_all(session)
+
+    async def _answer_all(self, session: EngineSession) -> None:
+        # Unanswered from the moment they were taken until the send of their answers
+        # returns: a migration stop that lands in it leaves them all for the next node
+        # (``send_many`` sequences all or none of them then).
+        unanswered = self._unanswered
+        if len(unanswered) == 1:
+            event = unanswered[0]
+            field = _FIELD[event["type"]]
+            await session.send({"type": _REPLY[event["type"]], field: event[field]})
+        else:
+            replies = []
+            for event in unanswered:
+                field = _FIELD[event["type"]]
+                replies.append({"type": _REPLY[event["type"]], field: event[field]})
+            await session.send_many(replies)
+        unanswered.clear()
 
     async def _flush(self, session: EngineSession) -> None:
-        while self._outbox:
-            await session.send(self._outbox[0])
-            self._outbox.popleft()
+        # One batch: a migration stop lands before it (all still owed) or lets it finish.
+        if self._outbox:
+            await session.send_many(self._outbox)
+            self._outbox.clear()
 
     def _start(self, event: Event) -> None:
         # (The turn decides the modality, unless text is asked: see the module docstring.)
@@ -148,36 +198,42 @@ class EchoEngine(Engine):
         assert response is not None
         response_id, audio = response["response_id"], response["audio"]
         modalities = ["audio"] if audio is not None else ["text"]
-        if not response["created"]:
-            await session.send(created(response_id, modalities, response.get("metadata")))
-            response["created"] = True
         if audio is not None:
             deltas = [audio[at : at + CHUNK_BYTES] for at in range(0, len(audio), CHUNK_BYTES)]
             kind, field = "response.output_audio.delta", "audio"
         else:
             deltas = [response["text"]] if response["text"] else []
             kind, field = "response.output_text.delta", "text"
-        for delta in deltas[response["sent"] :]:
-            await session.send({"type": kind, "response_id": response_id, field: delta})
-            response["sent"] += 1
+        # The response.created and the deltas not sent yet, as one batch (a migration
+        # stop lands before it, or lets it finish); then what says they were sent.
+        batch = [{"type": kind, "response_id": response_id, field: d} for d in deltas]
+        del batch[: response["sent"]]
+        if not response["created"]:
+            batch.insert(0, created(response_id, modalities, response.get("metadata")))
+        if batch:
+            await session.send_many(batch)
+        response["created"] = True
+        response["sent"] = len(deltas)
         self.conversation.end_response(response_id, response["text"], modalities, "completed")
         await session.send({"type": "response.done", "response_id": response_id})
         self._response = None
 
     def snapshot(self) -> dict[str, Any]:
-        event = self._unanswered
-        if event is not None:  # its type and field are all its answer needs
-            field = _FIELD[event["type"]]
-            value = event[field]
-            if isinstance(value, bytes):  # audio as PCM16 bytes: base64 in JSON
-                field, value = field + "_base64", base64.b64encode(value).decode("ascii")
-            event = {"type": event["type"], field: value}
         response = self._response
         if response is not None and response["audio"] is not None:
             response = response | {"audio": base64.b64encode(response["audio"]).decode()}
-        return {
-            "state": _STATE,
-            "unanswered": event,
+        state: dict[str, Any] = {"state": _ONE_STATE, "unanswered": None}
+        if len(self._unanswered) > 1 or self._taken:
+            # A batch: echo/3 (a node that knows only echo/2 refuses it, rather than
+            # losing all but one of its events).
+            state = {
+                "state": _STATE,
+                "unanswered": [_portable_input(e) for e in self._unanswered],
+                "taken": [_portable(e) for e in self._taken],
+            }
+        elif self._unanswered:
+            state["unanswered"] = _portable_input(self._unanswered[0])
+        return state | {
             "outbox": list(self._outbox),
             "response": response,
             "responses": self.responses,
@@ -185,11 +241,20 @@ class EchoEngine(Engine):
         }
 
     def restore(self, state: bytes | dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("state") not in (_STATE, _OLD_STATE):
+        if not isinstance(state, dict) or state.get("state") not in _STATES:
             raise ValueError(f"not a snapshot of the echo engine ({_STATE}): {_short(state)}")
-        unanswered = _unanswered(state.get("unanswered"))
+        taken: deque[Event] = deque()
+        if state["state"] == _STATE:
+            unanswered, events = state.get("unanswered"), state.get("taken")
+            if not isinstance(unanswered, list) or not isinstance(events, list):
+                raise ValueError("echo snapshot: 'unanswered' and 'taken' must be lists")
+            answers = [_unanswered(e) for e in unanswered]
+            taken.extend(_unportable(e) for e in events)
+        else:
+            one = _unanswered(state.get("unanswered"))
+            answers = [] if one is None else [one]
         if state["state"] == _OLD_STATE:
-            self._unanswered = unanswered
+            self._unanswered = [a for a in answers if a is not None]
             return
         outbox, responses = state.get("outbox"), state.get("responses")
         if not isinstance(outbox, list) or not all(isinstance(e, dict) for e in outbox):
@@ -199,8 +264,46 @@ class EchoEngine(Engine):
         response = _response(state.get("response"))
         conversation = Conversation(keep_audio=self.conversation.keep_audio)
         conversation.restore(state.get("conversation"))
-        self._unanswered, self._outbox, self._response = unanswered, deque(outbox), response
+        self._unanswered = [a for a in answers if a is not None]
+        self._taken, self._outbox, self._response = taken, deque(outbox), response
         self.responses, self.conversation = responses, conversation
+
+
+_STATES = (_STATE, _ONE_STATE, _OLD_STATE)
+
+
+def _portable_input(event: Event) -> Event:
+    """An input event taken and not answered, as a snapshot holds it: its type and field
+    (audio as base64 in ``audio_base64``) are all its answer needs."""
+    field = _FIELD[event["type"]]
+    value = event[field]
+    if isinstance(value, bytes):  # audio as PCM16 bytes: base64 in JSON
+        field, value = field + "_base64", base64.b64encode(value).decode("ascii")
+    return {"type": event["type"], field: value}
+
+
+def _portable(event: Event) -> dict[str, Any]:
+    """Any event taken and not looked at yet, for a snapshot: its fields, those of bytes
+    (audio) as base64 under ``bytes``."""
+    fields = {k: v for k, v in event.items() if not isinstance(v, bytes)}
+    binary = {k: base64.b64encode(v).decode("ascii") for k, v in event.items() if k not in fields}
+    return {"event": fields, "bytes": binary}
+
+
+def _unportable(state: object) -> Event:
+    event = state.get("event") if isinstance(state, dict) else None
+    binary = state.get("bytes") if isinstance(state, dict) else None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        raise ValueError(f"echo snapshot: a 'taken' event is not an event: {_short(state)}")
+    if not isinstance(binary, dict):
+        raise ValueError(f"echo snapshot: a 'taken' event has no 'bytes': {_short(state)}")
+    event = dict(event)
+    for key, value in binary.items():
+        try:
+            event[key] = base64.b64decode(value, validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            raise ValueError(f"echo snapshot: a taken event's {key} is not base64") from None
+    return event
 
 
 def _unanswered(event: object) -> Event | None:

@@ -165,6 +165,32 @@ class Connection:
         else:
             self.start_pump()
 
+    def push_many(self, frames: list[str | bytes]) -> None:
+        """``push`` each of ``frames``, in order: with nothing queued and the socket
+        free, all of them in one write from the caller's task; otherwise to the outbox,
+        for the pump (the bound as ``push``'s)."""
+        if self.close_code is not None:
+            return
+        ws = self.ws
+        if self.outbox or not ws.can_write_now():
+            self.outbox.extend(frames)
+            self.queued += sum(map(len, frames))
+            if self.queued > self.max_output_bytes:
+                self._not_reading()
+                return
+        else:
+            ws.write_many_now(frames)
+            if not ws.unsent and not ws.broken:
+                return
+        if self._wake:
+            self._wake.unpark()
+        else:
+            self.start_pump()
+
+    def room(self) -> tuple[int, float]:
+        """How many more frames, and characters, could be queued without congesting it."""
+        return self.high_water - len(self.outbox), self.max_output_bytes / 2 - self.queued
+
     def finish(self, frames: list[str | bytes], close_code: int, *, flush: bool = True) -> None:
         """Send ``frames`` after (or, without ``flush``, instead of) what is queued, then
         close with ``close_code``. The first call decides."""

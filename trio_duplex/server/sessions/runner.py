@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ..._pace import Pace
+from ..._pace import EVERY, Pace
 from ...audio import AudioConfig, Decoder, Encoder, negotiate
 from ...core import events, opening
 from ...core.events import EventType, Reason
@@ -181,7 +181,8 @@ class SessionRunner:
     abandoned: bool = False
     """Its engine did not return in time once cancelled: the session ended without it."""
     _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    _pace: Pace = attrs.field(factory=Pace)
+    _pace: Pace = attrs.field(factory=lambda: Pace(2 * EVERY))
+    """Shared by the engine's receives and sends: two steps per event answered."""
     _inbox: Inbox = attrs.field(init=False)
     _machine: ClientEvents = attrs.field(init=False)
     """What each client event means (core/protocol.py)."""
@@ -201,6 +202,8 @@ class SessionRunner:
     """The engine's last output audio delta: the fields of a tail (with its own audio)."""
     _freezing: bool = False
     """``freeze`` stopped the engine: the session waits, engineless, for its end."""
+    _batching: bool = False
+    """An ``emit_many`` writes event by event: each frame joins the outbox for the pump."""
     _engine_gone: trio.Event = attrs.field(factory=trio.Event)
     _end_decided: trio.Event = attrs.field(factory=trio.Event)
     _attaching: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
@@ -282,12 +285,14 @@ class SessionRunner:
             session.config,
             self._inbox,
             self.emit,
+            self._pace,
             audio=self.audio,
             principal=session.principal,
             dialect=self.dialect.name,
             raw=writes_raw(self.engine, self.dialect.name),
             attached=self._wait_attached,
             journal=session.journal,
+            emit_many=self.emit_many,
         )
         try:
             await run_engine(self.engine, handle)
@@ -503,14 +508,30 @@ class SessionRunner:
 
     async def emit(self, event: Event) -> None:
         """An engine's ``send``: sequence, journal, and write to the attached connection."""
-        await self._pace.step()
+        # A cancellation point, and a scheduler round every so often (``Pace.step``,
+        # without its coroutine: one per event).
+        if self._pace.due():
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
         if self.shaper is not None:
             await self._emit_shaped(event, self.shaper)
             return
-        if self._encoder is not None:
+        encoder = self._encoder
+        if encoder is not None:
             kind = event["type"]
-            if kind in _AUDIO_KINDS:
-                await self._emit_with_audio(event, kind, self._encoder)
+            if kind == _DELTA:  # (``_emit_with_audio``'s delta, inline: a voice's every event)
+                payloads = self._encode(event, encoder)
+                emit_audio = self.session.emit_audio
+                carrier = None if self._binary else event
+                for payload in payloads:
+                    now = trio.current_time()
+                    conn = self._deliver(emit_audio(payload, now, carrier), now)
+                    if conn is not None:
+                        await self._wait_drained(conn)
+                return
+            if kind in _AUDIO_ENDS:
+                await self._emit_with_audio(event, kind, encoder)
                 return
         now = trio.current_time()
         emitted = self.session.emit(event, now)
@@ -519,6 +540,95 @@ class SessionRunner:
         conn = self._deliver(emitted, now)
         if conn is not None:
             await self._wait_drained(conn)
+
+    async def emit_many(self, events: list[Event]) -> None:
+        """An engine's ``send_many``: each event as ``emit`` sends it, with one ``Pace``
+        step per chunk of ``EVERY`` events, not one per event; the first is the batch's
+        cancellation point. A freeze lets the batch finish (no cancellation point after
+        the first: what a migration sees is all of it or none). The frames of a chunk
+        go to the connection together: one write while the socket takes them."""
+        pace = self._pace
+        for at in range(0, len(events), EVERY):
+            chunk = events[at : at + EVERY] if at or len(events) > EVERY else events
+            if at and self._freezing:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            else:
+                await pace.step_many(len(chunk))
+            encoder = self._encoder
+            if self.shaper is None and (
+                encoder is None or not any(e["type"] in _AUDIO_KINDS for e in chunk)
+            ):
+                await self._emit_plain(chunk)
+                continue
+            plain: list[Event] = []  # (as emit, less its step; plain events together)
+            self._batching = True  # more follows at once: the pump writes them together
+            try:
+                for event in chunk:
+                    if self.shaper is not None:
+                        await self._emit_shaped(event, self.shaper)
+                        continue
+                    if encoder is not None:
+                        kind = event["type"]
+                        if kind in _AUDIO_KINDS:
+                            if plain:
+                                await self._emit_plain(plain)
+                                plain = []
+                            await self._emit_with_audio(event, kind, encoder)
+                            continue
+                    plain.append(event)
+            finally:
+                self._batching = False
+            if plain:
+                await self._emit_plain(plain)
+
+    async def _emit_plain(self, chunk: list[Event]) -> None:
+        """Sequence each event of ``chunk`` and write their frames to the attached
+        connection together; past what would congest it, they are written and the
+        connection waited for (as each ``send`` waits) before the next is sequenced."""
+        session = self.session
+        now = trio.current_time()
+        frames: list[Frame] = []
+        pending = 0
+        sampled = False
+        conn = self.conn
+        live = conn is not None and session.is_current(conn.generation)
+        room, room_bytes = (0, 0.0) if conn is None else conn.room()
+        for event in chunk:
+            emitted = session.emit(event, now)
+            if emitted is None:
+                break  # ending: nothing more is sequenced
+            if self._audio_out:
+                self._count_audio_out(event)
+            if not live:
+                continue
+            assert conn is not None
+            if emitted.notice is not None:
+                frames.append(emitted.notice)
+                pending += len(emitted.notice)
+            frame = emitted.frame
+            frames.append(frame)
+            pending += len(frame)
+            if not session.usage.events_out & _SAMPLE_MASK:
+                sampled = True
+            if len(frames) > room or pending > room_bytes:  # queued, they would congest it
+                conn.push_many(frames)
+                frames, pending = [], 0
+                if sampled:
+                    conn.sample_write(now, self.owner.send_to_write)
+                    sampled = False
+                if conn.congested:
+                    await self._wait_drained(conn)
+                    now = trio.current_time()
+                    conn = self.conn
+                    live = conn is not None and session.is_current(conn.generation)
+                room, room_bytes = (0, 0.0) if conn is None else conn.room()
+        if frames and live:
+            assert conn is not None
+            conn.push_many(frames)
+            if sampled:
+                conn.sample_write(now, self.owner.send_to_write)
+            if conn.congested:
+                await self._wait_drained(conn)
 
     def _deliver(self, emitted: Emitted | None, now: float) -> Connection | None:
         """Write what the core sequenced to the attached connection. Returns that
@@ -529,7 +639,7 @@ class SessionRunner:
             return None
         # While more input waits for the engine, more output will follow at once: let
         # the pump send it together. Otherwise write it now, from this task.
-        coalesce = len(self._inbox) > 0
+        coalesce = self._batching or len(self._inbox) > 0
         if emitted.notice is not None:
             conn.push(emitted.notice, coalesce=coalesce)
         conn.push(emitted.frame, coalesce=coalesce)

@@ -49,6 +49,7 @@ from ...core.frames import (
     binary_frame,
     close_frame,
     control_frame,
+    frames_of,
     text_frame,
 )
 from .faults import FAULTS
@@ -141,6 +142,7 @@ class WebSocket:
     __slots__ = (
         "_close",
         "_direct",
+        "_full",
         "_messages",
         "_next",
         "_pace",
@@ -184,6 +186,7 @@ class WebSocket:
         self._writing = False
         self._turn = trio.lowlevel.ParkingLot()
         self._direct = DirectWrite(stream)
+        self._full = False  # the last read filled its buffer: read again at once
         self._pongs: dict[bytes, trio.Event] = {}
         self._pings_sent = 0
         self._watched: trio.Event | None = None  # set once ``watch`` has returned
@@ -225,10 +228,12 @@ class WebSocket:
     async def get_message(self) -> str | bytes:
         """The next message (text as ``str``, binary as ``bytes``); raises
         ``ConnectionClosed`` once the peer has closed or the connection failed."""
-        if self._next < len(self._messages):
+        if self._next < len(self._messages) and self._pace.due():
             # Several messages came in one read: serve them at a Pace, so the tasks
-            # they feed run in batches and a fast client cannot starve the others.
-            await self._pace.step()
+            # they feed run in batches and a fast client cannot starve the others (a
+            # cancellable scheduler round every EVERY messages, none between: what a
+            # cancel cuts short is a connection, whose messages it no longer takes).
+            await trio.lowlevel.checkpoint()
         while self._next >= len(self._messages):
             if not self._readable:
                 raise self._closed_error()
@@ -243,8 +248,11 @@ class WebSocket:
             await self._watched.wait()
             return  # it may have read messages on its way out: the caller looks again
         try:
-            data = await self.stream.receive_some(RECEIVE_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if self._direct.fd >= 0:
+                data: bytes | bytearray = await self._read_socket()
+            else:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             self._lost()
             raise self._closed_error() from None
         if not data:  # EOF without a close frame
@@ -252,7 +260,40 @@ class WebSocket:
             return
         if self._next >= len(self._messages):
             self._messages, self._next = [], 0
-        await self._feed(data)
+        # (``_feed``, without its coroutine when there is nothing to answer: most reads)
+        replies = self._absorb(data)
+        done = not self._readable and self.state is State.CLOSED
+        if replies or done:
+            await self._write_out(replies, eof=done)
+
+    async def _read_socket(self) -> bytes:
+        """What the socket holds, read once it is readable: a wait (the scheduler round)
+        and one ``os.read``, where ``receive_some`` first tries a read that, with the
+        last message served, mostly finds nothing (a syscall and an exception per
+        wake-up). After a read that filled the buffer, more is likely waiting: it reads
+        at once, after a checkpoint."""
+        fd = self._direct.fd
+        stream = self.stream
+        assert isinstance(stream, trio.SocketStream)
+        if stream.socket.fileno() != fd:  # closed: its number may be another's by now
+            raise trio.ClosedResourceError
+        if self._full:
+            await trio.lowlevel.checkpoint()
+            try:
+                data = os.read(fd, RECEIVE_SIZE)
+            except BlockingIOError:
+                pass
+            else:
+                self._full = len(data) == RECEIVE_SIZE
+                return data
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                data = os.read(fd, RECEIVE_SIZE)
+            except BlockingIOError:  # (woken, and another read took it: wait again)
+                continue
+            self._full = len(data) == RECEIVE_SIZE
+            return data
 
     async def _feed(self, data: bytes | bytearray) -> None:
         """Parse ``data``, then send what it calls for: pongs, a close, and once the
@@ -409,9 +450,7 @@ class WebSocket:
     async def send_many(self, messages: Iterable[str | bytes]) -> None:
         """Send several messages in one write."""
         self._check_writable()
-        await self._write(
-            b"".join([text_frame(m) if isinstance(m, str) else binary_frame(m) for m in messages])
-        )
+        await self._write(frames_of(messages))
 
     def can_write_now(self) -> bool:
         """Can ``write_now`` write at once: a socket, no write in progress, no tail left,
@@ -425,6 +464,11 @@ class WebSocket:
         frame = text_frame(message) if isinstance(message, str) else binary_frame(message)
         if not self._direct.write(frame):
             self._lost()  # reset, broken pipe: the reader will see the end too
+
+    def write_many_now(self, messages: list[str | bytes]) -> None:
+        """``write_now`` for several messages, in one write."""
+        if not self._direct.write(frames_of(messages)):
+            self._lost()
 
     @property
     def broken(self) -> bool:
