@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+import trio
 
 from trio_duplex.engines.aio import AsyncioEngine
 from trio_duplex.engines.api import EngineSession, Event
@@ -66,6 +67,29 @@ class AsyncioEcho(AsyncioEngine):
         if not isinstance(state, dict) or state.get("state") != "asyncio-echo/1":
             raise ValueError("not an asyncio echo snapshot")
         self.unanswered = [{"type": "input.text.append", "text": t} for t in state["unanswered"]]
+
+
+class AsyncioBatchEcho(AsyncioEcho):
+    """``AsyncioEcho`` by batches: ``receive_batch`` and one ``send_many`` per batch."""
+
+    async def run(self, session: EngineSession) -> None:
+        if self.unanswered:  # restored: answer what the last node could not
+            await self._answer_all(session)
+        while True:
+            try:
+                batch = await session.receive_batch()
+            except trio.EndOfChannel:
+                return
+            self.unanswered.extend(batch)
+            await self._answer_all(session)
+
+    async def _answer_all(self, session: EngineSession) -> None:
+        replies = []
+        for event in self.unanswered:
+            field = _FIELD[event["type"]]
+            replies.append({"type": _REPLY[event["type"]], field: event[field]})
+        await session.send_many(replies)
+        self.unanswered.clear()
 
 
 STAGES = ("receive", "send", "sleep", "thread", "executor", "to_thread")

@@ -96,7 +96,13 @@ class Node(EngineSession):
     cut: Cut | None = attrs.field(kw_only=True)
 
     def _cut_here(self, at: str, n: int, after: bool = False) -> None:
-        if self.cut == Cut(at, n, after):
+        # A send cut lands at its send, or at the first one past it: a batch sent whole
+        # on an earlier node (a stop lets a batch finish) may have carried the output the
+        # cut names, and the migration then comes at the first point still ahead.
+        cut = self.cut
+        if cut is None or cut.at != at or cut.after != after:
+            return
+        if n == cut.n or (at == "send" and n > cut.n):
             self.stop.cancel()
 
     async def send(self, event: Event) -> None:

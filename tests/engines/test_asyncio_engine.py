@@ -42,9 +42,13 @@ from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.testing import running_server, settle
 
 from ..helpers import Serve, echo
-from .asyncio_engines import STAGES, AsyncioEcho, Busy, Stages, Taker
+from .asyncio_engines import STAGES, AsyncioBatchEcho, AsyncioEcho, Busy, Stages, Taker
 
-ECHOES: dict[str, EngineFactory] = {"trio": EchoEngine, "asyncio": AsyncioEcho}
+ECHOES: dict[str, EngineFactory] = {
+    "trio": EchoEngine,
+    "asyncio": AsyncioEcho,
+    "asyncio-batches": AsyncioBatchEcho,  # (receive_batch and send_many, from asyncio)
+}
 
 
 @pytest.fixture(params=list(ECHOES))
@@ -537,3 +541,55 @@ async def test_the_loop_is_asyncios_for_the_engine_and_trio_stays_trios(
     assert seen["socket"] == b"hello"
     assert seen["finalized"] == ["closed"]
     assert seen["loop"].is_closed()
+
+
+# -- real I/O from the engine's own loop -----------------------------------------------------
+
+
+class AioLookup(AsyncioEngine):
+    """Each text is sent, over a TCP connection of asyncio's own (``open_connection``,
+    after ``getaddrinfo``, which runs in the loop's executor), to a line server, and its
+    reply is the answer: the loop's sockets and executor are real."""
+
+    accepts = frozenset({"input.text.append"})
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    async def run(self, session: EngineSession) -> None:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo("localhost", self.port, type=socket.SOCK_STREAM)
+        host = str(infos[0][4][0])
+        reader, writer = await asyncio.open_connection(host, self.port)
+        try:
+            async for event in session:
+                writer.write(event["text"].encode() + b"\n")
+                await writer.drain()
+                reply = (await reader.readline()).decode().strip()
+                await session.send({"type": "response.output_text.delta", "text": reply})
+        finally:
+            writer.close()
+
+
+async def test_an_asyncio_engine_does_real_network_io_on_its_loop() -> None:
+    async def shout(stream: trio.SocketStream) -> None:
+        async with stream:
+            pending = b""
+            async for data in stream:
+                pending += data
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    await stream.send_all(line.upper() + b"!\n")
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, shout, 0)
+        port = listeners[0].socket.getsockname()[1]
+        with trio.fail_after(30):  # real sockets, real time: a bound, not a wait
+            async with running_server(engine_factory=lambda _: AioLookup(port)) as sim:
+                client, _ = await sim.open_session()
+                for word in ("one", "two", "three"):
+                    await client.send(text(word))
+                got = [await client.receive() for _ in range(3)]
+                assert [e["text"] for e in got] == ["ONE!", "TWO!", "THREE!"]
+                assert [e["server_event_seq"] for e in got] == [1, 2, 3]
+        nursery.cancel_scope.cancel()

@@ -69,7 +69,7 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 import attrs
@@ -77,9 +77,10 @@ import outcome
 import sniffio
 import trio
 
+from .._pace import EVERY as BATCH
 from ..core import events
 from ..core.events import EventType
-from .api import Engine, EngineSession, Event
+from .api import Engine, EngineSession, Event, check_sendable
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -649,16 +650,41 @@ class AsyncioSession(EngineSession):
             if updates:
                 return event
 
+    async def receive_batch(
+        self, limit: int = BATCH, *, updates: bool = False, answer: bool = True
+    ) -> list[Event]:
+        """``EngineSession.receive_batch``, from asyncio: ``receive`` for the first event,
+        then what is queued behind it, up to ``limit``, ending before a ``session.update``.
+        Cancelled, it took nothing; returned, exactly the events it returns."""
+        if limit < 1:
+            raise ValueError(f"a batch holds at least one event, not {limit}")
+        first = await self.receive(updates=updates, answer=answer)
+        batch = [first]
+        if first["type"] in _UPDATE:
+            return batch
+        inbox = self._inbox
+        while len(batch) < limit and (queued := inbox.peek()) is not None:
+            if queued["type"] in _UPDATE:
+                break
+            batch.append(inbox.get_nowait())  # (no await: nothing can cancel half-way)
+        return batch
+
+    async def send_many(self, events: Sequence[Event]) -> None:
+        """``EngineSession.send_many``, from asyncio: every event is checked first
+        (ValueError: none is sent), then each is sent as ``send`` sends it. A
+        cancellation may land between two of them (each one sent was sequenced:
+        ``sent_seq`` says how far), at a migration's stop too."""
+        batch = list(events)
+        for event in batch:
+            check_sendable(event, self.raw)
+        for event in batch:
+            await self.send(event)
+
     async def wait_attached(self) -> None:
         loop: _Loop = self._loop
         if loop.ending:
             raise asyncio.CancelledError
         await loop.run_trio(super().wait_attached)
-
-
-def _bridge_missing() -> str | None:
-    """Nothing: the bridge is asyncio's own loop, driven from trio (no extra needed)."""
-    return None
 
 
 class AsyncioEngine(Engine):
@@ -674,7 +700,7 @@ class AsyncioEngine(Engine):
         """Why it cannot run (``engine_problem`` asks): None, it can."""
         if getattr(type(self), "run", None) is AsyncioEngine.run:
             return "which does not implement 'run'"
-        return _bridge_missing()
+        return None
 
     async def run_in_trio(self, session: EngineSession) -> None:
         """What the server awaits (trio): ``run`` on an asyncio loop of the session's own."""

@@ -504,13 +504,8 @@ class EngineSession:
         connection is waited for, or between two ``EVERY``-event chunks of a longer
         batch, with the events before it sequenced: ``sent_seq`` says how far."""
         batch = list(events)
-        raw = self.raw
         for event in batch:
-            kind = event.get("type")
-            if not isinstance(kind, str) or (
-                kind in CONTROL_EVENTS and not (raw and kind == EventType.ERROR)
-            ):
-                raise ValueError(f"an engine cannot send an event of type {kind!r}")
+            check_sendable(event, self.raw)
         if not batch:
             await trio.lowlevel.checkpoint()
         elif self._emit_many is not None:
@@ -595,6 +590,15 @@ class EngineSession:
             return await self.receive()
         except trio.EndOfChannel:
             raise StopAsyncIteration from None
+
+
+def check_sendable(event: Event, raw: bool) -> None:
+    """ValueError unless an engine may send ``event`` (``send`` tests the same inline)."""
+    kind = event.get("type")
+    if not isinstance(kind, str) or (
+        kind in CONTROL_EVENTS and not (raw and kind == EventType.ERROR)
+    ):
+        raise ValueError(f"an engine cannot send an event of type {kind!r}")
 
 
 async def run_engine(engine: Engine, session: EngineSession) -> None:
