@@ -388,9 +388,23 @@ def object_census() -> dict[str, Any]:
     big = {}
     for size, _, obj in largest[:12]:
         holders = [type(h).__qualname__ for h in gc.get_referrers(obj) if h is not largest]
-        big[f"{type(obj).__qualname__} #{id(obj):x}"] = [size, repr(obj)[:160], holders[:4]]
+        big[f"{type(obj).__qualname__} #{id(obj):x}"] = [size, describe(obj), holders[:4]]
     del tracked, untracked, largest
     return {"counts": counts, "largest": big}
+
+
+def describe(obj: object) -> str:
+    """What a large object holds, by type: never its repr (an attrs repr of a runner
+    spells out its owner's every runner, quadratic in the sessions)."""
+    if isinstance(obj, dict):
+        items = [
+            f"{type(k).__name__}: {type(v).__qualname__}"
+            for k, v in itertools.islice(obj.items(), 3)
+        ]
+        return f"{len(obj)} items, e.g. {items}"
+    if isinstance(obj, set | frozenset | list | tuple | collections.deque):
+        return f"{len(obj)} items, e.g. {[type(v).__qualname__ for v in itertools.islice(obj, 3)]}"
+    return type(obj).__qualname__
 
 
 def ours(tb: tracemalloc.Traceback) -> str:
