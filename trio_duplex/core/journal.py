@@ -47,7 +47,9 @@ class Journal:
     dropped_through: int = 0
     """Every seq up to this one is lost to overflow or TTL (acked entries don't count)."""
     acked_through: int = 0
-    _entries: deque[Entry] = attrs.field(factory=deque)
+    _entries: deque[Entry] | tuple[()] = ()
+    """Oldest first: a deque from the first append on (an empty deque is 760 bytes, and
+    the journal of an idle session, which has sent nothing, needs none)."""
     _bytes: int = 0
 
     @property
@@ -83,7 +85,7 @@ class Journal:
         ``now``. Under tighter bounds than that node's, the oldest entries that do not
         fit are dropped, as an overflow would (``dropped_through`` says so)."""
         journal = cls(max_bytes, ttl_s, head, dropped_through, acked_through)
-        held = journal._entries
+        held = journal._entries = deque()
         for seq, frame in entries:
             size = frame_size(frame)
             held.append(Entry(seq, frame, size, now))
@@ -111,6 +113,9 @@ class Journal:
         if self._bytes + size > self.max_bytes:
             self._drop_all(seq - 1)
             notice = seq - 1
+        entries = self._entries  # (again: a drop may have replaced it)
+        if isinstance(entries, tuple):  # (the first entry)
+            entries = self._entries = deque()
         entries.append(Entry(seq, frame, size, now))
         self._bytes += size
         return notice
@@ -134,7 +139,8 @@ class Journal:
         return list(islice(entries, after + 1 - entries[0].seq, None))
 
     def _drop_all(self, through: int) -> None:
-        self._entries.clear()
+        if isinstance(self._entries, deque):
+            self._entries.clear()
         self._bytes = 0
         if through > self.dropped_through:
             self.dropped_through = through

@@ -256,7 +256,9 @@ class Inbox:
         max_bytes: float = math.inf,
         on_report: Callable[[Event | None, bool], bool] | None = None,
     ) -> None:
-        self._events: deque[Event] = deque()
+        # A deque from the first event on (an empty one is 760 bytes; an idle session's
+        # engine waits on an inbox that has held nothing).
+        self._events: deque[Event] | tuple[()] = ()
         self._big: dict[int, int] = {}  # id() of each counted event queued: its size
         self._bound = bound
         self._max_bytes = max_bytes
@@ -304,6 +306,8 @@ class Inbox:
         if size >= self._counted:
             self._big[id(event)] = size  # (a queued event's id is not reused)
             self._bytes += size
+        if isinstance(events, tuple):  # (the first event)
+            events = self._events = deque()
         events.append(event)
         receiver = self._receiver
         if receiver is not None:
@@ -337,7 +341,7 @@ class Inbox:
 
     def clear(self) -> None:
         """Drop what is queued (its receiver is gone)."""
-        self._events.clear()
+        self._events = ()
         self._big.clear()
         self._bytes = 0
 
@@ -423,6 +427,8 @@ class Inbox:
         if size >= self._counted:
             self._big[id(event)] = size
             self._bytes += size
+        if isinstance(self._events, tuple):
+            self._events = deque()
         self._events.append(event)
 
 

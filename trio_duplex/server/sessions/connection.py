@@ -63,7 +63,10 @@ class Connection:
     """The attachment generation this connection holds (0: none)."""
     close_code: int | None = None
     """Set once the connection must close after its outbox is sent."""
-    outbox: deque[str | bytes] = attrs.field(factory=deque)
+    outbox: deque[str | bytes] | tuple[()] = ()
+    """The frames waiting for the pump: a deque once the first one waits (an empty
+    deque is 760 bytes, and a connection that never has to wait, an idle one, needs
+    none)."""
     queued: int = 0
     """The outbox's size: the sum of its frames' lengths."""
     watchers: Sequence[FinishWatcher] = ()
@@ -73,8 +76,10 @@ class Connection:
     _nursery: trio.Nursery | None = None
     """Open while the connection is: the pump and pings run in it."""
     _pumping: bool = False
-    _wake: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
-    _drained: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _wake: trio.lowlevel.ParkingLot | None = None
+    """Where the pump waits for frames (made by the pump: until then, None)."""
+    _drained: trio.lowlevel.ParkingLot | None = None
+    """Where engines wait for a congested outbox (made by the first to wait)."""
     _keepalive: Keepalive | None = None
     _written: int = 0
     """Frames the pump has taken from the outbox to write (direct writes not counted)."""
@@ -149,7 +154,10 @@ class Connection:
             return
         ws = self.ws
         if coalesce or self.outbox or not ws.can_write_now():
-            self.outbox.append(frame)
+            outbox = self.outbox
+            if isinstance(outbox, tuple):  # (the first frame to wait)
+                outbox = self.outbox = deque()
+            outbox.append(frame)
             self.queued += len(frame)
             if self.queued > self.max_output_bytes:
                 self._not_reading()
@@ -173,7 +181,10 @@ class Connection:
             return
         ws = self.ws
         if self.outbox or not ws.can_write_now():
-            self.outbox.extend(frames)
+            outbox = self.outbox
+            if isinstance(outbox, tuple):  # (the first frames to wait)
+                outbox = self.outbox = deque()
+            outbox.extend(frames)
             self.queued += sum(map(len, frames))
             if self.queued > self.max_output_bytes:
                 self._not_reading()
@@ -198,13 +209,17 @@ class Connection:
             return
         if not flush:
             self._drop_outbox()
-        self.outbox.extend(frames)
+        outbox = self.outbox
+        if isinstance(outbox, tuple):
+            outbox = self.outbox = deque()
+        outbox.extend(frames)
         self.queued += sum(map(len, frames))
         self.close_code = close_code
         for watcher in self.watchers:
             watcher.terminal_queued(self, frames)
-        self._wake.unpark_all()
-        self._drained.unpark_all()
+        if self._wake is not None:
+            self._wake.unpark_all()
+        self.release_waiters()
         self.start_pump()
 
     async def send_rest(self) -> None:
@@ -256,7 +271,8 @@ class Connection:
             self.abort_after(0)
 
     def _drop_outbox(self) -> None:
-        self.outbox.clear()
+        if isinstance(self.outbox, deque):
+            self.outbox.clear()  # (in place: the pump holds it)
         self.queued = 0
         self._sample = None
 
@@ -275,10 +291,13 @@ class Connection:
             sample[2].observe(trio.current_time() - sample[1])
 
     async def wait_drained(self) -> None:
+        if self._drained is None:
+            self._drained = trio.lowlevel.ParkingLot()
         await self._drained.park()
 
     def release_waiters(self) -> None:
-        self._drained.unpark_all()
+        if self._drained is not None:
+            self._drained.unpark_all()
 
     async def _pump_then_end(self) -> None:
         try:
@@ -292,7 +311,11 @@ class Connection:
         Frames that queued up while the previous write was in flight go out together in
         one write: under load this saves a syscall and a lock round per frame.
         """
-        outbox, ws = self.outbox, self.ws
+        outbox = self.outbox
+        if isinstance(outbox, tuple):
+            outbox = self.outbox = deque()
+        ws = self.ws
+        self._wake = wake = trio.lowlevel.ParkingLot()
         low_water = self.high_water // 2
         low_bytes = self.max_output_bytes / 4
         while True:
@@ -317,7 +340,7 @@ class Connection:
             elif self.close_code is not None:
                 return
             else:
-                await self._wake.park()
+                await wake.park()
 
     def _start_ping(self, keepalive: Keepalive) -> None:
         if self._nursery is not None:  # (a ping due while the connection ends: none)

@@ -184,7 +184,8 @@ class WebSocket:
         self._pace = Pace()
         self._close: Close | None = None  # the close received, or the one we failed with
         self._writing = False
-        self._turn = trio.lowlevel.ParkingLot()
+        # Writers waiting for their turn: made by the first (an idle connection has none).
+        self._turn: trio.lowlevel.ParkingLot | None = None
         self._direct = DirectWrite(stream)
         self._full = False  # the last read filled its buffer: read again at once
         self._pongs: dict[bytes, trio.Event] = {}
@@ -522,6 +523,8 @@ class WebSocket:
         """Write ``data`` (None: half-close), after the writes that came first and after
         a direct write's tail."""
         if self._writing:
+            if self._turn is None:
+                self._turn = trio.lowlevel.ParkingLot()
             await self._turn.park()  # woken as the writer: _writing stays True
         else:
             self._writing = True
