@@ -336,7 +336,7 @@ async def test_with_a_relay_port_the_main_listener_does_not_serve_the_relay_path
     assert raw_upgrade(a.port, RELAY_PATH, header) == b"HTTP/1.1 404 Not Found"
 
 
-# -- the pooled relay's peer connections (pool.py) ---------------------------------------
+# -- the pooled relay's peer connections (pool/) ---------------------------------------
 
 
 def pool_upgrade(port: int, header: str | None) -> tuple[bytes, dict[str, list[str]]]:
