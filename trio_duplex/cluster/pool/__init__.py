@@ -15,6 +15,14 @@ never WebSocket frames. Each channel names the one session it may resume: the ho
 serves it with the grant of a relayed resume of that session (``Grant(resume_of=...,
 relayed=True)``), whose token it checks as for any resume.
 
+Mixed releases (a rolling deploy). A home of a release before the pool refuses the
+pooled upgrade with a 403 that carries no proof header (its endpoint knows only the
+per-resume ``v2`` request): the front then relays to it per resume (relay.py's
+``relay``, which proves the secret on its own), and remembers so for ``PER_RESUME_S``
+(at most ``MAX_PER_RESUME_HOMES`` homes) before it tries the pool again. Nothing else
+makes it fall back: a 101 without the right proof is a node without the secret, and
+nothing is sent to it.
+
 Framing. Every frame is a 9-byte head, ``kind`` (1 byte), ``channel`` (4), ``length``
 (4), all big-endian, then ``length`` bytes:
 
@@ -60,7 +68,7 @@ from .framing import MAX_CHANNELS, MAX_FRAME, OUT_LIMIT, SLACK, WINDOW, Broken, 
 from .front import FrontChannel, relay
 from .home import Home, HomeChannel, PoolGrant, Serve, pool_grant
 from .link import IDLE_S, PEER_TIMEOUT_S, PING_INTERVAL_S, Link
-from .peers import MAX_LINKS_PER_HOME, Pool, Refused
+from .peers import MAX_LINKS_PER_HOME, MAX_PER_RESUME_HOMES, PER_RESUME_S, OldHome, Pool, Refused
 from .ws_frames import BadFrame, ServerFrames, client_frame, message_frame
 
 __all__ = [
@@ -68,8 +76,10 @@ __all__ = [
     "MAX_CHANNELS",
     "MAX_FRAME",
     "MAX_LINKS_PER_HOME",
+    "MAX_PER_RESUME_HOMES",
     "OUT_LIMIT",
     "PEER_TIMEOUT_S",
+    "PER_RESUME_S",
     "PING_INTERVAL_S",
     "SLACK",
     "WINDOW",
@@ -81,6 +91,7 @@ __all__ = [
     "HomeChannel",
     "Kind",
     "Link",
+    "OldHome",
     "Pool",
     "PoolGrant",
     "Refused",

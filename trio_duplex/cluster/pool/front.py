@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -11,10 +12,12 @@ import trio
 from ...core.frames import CloseCode, Opcode
 from ...server.sessions.connection import Connection
 from ...server.sessions.websocket import ConnectionClosed as ClientGone
+from ..relay import relay as per_resume_relay
+from ..relay import sign
 from .channel import Channel
 from .framing import K_OPEN
 from .link import Link
-from .peers import Pool, Refused
+from .peers import OldHome, Pool, Refused
 from .ws_frames import BadFrame, ServerFrames, client_frame, message_frame
 
 log = logging.getLogger("trio_duplex")
@@ -128,9 +131,27 @@ async def relay(
     ends. False: nothing was delivered to the client (the home could not be reached,
     refused, did not prove it holds the secret, or its channel ended before it said
     anything): the caller answers ``unreachable``. Otherwise ``conn`` is finished with
-    the home's close code, or 1001 if the home's side broke (the client resumes again)."""
+    the home's close code, or 1001 if the home's side broke (the client resumes again).
+
+    A home of a release before the pool (``OldHome``: it refused the pooled upgrade as
+    one does) is relayed to per resume instead (relay.py's ``relay``, whose request and
+    proof are the resume's own), so that a rolling deploy relays throughout."""
     try:
         link = await pool.link_to(home, url)
+    except OldHome as exc:
+        log.log(exc.level, "relay to node %s at %s %s", home, url, exc)
+        signed = sign(pool.keys, pool.node_id, home, session_id, time.time())
+        return await per_resume_relay(
+            conn,
+            first,
+            home=home,
+            url=url,
+            signed=signed,
+            connect_timeout_s=pool.connect_timeout_s,
+            write_timeout_s=pool.write_timeout_s,
+            ssl_context=pool.ssl_context,
+            dialect=dialect,
+        )
     except Refused as exc:
         log.log(exc.level, "relay to node %s at %s %s", home, url, exc)
         return False

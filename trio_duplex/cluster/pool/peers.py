@@ -30,6 +30,12 @@ from .link import Link
 MAX_LINKS_PER_HOME = 4
 """Peer connections a front keeps to one home node."""
 
+PER_RESUME_S = 60.0
+"""How long a home that answered the pooled upgrade as a release before the pool does
+(``OldHome``) is relayed to per resume (relay.py) before the pool is tried again (it may
+have been upgraded meanwhile: a rolling deploy)."""
+MAX_PER_RESUME_HOMES = 1024
+"""Homes remembered as taking per-resume relays only (the oldest forgotten first)."""
 _MAX_HEAD_BYTES = 16384
 
 _WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -43,6 +49,15 @@ class Refused(Exception):
     def __init__(self, message: str, level: int = logging.WARNING) -> None:
         super().__init__(message)
         self.level = level
+
+
+class OldHome(Refused):
+    """The home refused the pooled upgrade as every release before the pool does: a 403
+    that carries no proof header (its relay endpoint knows only the per-resume ``v2``
+    request, so a ``p1`` one is "not signed for this node"). It takes per-resume relays
+    (relay.py), which prove the secret on their own: the front falls back to them. (A
+    node that does not share the secret answers the same 403, and refuses the per-resume
+    relay as well; a 101 without the right proof is never this: ``Refused``.)"""
 
 
 @attrs.define(eq=False)
@@ -61,6 +76,35 @@ class Pool:
     _dialling: dict[tuple[str, str], trio.Lock] = attrs.field(factory=dict)
     dialled: int = 0
     """Peer connections opened so far (tests, metrics)."""
+    _per_resume: dict[tuple[str, str], float] = attrs.field(factory=dict)
+    """Homes that answered as a release before the pool (``OldHome``): until when
+    (``trio.current_time``) they are relayed to per resume, at most
+    ``MAX_PER_RESUME_HOMES``."""
+
+    def per_resume(self, home: str, url: str) -> bool:
+        """Is ``home`` at ``url`` remembered as taking per-resume relays only?"""
+        key = (home, url)
+        until = self._per_resume.get(key)
+        if until is None:
+            return False
+        if trio.current_time() < until:
+            return True
+        del self._per_resume[key]
+        return False
+
+    def remember_per_resume(self, home: str, url: str) -> None:
+        """Relay to ``home`` at ``url`` per resume for ``PER_RESUME_S`` (it answered
+        as a release before the pool)."""
+        key = (home, url)
+        remembered = self._per_resume
+        remembered.pop(key, None)
+        now = trio.current_time()
+        if len(remembered) >= MAX_PER_RESUME_HOMES:
+            for old in [old for old, until in remembered.items() if until <= now]:
+                del remembered[old]
+            while len(remembered) >= MAX_PER_RESUME_HOMES:
+                del remembered[next(iter(remembered))]  # (the oldest: insertion order)
+        remembered[key] = now + PER_RESUME_S
 
     def _usable(self, key: tuple[str, str]) -> Link | None:
         best: Link | None = None
@@ -73,20 +117,29 @@ class Pool:
     async def link_to(self, home: str, url: str) -> Link:
         """A peer connection to ``home`` at ``url`` that can take a channel. Refused: it
         could not be had (unreachable, refused, did not prove it holds the secret, or
-        ``MAX_LINKS_PER_HOME`` full ones)."""
+        ``MAX_LINKS_PER_HOME`` full ones); OldHome: it takes per-resume relays only
+        (it just said so, or did within ``PER_RESUME_S``)."""
         key = (home, url)
         link = self._usable(key)
         if link is not None:
             return link
+        if self.per_resume(home, url):
+            raise OldHome("takes per-resume relays only (remembered)", logging.DEBUG)
         lock = self._dialling.setdefault(key, trio.Lock())
         async with lock:
             link = self._usable(key)
             if link is not None:
                 return link
+            if self.per_resume(home, url):  # (learnt while this task waited)
+                raise OldHome("takes per-resume relays only (remembered)", logging.DEBUG)
             live = [link for link in self.links.get(key, ()) if not link.closing]
             if len(live) >= MAX_LINKS_PER_HOME:
                 raise Refused(f"{MAX_LINKS_PER_HOME} peer connections to it are full")
-            link = await self._dial(home, url)
+            try:
+                link = await self._dial(home, url)
+            except OldHome:
+                self.remember_per_resume(home, url)
+                raise
             self.links.setdefault(key, []).append(link)
             self.dialled += 1
             return link
@@ -115,6 +168,12 @@ class Pool:
                     await stream.do_handshake()
                 await stream.send_all(request)
                 status, headers, early = await _read_response(stream)
+            if status == 403 and PROOF_HEADER.lower() not in headers:
+                raise OldHome(
+                    "refused the pooled upgrade (403) as a release before the pool does: "
+                    f"relaying to it per resume for {PER_RESUME_S:.0f}s",
+                    logging.INFO,
+                )
             if status == 403:
                 raise Refused(
                     "refused (403): do the nodes share --cluster-secret, and agree on the "
