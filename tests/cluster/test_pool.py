@@ -1,4 +1,4 @@
-"""The pooled relay (cluster/pool.py), in memory: a front's peer connection to a home
+"""The pooled relay (cluster/pool/), in memory: a front's peer connection to a home
 that is a whole simulated server (its real session code), many relayed client
 connections on it, flow control, and what a broken or silent peer connection does.
 

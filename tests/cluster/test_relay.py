@@ -298,7 +298,7 @@ async def test_the_relay_s_signature_stays_out_of_a_debug_log(
     async with ws_to(b.url) as on_b:
         await send(on_b, resume(created, created["resume_token"], 0))
         assert (await receive(on_b))["type"] == "session.resumed"
-    # The pooled peer connection's signed request (pool.py) is never logged, nor its proof.
+    # The pooled peer connection's signed request (pool/) is never logged, nor its proof.
     assert f"{HEADER}: p1" not in b.log and f"{HEADER}: v2" not in b.log
     assert SECRET not in b.log and SECRET not in a.log
     assert "relaying its resume to its home node a" in b.log
@@ -307,7 +307,7 @@ async def test_the_relay_s_signature_stays_out_of_a_debug_log(
 async def test_many_relayed_sessions_share_one_peer_connection(
     three: list[ServerProcess],
 ) -> None:
-    """Every resume B relays to A goes over the one pooled peer connection (pool.py),
+    """Every resume B relays to A goes over the one pooled peer connection (pool/),
     each session's messages its own, both ways."""
     a, b, _ = three
     relay_port = int(a.wait_for_line(r"registered \(advertised as ws://[^:]+:(\d+)", TIMEOUT)[1])

@@ -10,6 +10,7 @@ the attacker a forged directory entry points at: once given to ``relay()`` direc
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,7 +28,14 @@ from websockets.http11 import Request, Response
 from websockets.trio.client import connect
 from websockets.trio.server import ServerConnection, serve
 
-from trio_duplex.cluster.pool import Pool, Refused
+from trio_duplex.cluster.pool import (
+    MAX_PER_RESUME_HOMES,
+    PER_RESUME_S,
+    OldHome,
+    Pool,
+    Refused,
+)
+from trio_duplex.cluster.pool import relay as pooled_relay
 from trio_duplex.cluster.relay import (
     HEADER,
     PROOF_HEADER,
@@ -84,12 +92,22 @@ class FakeHome:
 
 
 @asynccontextmanager
-async def fake_home(answer: ProofOf) -> AsyncIterator[FakeHome]:
+async def fake_home(answer: ProofOf, *, old_release: bool = False) -> AsyncIterator[FakeHome]:
+    """``old_release``: it refuses a pooled peer connection's upgrade as a release before
+    the pool does (403, no proof header: a ``p1`` request is not one it can check)."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     home = FakeHome(f"ws://127.0.0.1:{port}/v1/duplex")
 
+    def refuse(ws: ServerConnection, request: Request) -> Response | None:
+        if old_release and request.headers.get(HEADER, "").startswith("p1 "):
+            home.headers.append(request.headers)
+            return ws.respond(403, "this endpoint takes resumes relayed by the nodes only\n")
+        return None
+
     def respond(_: ServerConnection, request: Request, response: Response) -> Response:
+        if response.status_code != 101:  # (refused above: recorded there)
+            return response
         home.headers.append(request.headers)
         for value in answer(request):
             response.headers[PROOF_HEADER] = value
@@ -105,6 +123,7 @@ async def fake_home(answer: ProofOf) -> AsyncIterator[FakeHome]:
             lambda task_status: serve(
                 handler,
                 listeners=listeners,
+                process_request=refuse,
                 process_response=respond,
                 compression=None,
                 task_status=task_status,
@@ -336,7 +355,7 @@ async def test_with_a_relay_port_the_main_listener_does_not_serve_the_relay_path
     assert raw_upgrade(a.port, RELAY_PATH, header) == b"HTTP/1.1 404 Not Found"
 
 
-# -- the pooled relay's peer connections (pool.py) ---------------------------------------
+# -- the pooled relay's peer connections (pool/) ---------------------------------------
 
 
 def pool_upgrade(port: int, header: str | None) -> tuple[bytes, dict[str, list[str]]]:
@@ -442,3 +461,83 @@ async def test_the_pool_dials_a_node_that_proves_the_secret_once() -> None:
         assert await pool.link_to("home", home.url) is first  # kept, not dialled again
         assert pool.dialled == 1 and not first.broken
         nursery.cancel_scope.cancel()
+
+
+# -- a home of a release before the pool (a rolling deploy) ------------------------------
+
+
+async def pooled_relay_to(pool: Pool, home: FakeHome) -> bool:
+    """The pooled relay() from ``pool``'s node "front" to "home" at the fake's URL."""
+    client_side, _ = trio.testing.memory_stream_pair()
+    conn = Connection(WebSocket(client_side, 1 << 20), 1 << 20)
+    with trio.fail_after(TIMEOUT):
+        return await pooled_relay(
+            pool, conn, FIRST, home="home", url=home.url, session_id="sess_victim"
+        )
+
+
+def labels(home: FakeHome) -> list[str]:
+    return [h[HEADER].split(" ")[0] for h in home.headers]
+
+
+async def test_the_pooled_relay_falls_back_per_resume_to_a_home_of_an_older_release(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, "trio_duplex")
+    async with (
+        fake_home(proof_under(SECRET), old_release=True) as home,
+        trio.open_nursery() as nursery,
+    ):
+        pool = Pool("front", KEYS, TIMEOUT, TIMEOUT, nursery=nursery)
+        assert await pooled_relay_to(pool, home) is True
+        assert labels(home) == ["p1", "v2"]  # refused as an old release: per resume
+        assert home.messages == [FIRST]  # ...to the home, which proved the secret
+        assert pool.per_resume("home", home.url)
+        assert await pooled_relay_to(pool, home) is True
+        assert labels(home) == ["p1", "v2", "v2"]  # remembered: no pooled upgrade again
+        assert home.messages == [FIRST, FIRST] and pool.dialled == 0 and not pool.links
+        nursery.cancel_scope.cancel()
+    assert "as a release before the pool does" in caplog.text
+    assert SECRET not in caplog.text and TOKEN not in caplog.text
+
+
+async def test_the_pooled_relay_to_an_old_release_still_needs_its_proof() -> None:
+    async with (
+        fake_home(no_proof, old_release=True) as home,
+        trio.open_nursery() as nursery,
+    ):
+        pool = Pool("front", KEYS, TIMEOUT, TIMEOUT, nursery=nursery)
+        assert await pooled_relay_to(pool, home) is False  # the v2 relay's own check
+        nursery.cancel_scope.cancel()
+    assert labels(home) == ["p1", "v2"] and home.messages == []
+
+
+async def test_the_pooled_relay_never_falls_back_on_a_failed_proof() -> None:
+    # A 101 without the pool's proof: a node without the secret, not an old release.
+    async with fake_home(no_proof) as home, trio.open_nursery() as nursery:
+        pool = Pool("front", KEYS, TIMEOUT, TIMEOUT, nursery=nursery)
+        assert await pooled_relay_to(pool, home) is False
+        assert not pool.per_resume("home", home.url)
+        nursery.cancel_scope.cancel()
+    assert labels(home) == ["p1"] and home.messages == []
+
+
+async def test_homes_relayed_to_per_resume_are_remembered_for_a_while_and_bounded(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    pool = Pool("front", KEYS, TIMEOUT, TIMEOUT)
+    pool.remember_per_resume("old", "ws://old")
+    with pytest.raises(OldHome):  # not dialled (there is no nursery to run a link)
+        await pool.link_to("old", "ws://old")
+    mock_clock.jump(PER_RESUME_S)
+    assert not pool.per_resume("old", "ws://old")  # it may have been upgraded since
+    with pytest.raises(Refused, match="leaving the cluster") as refused:
+        await pool.link_to("old", "ws://old")  # tried as a pool again
+    assert not isinstance(refused.value, OldHome)
+    for n in range(MAX_PER_RESUME_HOMES + 1):
+        pool.remember_per_resume(f"home-{n}", "ws://x")
+    assert not pool.per_resume("home-0", "ws://x")  # the oldest forgotten
+    assert all(pool.per_resume(f"home-{n}", "ws://x") for n in (1, MAX_PER_RESUME_HOMES))
+    mock_clock.jump(PER_RESUME_S)
+    pool.remember_per_resume("new", "ws://x")  # the expired ones go first
+    assert pool.per_resume("new", "ws://x") and not pool.per_resume("home-1", "ws://x")

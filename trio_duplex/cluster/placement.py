@@ -67,7 +67,7 @@ class ClusterPlacement:
     """Derived from ``--cluster-secret`` (relay.py)."""
     _nonces: ReplayCache = attrs.field(factory=ReplayCache, init=False, repr=False)
     pool: Pool = attrs.field(init=False)
-    """This node's peer connections to the homes it relays to (pool.py)."""
+    """This node's peer connections to the homes it relays to (pool/)."""
     home: Home | None = attrs.field(default=None, init=False)
     """The peer connections other nodes relay over to this one: set by ``serving``."""
 

@@ -97,7 +97,7 @@ _P1 = re.compile(
     r"p1 ([A-Za-z0-9._-]{1,128}) ([A-Za-z0-9._-]{1,128})"
     r" ([0-9]{1,12}) ([0-9a-f]{32}) ([0-9a-f]{64})"
 )
-"""A pooled peer connection's request (pool.py), as strictly: no session named, a label
+"""A pooled peer connection's request (pool/), as strictly: no session named, a label
 of its own in the MAC (so a pool request and a resume's can never stand for each other)."""
 
 _UNSENDABLE = frozenset({1005, 1006, 1015})

@@ -1,7 +1,7 @@
 """Where a relayed resume's time goes: the front node's steps, done one by one from here.
 
 For each of ``--sessions`` sessions opened on the home node (and dropped), time what a
-relaying node does (``cluster/placement.py`` ``resume_elsewhere``, ``cluster/pool.py``)
+relaying node does (``cluster/placement.py`` ``resume_elsewhere``, ``cluster/pool/``)
 with the same calls: the store's ``locate`` (one Lua script through coredis), a new
 pooled peer connection to the home's relay endpoint (TCP, the signed upgrade, the
 home's signature check and proof: paid once per pair of nodes, then kept), and the
