@@ -257,7 +257,7 @@ class DuplexServer:
             releasing = Releasing(placement)
             self.placement = self.opener.placement = placement
             self.door.relay = (RELAY_PATH, placement.relay_grant)
-            # Pooled peer connections (cluster/pool.py) are taken aside at the door.
+            # Pooled peer connections (cluster/pool/) are taken aside at the door.
             self.door.serve = placement.serving(self.opener.serve)
             self.sessions.observers.append(releasing)
             try:
