@@ -189,7 +189,7 @@ async def hold_prepared(
 
 @attrs.define(eq=False)
 class SessionRunner:
-    owner: Owner
+    owner: Owner = attrs.field(repr=False)  # (its repr holds every runner: quadratic)
     session: Session
     engine: Engine
     max_pending_input: int
