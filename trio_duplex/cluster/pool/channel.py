@@ -3,14 +3,28 @@ the credit it may send on, the window it has given, and its end."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from .framing import CREDIT_BODY, K_CREDIT, K_DATA, K_EOF, K_RESET, MAX_FRAME, SLACK, WINDOW, Broken
 
-if TYPE_CHECKING:
-    from .link import Link
+
+class Carrier(Protocol):
+    """What a channel needs of the peer connection it rides on (a `.link.Link`):
+    named here so that the link may import channels and not the other way round."""
+
+    @property
+    def broken(self) -> bool: ...
+
+    @property
+    def full(self) -> bool: ...
+
+    def put(self, kind: int, channel: int, payload: bytes = b"") -> None: ...
+
+    async def room(self) -> None: ...
+
+    def remove(self, channel: Channel) -> None: ...
 
 # -- channels -----------------------------------------------------------------------
 
@@ -31,7 +45,7 @@ class Channel:
         "window",
     )
 
-    def __init__(self, link: Link, cid: int) -> None:
+    def __init__(self, link: Carrier, cid: int) -> None:
         self.link = link
         self.id = cid
         self.credit = WINDOW
