@@ -15,6 +15,10 @@ class Carrier(Protocol):
     named here so that the link may import channels and not the other way round."""
 
     @property
+    def peer(self) -> str:
+        """The node at the other end (for logs)."""
+
+    @property
     def broken(self) -> bool: ...
 
     @property
@@ -25,6 +29,7 @@ class Carrier(Protocol):
     async def room(self) -> None: ...
 
     def remove(self, channel: Channel) -> None: ...
+
 
 # -- channels -----------------------------------------------------------------------
 
