@@ -1,5 +1,5 @@
 """``python -m benchmarks.workers``: voice sessions, ``--workers 2`` against 1
-(``benchmarks/probes/workers.py``).
+(``benchmarks/probes/workers/``).
 """
 
 import runpy

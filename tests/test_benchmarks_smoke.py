@@ -374,20 +374,20 @@ def test_the_workers_benchmark_runs_its_three_parts_in_cluster_mode(tmp_path: Pa
 
 
 def test_the_workers_benchmark_judges_a_split_against_a_fair_coin() -> None:
-    from benchmarks.probes import workers
+    from benchmarks.probes.workers import capacity, own, split
 
-    assert workers.deviation([50, 50]) == 0 and workers.deviation([60, 40]) == pytest.approx(0.2)
-    assert workers.deviation([30, 30, 60]) == pytest.approx(0.5)
-    assert workers.fair_within(2, 0.1) == 0.5  # 1/1 only: 2 of the 4 outcomes
-    assert workers.fair_within(400, 0.1) == pytest.approx(0.958, abs=0.002)
-    assert workers.cores_for(1, 2) == ([0], [1]) and workers.cores_for(2, 2) == ([0], [1])
-    assert workers.cores_for(2, 4) == ([0, 1], [2, 3]) and workers.cores_for(1, 1) == ([0], [0])
+    assert split.deviation([50, 50]) == 0 and split.deviation([60, 40]) == pytest.approx(0.2)
+    assert split.deviation([30, 30, 60]) == pytest.approx(0.5)
+    assert split.fair_within(2, 0.1) == 0.5  # 1/1 only: 2 of the 4 outcomes
+    assert split.fair_within(400, 0.1) == pytest.approx(0.958, abs=0.002)
+    assert capacity.cores_for(1, 2) == ([0], [1]) and capacity.cores_for(2, 2) == ([0], [1])
+    assert capacity.cores_for(2, 4) == ([0, 1], [2, 3]) and capacity.cores_for(1, 1) == ([0], [0])
     # Part 1b: --workers 1 around the sessions per worker, --workers 2 at twice them.
-    assert workers._own_steps([30, 45], 1) == [20, 30, 45, 60]
-    assert workers._own_steps([30, 45], 2) == [60, 90]
+    assert own.own_steps([30, 45], 1) == [20, 30, 45, 60]
+    assert own.own_steps([30, 45], 2) == [60, 90]
     line = [(10.0, 1.0), (20.0, 3.0), (40.0, 4.0)]
-    assert workers.interpolate(line, 15) == 2.0 and workers.interpolate(line, 30) == 3.5
-    assert workers.interpolate(line, 5) == 0.0 and workers.interpolate(line, 60) == 5.0
+    assert own.interpolate(line, 15) == 2.0 and own.interpolate(line, 30) == 3.5
+    assert own.interpolate(line, 5) == 0.0 and own.interpolate(line, 60) == 5.0
 
 
 @pytest.mark.integration
