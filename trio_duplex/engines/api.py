@@ -607,11 +607,14 @@ def check_sendable(event: Event, raw: bool) -> None:
         raise ValueError(f"an engine cannot send an event of type {kind!r}")
 
 
-async def run_engine(engine: Engine, session: EngineSession) -> None:
-    """Run ``engine`` for ``session``: a trio engine's ``run``; an asyncio engine's
-    (``engines/aio.py``) through its ``run_in_trio``, on an asyncio loop of its own."""
+def run_engine(engine: Engine, session: EngineSession) -> Awaitable[None]:
+    """What runs ``engine`` for ``session``, to be awaited: a trio engine's ``run``; an
+    asyncio engine's (``engines/aio.py``) through its ``run_in_trio``, on an asyncio
+    loop of its own. (Not a coroutine of its own: an idle session's stack would hold its
+    frame for as long as the engine runs.)"""
     bridged = getattr(engine, "run_in_trio", None)
-    await (engine.run if bridged is None else bridged)(session)
+    run: Callable[[EngineSession], Awaitable[None]] = engine.run if bridged is None else bridged
+    return run(session)
 
 
 def engine_audio_rate(engine: Engine) -> int | None:

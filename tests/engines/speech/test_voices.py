@@ -42,7 +42,7 @@ from trio_duplex.engines.speech._synthesise import (
     start_voice,
     wav_to_engine_rate,
 )
-from trio_duplex.testing.transcripts import word_error_rate
+from trio_duplex.testing.transcripts import normalise, word_error_rate
 
 ROOT = Path(__file__).resolve().parents[3]
 SENTENCES = [
@@ -180,8 +180,12 @@ async def test_nothing_to_say_is_no_audio(make: Callable[[], Voice]) -> None:
 @needs_piper
 @needs_whisper
 async def test_digits_of_another_script_are_said(hear: Hear) -> None:
-    pcm = await joe().synthesise("Call me at \u0663 or \u2462.")  # (Piper died on them)
-    assert word_error_rate([("call me at three or three", hear(pcm))]) <= 0.2
+    # (Piper died on them.) Both are said as "three": what is asserted. Piper's
+    # synthesis is random (its noise scales), and tiny.en mishears the words around them
+    # now and then ("Palm meat at three or three"), which says nothing of the digits.
+    pcm = await joe().synthesise("Call me at \u0663 or \u2462.")
+    heard = hear(pcm)
+    assert normalise(heard).count("three") == 2, heard
 
 
 # Piper's pool.

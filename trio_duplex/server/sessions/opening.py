@@ -67,7 +67,10 @@ class Opener:
     ) -> None:
         """The whole life of one connection past its handshake, spoken in ``dialect``
         (its path's; by default ``Sessions.dialect``). ``bearer``: the credential the
-        upgrade presented, for a dialect that speaks first (its resume token)."""
+        upgrade presented, for a dialect that speaks first (its resume token).
+
+        The reading is inline, not a coroutine of its own: an idle session waits here,
+        and each frame on its stack is held for as long as it is open (~0.3 KB each)."""
         conn: Connection | None = None
         try:
             async with Connection.open(
@@ -79,39 +82,67 @@ class Opener:
                 dialect=self.sessions.dialect if dialect is None else dialect,
             ) as conn:
                 self.connections.add(conn)
-                await self._converse(conn, query, grant, bearer)
+                runner: SessionRunner | None = None
+                try:
+                    runner = await self._begin(conn, query, grant, bearer)
+                    if runner is None:
+                        # Closing, or a resumer owed the terminal event of a session
+                        # that ended: never returns (the pump's end cancels it).
+                        await conn.send_rest()
+                        return
+                    self.session_bounds(conn)
+                    d = conn.dialect
+                    get, handle, decode, large = (
+                        conn.ws.get_message,
+                        runner.handle,
+                        d.decode,
+                        d.large,
+                    )
+                    while conn.close_code is None:
+                        text = await get()
+                        if isinstance(text, bytes):  # a binary lane (the native dialect's audio)
+                            runner.handle_binary(conn, text)
+                            continue
+                        try:
+                            # A large message is decoded in slices, letting others run.
+                            event = (
+                                decode(text) if len(text) < large else await decode_large(d, text)
+                            )
+                        except ProtocolError as exc:
+                            conn.ws.report_fault(str(exc))
+                            conn.push(d.frame(exc.to_event()))
+                            continue
+                        handle(conn, event, len(text))
+                    # Closing: keep reading so pings and the peer's close are seen while
+                    # the pump sends the last frames.
+                    while True:
+                        await get()
+                finally:
+                    if runner is not None:
+                        runner.connection_lost(conn)  # before the close handshake: detach now
         finally:
             if conn is not None:
                 self.connections.discard(conn)
             self.sessions.changed()
 
-    async def _converse(
+    async def _begin(
         self, conn: Connection, query: dict[str, list[str]], grant: Grant, bearer: str | None
-    ) -> None:
-        """The whole conversation on one connection, whatever it turns out to be for."""
-        runner: SessionRunner | None = None
-        try:
-            # (A relayed connection's first message is the front node's session.resume.)
-            if conn.dialect.speaks_first and not grant.relayed:
-                runner = await self._spoken_first(conn, query, bearer, grant)
-            elif query.get("autostart") == ["1"]:
-                try:
-                    config = opening.autostart(grant)
-                    engine = self.new_engine(config)
-                    runner = await self._open(conn, config, None, engine, grant=grant)
-                except ProtocolError as exc:
-                    code = exc.close_code or CloseCode.GOING_AWAY
-                    conn.finish([conn.dialect.frame(exc.to_event())], code)
-            else:
-                runner = await self._first_message(conn, grant)
-            if runner is not None:
-                self.session_bounds(conn)
-                await self._read(conn, runner)
-            # Closing, or a resumer owed the terminal event of a session that ended.
-            await conn.send_rest()
-        finally:
-            if runner is not None:
-                runner.connection_lost(conn)  # before the close handshake: detach now
+    ) -> SessionRunner | None:
+        """What the connection turns out to be for: the session it opened or resumed,
+        or None (refused, or it ended first)."""
+        # (A relayed connection's first message is the front node's session.resume.)
+        if conn.dialect.speaks_first and not grant.relayed:
+            return await self._spoken_first(conn, query, bearer, grant)
+        if query.get("autostart") == ["1"]:
+            try:
+                config = opening.autostart(grant)
+                engine = self.new_engine(config)
+                return await self._open(conn, config, None, engine, grant=grant)
+            except ProtocolError as exc:
+                code = exc.close_code or CloseCode.GOING_AWAY
+                conn.finish([conn.dialect.frame(exc.to_event())], code)
+                return None
+        return await self._first_message(conn, grant)
 
     async def _spoken_first(
         self, conn: Connection, query: dict[str, list[str]], bearer: str | None, grant: Grant
@@ -378,32 +409,6 @@ class Opener:
         else:
             runner.resumer = conn
         totals.count(totals.resumes, "ended")
-
-    async def _read(self, conn: Connection, runner: SessionRunner) -> None:
-        dialect = conn.dialect
-        get, handle, decode, large = (
-            conn.ws.get_message,
-            runner.handle,
-            dialect.decode,
-            dialect.large,
-        )
-        while conn.close_code is None:
-            text = await get()
-            if isinstance(text, bytes):  # a binary lane (the native dialect's audio)
-                runner.handle_binary(conn, text)
-                continue
-            try:
-                # A large message is decoded in slices, letting other sessions run.
-                event = decode(text) if len(text) < large else await decode_large(dialect, text)
-            except ProtocolError as exc:
-                conn.ws.report_fault(str(exc))
-                conn.push(dialect.frame(exc.to_event()))
-                continue
-            handle(conn, event, len(text))
-        # Closing: keep reading so pings and the peer's close are seen while the pump
-        # sends the last frames.
-        while True:
-            await get()
 
 
 def new_engine(factory: EngineFactory, config: Mapping[str, Any]) -> Engine:
