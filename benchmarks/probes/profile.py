@@ -325,9 +325,13 @@ def task_census() -> dict[str, int]:
 
 def kind(obj: object) -> str:
     """An object's kind as the census counts it: its type's qualified name; a class
-    whose instances carry a ``__dict__`` is marked, and a coroutine (one frame of a
-    task's stack), a generator, a frame or a function is named by its code."""
+    whose instances carry a ``__dict__`` is marked, a coroutine (one frame of a task's
+    stack), a generator, a frame or a function is named by its code, and a bound method
+    by its function."""
     cls = type(obj)
+    if cls is types.MethodType:  # (a bound method: named by what it binds)
+        func = obj.__func__  # type: ignore[attr-defined]
+        return f"method {getattr(func, '__qualname__', '?')}"
     attr = _CODE.get(cls)
     if attr is not None:
         code: types.CodeType = getattr(obj, attr)
@@ -369,7 +373,7 @@ def object_census() -> dict[str, Any]:
     largest: list[tuple[int, int, object]] = []
     for obj in itertools.chain(tracked, untracked):
         cls = type(obj)
-        if cls in _CODE:
+        if cls in _CODE or cls is types.MethodType:
             name = kind(obj)
         else:
             name = _kinds.get(cls) or _kinds.setdefault(cls, kind(obj))

@@ -29,8 +29,9 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
 from typing import Any, Protocol
 
 import attrs
@@ -87,8 +88,7 @@ class Connection:
     """A sampled frame's place (``_written`` once it is out), send time, and sampler."""
 
     @classmethod
-    @asynccontextmanager
-    async def open(
+    def open(
         cls,
         ws: WebSocket,
         high_water: int,
@@ -97,35 +97,14 @@ class Connection:
         max_output_bytes: float = math.inf,
         watchers: Sequence[FinishWatcher] = (),
         dialect: Dialect = NATIVE,
-    ) -> AsyncIterator[Connection]:
-        """The connection's lifetime. The body reads; once it has nothing more to read
-        for, it ends with ``await conn.send_rest()``. On the way out the pump and any
-        ping are cancelled and the WebSocket is closed within ``close_timeout``: with
-        ``close_code`` if one was set, 1011 after an error of ours, else 1001."""
+    ) -> Lifetime:
+        """The connection's lifetime, an ``async with`` whose block is given the
+        connection. The body reads; once it has nothing more to read for, it ends with
+        ``await conn.send_rest()``. On the way out the pump and any ping are cancelled
+        and the WebSocket is closed within ``close_timeout``: with ``close_code`` if one
+        was set, 1011 after an error of ours, else 1001."""
         conn = cls(ws, high_water, max_output_bytes, watchers=watchers, dialect=dialect)
-        close_code: int = CloseCode.GOING_AWAY
-        try:
-            async with trio.open_nursery() as conn._nursery:
-                try:
-                    yield conn
-                finally:
-                    conn._nursery = None  # ending: nothing more starts in it
-        except BaseException as exc:
-            if not _only_cancelled(exc):
-                close_code = CloseCode.INTERNAL_ERROR
-            raise
-        finally:
-            conn._nursery = None
-            if conn._keepalive is not None:
-                conn._keepalive.stop()
-            if conn.close_code is not None:
-                close_code = conn.close_code
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + close_timeout):
-                try:
-                    await ws.aclose(close_code)
-                except Exception:  # the peer may already be gone; nothing left to save
-                    pass
-            conn._drop_outbox()  # frames it never sent are freed now, not at a collection
+        return Lifetime(conn, close_timeout)
 
     def watch_opening(self, gone: Callable[[], None]) -> None:
         """While a session opens on this connection, keep reading it (``WebSocket.watch``)
@@ -402,6 +381,59 @@ async def decode_large(dialect: Dialect, message: str | bytes) -> dict[str, Any]
             event: dict[str, Any] = done.value
             return event
         await trio.lowlevel.checkpoint()
+
+
+class Lifetime:
+    """``Connection.open``'s ``async with``: the connection's nursery around the block,
+    then its bounded close. (A class, not an ``asynccontextmanager``: an idle session's
+    stack holds it for the session's whole life, and a generator's frame and its context
+    manager cost ~0.5 KB more.)"""
+
+    __slots__ = ("_close_timeout", "_conn", "_nursery_manager")
+
+    def __init__(self, conn: Connection, close_timeout: float) -> None:
+        self._conn = conn
+        self._close_timeout = close_timeout
+        self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
+
+    async def __aenter__(self) -> Connection:
+        manager = self._nursery_manager = trio.open_nursery()
+        self._conn._nursery = await manager.__aenter__()
+        return self._conn
+
+    async def __aexit__(
+        self,
+        etype: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        conn = self._conn
+        manager = self._nursery_manager
+        assert manager is not None
+        close_code: int = CloseCode.GOING_AWAY
+        try:
+            conn._nursery = None  # ending: nothing more starts in it
+            try:
+                suppressed = await manager.__aexit__(etype, exc, tb)
+            except BaseException as raised:  # the block's error, or its tasks' (grouped)
+                if not _only_cancelled(raised):
+                    close_code = CloseCode.INTERNAL_ERROR
+                raise
+            if exc is not None and not suppressed and not _only_cancelled(exc):
+                close_code = CloseCode.INTERNAL_ERROR  # (the block's own, passed on as is)
+            return suppressed
+        finally:
+            if conn._keepalive is not None:
+                conn._keepalive.stop()
+            if conn.close_code is not None:
+                close_code = conn.close_code
+            deadline = trio.current_time() + self._close_timeout
+            with trio.CancelScope(shield=True, deadline=deadline):
+                try:
+                    await conn.ws.aclose(close_code)
+                except Exception:  # the peer may already be gone; nothing left to save
+                    pass
+            conn._drop_outbox()  # frames it never sent are freed now, not at a collection
 
 
 def _only_cancelled(exc: BaseException) -> bool:
