@@ -13,7 +13,10 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
+from trio_duplex.engines import conversation as conversation_module
 from trio_duplex.engines.api import BadEvent, Engine, EngineSession, Event, Inbox
 from trio_duplex.engines.conversation import MAX_PENDING_IDS, Conversation, assistant_item_id
 from trio_duplex.engines.echo import EchoEngine
@@ -522,3 +525,16 @@ async def test_echo_asked_for_audio_answers_a_text_turn_with_text_having_no_voic
             {"type": "response.output_text.delta", "response_id": "resp_1", "text": "hello"},
             {"type": "response.done", "response_id": "resp_1"},
         ]
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(st.text(), _json, max_size=6))
+def test_an_item_s_size_is_its_compact_ascii_json_s_length(item: dict[str, Any]) -> None:
+    # (the prebuilt encoder: the same text as json.dumps, floats and escapes included)
+    assert conversation_module._size(item) == len(json.dumps(item, separators=(",", ":")))

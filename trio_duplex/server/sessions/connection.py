@@ -152,14 +152,14 @@ class Connection:
         else:
             self.start_pump()
 
-    def push_many(self, frames: list[str | bytes]) -> None:
-        """``push`` each of ``frames``, in order: with nothing queued and the socket
-        free, all of them in one write from the caller's task; otherwise to the outbox,
-        for the pump (the bound as ``push``'s)."""
+    def push_many(self, frames: list[str | bytes], *, coalesce: bool = False) -> None:
+        """``push`` each of ``frames``, in order: with nothing queued, the socket free
+        and no ``coalesce``, all of them in one write from the caller's task; otherwise
+        to the outbox, for the pump (the bound as ``push``'s)."""
         if self.close_code is not None:
             return
         ws = self.ws
-        if self.outbox or not ws.can_write_now():
+        if coalesce or self.outbox or not ws.can_write_now():
             outbox = self.outbox
             if isinstance(outbox, tuple):  # (the first frames to wait)
                 outbox = self.outbox = deque()

@@ -587,50 +587,66 @@ class SessionRunner:
                 await trio.lowlevel.cancel_shielded_checkpoint()
             else:
                 await pace.step_many(len(chunk))
+            shaper = self.shaper
+            if shaper is not None:  # every event shaped, then all of them written together
+                shaped: list[Event] = []
+                for event in chunk:
+                    shaped += self._shape(event, shaper)
+                await self._emit_frames(shaped, True)
+                continue
             encoder = self._encoder
-            if self.shaper is None and (
-                encoder is None or not any(e["type"] in _AUDIO_KINDS for e in chunk)
-            ):
-                await self._emit_plain(chunk)
+            if encoder is None or not any(e["type"] in _AUDIO_KINDS for e in chunk):
+                await self._emit_frames(chunk, False)
                 continue
             plain: list[Event] = []  # (as emit, less its step; plain events together)
             self._batching = True  # more follows at once: the pump writes them together
             try:
                 for event in chunk:
-                    if self.shaper is not None:
-                        await self._emit_shaped(event, self.shaper)
+                    kind = event["type"]
+                    if kind in _AUDIO_KINDS:
+                        if plain:
+                            await self._emit_frames(plain, False)
+                            plain = []
+                        await self._emit_with_audio(event, kind, encoder)
                         continue
-                    if encoder is not None:
-                        kind = event["type"]
-                        if kind in _AUDIO_KINDS:
-                            if plain:
-                                await self._emit_plain(plain)
-                                plain = []
-                            await self._emit_with_audio(event, kind, encoder)
-                            continue
                     plain.append(event)
             finally:
                 self._batching = False
             if plain:
-                await self._emit_plain(plain)
+                await self._emit_frames(plain, False)
 
-    async def _emit_plain(self, chunk: list[Event]) -> None:
+    async def _emit_frames(self, chunk: list[Event], shaped: bool) -> None:
         """Sequence each event of ``chunk`` and write their frames to the attached
         connection together; past what would congest it, they are written and the
-        connection waited for (as each ``send`` waits) before the next is sequenced."""
+        connection waited for (as each ``send`` waits) before the next is sequenced.
+
+        ``shaped``: the events are a shaper's (``_shape``), their audio already counted;
+        an output audio delta whose ``audio`` is the wire's bytes goes as the dialect
+        writes audio (``audio_frame``: on the binary lane if negotiated), and while more
+        follows at once (a batch, more input waiting) the frames join the outbox for the
+        pump, as ``_deliver`` would have them. Else: engine events, as they are.
+
+        A freeze sees all of ``chunk`` sequenced or none: the only waits are
+        ``_wait_drained``'s, which a freeze's cancellation does not end early."""
         session = self.session
         now = trio.current_time()
         frames: list[Frame] = []
         pending = 0
         sampled = False
+        count_out = not shaped and bool(self._audio_out)
+        carrier = not self._binary
+        coalesce = shaped and (self._batching or len(self._inbox) > 0)
         conn = self.conn
         live = conn is not None and session.is_current(conn.generation)
         room, room_bytes = (0, 0.0) if conn is None else conn.room()
         for event in chunk:
-            emitted = session.emit(event, now)
+            if shaped and event["type"] == _DELTA and type(audio := event.get("audio")) is bytes:
+                emitted = session.emit_audio(audio, now, event if carrier else None)
+            else:
+                emitted = session.emit(event, now)
             if emitted is None:
                 break  # ending: nothing more is sequenced
-            if self._audio_out:
+            if count_out:
                 self._count_audio_out(event)
             if not live:
                 continue
@@ -644,7 +660,7 @@ class SessionRunner:
             if not session.usage.events_out & _SAMPLE_MASK:
                 sampled = True
             if len(frames) > room or pending > room_bytes:  # queued, they would congest it
-                conn.push_many(frames)
+                conn.push_many(frames, coalesce=coalesce)
                 frames, pending = [], 0
                 if sampled:
                     conn.sample_write(now, self.owner.send_to_write)
@@ -657,7 +673,7 @@ class SessionRunner:
                 room, room_bytes = (0, 0.0) if conn is None else conn.room()
         if frames and live:
             assert conn is not None
-            conn.push_many(frames)
+            conn.push_many(frames, coalesce=coalesce)
             if sampled:
                 conn.sample_write(now, self.owner.send_to_write)
             if conn.congested:
@@ -738,40 +754,35 @@ class SessionRunner:
                 await self._wait_drained(conn)
 
     async def _emit_shaped(self, event: Event, shaper: Shaper) -> None:
-        """An engine event of a session whose dialect shapes it: the encoder's rules
-        apply to the engine's own event first (each encoded payload shaped as a delta of
-        its own; the tail before the events that end the audio, none after a cancel),
-        then every event the shaper makes of it is sequenced, in order."""
+        """An engine event of a session whose dialect shapes it: every event the shaper
+        makes of it (``_shape``) sequenced, in order, and written together."""
+        await self._emit_frames(self._shape(event, shaper), True)
+
+    def _shape(self, event: Event, shaper: Shaper) -> list[Event]:
+        """What the shaper makes of an engine event, in order: the encoder's rules apply
+        to the engine's own event first (each encoded payload shaped as a delta of its
+        own; the tail before the events that end the audio, none after a cancel)."""
         kind = event["type"]
         encoder = self._encoder
         if encoder is not None and kind in _AUDIO_KINDS:
             if kind == _DELTA:
-                for payload in self._encode(event, encoder):
-                    await self._sequence(shaper.shape({**event, "audio": payload}))
-                return
+                payloads = self._encode(event, encoder)
+                if len(payloads) == 1:  # (a voice's every delta)
+                    return shaper.shape({**event, "audio": payloads[0]})
+                out: list[Event] = []
+                for payload in payloads:
+                    out += shaper.shape({**event, "audio": payload})
+                return out
+            out = []
             tail = encoder.flush()
             if tail and kind != _CANCELLED and self._last_delta is not None:
                 for payload in tail:
-                    await self._sequence(shaper.shape({**self._last_delta, "audio": payload}))
-        elif self._audio_out:
+                    out += shaper.shape({**self._last_delta, "audio": payload})
+            out += shaper.shape(event)
+            return out
+        if self._audio_out:
             self._count_audio_out(event)
-        await self._sequence(shaper.shape(event))
-
-    async def _sequence(self, shaped: list[Event]) -> None:
-        """Sequence and deliver each shaped event: an output audio delta whose ``audio``
-        is the wire's bytes as the dialect writes audio (``audio_frame``: on the binary
-        lane if negotiated), any other as an event."""
-        session = self.session
-        for item in shaped:
-            now = trio.current_time()
-            audio = item.get("audio")
-            if type(audio) is bytes and item["type"] == _DELTA:
-                emitted = session.emit_audio(audio, now, None if self._binary else item)
-            else:
-                emitted = session.emit(item, now)
-            conn = self._deliver(emitted, now)
-            if conn is not None:
-                await self._wait_drained(conn)
+        return shaper.shape(event)
 
     def _count_audio_out(self, event: Event) -> None:
         rate = self._audio_out.get(event["type"])
