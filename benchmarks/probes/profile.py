@@ -2,6 +2,7 @@
 
     python -m benchmarks.profile cpu --workload throughput [--server duplex|bare_trio]
     python -m benchmarks.profile cpu --workload handshake
+    python -m benchmarks.profile cpu --workload openai-turns
     python -m benchmarks.profile cpu --workload voice --sessions 40
     python -m benchmarks.profile memory --sessions 2000
 
@@ -88,6 +89,12 @@ def client_argv(
             f"duplex={url}",
         ]
         extra = ["--k", "100", "--trials", "100000", "--trial-time", str(seconds + 1)]
+    elif workload == "openai-turns":  # scenario 1's OpenAI variant: text turns, 16 in flight
+        from benchmarks.suite._dialects import dialect_url
+
+        base = [PY, "-m", "benchmarks.suite.clients.dialects", "turns"]
+        base += ["--url", dialect_url(url, "openai"), "--dialect", "openai"]
+        extra = ["--warmup", "1", "--duration", str(seconds + 1), "--ack-every", "100"]
     elif workload == "idle":
         extra = ["--count", str(sessions), "--open-concurrency", "100", "--settle", str(settle)]
         extra += ["--open-time-limit", str(seconds)]
@@ -499,7 +506,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
     cpu = sub.add_parser("cpu", help="py-spy on the server under load")
-    cpu.add_argument("--workload", choices=["throughput", "handshake", "voice", "resume", "idle"],
+    cpu.add_argument("--workload", choices=["throughput", "handshake", "voice", "resume", "idle", "openai-turns"],
                      default="throughput")  # fmt: skip
     cpu.add_argument("--server", choices=["duplex", "bare_trio", "bare_asyncio"], default="duplex")
     cpu.add_argument("--seconds", type=float, default=8.0)

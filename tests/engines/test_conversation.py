@@ -538,3 +538,43 @@ _json = st.recursive(
 def test_an_item_s_size_is_its_compact_ascii_json_s_length(item: dict[str, Any]) -> None:
     # (the prebuilt encoder: the same text as json.dumps, floats and escapes included)
     assert conversation_module._size(item) == len(json.dumps(item, separators=(",", ":")))
+
+
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "add_audio", "update", "delete", "move"]),
+        st.integers(0, 5),
+        st.text(max_size=30),
+    ),
+    max_size=40,
+)
+
+
+@given(_ops)
+def test_the_counted_size_is_always_what_the_items_and_their_audio_hold(
+    ops: list[tuple[str, int, str]],
+) -> None:
+    # (each item's size is kept from when it was counted: it must follow every change)
+    conversation = Conversation(max_items=4, max_bytes=600, keep_audio=True)
+    for op, n, text in ops:
+        item_id = f"item_{n}"
+        if op in ("add", "add_audio"):
+            item = {
+                "id": item_id,
+                "role": "user",
+                "content": [{"type": "input_text", "text": text}],
+            }
+            conversation.add(item, text.encode() if op == "add_audio" else None)
+        elif op == "update":
+            conversation.update(item_id, status=text)
+        elif op == "delete":
+            conversation.delete(item_id)
+        elif item_id in conversation:
+            conversation._move_after(item_id, None)  # (first: as previous_item_id "root")
+    ids = list(conversation._items)
+    items = [conversation._items[k] for k in ids]
+    expected = sum(len(json.dumps(i, separators=(",", ":"))) for i in items)
+    expected += sum(map(len, conversation._audio.values())) + len(conversation.buffer)
+    assert conversation.size == expected
+    assert len(conversation) <= 4
+    assert [conversation._previous(k) for k in ids] == [None, *ids[:-1]][: len(ids)]

@@ -240,6 +240,7 @@ class Conversation:
     _items: dict[str, dict[str, Any]] = attrs.Factory(dict)  # by id, oldest first
     _audio: dict[str, bytes] = attrs.Factory(dict)  # committed audio kept, by item id
     _bytes: int = 0
+    _sizes: dict[str, int] = attrs.Factory(dict)  # each item's counted size, by id
     buffer: bytearray = attrs.Factory(bytearray)  # audio appended and kept since commit/clear
     buffered: int = 0  # bytes appended since the last commit/clear, kept or not
     _checked_ids: set[str] = attrs.Factory(set)  # ids held, and those of creates checked
@@ -357,7 +358,8 @@ class Conversation:
         self._forget(item_id)
         self._items[item_id] = item
         self._checked_ids.add(item_id)
-        self._bytes += _size(item)
+        size = self._sizes[item_id] = _size(item)
+        self._bytes += size
         if audio is not None and self.keep_audio:
             self._audio[item_id] = audio
             self._bytes += len(audio)
@@ -371,18 +373,18 @@ class Conversation:
         """Change an item's fields (e.g. a transcript recognised, a response's end)."""
         item = self._items.get(item_id)
         if item is not None:
-            self._bytes -= _size(item)
             item.update(fields)
-            self._bytes += _size(item)
+            size = _size(item)
+            self._bytes += size - self._sizes[item_id]
+            self._sizes[item_id] = size
 
     def delete(self, item_id: str) -> None:
         self._forget(item_id)
         self._checked_ids.discard(item_id)
 
     def _forget(self, item_id: str) -> None:
-        item = self._items.pop(item_id, None)
-        if item is not None:
-            self._bytes -= _size(item) + len(self._audio.pop(item_id, b""))
+        if self._items.pop(item_id, None) is not None:
+            self._bytes -= self._sizes.pop(item_id) + len(self._audio.pop(item_id, b""))
 
     def public(self, item_id: str) -> dict[str, Any]:
         """A copy of the item as the client sees it (audio is never echoed in events)."""
@@ -460,11 +462,11 @@ class Conversation:
         self._items = dict(order)
 
     def _previous(self, item_id: str) -> str | None:
-        before = None
-        for other in self._items:
+        # From the newest: the item asked about is nearly always the one just added.
+        newer = iter(reversed(self._items))
+        for other in newer:
             if other == item_id:
-                return before
-            before = other
+                return next(newer, None)
         return None
 
     # -- responses ----------------------------------------------------------------------
@@ -525,7 +527,7 @@ class Conversation:
             buffer = base64.b64decode(state.get("buffer", ""), validate=True)
         except (binascii.Error, TypeError, ValueError):
             raise ValueError("conversation snapshot: its audio is not base64") from None
-        self._items, self._audio, self._bytes = {}, {}, 0
+        self._items, self._audio, self._sizes, self._bytes = {}, {}, {}, 0
         for item in items:
             self.add(dict(item), kept.get(item["id"]))
         self.buffer, self.buffered = bytearray(buffer[-self.max_buffer_bytes :]), buffered
