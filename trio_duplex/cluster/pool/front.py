@@ -18,7 +18,7 @@ from .channel import Channel
 from .framing import K_OPEN
 from .link import Link
 from .peers import OldHome, Pool, Refused
-from .ws_frames import BadFrame, ServerFrames, client_frame, message_frame
+from .ws_frames import BadFrame, ServerFrames, client_frame, message_frame, message_frames
 
 log = logging.getLogger("trio_duplex")
 
@@ -26,9 +26,11 @@ log = logging.getLogger("trio_duplex")
 
 
 class FrontChannel(Channel):
-    """A channel as the front sees it: what the home sends is parsed (``ServerFrames``)
-    and handed to ``deliver``; the channel's credit is given back once delivered, unless
-    ``congested`` says the client is behind (then ``wait_drained`` first)."""
+    """A channel as the front sees it: what the home sends is checked, not decoded
+    (``ServerFrames.scan``), and handed to ``deliver``: the whole message frames as they
+    came (to pass on to the client verbatim), how many, and the control frames among
+    them. The channel's credit is given back once delivered, unless ``deliver`` says
+    the client is behind (then ``wait_drained`` first)."""
 
     __slots__ = (
         "_draining",
@@ -45,7 +47,7 @@ class FrontChannel(Channel):
         self,
         link: Link,
         cid: int,
-        deliver: Callable[[list[tuple[int, bytes]]], bool],
+        deliver: Callable[[bytes, int, list[tuple[int, bytes]]], bool],
         nursery: trio.Nursery,
     ) -> None:
         super().__init__(link, cid)
@@ -65,9 +67,9 @@ class FrontChannel(Channel):
         if self.done.is_set():
             return
         try:
-            items = self._frames.feed(data)
-            behind = self.deliver(items) if items else False
-        except (BadFrame, UnicodeDecodeError) as exc:
+            frames, count, controls = self._frames.scan(data)
+            behind = self.deliver(frames, count, controls) if count or controls else False
+        except BadFrame as exc:
             log.warning("relay: node %s sent a bad frame (%s); relay cut", self.link.peer, exc)
             self.finished()
             self.end(reset=True)
@@ -158,17 +160,15 @@ async def relay(
     delivered = False
     ws = conn.ws
 
-    def deliver(items: list[tuple[int, bytes]]) -> bool:
+    def deliver(frames: bytes, count: int, controls: list[tuple[int, bytes]]) -> bool:
+        # The home's frames go to the client as they came (checked by the scan, never
+        # decoded and encoded again): a server's frames either way.
         nonlocal delivered
-        several = len(items) > 1
-        for opcode, payload in items:
-            if opcode == Opcode.TEXT:
-                delivered = True
-                conn.push(payload.decode(), coalesce=several)
-            elif opcode == Opcode.BINARY:
-                delivered = True
-                conn.push(payload, coalesce=several)
-            elif opcode == Opcode.PING:
+        if count:
+            delivered = True
+            conn.push_frames(frames, count)
+        for opcode, payload in controls:
+            if opcode == Opcode.PING:
                 channel.send_control(client_frame(Opcode.PONG, payload))
             elif opcode == Opcode.CLOSE:
                 code: int = CloseCode.NORMAL
@@ -199,10 +199,9 @@ async def relay(
                 link.put(K_OPEN, cid, f"{session_id} {dialect}".encode("ascii"))
                 try:
                     await channel.send(message_frame(first))
-                    get = ws.get_message
-                    while True:
-                        message = await get()
-                        await channel.send(message_frame(message))
+                    get = ws.get_messages
+                    while True:  # what one read brought, as one write to the home
+                        await channel.send(message_frames(await get()))
                 except ClientGone as exc:
                     client_code = exc.code
                 except trio.BrokenResourceError:
