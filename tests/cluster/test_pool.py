@@ -604,3 +604,26 @@ async def test_a_slow_client_holds_the_home_s_credit_until_it_reads(
             count += 1
         kind, cid, payload = await home.frame()
         assert (kind, cid) == (3, 1) and int.from_bytes(payload, "big") == sent
+
+
+async def test_what_one_read_brings_for_a_client_goes_to_it_in_one_write(
+    autojump_clock: MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pushed: list[tuple[bytes, int]] = []
+    push_frames = Connection.push_frames
+
+    def spy(self: Connection, frames: bytes, count: int) -> None:
+        pushed.append((frames, count))
+        push_frames(self, frames, count)
+
+    monkeypatch.setattr(Connection, "push_frames", spy)
+    async with scripted() as (home, client, _, _):
+        one, two, three = text_frame('{"n":1}'), text_frame('{"n":2}'), text_frame('{"n":3}')
+        ping = control_frame_of(Opcode.PING, b"p")
+        # Three DATA frames in one read, the middle one only a ping: one push of both.
+        await home.stream.send_all(_frame(2, 1, one) + _frame(2, 1, ping) + _frame(2, 1, two))
+        assert await home.frame() == (2, 1, client_frame(Opcode.PONG, b"p"))
+        assert pushed == [(one + two, 2)]
+        await home.data(1, three)  # the next read: a push of its own
+        assert [(await client.event())["n"] for _ in range(3)] == [1, 2, 3]
+        assert pushed == [(one + two, 2), (three, 1)]

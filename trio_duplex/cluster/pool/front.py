@@ -33,9 +33,13 @@ class FrontChannel(Channel):
     the client is behind (then ``wait_drained`` first)."""
 
     __slots__ = (
+        "_controls",
+        "_count",
         "_draining",
         "_frames",
         "_held",
+        "_pending",
+        "_pending_bytes",
         "closed_by_home",
         "deliver",
         "done",
@@ -56,6 +60,11 @@ class FrontChannel(Channel):
         self.nursery = nursery
         self._frames = ServerFrames()
         self._held = 0
+        # What the read the link is dispatching brought, for ``flush``:
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._count = 0
+        self._controls: list[tuple[int, bytes]] = []
         self._draining: Callable[[], Awaitable[None]] | None = None
         self.closed_by_home: int | None = None
         """The close code in the home's close frame, once it came."""
@@ -64,24 +73,47 @@ class FrontChannel(Channel):
         self.on_done: Callable[[], None] | None = None
 
     def received(self, data: bytes) -> None:
+        """Checked now; handed on once the link has handled the whole read (``flush``):
+        the frames of all its DATA for this channel in one write to the client."""
         if self.done.is_set():
             return
         try:
             frames, count, controls = self._frames.scan(data)
-            behind = self.deliver(frames, count, controls) if count or controls else False
         except BadFrame as exc:
             log.warning("relay: node %s sent a bad frame (%s); relay cut", self.link.peer, exc)
+            self._pending.clear()  # (nothing of the read that brought it)
             self.finished()
             self.end(reset=True)
             return
+        if not self._pending_bytes:
+            self.link.defer(self)
+        self._pending_bytes += len(data)
+        if count:
+            self._pending.append(frames)
+            self._count += count
+        if controls:
+            self._controls += controls
+
+    def flush(self) -> None:
+        size, self._pending_bytes = self._pending_bytes, 0
+        if self.done.is_set() or not size:
+            return
+        pending, count, controls = self._pending, self._count, self._controls
+        self._count = 0
+        if count or controls:
+            self._pending, self._controls = [], []
+            frames = pending[0] if len(pending) == 1 else b"".join(pending)
+            behind = self.deliver(frames, count, controls)
+        else:
+            behind = False
         if behind and self._draining is not None:
-            self._held += len(data)
-            if self._held == len(data):
+            self._held += size
+            if self._held == size:
                 self.nursery.start_soon(self._drain)
         elif self._held:
-            self._held += len(data)
+            self._held += size
         else:
-            self.consumed(len(data))
+            self.consumed(size)
 
     def waits_on(self, drained: Callable[[], Awaitable[None]]) -> None:
         self._draining = drained
