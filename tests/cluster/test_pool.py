@@ -418,3 +418,212 @@ def control_frame_of(opcode: int, payload: bytes) -> bytes:
 def test_what_is_not_a_server_s_framing_is_refused(frames: bytes) -> None:
     with pytest.raises(BadFrame):
         ServerFrames().feed(frames)
+
+
+# -- the front passes the home's frames on as they came (ServerFrames.scan) -------------
+
+
+def test_server_frames_are_passed_on_whole_and_verbatim_across_any_split() -> None:
+    messages = [
+        text_frame("héllo"),
+        binary_frame(b"\x00" * 70_000),
+        b"\x01\x02ab",  # a text message in two fragments
+        b"\x80\x01c",
+        text_frame("after"),
+    ]
+    ping = control_frame_of(Opcode.PING, b"p")
+    stream = messages[0] + messages[1] + ping + b"".join(messages[2:]) + close_frame(1001)
+    stream += text_frame("past the close")
+    for size in (1, 2, 3, 7, 1000, len(stream)):
+        scanner = ServerFrames()
+        passed, count, controls = b"", 0, []
+        for start in range(0, len(stream), size):
+            out, n, more = scanner.scan(stream[start : start + size])
+            passed += out
+            count += n
+            controls += more
+            # Never part of a frame: what was passed on so far is whole frames.
+            assert any(passed == b"".join(messages[:k]) for k in range(6)), size
+        assert passed == b"".join(messages) and count == len(messages), size
+        assert controls == [(Opcode.PING, b"p"), (Opcode.CLOSE, (1001).to_bytes(2, "big"))]
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        client_frame(Opcode.TEXT, b"masked"),  # a client's frame, not a server's
+        b"\xc1\x01a",  # a reserved bit
+        b"\x83\x01a",  # an unknown opcode
+        b"\x8b\x00",  # an unknown control opcode
+        b"\x09\x01p",  # a fragmented control frame
+        b"\x89\x7e\x00\x7e" + b"p" * 126,  # a control frame over 125 bytes
+        b"\x00\x01a",  # a continuation of nothing
+        b"\x01\x01a\x01\x01b",  # a new message before the last ended
+        b"\x82\x7f" + (1 << 40).to_bytes(8, "big"),  # over the bound, from its header
+        b"\x81\x02\xc3\x28",  # text that is not UTF-8
+        b"\x01\x01\xc3\x80\x01\x28",  # nor across its fragments
+    ],
+)
+def test_a_scan_refuses_what_is_not_a_server_s_framing(frames: bytes) -> None:
+    with pytest.raises(BadFrame):
+        ServerFrames().scan(frames)
+
+
+def test_a_scan_bounds_a_fragmented_message() -> None:
+    scanner = ServerFrames(limit=10)
+    scanner.scan(b"\x02\x06" + b"x" * 6)
+    with pytest.raises(BadFrame):
+        scanner.scan(b"\x00\x05" + b"x" * 5)
+
+
+@attrs.define(eq=False)
+class ScriptedHome:
+    """The home's end of a front's peer connection, spoken by the test: it reads the
+    front's pool frames and writes its own."""
+
+    stream: trio.abc.Stream
+    held: bytes = b""
+
+    async def frame(self) -> tuple[int, int, bytes]:
+        while True:
+            if len(self.held) >= 9:
+                kind, cid, length = (
+                    self.held[0],
+                    int.from_bytes(self.held[1:5], "big"),
+                    int.from_bytes(self.held[5:9], "big"),
+                )
+                if len(self.held) >= 9 + length:
+                    payload = self.held[9 : 9 + length]
+                    self.held = self.held[9 + length :]
+                    return kind, cid, payload
+            data = await self.stream.receive_some(65536)
+            assert data, "the front closed the peer connection"
+            self.held += data
+
+    async def data(self, cid: int, payload: bytes) -> None:
+        await self.stream.send_all(_frame(2, cid, payload))
+
+
+@asynccontextmanager
+async def scripted(
+    lockstep: bool = False,
+) -> AsyncIterator[tuple[ScriptedHome, Client, Link, trio.Nursery]]:
+    """A front's pool whose one peer connection the test speaks as the home, and one
+    relayed client on it, whose OPEN and first message the home has read."""
+    front_stream, home_stream = trio.testing.memory_stream_pair()
+    link = Link(front_stream, "home", 5.0, front=True)
+    pool = Pool("front", KEYS, 5.0, 5.0)
+    pool.links[("home", URL)] = [link]
+    home = ScriptedHome(home_stream)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.run)
+        first = {"type": "session.resume", "session_id": "sess_1", "resume_token": "rt_x"}
+        first["last_received_server_event_seq"] = 0  # type: ignore[assignment]
+        client = await relayed_client(nursery, pool, first, lockstep=lockstep)
+        assert await home.frame() == (1, 1, b"sess_1 native")
+        kind, cid, payload = await home.frame()
+        assert (kind, cid) == (2, 1) and b"session.resume" in payload
+        yield home, client, link, nursery
+        nursery.cancel_scope.cancel()
+
+
+async def _collect(stream: trio.abc.Stream, into: bytearray) -> None:
+    while data := await stream.receive_some(65536):
+        into.extend(data)
+
+
+async def test_the_home_s_frames_reach_the_client_verbatim_never_in_part(
+    autojump_clock: MockClock,
+) -> None:
+    async with scripted() as (home, client, _, nursery):
+        got = bytearray()
+        nursery.start_soon(_collect, client.stream, got)
+        frames = [text_frame('{"type":"session.resumed"}'), binary_frame(b"\x01" * 1000)]
+        stream = b"".join(frames)
+        await home.data(1, stream[:10])  # part of the first frame: held back
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == b""
+        await home.data(1, stream[10:40])  # the first whole, part of the second
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == frames[0]
+        await home.data(1, stream[40:])
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == stream  # as the home wrote them, byte for byte
+
+
+async def test_a_bad_frame_from_the_home_cuts_the_relay(
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "trio_duplex")
+    async with scripted() as (home, client, link, _):
+        await home.data(1, text_frame('{"type":"session.resumed"}'))
+        assert (await client.event())["type"] == "session.resumed"
+        await home.data(1, text_frame("fine") + client_frame(Opcode.TEXT, b"masked"))
+        assert await home.frame() == (5, 1, b"")  # RESET: the front abandons the channel
+        assert await client.close_code() == 1001  # after nothing of the bad read
+        await client.done.wait()
+        assert client.relayed == [True] and not link.channels and not link.broken
+        assert "sent a bad frame" in caplog.text
+
+
+async def test_the_home_s_close_ends_the_relay_with_its_code(autojump_clock: MockClock) -> None:
+    async with scripted() as (home, client, _, _):
+        ping = control_frame_of(Opcode.PING, b"hi")
+        last = text_frame('{"type":"error","code":"x"}')
+        await home.data(1, ping + last + close_frame(4001) + text_frame("past the close"))
+        assert await home.frame() == (2, 1, client_frame(Opcode.PONG, b"hi"))  # answered
+        assert await home.frame() == (2, 1, client_frame(Opcode.CLOSE, (4001).to_bytes(2, "big")))
+        assert await home.frame() == (4, 1, b"")  # then EOF
+        assert (await client.event())["code"] == "x"
+        assert await client.close_code() == 4001  # and nothing past the close
+        assert not client.items
+        await client.done.wait()
+
+
+async def test_a_slow_client_holds_the_home_s_credit_until_it_reads(
+    autojump_clock: MockClock,
+) -> None:
+    async with scripted(lockstep=True) as (home, client, link, _):
+        (channel,) = link.channels.values()
+        frame = text_frame('{"type":"x"}')
+        batch = frame * 100  # one DATA frame: 100 frames, over the client's high water (8)
+        sent = 0
+        while sent + len(batch) <= WINDOW:
+            await home.data(1, batch)
+            sent += len(batch)
+        await trio.testing.wait_all_tasks_blocked()
+        # The client reads nothing: no credit comes back, the window stays used (what
+        # the client's pump took before the outbox congested, one DATA's worth at most,
+        # counts as consumed; the rest is held).
+        assert channel.window == WINDOW - sent and channel.unreturned <= len(batch)
+        assert not home.held
+        # Once it reads, the held credit is given back.
+        count = 0
+        while count < sent // len(frame):
+            await client.item()
+            count += 1
+        kind, cid, payload = await home.frame()
+        assert (kind, cid) == (3, 1) and int.from_bytes(payload, "big") == sent
+
+
+async def test_what_one_read_brings_for_a_client_goes_to_it_in_one_write(
+    autojump_clock: MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pushed: list[tuple[bytes, int]] = []
+    push_frames = Connection.push_frames
+
+    def spy(self: Connection, frames: bytes, count: int) -> None:
+        pushed.append((frames, count))
+        push_frames(self, frames, count)
+
+    monkeypatch.setattr(Connection, "push_frames", spy)
+    async with scripted() as (home, client, _, _):
+        one, two, three = text_frame('{"n":1}'), text_frame('{"n":2}'), text_frame('{"n":3}')
+        ping = control_frame_of(Opcode.PING, b"p")
+        # Three DATA frames in one read, the middle one only a ping: one push of both.
+        await home.stream.send_all(_frame(2, 1, one) + _frame(2, 1, ping) + _frame(2, 1, two))
+        assert await home.frame() == (2, 1, client_frame(Opcode.PONG, b"p"))
+        assert pushed == [(one + two, 2)]
+        await home.data(1, three)  # the next read: a push of its own
+        assert [(await client.event())["n"] for _ in range(3)] == [1, 2, 3]
+        assert pushed == [(one + two, 2), (three, 1)]

@@ -311,9 +311,24 @@ def text_frame(text: str) -> bytes:
 _BINARY_HEADS = [bytes((0x80 | _BINARY, n)) for n in range(126)]
 
 
+class Encoded(bytes):
+    """Frames already encoded as a server sends them (whole, unmasked, back to back),
+    where a message is expected (``frames_of``, a connection's outbox): sent as they
+    are. The pooled relay's front passes its home's frames on so (``frames``: how many
+    it holds, for the outbox's count)."""
+
+    frames: int
+
+    def __new__(cls, data: bytes, frames: int = 1) -> Encoded:
+        self = super().__new__(cls, data)
+        self.frames = frames
+        return self
+
+
 def frames_of(messages: Iterable[str | bytes]) -> bytes:
     """Unfragmented frames of ``messages`` (text for ``str``, binary for ``bytes``),
-    back to back: ``text_frame``/``binary_frame`` of each, joined with one copy."""
+    back to back: ``text_frame``/``binary_frame`` of each, joined with one copy
+    (``Encoded`` ones are frames already: as they are)."""
     parts: list[bytes] = []
     append = parts.append
     for message in messages:
@@ -326,6 +341,9 @@ def frames_of(messages: Iterable[str | bytes]) -> bytes:
                 append(b"\x81\x7e" + n.to_bytes(2, "big"))
             else:
                 append(b"\x81\x7f" + n.to_bytes(8, "big"))
+        elif isinstance(message, Encoded):
+            append(message)
+            continue
         else:
             data = message
             n = len(data)

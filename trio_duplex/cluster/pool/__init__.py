@@ -46,6 +46,12 @@ connection are bounded (``OUT_LIMIT``, plus one frame): a sender waits for room;
 writer sends everything queued in one write per wake-up, each write within the write
 timeout. A message from the home to a client is at most ``MAX_RELAYED_MESSAGE_BYTES``.
 
+Per event, the front does little: what one read of its client brings goes to the home
+as one DATA frame (``WebSocket.get_messages``), and the home's frames go to the client
+as they came, checked but never decoded (``ServerFrames.scan``: a malformed frame cuts
+the relay, a close ends it), everything one read of the peer connection brought for a
+client in one write (``Connection.push_frames``, after ``Link.defer``).
+
 Failure. A peer connection that breaks (the peer died, a write not taken within the
 write timeout, nothing heard for ``PEER_TIMEOUT_S`` while pinging every
 ``PING_INTERVAL_S``, a rule broken) breaks every channel on it: on the front, each

@@ -30,6 +30,8 @@ class Carrier(Protocol):
 
     def remove(self, channel: Channel) -> None: ...
 
+    def defer(self, channel: Channel) -> None: ...
+
 
 # -- channels -----------------------------------------------------------------------
 
@@ -72,6 +74,9 @@ class Channel:
 
     def received(self, data: bytes) -> None:
         raise NotImplementedError
+
+    def flush(self) -> None:
+        """Called by the link after the read that called ``link.defer(self)``."""
 
     def consumed(self, n: int) -> None:
         """``n`` bytes were taken by this side's consumer: give credit back, in steps of

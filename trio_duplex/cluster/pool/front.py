@@ -18,7 +18,7 @@ from .channel import Channel
 from .framing import K_OPEN
 from .link import Link
 from .peers import OldHome, Pool, Refused
-from .ws_frames import BadFrame, ServerFrames, client_frame, message_frame
+from .ws_frames import BadFrame, ServerFrames, client_frame, message_frame, message_frames
 
 log = logging.getLogger("trio_duplex")
 
@@ -26,14 +26,20 @@ log = logging.getLogger("trio_duplex")
 
 
 class FrontChannel(Channel):
-    """A channel as the front sees it: what the home sends is parsed (``ServerFrames``)
-    and handed to ``deliver``; the channel's credit is given back once delivered, unless
-    ``congested`` says the client is behind (then ``wait_drained`` first)."""
+    """A channel as the front sees it: what the home sends is checked, not decoded
+    (``ServerFrames.scan``), and handed to ``deliver``: the whole message frames as they
+    came (to pass on to the client verbatim), how many, and the control frames among
+    them. The channel's credit is given back once delivered, unless ``deliver`` says
+    the client is behind (then ``wait_drained`` first)."""
 
     __slots__ = (
+        "_controls",
+        "_count",
         "_draining",
         "_frames",
         "_held",
+        "_pending",
+        "_pending_bytes",
         "closed_by_home",
         "deliver",
         "done",
@@ -45,7 +51,7 @@ class FrontChannel(Channel):
         self,
         link: Link,
         cid: int,
-        deliver: Callable[[list[tuple[int, bytes]]], bool],
+        deliver: Callable[[bytes, int, list[tuple[int, bytes]]], bool],
         nursery: trio.Nursery,
     ) -> None:
         super().__init__(link, cid)
@@ -54,6 +60,11 @@ class FrontChannel(Channel):
         self.nursery = nursery
         self._frames = ServerFrames()
         self._held = 0
+        # What the read the link is dispatching brought, for ``flush``:
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._count = 0
+        self._controls: list[tuple[int, bytes]] = []
         self._draining: Callable[[], Awaitable[None]] | None = None
         self.closed_by_home: int | None = None
         """The close code in the home's close frame, once it came."""
@@ -62,24 +73,47 @@ class FrontChannel(Channel):
         self.on_done: Callable[[], None] | None = None
 
     def received(self, data: bytes) -> None:
+        """Checked now; handed on once the link has handled the whole read (``flush``):
+        the frames of all its DATA for this channel in one write to the client."""
         if self.done.is_set():
             return
         try:
-            items = self._frames.feed(data)
-            behind = self.deliver(items) if items else False
-        except (BadFrame, UnicodeDecodeError) as exc:
+            frames, count, controls = self._frames.scan(data)
+        except BadFrame as exc:
             log.warning("relay: node %s sent a bad frame (%s); relay cut", self.link.peer, exc)
+            self._pending.clear()  # (nothing of the read that brought it)
             self.finished()
             self.end(reset=True)
             return
+        if not self._pending_bytes:
+            self.link.defer(self)
+        self._pending_bytes += len(data)
+        if count:
+            self._pending.append(frames)
+            self._count += count
+        if controls:
+            self._controls += controls
+
+    def flush(self) -> None:
+        size, self._pending_bytes = self._pending_bytes, 0
+        if self.done.is_set() or not size:
+            return
+        pending, count, controls = self._pending, self._count, self._controls
+        self._count = 0
+        if count or controls:
+            self._pending, self._controls = [], []
+            frames = pending[0] if len(pending) == 1 else b"".join(pending)
+            behind = self.deliver(frames, count, controls)
+        else:
+            behind = False
         if behind and self._draining is not None:
-            self._held += len(data)
-            if self._held == len(data):
+            self._held += size
+            if self._held == size:
                 self.nursery.start_soon(self._drain)
         elif self._held:
-            self._held += len(data)
+            self._held += size
         else:
-            self.consumed(len(data))
+            self.consumed(size)
 
     def waits_on(self, drained: Callable[[], Awaitable[None]]) -> None:
         self._draining = drained
@@ -158,17 +192,15 @@ async def relay(
     delivered = False
     ws = conn.ws
 
-    def deliver(items: list[tuple[int, bytes]]) -> bool:
+    def deliver(frames: bytes, count: int, controls: list[tuple[int, bytes]]) -> bool:
+        # The home's frames go to the client as they came (checked by the scan, never
+        # decoded and encoded again): a server's frames either way.
         nonlocal delivered
-        several = len(items) > 1
-        for opcode, payload in items:
-            if opcode == Opcode.TEXT:
-                delivered = True
-                conn.push(payload.decode(), coalesce=several)
-            elif opcode == Opcode.BINARY:
-                delivered = True
-                conn.push(payload, coalesce=several)
-            elif opcode == Opcode.PING:
+        if count:
+            delivered = True
+            conn.push_frames(frames, count)
+        for opcode, payload in controls:
+            if opcode == Opcode.PING:
                 channel.send_control(client_frame(Opcode.PONG, payload))
             elif opcode == Opcode.CLOSE:
                 code: int = CloseCode.NORMAL
@@ -199,10 +231,9 @@ async def relay(
                 link.put(K_OPEN, cid, f"{session_id} {dialect}".encode("ascii"))
                 try:
                     await channel.send(message_frame(first))
-                    get = ws.get_message
-                    while True:
-                        message = await get()
-                        await channel.send(message_frame(message))
+                    get = ws.get_messages
+                    while True:  # what one read brought, as one write to the home
+                        await channel.send(message_frames(await get()))
                 except ClientGone as exc:
                     client_code = exc.code
                 except trio.BrokenResourceError:

@@ -83,6 +83,8 @@ class Link:
     """The writer has a write under way (nothing may be written directly meanwhile)."""
     _fd: int = attrs.field(init=False)
     """The socket's descriptor for direct writes; -1: none (TLS, in memory)."""
+    _deferred: list[Channel] = attrs.field(factory=list)
+    """Channels to flush once the frames of the read being dispatched are all handled."""
 
     def __attrs_post_init__(self) -> None:
         stream = self.stream
@@ -169,8 +171,22 @@ class Link:
             if pos < len(data):
                 held = data[pos:]
 
+    def defer(self, channel: Channel) -> None:
+        """Call ``channel.flush()`` once every frame of the read now dispatched is handled
+        (the front passes all that one read brought for a client on in one write)."""
+        self._deferred.append(channel)
+
     def _dispatch(self, buf: bytes) -> int:
-        """Handle every whole frame in ``buf``; returns where the rest begins."""
+        """Handle every whole frame in ``buf``, then flush the channels that deferred;
+        returns where the rest begins."""
+        pos = self._frames(buf)
+        if self._deferred:
+            deferred, self._deferred = self._deferred, []
+            for channel in deferred:
+                channel.flush()
+        return pos
+
+    def _frames(self, buf: bytes) -> int:
         n = len(buf)
         pos = 0
         unpack = HEAD.unpack_from

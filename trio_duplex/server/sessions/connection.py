@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ...core.frames import BATCH, CloseCode
+from ...core.frames import BATCH, CloseCode, Encoded
 from ...dialects import NATIVE, Dialect
 from .timers import Entry, Timers
 from .websocket import ConnectionClosed, WebSocket
@@ -70,6 +70,9 @@ class Connection:
     none)."""
     queued: int = 0
     """The outbox's size: the sum of its frames' lengths."""
+    bundled: int = 0
+    """Frames in the outbox beyond one per item (``push_frames``'s, several to an
+    item): what ``len(outbox)`` leaves out of the count ``high_water`` bounds."""
     watchers: Sequence[FinishWatcher] = ()
     """Told of every ``finish`` (the server's observers)."""
     dialect: Dialect = NATIVE
@@ -177,9 +180,38 @@ class Connection:
         else:
             self.start_pump()
 
+    def push_frames(self, frames: bytes, count: int) -> None:
+        """Send ``frames``, ``count`` whole frames already encoded as a server sends them
+        (the pooled relay's front passes its home's on: nothing decoded, nothing
+        encoded again), after what was pushed before, as ``push_many`` would: written
+        now with nothing queued and the socket free, else queued for the pump (one
+        item, ``count`` frames of the bounds: ``congested``, ``max_output_bytes``)."""
+        if self.close_code is not None:
+            return
+        ws = self.ws
+        if self.outbox or not ws.can_write_now():
+            outbox = self.outbox
+            if isinstance(outbox, tuple):  # (the first frames to wait)
+                outbox = self.outbox = deque()
+            outbox.append(Encoded(frames, count))
+            self.bundled += count - 1
+            self.queued += len(frames)
+            if self.queued > self.max_output_bytes:
+                self._not_reading()
+                return
+        else:
+            ws.write_frames_now(frames)
+            if not ws.unsent and not ws.broken:
+                return
+        if self._wake:
+            self._wake.unpark()
+        else:
+            self.start_pump()
+
     def room(self) -> tuple[int, float]:
         """How many more frames, and characters, could be queued without congesting it."""
-        return self.high_water - len(self.outbox), self.max_output_bytes / 2 - self.queued
+        frames = len(self.outbox) + self.bundled
+        return self.high_water - frames, self.max_output_bytes / 2 - self.queued
 
     def finish(self, frames: list[str | bytes], close_code: int, *, flush: bool = True) -> None:
         """Send ``frames`` after (or, without ``flush``, instead of) what is queued, then
@@ -239,7 +271,7 @@ class Connection:
     def congested(self) -> bool:
         outbox = self.outbox  # (empty, the common case: one test)
         return bool(outbox) and (
-            len(outbox) > self.high_water or self.queued * 2 > self.max_output_bytes
+            len(outbox) + self.bundled > self.high_water or self.queued * 2 > self.max_output_bytes
         )
 
     def _not_reading(self) -> None:
@@ -252,7 +284,7 @@ class Connection:
     def _drop_outbox(self) -> None:
         if isinstance(self.outbox, deque):
             self.outbox.clear()  # (in place: the pump holds it)
-        self.queued = 0
+        self.queued = self.bundled = 0
         self._sample = None
 
     def sample_write(self, since: float, sampler: WriteSampler) -> None:
@@ -303,16 +335,24 @@ class Connection:
                     frame = outbox.popleft()
                     self.queued -= len(frame)
                     self._written += 1  # counted once taken: see sample_write
+                    if self.bundled and isinstance(frame, Encoded):
+                        self.bundled -= frame.frames - 1
                     await ws.send_message(frame)
                 else:
                     count = min(len(outbox), BATCH)
                     frames = [outbox.popleft() for _ in range(count)]
                     self.queued -= sum(map(len, frames))
                     self._written += count
+                    if self.bundled:
+                        self.bundled -= sum(f.frames - 1 for f in frames if isinstance(f, Encoded))
                     await ws.send_many(frames)
                 if self._sample is not None:
                     self._sampled()
-                if self._drained and len(outbox) <= low_water and self.queued <= low_bytes:
+                if (
+                    self._drained
+                    and len(outbox) + self.bundled <= low_water
+                    and self.queued <= low_bytes
+                ):
                     self._drained.unpark_all()
             elif ws.unsent or ws.broken:
                 await ws.flush()  # finishes a direct write's tail, or raises

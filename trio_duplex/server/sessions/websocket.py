@@ -44,6 +44,7 @@ from ...core.frames import (
     Close,
     CloseCode,
     Control,
+    Encoded,
     FrameReader,
     Opcode,
     binary_frame,
@@ -243,6 +244,25 @@ class WebSocket:
         message = self._messages[self._next]
         self._next += 1
         return message
+
+    async def get_messages(self) -> list[str | bytes]:
+        """Every message parsed and not yet served (at least one): those of one read,
+        as a batch, for a caller that handles a batch at once (the pooled relay's
+        front writes one frame to the home per read, not one per message). Raises
+        ``ConnectionClosed`` as ``get_message`` does once none is left. Messages left
+        by ``get_message`` come first, after a scheduler round; a read is one anyway,
+        so a batch is one round however many messages it holds (at most what one read
+        completes: ``RECEIVE_SIZE`` bytes, or one message of up to the bound)."""
+        if self._next < len(self._messages):
+            await trio.lowlevel.checkpoint()
+        while self._next >= len(self._messages):
+            if not self._readable:
+                raise self._closed_error()
+            await self._receive()  # a scheduler round
+        messages, start = self._messages, self._next
+        self._messages, self._next = [], 0
+        self._pace.reset()
+        return messages if not start else messages[start:]
 
     async def _receive(self) -> None:
         if self._watched is not None:  # (only while a session opens: see ``watch``)
@@ -444,9 +464,10 @@ class WebSocket:
         """Send one message (text for ``str``, binary for ``bytes``); returns once its
         bytes are handed to the stream."""
         self._check_writable()
-        await self._write(
-            text_frame(message) if isinstance(message, str) else binary_frame(message)
-        )
+        if isinstance(message, str):
+            await self._write(text_frame(message))
+        else:
+            await self._write(message if isinstance(message, Encoded) else binary_frame(message))
 
     async def send_many(self, messages: Iterable[str | bytes]) -> None:
         """Send several messages in one write."""
@@ -469,6 +490,12 @@ class WebSocket:
     def write_many_now(self, messages: list[str | bytes]) -> None:
         """``write_now`` for several messages, in one write."""
         if not self._direct.write(frames_of(messages)):
+            self._lost()
+
+    def write_frames_now(self, frames: bytes) -> None:
+        """``write_now`` for frames already encoded (``Encoded``: a server's, whole),
+        as they are."""
+        if not self._direct.write(frames):
             self._lost()
 
     @property
