@@ -506,8 +506,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
     cpu = sub.add_parser("cpu", help="py-spy on the server under load")
-    cpu.add_argument("--workload", choices=["throughput", "handshake", "voice", "resume", "idle", "openai-turns"],
-                     default="throughput")  # fmt: skip
+    workloads = ["throughput", "handshake", "voice", "resume", "idle", "openai-turns"]
+    cpu.add_argument("--workload", choices=workloads, default="throughput")
     cpu.add_argument("--server", choices=["duplex", "bare_trio", "bare_asyncio"], default="duplex")
     cpu.add_argument("--seconds", type=float, default=8.0)
     cpu.add_argument("--sessions", type=int, default=40, help="voice/idle: session count")

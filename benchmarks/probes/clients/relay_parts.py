@@ -24,6 +24,7 @@ from websockets.trio.client import connect
 from benchmarks.suite._stats import ms_summary
 from benchmarks.suite._workload import SESSION_UPDATE, emit, resume
 from trio_duplex.cluster.pool import FrontChannel, Kind, Link, Pool, message_frame
+from trio_duplex.cluster.pool.ws_frames import ServerFrames
 from trio_duplex.cluster.relay import RelayKeys, relay_url
 from trio_duplex.cluster.store import open_store
 
@@ -43,9 +44,10 @@ async def resume_over(link: Link, session_id: str, token: str) -> dict[str, Any]
     """A channel on ``link`` resuming ``session_id``: the home's first answer."""
     items: list[tuple[int, bytes]] = []
     answered = trio.Event()
+    parser = ServerFrames()  # (the front passes the home's frames on whole: read here)
 
-    def deliver(got: list[tuple[int, bytes]]) -> bool:
-        items.extend(got)
+    def deliver(frames: bytes, count: int, controls: list[tuple[int, bytes]]) -> bool:
+        items.extend(parser.feed(frames))
         answered.set()
         return False
 
