@@ -390,6 +390,27 @@ def test_the_workers_benchmark_judges_a_split_against_a_fair_coin() -> None:
     assert own.interpolate(line, 5) == 0.0 and own.interpolate(line, 60) == 5.0
 
 
+def test_a_worker_on_its_own_core_is_not_judged_where_no_cpu_was_counted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # (--quick's 0.3 s windows: at one session --workers 1's CPU can read as none at all;
+    # the ratio was divided by it and the run died of a ZeroDivisionError)
+    from benchmarks.probes.workers import own
+
+    def run(steps: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"steps": steps, "background": {"loadavg_1m": 0.5}}
+
+    one = [{"sessions": 1, "server_cores": 0.0, "p99_ms": 0.8, "frames_per_wake": 1.0}]
+    one.append({"sessions": 2, "server_cores": 0.0, "p99_ms": 0.5, "frames_per_wake": 1.0})
+    two = {"sessions": 4, "own_core_sessions": 1, "own_core_cpu_ms_per_session_s": 32.5,
+           "p99_ms": 0.4, "frames_per_wake": 1.0}  # fmt: skip
+    assert own.report_own({1: [run(one)], 2: [run([two])]}, [1, 2]) == {}
+    assert "not judged (no CPU counted for --workers 1 at as many" in capsys.readouterr().out
+    one[0]["server_cores"] = 0.016  # counted: judged
+    summary = own.report_own({1: [run(one)], 2: [run([two])]}, [1, 2])
+    assert summary["2"]["ratio"] == [pytest.approx(32.5 / 16.0)]
+
+
 @pytest.mark.integration
 def test_the_cluster_benchmark_runs_its_scenarios(tmp_path: Path) -> None:
     """`benchmarks.cluster` (cluster mode) with two sessions and a fraction of a second each,

@@ -57,6 +57,7 @@ def report_own(own: dict[int, list[dict[str, Any]]], counts: list[int]) -> dict[
     # its sessions, through its steps of that round, read at worker 0's count.
     for n in sorted({s["sessions"] for run in own.get(two, []) for s in run["steps"]}):
         rows: list[tuple[int, float, float, float, float, float, float]] = []
+        uncounted = 0  # rounds where --workers 1's CPU at that count read as none
         for run1, run2 in zip(own.get(one, []), own.get(two, []), strict=False):
             curve = [(s["sessions"], s["server_cores"]) for s in run1["steps"] if s["sessions"]]
             for y in run2["steps"]:
@@ -64,12 +65,20 @@ def report_own(own: dict[int, list[dict[str, Any]]], counts: list[int]) -> dict[
                     continue
                 mine = y["own_core_sessions"]
                 base = 1000 * interpolate(curve, mine) / mine
+                if not base > 0:  # (a window within the clock's tick: no CPU counted)
+                    uncounted += 1
+                    continue
                 p99_1 = max(s["p99_ms"] for s in run1["steps"] if s["sessions"])
                 wake = y.get("frames_per_wake", math.nan)
                 rows.append((mine, y[key], base, y[key] / base, p99_1, y["p99_ms"], wake))
         if not rows:  # the kernel gave worker 0 none of the sessions (a small N)
+            why = (
+                f"no CPU counted for --workers {one} at as many: a window too short"
+                if uncounted
+                else "worker 0 got no session"
+            )
             print(f"| 0 (--workers {two} at {n}) | {DASH} | {DASH} | {DASH} | {DASH} | {DASH} "
-                  "| not judged (worker 0 got no session) |")  # fmt: skip
+                  f"| not judged ({why}) |")  # fmt: skip
             continue
         ratios = [r[3] for r in rows]
         held = [r[3] for r in rows if max(r[4], r[5]) <= THRESHOLD_MS]
