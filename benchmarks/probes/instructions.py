@@ -1,6 +1,7 @@
 """Instructions the server spends per event, counted by callgrind: repeatable where
 wall-clock and CPU-time figures are not (a shared machine's steal and frequency change
-move those by 10-30 % between runs; an instruction count moves by well under 1 %).
+move those by 10-30 % between runs; an instruction count by a few per cent, as batching
+follows timing: compare medians of ``--runs 3``).
 
     python -m benchmarks.instructions                      # this tree
     python -m benchmarks.instructions --tree ../other      # another checkout, to compare
