@@ -499,3 +499,18 @@ def echo_message(size: int, char: str = "a") -> str:
     message = head + char * (room // width) + tail
     assert len(message.encode()) == size
     return message
+
+
+TEXT_RESPONSE = [
+    "response.created",
+    "response.output_item.added",
+    "conversation.item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+]
+"""A text response's events on the OpenAI dialect, each run of deltas written as one."""

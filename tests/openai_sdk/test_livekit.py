@@ -18,14 +18,13 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Servers
+from tests.helpers import TEXT_RESPONSE, Servers
 from tests.speech_audio import RATE as SPEECH_RATE
 from tests.speech_audio import is_speech, needs_speech, reply_to
 
 from .conftest import run_script
 from .sdk_shared import LONG_TEXT, pcm16
 from .test_python_sdk import (
-    TEXT_RESPONSE,
     at_rate,
     http_servers,
     response_part,

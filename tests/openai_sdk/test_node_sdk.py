@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Certs, Servers
+from tests.helpers import TEXT_RESPONSE, Certs, Servers
 
 from .conftest import API_KEY, NODE_DIR, NodeSdk
 from .sdk_shared import LONG_TEXT
-from .test_python_sdk import TEXT_RESPONSE, response_part
+from .test_python_sdk import response_part
 
 pytestmark = pytest.mark.integration
 SCRIPT = NODE_DIR / "conversation.cjs"

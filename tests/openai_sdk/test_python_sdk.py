@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import soxr  # type: ignore[import-untyped]
 
-from tests.helpers import Servers
+from tests.helpers import TEXT_RESPONSE, Servers
 from tests.speech_audio import RATE as SPEECH_RATE
 from tests.speech_audio import (
     VOICES,
@@ -36,20 +36,6 @@ from .sdk_python import SCENARIOS, TEXT
 from .sdk_shared import LONG_TEXT, pcm16, sha
 
 pytestmark = pytest.mark.integration
-
-TEXT_RESPONSE = [
-    "response.created",
-    "response.output_item.added",
-    "conversation.item.added",
-    "response.content_part.added",
-    "response.output_text.delta",
-    "response.output_text.done",
-    "response.content_part.done",
-    "response.output_item.done",
-    "conversation.item.done",
-    "response.done",
-]
-"""A text response's events, each run of deltas written as one."""
 
 
 def http_base(url: str) -> str:

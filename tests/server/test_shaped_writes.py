@@ -26,20 +26,11 @@ from trio_duplex.server.server import DuplexServer
 from trio_duplex.server.sessions.websocket import DirectWrite
 from trio_duplex.testing import running_server
 
+from ..helpers import TEXT_RESPONSE
+
 Event = dict[str, Any]
 SENDS = ("response.created", "response.output_text.delta", "response.done")
-SHAPED = [
-    "response.created",
-    "response.output_item.added",
-    "conversation.item.added",
-    "response.content_part.added",
-    "response.output_text.delta",
-    "response.output_text.done",
-    "response.content_part.done",
-    "response.output_item.done",
-    "conversation.item.done",
-    "response.done",
-]
+SHAPED = TEXT_RESPONSE
 
 
 class Responder(Engine):

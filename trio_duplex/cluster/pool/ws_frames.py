@@ -133,16 +133,11 @@ class ServerFrames:
             if opcode > 2:
                 raise BadFrame(f"an unknown opcode {opcode}")
             length = b1
-            if length == 126:
-                if n - head < 2:
+            if length >= 126:
+                got = _extended_length(buf, head, n, length)
+                if got is None:
                     break
-                length = int.from_bytes(buf[head : head + 2], "big")
-                head += 2
-            elif length == 127:
-                if n - head < 8:
-                    break
-                length = int.from_bytes(buf[head : head + 8], "big")
-                head += 8
+                length, head = got
             if opcode:
                 if self._scanning:
                     raise BadFrame("a message began before the last one ended")
@@ -211,16 +206,11 @@ class ServerFrames:
                 raise BadFrame("a masked frame, or reserved bits")
             length = b1
             head = pos + 2
-            if length == 126:
-                if n - head < 2:
+            if length >= 126:
+                got = _extended_length(buf, head, n, length)
+                if got is None:
                     break
-                length = int.from_bytes(buf[head : head + 2], "big")
-                head += 2
-            elif length == 127:
-                if n - head < 8:
-                    break
-                length = int.from_bytes(buf[head : head + 8], "big")
-                head += 8
+                length, head = got
             if length > self.limit:
                 raise BadFrame(f"a frame of {length} bytes")
             end = head + length
@@ -254,3 +244,14 @@ class ServerFrames:
         elif pos < n:
             self._buf += buf[pos:]
         return out
+
+
+def _extended_length(
+    buf: bytes | bytearray, head: int, n: int, code: int
+) -> tuple[int, int] | None:
+    """A frame's length past the 7-bit code (126: 16 bits follow, 127: 64) and where its
+    payload starts; None while those bytes have not all come (``n``: what has)."""
+    size = 2 if code == 126 else 8
+    if n - head < size:
+        return None
+    return int.from_bytes(buf[head : head + size], "big"), head + size

@@ -136,13 +136,8 @@ class Connection:
             return
         ws = self.ws
         if coalesce or self.outbox or not ws.can_write_now():
-            outbox = self.outbox
-            if isinstance(outbox, tuple):  # (the first frame to wait)
-                outbox = self.outbox = deque()
-            outbox.append(frame)
-            self.queued += len(frame)
-            if self.queued > self.max_output_bytes:
-                self._not_reading()
+            self._open_outbox().append(frame)
+            if not self._count(len(frame)):
                 return
         else:
             ws.write_now(frame)
@@ -150,10 +145,7 @@ class Connection:
                 return
             # A tail to finish, or a broken socket: the pump's write finishes the frame,
             # or raises and ends the connection even if its reader has not noticed yet.
-        if self._wake:
-            self._wake.unpark()
-        else:
-            self.start_pump()
+        self._to_pump()
 
     def push_many(self, frames: list[str | bytes], *, coalesce: bool = False) -> None:
         """``push`` each of ``frames``, in order: with nothing queued, the socket free
@@ -163,22 +155,14 @@ class Connection:
             return
         ws = self.ws
         if coalesce or self.outbox or not ws.can_write_now():
-            outbox = self.outbox
-            if isinstance(outbox, tuple):  # (the first frames to wait)
-                outbox = self.outbox = deque()
-            outbox.extend(frames)
-            self.queued += sum(map(len, frames))
-            if self.queued > self.max_output_bytes:
-                self._not_reading()
+            self._open_outbox().extend(frames)
+            if not self._count(sum(map(len, frames))):
                 return
         else:
             ws.write_many_now(frames)
             if not ws.unsent and not ws.broken:
                 return
-        if self._wake:
-            self._wake.unpark()
-        else:
-            self.start_pump()
+        self._to_pump()
 
     def push_frames(self, frames: bytes, count: int) -> None:
         """Send ``frames``, ``count`` whole frames already encoded as a server sends them
@@ -190,19 +174,34 @@ class Connection:
             return
         ws = self.ws
         if self.outbox or not ws.can_write_now():
-            outbox = self.outbox
-            if isinstance(outbox, tuple):  # (the first frames to wait)
-                outbox = self.outbox = deque()
-            outbox.append(Encoded(frames, count))
+            self._open_outbox().append(Encoded(frames, count))
             self.bundled += count - 1
-            self.queued += len(frames)
-            if self.queued > self.max_output_bytes:
-                self._not_reading()
+            if not self._count(len(frames)):
                 return
         else:
             ws.write_frames_now(frames)
             if not ws.unsent and not ws.broken:
                 return
+        self._to_pump()
+
+    def _open_outbox(self) -> deque[str | bytes]:
+        """The outbox, a deque from the first frame that has to wait."""
+        outbox = self.outbox
+        if isinstance(outbox, tuple):
+            outbox = self.outbox = deque()
+        return outbox
+
+    def _count(self, size: int) -> bool:
+        """Count ``size`` more queued; False once that is past the bound (the connection
+        is then cut: ``_not_reading``)."""
+        self.queued += size
+        if self.queued > self.max_output_bytes:
+            self._not_reading()
+            return False
+        return True
+
+    def _to_pump(self) -> None:
+        """Leave the rest to the pump: wake it, or start it."""
         if self._wake:
             self._wake.unpark()
         else:
@@ -220,10 +219,7 @@ class Connection:
             return
         if not flush:
             self._drop_outbox()
-        outbox = self.outbox
-        if isinstance(outbox, tuple):
-            outbox = self.outbox = deque()
-        outbox.extend(frames)
+        self._open_outbox().extend(frames)
         self.queued += sum(map(len, frames))
         self.close_code = close_code
         for watcher in self.watchers:
