@@ -97,12 +97,7 @@ class ServerFrames:
         order), text that is not UTF-8, or a message over ``limit``."""
         if self._closed:
             return b"", 0, []
-        buf: bytes | bytearray
-        if self._buf:
-            self._buf += data
-            buf = self._buf
-        else:
-            buf = data
+        buf = self._joined(data)
         controls: list[tuple[int, bytes]] = []
         pieces: list[bytes | bytearray] = []
         limit = self.limit
@@ -186,16 +181,19 @@ class ServerFrames:
             out = b"".join(pieces)
         return out, count, controls
 
+    def _joined(self, data: bytes) -> bytes | bytearray:
+        """``data`` after what an earlier call held back (``self._buf``, which it then
+        is: the caller trims what it used)."""
+        if self._buf:
+            self._buf += data
+            return self._buf
+        return data
+
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         """The whole messages (TEXT or BINARY, joined from fragments) and control frames
         (CLOSE, PING, PONG) in ``data`` and what was held back. BadFrame: not a
         server's framing, or a message over ``limit``."""
-        buf: bytes | bytearray
-        if self._buf:
-            self._buf += data
-            buf = self._buf
-        else:
-            buf = data
+        buf = self._joined(data)
         out: list[tuple[int, bytes]] = []
         n = len(buf)
         pos = 0
