@@ -226,6 +226,27 @@ def judge(references: Sequence[str], heard: Sequence[str], bound: float = WER_BO
     return rate
 
 
+def judge_reply(text: str, heard: str) -> None:
+    """Assert that ``heard``, what the recogniser made of a reply's audio, says the
+    reply's ``text``: within ``WER_BOUND`` of it, or else nearer to it than to the reply
+    to any other of the set's first 100 sentences.
+
+    The server's voice (Piper, by default) synthesises at random (its noise scales), so
+    one sentence's audio is misheard now and then beyond the bound ("the vent remind or
+    momentous day" for "Event Remind or Mona Tuesday", 0.267): that says nothing of
+    whether the audio is the reply's. Audio of another reply, or none, is as near to
+    the others as to this one, and fails."""
+    own = word_error_rate([(text, heard)])
+    if own <= WER_BOUND:
+        return
+    others = {reply_to(s) for s in sentences(100)} - {text}
+    nearest = min(others, key=lambda other: word_error_rate([(other, heard)]))
+    assert own < word_error_rate([(nearest, heard)]), (
+        f"the reply's audio was heard as {heard!r}: {own:.3f} from its text {text!r}, "
+        f"not nearer to it than to {nearest!r}"
+    )
+
+
 @functools.cache
 def _whisper() -> Any:
     from faster_whisper import WhisperModel

@@ -23,6 +23,7 @@ from tests.speech_audio import (
     VOICES,
     is_speech,
     judge,
+    judge_reply,
     missing_speech_parts,
     needs_speech,
     recognise,
@@ -199,7 +200,7 @@ def test_a_spoken_turn_is_heard_transcribed_and_answered_aloud(seen: dict[str, A
     assert len(answer) == turn["audio_bytes"] > 24_000  # over half a second of reply
     assert is_speech(at_rate(answer, 24_000, SPEECH_RATE))
     assert not is_speech(bytes(len(answer)))  # (the check can fail)
-    judge([turn["transcript"]], [recognise(answer, 24_000)])  # the audio says its text
+    judge_reply(turn["transcript"], recognise(answer, 24_000))  # the audio says its text
 
 
 @needs_speech
@@ -220,7 +221,7 @@ def test_sentences_are_heard_and_the_last_answered_aloud(seen: dict[str, Any]) -
     assert turn["status"] == "completed"
     assert turn["transcript"] == reply_to(transcripts[-1])
     answer = base64.b64decode(record["answer"])
-    judge([turn["transcript"]], [recognise(answer, 24_000)])
+    judge_reply(turn["transcript"], recognise(answer, 24_000))
 
 
 def test_a_cancel_mid_response(seen: dict[str, Any]) -> None:

@@ -40,6 +40,7 @@ from ..speech_audio import (
     frames,
     is_speech,
     judge,
+    judge_reply,
     needs_speech,
     piper_installed,
     recognise,
@@ -261,7 +262,7 @@ async def test_a_sentence_spoken_in_real_time_is_transcribed_and_answered_aloud(
         if e["type"] == "response.output_audio.delta"
     )
     assert is_speech(audio)
-    judge([said], [recognise(audio)])  # the reply says its text
+    judge_reply(said, recognise(audio))  # the reply says its text
     seqs = [e["server_event_seq"] for e in got]
     assert seqs == list(range(1, len(seqs) + 1))
 
@@ -431,7 +432,7 @@ async def test_piper_speaks_from_a_child_process_never_from_the_server(
             await until(ws, "response.done", got)
             await close(ws)
     audio = audio_of(got, "resp_1")
-    judge(["you said: hello."], [recognise(audio)])
+    judge_reply("you said: hello.", recognise(audio))
     server = speech_server.proc.pid
     assert "espeakbridge" not in maps_of(server)
     children = psutil.Process(server).children(recursive=True)
@@ -565,7 +566,7 @@ async def test_the_openai_dialect_streams_a_spoken_turn_and_answers_aloud(
     audio = b"".join(
         base64.b64decode(e["delta"]) for e in got if e["type"] == "response.output_audio.delta"
     )
-    judge([transcript], [recognise(audio, OPENAI_RATE)])
+    judge_reply(transcript, recognise(audio, OPENAI_RATE))
     [done] = [e for e in got if e["type"] == "response.done"]
     assert done["response"]["status"] == "completed"
 

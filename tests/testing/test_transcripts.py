@@ -70,3 +70,17 @@ def test_the_rate_is_pooled_over_words_not_averaged_over_sentences() -> None:
     assert word_error_rate(pairs) == pytest.approx(1 / 10)  # a mean of rates would be 0.5
     with pytest.raises(ValueError, match="no reference words"):
         word_error_rate([("", "anything")])
+
+
+def test_a_reply_is_judged_said_when_misheard_but_not_when_it_is_another() -> None:
+    from tests.speech_audio import judge_reply
+
+    text = "you said: Event Remind or Mona Tuesday put meeting with Powell for tomorrow, 10am."
+    # (seen in CI: Piper's random synthesis, misheard by 0.267: still this reply)
+    judge_reply(
+        text,
+        "You said, the vent remind or momentous day put meeting with Powell for tomorrow, 10 a.m.",
+    )
+    for heard in ("", "you said: wake me up at five am this week"):  # silence; another reply
+        with pytest.raises(AssertionError, match="not nearer to it"):
+            judge_reply(text, heard)
