@@ -547,8 +547,8 @@ class SessionRunner:
             await trio.lowlevel.checkpoint()
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
-        if self.shaper is not None:
-            await self._emit_shaped(event, self.shaper)
+        if self.shaper is not None:  # every event the shaper makes of it, written together
+            await self._emit_frames(self._shape(event, self.shaper), True)
             return
         encoder = self._encoder
         if encoder is not None:
@@ -752,11 +752,6 @@ class SessionRunner:
             conn = self._deliver(emitted, now)
             if conn is not None:
                 await self._wait_drained(conn)
-
-    async def _emit_shaped(self, event: Event, shaper: Shaper) -> None:
-        """An engine event of a session whose dialect shapes it: every event the shaper
-        makes of it (``_shape``) sequenced, in order, and written together."""
-        await self._emit_frames(self._shape(event, shaper), True)
 
     def _shape(self, event: Event, shaper: Shaper) -> list[Event]:
         """What the shaper makes of an engine event, in order: the encoder's rules apply
