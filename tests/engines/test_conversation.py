@@ -542,7 +542,7 @@ def test_an_item_s_size_is_its_compact_ascii_json_s_length(item: dict[str, Any])
 
 _ops = st.lists(
     st.tuples(
-        st.sampled_from(["add", "add_audio", "update", "delete", "move"]),
+        st.sampled_from(["add", "add_audio", "update", "audio_part", "begin", "delete", "move"]),
         st.integers(0, 5),
         st.text(max_size=30),
     ),
@@ -567,6 +567,11 @@ def test_the_counted_size_is_always_what_the_items_and_their_audio_hold(
             conversation.add(item, text.encode() if op == "add_audio" else None)
         elif op == "update":
             conversation.update(item_id, status=text)
+        elif op == "audio_part":  # (a part that holds audio: never in what events show)
+            part = {"type": "input_audio", "audio": text, "transcript": None}
+            conversation.update(item_id, content=[part])
+        elif op == "begin":  # (a response's announced item, its id of any text)
+            conversation.begin_response(f"{n}{text}")
         elif op == "delete":
             conversation.delete(item_id)
         elif item_id in conversation:
@@ -578,3 +583,7 @@ def test_the_counted_size_is_always_what_the_items_and_their_audio_hold(
     assert conversation.size == expected
     assert len(conversation) <= 4
     assert [conversation._previous(k) for k in ids] == [None, *ids[:-1]][: len(ids)]
+    for item_id, stored in zip(ids, items, strict=True):
+        seen = conversation.public(item_id)
+        parts = [{k: v for k, v in p.items() if k != "audio"} for p in stored["content"]]
+        assert seen == {**stored, "content": parts}
