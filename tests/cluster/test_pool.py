@@ -770,3 +770,27 @@ async def test_a_client_s_close_after_the_switch_is_echoed_and_ends_the_relay(
         assert await client.item() == (Opcode.CLOSE, (4000).to_bytes(2, "big"))  # echoed
         await client.done.wait()
         assert front.ws is not None and front.ws.parsed_all
+
+
+async def test_the_closing_handshake_after_the_switch_reads_frames_as_the_scan_left_them(
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The home closes while the front holds part of a client's frame (and a fragmented
+    # message is under way): the front's closing handshake reads on from there, not as
+    # if a frame began where the scan stopped (no fault, the client's close awaited).
+    caplog.set_level(logging.INFO, "trio_duplex")
+    async with reading_front(masked(Opcode.TEXT, RESUME.encode(), K1)) as (home, front, _, _):
+        client = front.client
+        assert await home.frame() == (2, 1, client_frame(Opcode.TEXT, RESUME.encode()))
+        start = masked(Opcode.TEXT, b'{"n":', K2, fin=False)
+        rest = masked(Opcode.CONT, b"2}", K3)
+        await client.stream.send_all(start + rest[:3])
+        assert await home.frame() == (2, 1, start)
+        await home.data(1, close_frame(4000))
+        assert await client.item() == (Opcode.CLOSE, (4000).to_bytes(2, "big"))
+        await client.stream.send_all(rest[3:] + masked(Opcode.PING, b"p", K1))
+        await client.stream.send_all(masked(Opcode.CLOSE, (4000).to_bytes(2, "big"), K2))
+        await client.done.wait()
+        assert await client.item() == (Opcode.CLOSE, b"")  # then the end: no pong
+        assert front.ws is not None and front.ws.state.value == "closed"
+        assert "client fault" not in caplog.text

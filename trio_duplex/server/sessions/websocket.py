@@ -286,7 +286,8 @@ class WebSocket:
         close echoed), and so is a broken rule (the same close to the client, the fault
         reported once); then ``ConnectionClosed`` is raised as ``get_message`` does.
         Text is not checked to be UTF-8 (the home does: ``ClientFrames``). Call it only
-        once ``parsed_all``, and from then on instead of ``get_message``."""
+        once ``parsed_all``, and from then on instead of ``get_message`` (``aclose``
+        reads on with it too: a frame the scan holds in part is not a frame's start)."""
         scanner = self._scanner
         if scanner is None:
             assert self.parsed_all and self._watched is None, "messages are still parsed"
@@ -594,6 +595,9 @@ class WebSocket:
             elif self._direct.tail and not self.broken:  # a reply_now the socket left
                 await self._write(b"")
             while self.state is State.CLOSING:
+                if self._scanner is not None:  # (the relay's front: its scan read last)
+                    await self.get_frames()  # closing: what comes now is dropped
+                    continue
                 await self._receive()
                 self._next = len(self._messages)  # closing: what comes now is dropped
         except ConnectionClosed:
