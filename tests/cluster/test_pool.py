@@ -627,3 +627,170 @@ async def test_what_one_read_brings_for_a_client_goes_to_it_in_one_write(
         await home.data(1, three)  # the next read: a push of its own
         assert [(await client.event())["n"] for _ in range(3)] == [1, 2, 3]
         assert pushed == [(one + two, 2), (three, 1)]
+
+
+# -- the client's frames go to the home as they came (WebSocket.get_frames) -----------
+
+
+def masked(opcode: int, payload: bytes, key: bytes, *, fin: bool = True) -> bytes:
+    """A client's frame masked with ``key`` (not zeros: its bytes are not the payload's)."""
+    assert len(payload) < 126
+    stream = (key * (len(payload) // 4 + 1))[: len(payload)]
+    body = bytes(a ^ b for a, b in zip(payload, stream, strict=True))
+    return bytes(((0x80 if fin else 0) | opcode, 0x80 | len(payload))) + key + body
+
+
+@attrs.define(eq=False)
+class ReadingFront:
+    """A front that reads the client's resume itself, as placement.py does (so that
+    its WebSocket may have read more than the resume), then relays it."""
+
+    client: Client
+    ws: WebSocket | None = None
+
+    async def run(self, pool: Pool, stream: trio.abc.Stream) -> None:
+        ws = self.ws = WebSocket(stream, 1 << 20)
+        try:
+            async with Connection.open(ws, 8, close_timeout=1.0, max_output_bytes=4 << 20) as conn:
+                first = await ws.get_message()
+                assert isinstance(first, str)
+                relayed = await relay(pool, conn, first, home="home", url=URL, session_id="sess_1")
+                self.client.relayed.append(relayed)
+                await conn.send_rest()
+        except ConnectionClosed:
+            pass
+        finally:
+            self.client.done.set()
+
+
+@asynccontextmanager
+async def reading_front(
+    sent_first: bytes,
+) -> AsyncIterator[tuple[ScriptedHome, ReadingFront, Link, trio.Nursery]]:
+    """A front (``ReadingFront``) on a peer connection the test speaks as the home; the
+    client has sent ``sent_first`` (its resume, maybe more), and the home has read the
+    channel's OPEN."""
+    front_stream, home_stream = trio.testing.memory_stream_pair()
+    link = Link(front_stream, "home", 5.0, front=True)
+    pool = Pool("front", KEYS, 5.0, 5.0)
+    pool.links[("home", URL)] = [link]
+    home = ScriptedHome(home_stream)
+    client_end, server_end = trio.testing.memory_stream_pair()
+    front = ReadingFront(Client(client_end))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.run)
+        await client_end.send_all(sent_first)
+        nursery.start_soon(front.run, pool, server_end)
+        assert await home.frame() == (1, 1, b"sess_1 native")
+        yield home, front, link, nursery
+        nursery.cancel_scope.cancel()
+
+
+RESUME = '{"type":"session.resume","session_id":"sess_1","resume_token":"rt_x"}'
+K1, K2, K3 = b"\x11\x22\x33\x44", b"\xa5\x5a\xa5\x5a", b"\x01\x80\x7f\xfe"
+
+
+async def test_the_client_s_frames_go_to_the_home_as_they_came_once_none_is_held_in_part(
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "trio_duplex")
+    second = masked(Opcode.TEXT, b'{"n":2}', K2)
+    # The resume's read brought part of the next frame too: the front's parser holds it.
+    async with reading_front(masked(Opcode.TEXT, RESUME.encode(), K1) + second[:5]) as (
+        home,
+        front,
+        link,
+        _,
+    ):
+        client = front.client
+        assert await home.frame() == (2, 1, client_frame(Opcode.TEXT, RESUME.encode()))
+        assert front.ws is not None and not front.ws.parsed_all
+        # The rest of it: parsed as a message, and encoded again (with a key of zeros).
+        await client.stream.send_all(second[5:])
+        assert await home.frame() == (2, 1, client_frame(Opcode.TEXT, b'{"n":2}'))
+        assert front.ws.parsed_all
+        # From now on the client's frames go as they came: a fragmented message, with a
+        # ping between its fragments (answered by the front, not passed on).
+        fragments = [
+            masked(Opcode.TEXT, b'{"n":', K3, fin=False),
+            masked(Opcode.CONT, b"3", K1, fin=False),
+            masked(Opcode.CONT, b"}", K2),
+        ]
+        ping = masked(Opcode.PING, b"are you there", K3)
+        await client.stream.send_all(fragments[0] + ping + b"".join(fragments[1:]))
+        assert await home.frame() == (2, 1, b"".join(fragments))  # byte for byte
+        assert await client.item() == (Opcode.PONG, b"are you there")
+        # The front's own ping is answered by the client's pong.
+        ponged = trio.Event()
+
+        async def ping_client() -> None:
+            assert front.ws is not None
+            await front.ws.ping()
+            ponged.set()
+
+        async with trio.open_nursery() as pinging:
+            pinging.start_soon(ping_client)
+            opcode, payload = await client.item()
+            assert opcode == Opcode.PING
+            await client.stream.send_all(masked(Opcode.PONG, payload, K2))
+        assert ponged.is_set()
+        # A frame by no client's rules: the client gets what the front's WebSocket
+        # gives for it (1002, its reason), the fault is logged once, at INFO, and the
+        # home gets a close, as from a client that closed.
+        await client.stream.send_all(masked(Opcode.BINARY, b"ok", K1) + text_frame("unmasked"))
+        assert await home.frame() == (2, 1, masked(Opcode.BINARY, b"ok", K1))
+        assert await home.frame() == (2, 1, client_frame(Opcode.CLOSE, (1002).to_bytes(2, "big")))
+        assert await home.frame() == (4, 1, b"")
+        opcode, payload = await client.item()
+        assert (
+            opcode == Opcode.CLOSE
+            and payload == close_frame(1002, "a client's frames must be masked")[2:]
+        )
+        await client.done.wait()
+        assert client.relayed == [True] and not link.channels and not link.broken
+        faults = [r for r in caplog.records if "client fault" in r.getMessage()]
+        assert len(faults) == 1 and faults[0].exc_info is None
+        assert "close 1002: a client's frames must be masked" in faults[0].getMessage()
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert "rt_x" not in caplog.text  # the resume travelled in frames never logged
+
+
+async def test_a_client_s_close_after_the_switch_is_echoed_and_ends_the_relay(
+    autojump_clock: MockClock,
+) -> None:
+    async with reading_front(masked(Opcode.TEXT, RESUME.encode(), K1)) as (home, front, _, _):
+        client = front.client
+        assert await home.frame() == (2, 1, client_frame(Opcode.TEXT, RESUME.encode()))
+        last = masked(Opcode.TEXT, b'{"n":2}', K2)
+        bye = masked(Opcode.CLOSE, (4000).to_bytes(2, "big") + b"bye", K3)
+        await client.stream.send_all(last + bye + masked(Opcode.TEXT, b"past the close", K1))
+        assert await home.frame() == (2, 1, last)  # what came before the close, as it came
+        assert await home.frame() == (2, 1, client_frame(Opcode.CLOSE, (4000).to_bytes(2, "big")))
+        assert await home.frame() == (4, 1, b"")
+        assert await client.item() == (Opcode.CLOSE, (4000).to_bytes(2, "big"))  # echoed
+        await client.done.wait()
+        assert front.ws is not None and front.ws.parsed_all
+
+
+async def test_the_closing_handshake_after_the_switch_reads_frames_as_the_scan_left_them(
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The home closes while the front holds part of a client's frame (and a fragmented
+    # message is under way): the front's closing handshake reads on from there, not as
+    # if a frame began where the scan stopped (no fault, the client's close awaited).
+    caplog.set_level(logging.INFO, "trio_duplex")
+    async with reading_front(masked(Opcode.TEXT, RESUME.encode(), K1)) as (home, front, _, _):
+        client = front.client
+        assert await home.frame() == (2, 1, client_frame(Opcode.TEXT, RESUME.encode()))
+        start = masked(Opcode.TEXT, b'{"n":', K2, fin=False)
+        rest = masked(Opcode.CONT, b"2}", K3)
+        await client.stream.send_all(start + rest[:3])
+        assert await home.frame() == (2, 1, start)
+        await home.data(1, close_frame(4000))
+        assert await client.item() == (Opcode.CLOSE, (4000).to_bytes(2, "big"))
+        await client.stream.send_all(rest[3:] + masked(Opcode.PING, b"p", K1))
+        await client.stream.send_all(masked(Opcode.CLOSE, (4000).to_bytes(2, "big"), K2))
+        await client.done.wait()
+        assert await client.item() == (Opcode.CLOSE, b"")  # then the end: no pong
+        assert front.ws is not None and front.ws.state.value == "closed"
+        assert "client fault" not in caplog.text

@@ -333,3 +333,50 @@ async def test_many_relayed_sessions_share_one_peer_connection(
             if c.raddr and c.raddr.port == relay_port and c.status == psutil.CONN_ESTABLISHED
         ]
         assert len(to_a) == 1, to_a
+
+
+async def test_a_relayed_client_s_fragments_pings_and_bad_text_reach_the_home_as_sent(
+    three: list[ServerProcess],
+) -> None:
+    """B passes the client's frames on to A as they came (pool/front.py): a message in
+    fragments arrives whole, pings are answered, and text that is not UTF-8, which B
+    does not check, is refused by A with 1007, which reaches the client; the session
+    detaches, and neither it nor another relayed session is harmed."""
+    a, b, _ = three
+    sessions = []
+    for _ in range(2):
+        async with ws_to(a.url) as on_a:
+            sessions.append(await open_session(on_a))
+            drop(on_a)
+    created, other = sessions
+    async with ws_to(b.url) as on_b, ws_to(b.url) as bystander:
+        await send(bystander, resume(other, other["resume_token"], 0))
+        assert (await receive(bystander))["type"] == "session.resumed"
+        await send(on_b, resume(created, created["resume_token"], 0))
+        resumed = await receive(on_b)
+        assert resumed["type"] == "session.resumed", resumed
+        # Past the resume's read: a message in fragments, around pings.
+        with trio.fail_after(TIMEOUT):
+            await (await on_b.ping(b"before")).wait()
+        whole = json.dumps(text(1, "in three fragments"))
+        await on_b.send([whole[:7], whole[7:20], whole[20:]])
+        with trio.fail_after(TIMEOUT):
+            await (await on_b.ping(b"after")).wait()
+        echo = await receive(on_b)
+        assert (echo["server_event_seq"], echo["text"]) == (1, "in three fragments"), echo
+        await on_b.send(b'{"type": "\xff"}', text=True)  # text that is not UTF-8
+        events, code = await closed_with(on_b)
+        assert events == [] and code == 1007
+        # The other session relayed over the same peer connection goes on.
+        await send(bystander, text(1, "still here"))
+        assert (await receive(bystander))["text"] == "still here"
+    # The session detached (not broken): it resumes, its input counted once.
+    async with ws_to(a.url) as on_a:
+        await send(on_a, resume(created, resumed["resume_token"], 0))
+        again = await receive(on_a)
+        assert again["type"] == "session.resumed", again
+        assert again["last_received_client_event_seq"] == 1
+        replayed = await receive(on_a)
+        assert (replayed["server_event_seq"], replayed["text"]) == (1, "in three fragments")
+    assert "client fault" in a.log and "1007" in a.log  # the home's WebSocket found it
+    assert "client fault" not in b.log  # the front did not decode it

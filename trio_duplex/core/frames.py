@@ -263,6 +263,181 @@ class FrameReader:
             else:
                 out.append(Control(opcode, payload))
 
+    @property
+    def idle(self) -> bool:
+        """Nothing held: no incomplete frame, no fragmented message under way (a
+        reader that parsed a close, or failed, holds nothing either)."""
+        return not self._buf and self._parts is None
+
+
+class ClientFrames:
+    """Checks a client's (masked) frames by ``FrameReader``'s rules without unmasking
+    or decoding its messages: the pooled relay's front passes them on to the home as
+    they came (cluster/pool/front.py), where they are parsed once.
+
+    ``scan(data)`` returns the data frames (TEXT, BINARY, continuations) in ``data`` and
+    what was held back, verbatim and back to back, how many they are, and the control
+    frames among them in order, their payloads unmasked (``Control``, ``Close``, as
+    ``FrameReader`` gives them; at most 125 bytes each). An incomplete frame is held
+    back, never returned in part (so what is held is at most one frame, of at most the
+    bound). After a ``Close`` it scans nothing more; on a broken rule it returns what
+    came before the fault and sets ``error`` (the same code and reason as
+    ``FrameReader``'s for the same bytes), and from then on scans nothing.
+
+    What it does not check: that a text message is UTF-8. The home's ``FrameReader``
+    decodes every message anyway, and refuses such text with 1007, which reaches the
+    client as any close of the home's does; checking here too would decode every text
+    twice, the cost this pass-through saves. (A close frame's reason is checked: the
+    front answers a client's close itself.)
+    """
+
+    __slots__ = ("_buf", "_done", "_need", "_parts", "_parts_size", "error", "max")
+
+    def __init__(self, max_message_bytes: int) -> None:
+        self.max = max_message_bytes
+        """As ``FrameReader.max``: fragments' frame headers are counted the same way."""
+        self._buf = bytearray()  # an incomplete frame held back, if any
+        self._need = 0  # bytes _buf must hold before a frame can be complete
+        self._parts = False  # a fragmented message is under way
+        self._parts_size = 0  # its payloads and frame headers so far
+        self._done = False
+        self.error: FrameError | None = None
+
+    def scan(self, data: bytes | bytearray) -> tuple[bytes, int, list[Control | Close]]:
+        controls: list[Control | Close] = []
+        if self._done:
+            return b"", 0, controls
+        held = self._buf
+        if held:
+            held += data
+            if len(held) < self._need:
+                return b"", 0, controls
+            buf: bytes | bytearray = held
+        else:
+            buf = data
+        pieces: list[bytes | bytearray] = []
+        count = 0
+        n = len(buf)
+        pos = run = 0  # run: where the data frames since the last control frame began
+        try:
+            while True:
+                if n - pos < 2:
+                    self._need = 2
+                    break
+                b0 = buf[pos]
+                b1 = buf[pos + 1]
+                if not b1 & 0x80:
+                    raise FrameError(CloseCode.PROTOCOL_ERROR, "a client's frames must be masked")
+                if b0 & 0x70:
+                    raise FrameError(
+                        CloseCode.PROTOCOL_ERROR,
+                        "reserved bits set, and no extension was negotiated",
+                    )
+                opcode = b0 & 0x0F
+                fin = b0 & 0x80
+                length = b1 & 0x7F
+                head = pos + 2
+                if opcode >= _CLOSE:
+                    if opcode > _PONG:
+                        raise FrameError(CloseCode.PROTOCOL_ERROR, f"unknown opcode {opcode}")
+                    if not fin:
+                        raise FrameError(
+                            CloseCode.PROTOCOL_ERROR, "control frames cannot be fragmented"
+                        )
+                    if length > 125:
+                        raise FrameError(
+                            CloseCode.PROTOCOL_ERROR, "control frames carry at most 125 bytes"
+                        )
+                    end = head + 4 + length
+                    if end > n:
+                        self._need = end - pos
+                        break
+                    payload = (
+                        apply_mask(buf[head + 4 : end], buf[head : head + 4]) if length else b""
+                    )
+                    if opcode == _CLOSE:
+                        close = parse_close(payload)  # (its faults: FrameReader's)
+                        if pos > run:
+                            pieces.append(buf[run:pos])
+                        controls.append(close)
+                        pos = run = end
+                        self._done = True
+                        break
+                    if pos > run:
+                        pieces.append(buf[run:pos])
+                    controls.append(Control(opcode, payload))
+                    pos = run = end
+                    continue
+                if opcode > _BINARY:
+                    raise FrameError(CloseCode.PROTOCOL_ERROR, f"unknown opcode {opcode}")
+                if opcode == _CONT:
+                    if not self._parts:
+                        raise FrameError(
+                            CloseCode.PROTOCOL_ERROR,
+                            "a continuation frame with no message to continue",
+                        )
+                elif self._parts:
+                    raise FrameError(
+                        CloseCode.PROTOCOL_ERROR, "a new message began before the last one ended"
+                    )
+                if length == 126:
+                    if n - head < 2:
+                        self._need = 4
+                        break
+                    length = int.from_bytes(buf[head : head + 2], "big")
+                    head += 2
+                elif length == 127:
+                    if n - head < 8:
+                        self._need = 10
+                        break
+                    length = int.from_bytes(buf[head : head + 8], "big")
+                    head += 8
+                    if length >> 63:
+                        raise FrameError(
+                            CloseCode.PROTOCOL_ERROR, "a frame length must be below 2**63"
+                        )
+                if opcode == _CONT:  # counted as FrameReader counts it
+                    size = self._parts_size + head + 4 - pos + length
+                elif fin:
+                    size = length
+                else:
+                    size = head + 4 - pos + length
+                if size > self.max:
+                    raise FrameError(
+                        CloseCode.TOO_BIG, f"a message may hold at most {self.max} bytes"
+                    )
+                end = head + 4 + length
+                if end > n:
+                    self._need = end - pos
+                    break
+                if fin:
+                    self._parts, self._parts_size = False, 0
+                else:
+                    self._parts, self._parts_size = True, size
+                count += 1
+                pos = end
+        except FrameError as exc:
+            self.error = exc
+            self._done = True
+        if pos > run:
+            pieces.append(buf[run:pos])
+        if self._done:  # a close or a fault: nothing after it counts
+            held.clear()
+        elif buf is held:
+            del held[:pos]
+        elif pos < n:
+            held += buf[pos:]
+        if not pieces:
+            return b"", count, controls
+        if len(pieces) == 1 and isinstance(pieces[0], bytes):
+            return pieces[0], count, controls
+        return b"".join(pieces), count, controls
+
+    @property
+    def holding(self) -> int:
+        """The bytes of an incomplete frame held back."""
+        return len(self._buf)
+
 
 def _message(payload: bytes | bytearray, text: bool) -> str | bytes:
     if not text:

@@ -231,9 +231,19 @@ async def relay(
                 link.put(K_OPEN, cid, f"{session_id} {dialect}".encode("ascii"))
                 try:
                     await channel.send(message_frame(first))
+                    # What the client sent after its resume in the read that brought
+                    # it (parsed already, or part of a frame or message held) goes as
+                    # messages, encoded again; once the parser holds nothing, the
+                    # client's frames go as they came (checked, not decoded: the
+                    # home's WebSocket decodes them). What one read brought, as one
+                    # write to the home, either way.
                     get = ws.get_messages
-                    while True:  # what one read brought, as one write to the home
+                    while not ws.parsed_all:
                         await channel.send(message_frames(await get()))
+                    get_frames = ws.get_frames
+                    while True:
+                        frames, _ = await get_frames()
+                        await channel.send(frames)
                 except ClientGone as exc:
                     client_code = exc.code
                 except trio.BrokenResourceError:

@@ -1,5 +1,9 @@
 """The WebSocket frames a channel carries (sans-IO): a client's frames as the front
-writes them towards the home, and a parser of the home's (server) frames."""
+writes them towards the home, and a parser of the home's (server) frames.
+
+(What the client itself sent the front passes on as it came, checked by
+``core.frames.ClientFrames`` through its WebSocket's ``get_frames``; the encoders here
+serve what was parsed before that: the resume, and what came with it.)"""
 
 from __future__ import annotations
 

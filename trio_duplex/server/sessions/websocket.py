@@ -41,10 +41,12 @@ import trio
 
 from ..._pace import Pace
 from ...core.frames import (
+    ClientFrames,
     Close,
     CloseCode,
     Control,
     Encoded,
+    FrameError,
     FrameReader,
     Opcode,
     binary_frame,
@@ -151,6 +153,7 @@ class WebSocket:
         "_pongs",
         "_readable",
         "_reader",
+        "_scanner",
         "_turn",
         "_watch_scope",
         "_watched",
@@ -180,6 +183,7 @@ class WebSocket:
         # frozenset of members (an enum member's hash is a Python call).
         self._readable = self._writable = True
         self._reader = FrameReader(max_message_bytes)
+        self._scanner: ClientFrames | None = None  # (``get_frames``: the relay's front)
         self._messages: list[str | bytes] = []  # from the last read; served up to _next
         self._next = 0
         self._pace = Pace()
@@ -217,6 +221,8 @@ class WebSocket:
     def max_message_bytes(self, value: int) -> None:
         """Messages read from now on may hold up to ``value`` bytes (more: 1009)."""
         self._reader.max = value
+        if self._scanner is not None:
+            self._scanner.max = value
 
     def _set(self, state: State) -> None:
         self.state = state
@@ -263,6 +269,54 @@ class WebSocket:
         self._messages, self._next = [], 0
         self._pace.reset()
         return messages if not start else messages[start:]
+
+    @property
+    def parsed_all(self) -> bool:
+        """Every message parsed has been served, and the parser holds nothing (no
+        incomplete frame, no fragmented message under way): what comes next is whole
+        frames, which ``get_frames`` may take from here on."""
+        return self._next >= len(self._messages) and self._reader.idle
+
+    async def get_frames(self) -> tuple[bytes, int]:
+        """The data frames (TEXT, BINARY, continuations) of the next read that brings
+        any, checked and held back whole (``ClientFrames``) but neither unmasked nor
+        decoded: the client's frames as it sent them, back to back, and how many, for
+        the pooled relay's front to pass on to the home. Control frames are handled
+        here as ``get_message`` handles them (a ping answered, a pong to its waiter, a
+        close echoed), and so is a broken rule (the same close to the client, the fault
+        reported once); then ``ConnectionClosed`` is raised as ``get_message`` does.
+        Text is not checked to be UTF-8 (the home does: ``ClientFrames``). Call it only
+        once ``parsed_all``, and from then on instead of ``get_message`` (``aclose``
+        reads on with it too: a frame the scan holds in part is not a frame's start)."""
+        scanner = self._scanner
+        if scanner is None:
+            assert self.parsed_all and self._watched is None, "messages are still parsed"
+            scanner = self._scanner = ClientFrames(self._reader.max)
+        while True:
+            if not self._readable:
+                raise self._closed_error()
+            try:
+                if self._direct.fd >= 0:
+                    data: bytes | bytearray = await self._read_socket()
+                else:
+                    data = await self.stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                self._lost()
+                raise self._closed_error() from None
+            if not data:  # EOF without a close frame
+                self._set(State.CLOSED if self.state is State.CLOSING else State.READ_ENDED)
+                continue
+            frames, count, controls = scanner.scan(data)
+            replies: list[bytes] = []
+            for item in controls:
+                self._control(item, replies)
+            if scanner.error is not None:
+                self._fault(scanner.error, replies)
+            done = not self._readable and self.state is State.CLOSED
+            if replies or done:
+                await self._write_out(replies, eof=done)
+            if count:
+                return frames, count
 
     async def _receive(self) -> None:
         if self._watched is not None:  # (only while a session opens: see ``watch``)
@@ -332,27 +386,36 @@ class WebSocket:
         for item in reader.receive(data):
             if isinstance(item, (str, bytes)):
                 messages.append(item)
-            elif isinstance(item, Control):
-                if item.opcode == Opcode.PING:
-                    if self.state is State.OPEN:
-                        replies.append(control_frame(Opcode.PONG, item.payload))
-                else:
-                    waiter = self._pongs.pop(item.payload, None)
-                    if waiter is not None:
-                        waiter.set()
             else:
-                self._close = item
+                self._control(item, replies)
+        if reader.error is not None:
+            self._fault(reader.error, replies)
+        return replies
+
+    def _control(self, item: Control | Close, replies: list[bytes]) -> None:
+        """A control frame read: a ping's pong, or a close's echo, to ``replies``."""
+        if isinstance(item, Control):
+            if item.opcode == Opcode.PING:
                 if self.state is State.OPEN:
-                    replies.append(close_frame(item.code))  # echo it
-                self._set(State.CLOSED)
-        error = reader.error
-        if error is not None and self._readable:
+                    replies.append(control_frame(Opcode.PONG, item.payload))
+            else:
+                waiter = self._pongs.pop(item.payload, None)
+                if waiter is not None:
+                    waiter.set()
+        else:
+            self._close = item
+            if self.state is State.OPEN:
+                replies.append(close_frame(item.code))  # echo it
+            self._set(State.CLOSED)
+
+    def _fault(self, error: FrameError, replies: list[bytes]) -> None:
+        """The parser found the client broke a rule: reported (once), and closed."""
+        if self._readable:
             self.report_fault(f"close {error.code}: {error.reason}")
             self._close = Close(error.code, error.reason)
             if self.state is State.OPEN:
                 replies.append(close_frame(error.code, error.reason))
             self._set(State.CLOSED)
-        return replies
 
     # -- while a session opens ----------------------------------------------------------
 
@@ -532,6 +595,9 @@ class WebSocket:
             elif self._direct.tail and not self.broken:  # a reply_now the socket left
                 await self._write(b"")
             while self.state is State.CLOSING:
+                if self._scanner is not None:  # (the relay's front: its scan read last)
+                    await self.get_frames()  # closing: what comes now is dropped
+                    continue
                 await self._receive()
                 self._next = len(self._messages)  # closing: what comes now is dropped
         except ConnectionClosed:
