@@ -83,6 +83,14 @@ class Dialect(Spelling, Protocol):
         ...
 
     @property
+    def replays_audio(self) -> bool:
+        """A resume writes the journal's output audio again (native, openai). False: a
+        resume skips the binary lane's audio frames and replays the rest (``Replay``'s
+        ``audio``): a call's audio not played before its peer connection was lost, or
+        made while detached, would arrive late, over the user (docs/openai.md)."""
+        ...
+
+    @property
     def speaks_first(self) -> bool:
         """The upgrade itself opens (or resumes) the session: ``opening`` says how."""
         ...
