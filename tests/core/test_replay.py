@@ -163,3 +163,93 @@ def test_entries_taken_in_one_look_are_written_whole_even_if_dropped_meanwhile()
     rest = [json.loads(f)["server_event_seq"] for f in replay.next_frames(0.0)]
     assert rest == [BATCH + 1, BATCH + 2]
     assert replay.next_frames(0.0) == []
+
+
+# -- a replay without audio (a call's: Dialect.replays_audio False) ------------------------
+
+
+def emit_audio(session: Session, count: int, now: float = 0.0) -> None:
+    for n in range(count):
+        session.emit_audio(bytes([n % 256]) * 20, now)  # on the binary lane: kind 2
+
+
+def written(replay: Replay, now: float = 0.0) -> list[list[str | bytes]]:
+    """Every write the shell would make, as the frames themselves, until caught up."""
+    writes = []
+    while frames := replay.next_frames(now):
+        writes.append(frames)
+    return writes
+
+
+def test_without_audio_the_text_after_the_seq_is_written_once_and_no_audio_frame() -> None:
+    session, token = detached_session(journal_max_bytes=1 << 20)
+    emit(session, 2)  # 1, 2: the client has them
+    emit_audio(session, 3)  # 3, 4, 5
+    emit(session, 1)  # 6
+    emit_audio(session, 2)  # 7, 8
+    emit(session, 2)  # 9, 10
+    emit_audio(session, 1)  # 11: the last entry is audio
+    replay = Replay(session.begin_resume(token, 2, 0.0), audio=False)
+    writes = written(replay)
+    assert [json.loads(f)["type"] for f in writes[0]] == ["session.resumed"]
+    frames = [f for w in writes[1:] for f in w]
+    assert all(isinstance(f, str) for f in frames)  # not one binary frame
+    assert [json.loads(f)["server_event_seq"] for f in frames] == [6, 9, 10]
+    assert (replay.audio_dropped, replay.replayed, replay.cursor) == (6, 3, 11)
+    assert session.commit_resume(replay.attempt, 0.0) is not None
+
+
+def test_with_audio_the_same_journal_is_written_whole() -> None:
+    session, token = detached_session(journal_max_bytes=1 << 20)
+    emit(session, 1)
+    emit_audio(session, 2)
+    emit(session, 1)
+    replay = Replay(session.begin_resume(token, 0, 0.0))
+    frames = [f for w in written(replay)[1:] for f in w]
+    assert [type(f) for f in frames] == [str, bytes, bytes, str]
+    assert (replay.audio_dropped, replay.replayed) == (0, 4)
+
+
+def test_a_batch_that_is_all_audio_does_not_end_the_replay() -> None:
+    """An empty answer commits the resume: a batch of audio alone must not give one
+    while text follows it."""
+    session, token = detached_session(journal_max_bytes=1 << 20)
+    emit_audio(session, 2 * BATCH + 3)
+    emit(session, 2)
+    replay = Replay(session.begin_resume(token, 0, 0.0), audio=False)
+    writes = written(replay)
+    assert len(writes) == 2  # session.resumed, then the two texts in one write
+    assert [json.loads(f)["server_event_seq"] for f in writes[1]] == [
+        2 * BATCH + 4,
+        2 * BATCH + 5,
+    ]
+    assert replay.audio_dropped == 2 * BATCH + 3
+
+
+def test_audio_alone_after_the_seq_is_caught_up_at_once() -> None:
+    session, token = detached_session(journal_max_bytes=1 << 20)
+    emit(session, 1)
+    emit_audio(session, 5)
+    replay = Replay(session.begin_resume(token, 1, 0.0), audio=False)
+    assert len(written(replay)) == 1  # session.resumed, and nothing else
+    assert (replay.audio_dropped, replay.cursor) == (5, 6)
+
+
+def test_without_audio_a_gap_is_still_named() -> None:
+    session, token = detached_session(journal_max_bytes=120)
+    emit(session, 1)
+    emit_audio(session, 2)
+    emit(session, 6, pad=20)  # the journal overflows: the oldest entries go
+    journal = session.journal
+    assert journal.floor >= 3
+    replay = Replay(session.begin_resume(token, 0, 0.0), audio=False)
+    frames = [json.loads(f) for w in written(replay)[1:] for f in w]
+    assert frames[0] == {
+        "type": "session.resync_required",
+        "reason": "journal_gap",
+        "dropped_through_seq": journal.floor,
+    }
+    assert [e["server_event_seq"] for e in frames[1:]] == list(
+        range(journal.floor + 1, journal.head + 1)
+    )
+    assert replay.audio_dropped == 0  # the audio was lost to the overflow, not skipped

@@ -39,6 +39,7 @@ class Slashed:
     subprotocol: str | None = "slashed"
     large = 1 << 30
     binary_lane = False
+    replays_audio = True
     config_locked_closes = True
 
     def decode(self, message: str | bytes, /) -> Event:

@@ -8,6 +8,12 @@ checks the invariants of docs/protocol.md after every step. Breadth-first with a
 state key, so equivalent states are expanded once and the first violation found for an
 invariant comes with a shortest action sequence.
 
+Output audio (``--audio``) is journaled on the binary lane beside the text events; a
+world whose dialect does not replay audio (``--no-audio-replay``, a call's) models a
+client that never learns an audio frame's seq (a call's audio goes to its media track):
+each text event after the seq it presents must reach it exactly once, in order, any
+audio between them skipped, and no audio frame may be replayed.
+
 Run alone::
 
     python -m tests.modelcheck.interleavings --depth 10 --max-sessions 1 2
@@ -107,13 +113,23 @@ class Conn:
             self.replaced,
         )
 
-    def receive_event(self, seq: int, where: str) -> None:
-        """The client-side check: in order, exactly once, or after an explicit gap notice."""
+    def frontier(self, audio: tuple[int, ...], upto: int) -> int:
+        """The highest seq this client may be missing nothing up to: what it received or
+        was told is gone, then any seqs of ``audio`` (the output audio a resume skips),
+        below ``upto``."""
+        frontier = max(self.last, self.gap_to)
+        while frontier + 1 < upto and frontier + 1 in audio:
+            frontier += 1
+        return frontier
+
+    def receive_event(self, seq: int, where: str, audio: tuple[int, ...] = ()) -> None:
+        """The client-side check: in order, exactly once, or after an explicit gap notice
+        (or after seqs of ``audio``: for a client that never learns them)."""
         if not self.alive:
             return
         require(seq > self.last, "duplicate_or_reordered", f"{where}: seq {seq} after {self.last}")
         require(
-            seq == self.last + 1 or seq <= self.gap_to + 1,
+            seq <= self.frontier(audio, seq) + 1,
             "silent_gap",
             f"{where}: seq {seq} after {self.last} with notices only through {self.gap_to}",
         )
@@ -160,6 +176,7 @@ class Slot:
     """One session as the whole system knows it: core object, connections, client."""
 
     __slots__ = (
+        "audio",
         "client_seq",
         "conns",
         "digests",
@@ -193,6 +210,7 @@ class Slot:
         self.resume: Resume | None = None
         self.client_seq = 0  # highest client_event_seq the core accepted
         self.digests: list[bytes] = []  # the digests of issued (for state keys)
+        self.audio: tuple[int, ...] = ()  # the seqs emitted as output audio
 
     def holder(self) -> Conn | None:
         """The connection holding the session's current generation, if attached."""
@@ -315,10 +333,14 @@ def _error(decision: Decision) -> dict[str, Any]:
 class World:
     """Registry + sessions + a model of the shell and clients. ``step`` checks invariants."""
 
-    def __init__(self, max_sessions: int, sessions: int = 2, **config: Any) -> None:
+    def __init__(
+        self, max_sessions: int, sessions: int = 2, *, replays_audio: bool = True, **config: Any
+    ) -> None:
         self.registry = Registry(make_config(max_sessions, **config), spelling=NATIVE)
         self.now = 0.0
         self.slots = [Slot() for _ in range(sessions)]
+        self.replays_audio = replays_audio
+        """The dialect's ``replays_audio``: False, a call's (see the module's docstring)."""
 
     # -- copying and identity ------------------------------------------------------------
 
@@ -327,6 +349,7 @@ class World:
         old = self.registry
         reg = Registry(old.limits, {}, old.slots_held, old.shutting_down, spelling=old.spelling)
         w.registry, w.now, w.slots = reg, self.now, []
+        w.replays_audio = self.replays_audio
         for slot in self.slots:
             n = Slot.__new__(Slot)
             n.status, n.first_token, n.hs, n.terminals = (
@@ -339,6 +362,7 @@ class World:
             n.listening, n.client_seq = slot.listening, slot.client_seq
             n.unconfirmed, n.spoke = slot.unconfirmed, slot.spoke
             n.digests = list(slot.digests)
+            n.audio = slot.audio
             n.conns = [c.clone() for c in slot.conns]
             n.session, n.resume = None, None
             s = slot.session
@@ -385,6 +409,7 @@ class World:
                     None if s is None else slot.credentials_key(s),
                     slot.listening,
                     slot.client_seq,
+                    slot.audio,
                     tuple(c.key() for c in slot.conns),
                     resume,
                     None if s is None else session_key(s, now),
@@ -396,13 +421,19 @@ class World:
     # -- the actions ---------------------------------------------------------------------
 
     def actions(
-        self, *, big: bool = False, engine_end: bool = False, client: bool = False
+        self,
+        *,
+        big: bool = False,
+        engine_end: bool = False,
+        client: bool = False,
+        audio: bool = False,
     ) -> list[Action]:
         """The actions enabled in this state (the exhaustive checker's alphabet).
 
         ``big``: also events that alone exceed the journal bound; ``engine_end``: also the
         engine finishing or failing by itself; ``client``: also heartbeats, and late events
-        from connections that no longer hold their session."""
+        from connections that no longer hold their session; ``audio``: also output audio
+        on the binary lane."""
         acts: list[Action] = []
         if not self.registry.shutting_down:
             acts.append(("shutdown",))
@@ -425,6 +456,8 @@ class World:
             assert s is not None
             if slot.hs and s.state in (State.ATTACHED, State.DETACHED):
                 acts.append(("emit", i))
+                if audio:
+                    acts.append(("emit_audio", i))
                 if big:
                     acts.append(("emit", i, 2 * JOURNAL_MAX_BYTES))
                 if engine_end:
@@ -586,7 +619,8 @@ class World:
         slot.unconfirmed = False  # a newer token is issued: the last commit's is not newest
         slot.issue(attempt.new_token)
         slot.conns.append(Conn(0, last))
-        slot.resume = Resume(Replay(attempt), len(slot.conns) - 1, token)
+        replay = Replay(attempt, audio=self.replays_audio)
+        slot.resume = Resume(replay, len(slot.conns) - 1, token)
         slot.listening = len(slot.conns) - 1
         slot.token = attempt.new_token
 
@@ -606,7 +640,14 @@ class World:
         if not frames:
             self._commit(i)
             return
+        skipped = () if self.replays_audio else slot.audio
         for frame in frames:
+            if isinstance(frame, bytes):
+                require(self.replays_audio, "audio_replayed", f"a binary frame {frame[:12]!r}")
+                seq = int.from_bytes(frame[4:12], "big")
+                require(frame[0] == 2 and seq in slot.audio, "bad_audio_frame", repr(frame))
+                conn.receive_event(seq, "replay")
+                continue
             event = json.loads(frame)
             kind = event["type"]
             if kind == "session.resumed":
@@ -620,7 +661,9 @@ class World:
                 )
                 conn.receive_notice(dropped)
             else:
-                conn.receive_event(event["server_event_seq"], "replay")
+                seq = event["server_event_seq"]
+                require(seq not in slot.audio, "bad_audio_frame", f"seq {seq} as text")
+                conn.receive_event(seq, "replay", skipped)
         require(
             not started or replay.cursor > before,
             "replay_stalls",
@@ -663,10 +706,12 @@ class World:
         require(
             s.grace_deadline == math.inf and s.state is State.ATTACHED, "grace_not_cleared", repr(s)
         )
+        head = s.journal.head
+        skipped = () if self.replays_audio else slot.audio
         require(
-            max(conn.last, conn.gap_to) >= s.journal.head,
+            conn.frontier(skipped, head + 1) >= head,
             "incomplete_replay",
-            f"switched at seq {conn.last} (gap to {conn.gap_to}), head {s.journal.head}",
+            f"switched at seq {conn.last} (gap to {conn.gap_to}), head {head}",
         )
         conn.gen = commit.generation
         slot.unconfirmed = slot.spoke = True
@@ -733,7 +778,38 @@ class World:
                 notice["dropped_through_seq"] in (seq - 1, seq), "bad_notice", str(emitted.notice)
             )
             holder.receive_notice(notice["dropped_through_seq"])
-        holder.receive_event(seq, "live")
+        holder.receive_event(seq, "live", () if self.replays_audio else slot.audio)
+
+    def do_emit_audio(self, i: int) -> None:
+        """The engine's output audio, journaled as a binary-lane (kind 2) frame. A client
+        that replays audio receives it as an event; one that does not (a call's) hears it
+        on its media track and never learns its seq."""
+        slot, s = self.slots[i], self._session(i)
+        head = s.journal.head
+        emitted = s.emit_audio(b"\x00\x01", self.now)
+        live = s.state in (State.OPENING, State.ATTACHED, State.DETACHED)
+        require((emitted is None) != live, "bad_emit", f"{s.state}: {emitted}")
+        if emitted is None:
+            require(s.journal.head == head, "emit_after_end", "journal moved")
+            return
+        seq = s.journal.head
+        frame = emitted.frame
+        require(
+            seq == head + 1
+            and isinstance(frame, bytes)
+            and frame[0] == 2
+            and int.from_bytes(frame[4:12], "big") == seq,
+            "bad_seq",
+            repr(frame),
+        )
+        slot.audio = (*slot.audio, seq)
+        holder = slot.holder()
+        if holder is None:
+            return
+        if emitted.notice is not None:
+            holder.receive_notice(json.loads(emitted.notice)["dropped_through_seq"])
+        if self.replays_audio:
+            holder.receive_event(seq, "live")
 
     def _send(self, i: int, event: dict[str, Any], room: bool = True) -> Decision:
         """A client event on the attached connection, through the protocol machine. The
@@ -1070,6 +1146,7 @@ class World:
                 ("begin_close again", nothing, partial(s.begin_close, Reason.CLIENT_CLOSE, now))
             )
             probes.append(("emit after end", nothing, partial(s.emit, {"type": "e"}, now)))
+            probes.append(("audio after end", nothing, partial(s.emit_audio, b"\x00", now)))
             probes.append(("handshake_failed late", nothing, partial(s.handshake_failed, now)))
             probes.append(
                 ("handshake_delivered late", nothing, partial(s.handshake_delivered, now))
@@ -1100,16 +1177,20 @@ def explore(
     big: bool = False,
     engine_end: bool = False,
     from_zero: bool = False,
+    audio: bool = False,
+    replays_audio: bool = True,
     stop_at_first: bool = False,
 ) -> Report:
     """Breadth-first over every interleaving up to ``depth`` actions, states deduplicated.
 
     Levels are explored in order, so the first violation found is a shortest one; with
     ``stop_at_first`` the search ends there (the counts then cover a partial search).
+    ``audio``: engines also emit output audio; ``replays_audio`` False: a resume does not
+    write it again (a call's dialect).
     """
     started, cpu_started = time.perf_counter(), time.process_time()
     report = Report(max_sessions, depth)
-    root = World(max_sessions, sessions)
+    root = World(max_sessions, sessions, replays_audio=replays_audio)
     root.check()
     root_key = root.key()
     parent: dict[Any, tuple[Any, Action] | None] = {root_key: None}
@@ -1127,7 +1208,7 @@ def explore(
         next_frontier = []
         for key, world in frontier:
             kids: list[Any] = []
-            acts = world.actions(big=big, engine_end=engine_end)
+            acts = world.actions(big=big, engine_end=engine_end, audio=audio)
             if from_zero:
                 acts += [("resume", a[1], True) for a in acts if a[0] == "resume"]
             for action in acts:
@@ -1170,9 +1251,11 @@ def explore(
     return report
 
 
-def replay(actions: Iterable[Action], max_sessions: int, sessions: int = 2) -> World:
+def replay(
+    actions: Iterable[Action], max_sessions: int, sessions: int = 2, *, replays_audio: bool = True
+) -> World:
     """Run one action sequence, checking after every step (raises Violation)."""
-    world = World(max_sessions, sessions)
+    world = World(max_sessions, sessions, replays_audio=replays_audio)
     for action in actions:
         world.step(action)
         world.check()
@@ -1209,6 +1292,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also resume with last_received_server_event_seq omitted (0)",
     )
     parser.add_argument(
+        "--audio", action="store_true", help="also emit output audio on the binary lane"
+    )
+    parser.add_argument(
+        "--no-audio-replay",
+        action="store_true",
+        help="resumes skip output audio (a call's dialect, replays_audio False)",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=os.cpu_count() or 1,
@@ -1222,6 +1313,8 @@ def main(argv: list[str] | None = None) -> int:
         big=args.big,
         engine_end=args.engine_end,
         from_zero=args.from_zero,
+        audio=args.audio,
+        replays_audio=not args.no_audio_replay,
     )
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, min(args.jobs, len(args.max_sessions)))) as pool:

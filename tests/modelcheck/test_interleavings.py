@@ -375,3 +375,89 @@ def test_catches_a_machine_that_hears_a_connection_not_attached(
     monkeypatch.setattr(ClientEvents, "receive", unfenced)
     # The resuming connection (generation 0 until the commit) sends early.
     assert violation([*OPENED, ("resume", 0), ("stale_event", 0, 1)]) == "stale_event_taken"
+
+
+# -- output audio, and a replay without it (a call's dialect: replays_audio False) ---------
+
+AUDIO_DEPTH = 8
+
+
+@pytest.mark.parametrize("replays_audio", [True, False])
+def test_every_interleaving_with_output_audio_keeps_the_invariants(replays_audio: bool) -> None:
+    """Audio frames journaled beside text events: replayed like any event, or (a call)
+    never replayed while every text event after the presented seq arrives exactly once."""
+    report = explore(AUDIO_DEPTH, 1, audio=True, replays_audio=replays_audio)
+    assert report.violations == {}
+    assert report.states > 5000
+
+
+def test_every_interleaving_without_audio_replay_holds_with_batches_of_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With one entry a batch, a batch of audio alone is reached at this depth: it must
+    not end the replay while text follows."""
+    monkeypatch.setattr("trio_duplex.core.replay.BATCH", 1)
+    report = explore(AUDIO_DEPTH, 1, audio=True, replays_audio=False)
+    assert report.violations == {}
+
+
+def test_a_resume_without_audio_replays_the_text_after_the_seq_once() -> None:
+    world = replay(
+        [
+            ("open", 0),
+            ("created", 0),
+            ("emit", 0),  # 1: received
+            ("emit_audio", 0),  # 2: played live; its seq is never known to the client
+            ("lose", 0, 0),
+            ("emit_audio", 0),  # 3: made while detached
+            ("emit", 0),  # 4
+            ("emit_audio", 0),  # 5
+            ("resume", 0),  # presents 1
+            ("resume_step", 0),  # session.resumed
+            ("resume_step", 0),  # 4 only
+            ("resume_step", 0),  # caught up: commit
+            ("emit", 0),  # 6, live
+        ],
+        max_sessions=1,
+        replays_audio=False,
+    )
+    old, new = world.slots[0].conns
+    assert (old.last, new.gen, new.last) == (1, 2, 6)
+    assert world.slots[0].audio == (2, 3, 5)
+
+
+def test_catches_a_replay_that_ignores_the_audio_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = Replay.next_frames
+
+    def heedless(self: Replay, now: float) -> list[str | bytes]:
+        self.audio = True
+        return original(self, now)
+
+    monkeypatch.setattr(Replay, "next_frames", heedless)
+    report = explore(AUDIO_DEPTH, 1, audio=True, replays_audio=False, stop_at_first=True)
+    assert list(report.violations) == ["audio_replayed"]
+
+
+def test_catches_a_replay_that_commits_after_a_batch_of_audio_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Filtering each batch's audio out after the fact answers [] for a batch of audio
+    alone, which commits the resume before the text after it is written."""
+    original = Replay.next_frames
+
+    def filtering(self: Replay, now: float) -> list[str | bytes]:
+        if self.audio:
+            return original(self, now)
+        self.audio = True
+        try:
+            frames = original(self, now)
+        finally:
+            self.audio = False
+        return [frame for frame in frames if isinstance(frame, str)]
+
+    monkeypatch.setattr(Replay, "next_frames", filtering)
+    monkeypatch.setattr("trio_duplex.core.replay.BATCH", 1)
+    report = explore(AUDIO_DEPTH, 1, audio=True, replays_audio=False, stop_at_first=True)
+    ((name, (actions, _)),) = report.violations.items()
+    assert name == "incomplete_replay"
+    assert ("emit_audio", 0) in actions

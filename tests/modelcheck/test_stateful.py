@@ -6,8 +6,9 @@ shell and the clients, every invariant checked after every step), driven by a hy
 time steps, a journal TTL that really expires entries, event sizes around the byte bound,
 engines that finish or fail, acks of any value, client events through the protocol
 machine (``client_event_seq``s next, resent or ahead, with or without room, refused by
-the engine's check; heartbeats; late events from replaced connections), and resumes with
-older tokens or from seq 0.
+the engine's check; heartbeats; late events from replaced connections), resumes with
+older tokens or from seq 0, and output audio on the binary lane, replayed or (a call's
+dialect) not.
 
 Deterministic by default (``derandomize``). For a soak run::
 
@@ -57,6 +58,7 @@ WEIGHTS = {
     "stale_event": 1,
     "emit_sized": 3,
     "emit": 4,
+    "emit_audio": 2,
 }
 NEEDS = {"emit_sized": "emit", "ack_any": "ack", "client_event": "ack", "resume_variant": "resume"}
 
@@ -70,16 +72,23 @@ class CoreMachine(RuleBasedStateMachine):
         max_sessions=st.integers(1, SESSIONS),
         journal_max_bytes=st.sampled_from([70, 120, 400]),
         journal_ttl_s=st.sampled_from([20.0, 90.0, 1e9]),
+        replays_audio=st.booleans(),
     )
-    def configure(self, max_sessions: int, journal_max_bytes: int, journal_ttl_s: float) -> None:
+    def configure(
+        self, max_sessions: int, journal_max_bytes: int, journal_ttl_s: float, replays_audio: bool
+    ) -> None:
         self.world = World(
-            max_sessions, SESSIONS, journal_max_bytes=journal_max_bytes, journal_ttl_s=journal_ttl_s
+            max_sessions,
+            SESSIONS,
+            replays_audio=replays_audio,
+            journal_max_bytes=journal_max_bytes,
+            journal_ttl_s=journal_ttl_s,
         )
 
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:
         world = self.world
-        actions = world.actions(big=True, engine_end=True, client=True)
+        actions = world.actions(big=True, engine_end=True, client=True, audio=True)
         offered = {a[0] for a in actions} | {"advance"}
         if world.registry.shutting_down:
             offered.discard("open")  # always refused now: a few tries are enough

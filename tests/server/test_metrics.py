@@ -155,6 +155,7 @@ async def test_metrics_count_sessions_events_resumes_and_refusals(
         assert found["trio_duplex_events_total", (("direction", "in"),)] == 5
         assert found["trio_duplex_events_total", (("direction", "out"),)] == 4
         assert found["trio_duplex_replayed_events_total", ()] == 2
+        assert found["trio_duplex_replay_audio_dropped_total", ()] == 0  # native replays audio
         assert found["trio_duplex_resumes_total", (("result", "ok"),)] == 1
         assert found["trio_duplex_resumes_total", (("result", "invalid_resume_token"),)] == 1
         assert found["trio_duplex_handshake_refusals_total", (("reason", "not_upgrade"),)] == 1

@@ -85,6 +85,7 @@ def test_curl_health_and_metrics_on_the_main_port(serve: Serve) -> None:
         "trio_duplex_resumes",
         "trio_duplex_events",
         "trio_duplex_replayed_events",
+        "trio_duplex_replay_audio_dropped",
         "trio_duplex_journal_bytes",
         "trio_duplex_connections",
         "trio_duplex_handshake_refusals",

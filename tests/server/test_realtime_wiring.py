@@ -58,6 +58,7 @@ class Speaker:
     subprotocol: str | None = "speaker"
     large = LARGE
     binary_lane = False
+    replays_audio = True
     speaks_first = True
     config_locked_closes = True
 

@@ -18,6 +18,13 @@ The rules:
 * Entries are written in batches of at most ``BATCH``, each taken from one look at the
   journal: a batch that was taken is written whole even if the journal drops some of it
   meanwhile (the client receives them in order all the same).
+* Without audio (``audio=False``, for a dialect whose ``replays_audio`` is False: a
+  call's): the binary lane's frames (kind 2, output audio; the only binary frames a
+  journal holds) are skipped, counted in ``audio_dropped``, and the cursor moves past
+  them; every other entry is written as above, exactly once. Audio spelled as text (the
+  JSON wire's deltas) is not told apart: such a session uses the binary lane. A batch
+  that was all audio writes nothing, so the next one is taken at once: an empty answer
+  still means caught up.
 """
 
 from __future__ import annotations
@@ -32,12 +39,16 @@ from .session import ResumeAttempt
 @attrs.define(eq=False, repr=False)
 class Replay:
     attempt: ResumeAttempt
+    audio: bool = attrs.field(default=True, kw_only=True)
+    """Output audio on the binary lane is written again; False: skipped (see above)."""
     cursor: int = attrs.field(init=False)
     """The highest seq the client holds, has been written, or was told is gone."""
     resumed_sent: bool = False
     """``session.resumed`` has been handed out (the client may have it)."""
     replayed: int = 0
     """Journaled events handed out so far (for the metrics)."""
+    audio_dropped: int = 0
+    """Journaled audio frames skipped (``audio`` False; for the metrics)."""
     _pending: list[Entry] = attrs.field(factory=list)
     """Entries taken from the journal and not yet handed out, in order."""
 
@@ -55,19 +66,29 @@ class Replay:
             return [session.resumed_frame(self.attempt)]
         journal = session.journal
         frames: list[Frame] = []
-        if not self._pending:
-            entries = journal.replay(self.cursor, now)
-            if entries is None:
-                self.cursor = journal.floor  # the last seq lost: what is held comes after
-                frames.append(session.resync_frame("journal_gap", self.cursor))
-                # The journal holds every entry above its floor, so this finds no gap;
-                # were it to, the next call would look again.
-                entries = journal.replay(self.cursor, now) or []
-            self._pending = entries
-        batch = self._pending[:BATCH]
-        if batch:
+        while True:
+            if not self._pending:
+                entries = journal.replay(self.cursor, now)
+                if entries is None:
+                    self.cursor = journal.floor  # the last seq lost: what is held comes after
+                    frames.append(session.resync_frame("journal_gap", self.cursor))
+                    # The journal holds every entry above its floor, so this finds no gap;
+                    # were it to, the next call would look again.
+                    entries = journal.replay(self.cursor, now) or []
+                self._pending = entries
+            batch = self._pending[:BATCH]
+            if not batch:
+                return frames
             del self._pending[:BATCH]
             self.cursor = batch[-1].seq
-            self.replayed += len(batch)
-            frames.extend([entry.frame for entry in batch])
-        return frames
+            if self.audio:
+                self.replayed += len(batch)
+                frames.extend([entry.frame for entry in batch])
+                return frames
+            kept = [entry.frame for entry in batch if type(entry.frame) is str]
+            self.audio_dropped += len(batch) - len(kept)
+            self.replayed += len(kept)
+            frames.extend(kept)
+            if frames:
+                return frames
+            # All audio: nothing to write yet, and an empty answer would commit.

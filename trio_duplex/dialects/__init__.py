@@ -9,7 +9,9 @@ returns. The shell binds a dialect's methods once per connection or session. Not
 else in the package knows how an event is spelled.
 
 ``native`` is protocol v2 (docs/protocol.md): JSON text and the binary audio lane;
-``openai`` (``trio_duplex.dialects.openai``) is OpenAI Realtime GA. A dialect that
+``openai`` (``trio_duplex.dialects.openai``) is OpenAI Realtime GA; ``openai-call``
+(``trio_duplex.dialects.openai.call``) is OpenAI's on a WebRTC call, which no WebSocket
+path speaks (``CALLS_ONLY``). A dialect that
 ``speaks_first`` opens its session from the upgrade itself (``opening``); one with a
 ``shaper`` expands each engine event into its own structure before it is sequenced.
 """
@@ -18,12 +20,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Generator, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from ..core.spelling import Spelling
 from .native import NATIVE
 
-__all__ = ["DIALECTS", "NATIVE", "Dialect", "Shaper", "Spelling", "by_name"]
+__all__ = ["CALLS_ONLY", "DIALECTS", "NATIVE", "Dialect", "Shaper", "Spelling", "by_name"]
 
 
 class Shaper(Protocol):
@@ -83,6 +85,14 @@ class Dialect(Spelling, Protocol):
         ...
 
     @property
+    def replays_audio(self) -> bool:
+        """A resume writes the journal's output audio again (native, openai). False: a
+        resume skips the binary lane's audio frames and replays the rest (``Replay``'s
+        ``audio``): a call's audio not played before its peer connection was lost, or
+        made while detached, would arrive late, over the user (docs/openai.md)."""
+        ...
+
+    @property
     def speaks_first(self) -> bool:
         """The upgrade itself opens (or resumes) the session: ``opening`` says how."""
         ...
@@ -111,7 +121,15 @@ DIALECTS: dict[str, Dialect] = {"native": NATIVE}
 """The dialects known by name (a migration record's, a relayed resume's), loaded on
 first use beyond native."""
 
-_MODULES = {"openai": "trio_duplex.dialects.openai"}
+_MODULES = {
+    "openai": "trio_duplex.dialects.openai",
+    "openai-call": "trio_duplex.dialects.openai.call",
+}
+
+CALLS_ONLY: Final = frozenset({"openai-call"})
+"""Dialects spoken on calls only: no client's WebSocket upgrade selects one (the router
+answers such a path 404). A session of one may still be named by a migration record or a
+relayed resume between the nodes (``by_name``)."""
 
 
 def by_name(name: str) -> Dialect:
@@ -121,5 +139,6 @@ def by_name(name: str) -> Dialect:
         module = _MODULES.get(name)
         if module is None:
             raise KeyError(name)
-        dialect = DIALECTS[name] = getattr(importlib.import_module(module), name.upper())
+        attribute = name.upper().replace("-", "_")  # openai-call: OPENAI_CALL
+        dialect = DIALECTS[name] = getattr(importlib.import_module(module), attribute)
     return dialect

@@ -91,6 +91,7 @@ class Native:
     subprotocol: str | None = str(SUBPROTOCOL)
     large: int = LARGE
     binary_lane: bool = True
+    replays_audio: bool = True
 
     decode = staticmethod(decode)
     decode_steps = staticmethod(decode_steps)

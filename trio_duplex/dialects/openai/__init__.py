@@ -88,6 +88,7 @@ class OpenAI:
     subprotocol: str | None = "realtime"
     large: int = LARGE
     binary_lane: bool = True
+    replays_audio: bool = True
     speaks_first: bool = True
     config_locked_closes: bool = False  # OpenAI's rule: the connection goes on after an error
 

@@ -15,6 +15,12 @@ upstream sends) passes through as it is.
 The ``metadata`` (its ``response.create``'s) is written into the response object of
 ``response.created`` and ``response.done``.
 
+``max_text`` bounds the text of every event it writes (``MAX_TEXT`` by default; a call's
+dialect takes less, so that each event fits a data channel message): a response's
+``*.done`` events and items keep at most that many characters of its text, a user's
+transcript is cut there too, and a longer delta goes out as several, in order.
+``session_object`` writes the session object of ``session.updated`` (``to_session``).
+
 Its state is the open responses (their text so far, their metadata) and the user item
 being heard: ``state()`` is JSON, and ``restore`` continues exactly where a migration left it.
 
@@ -29,7 +35,7 @@ cannot write) takes the dict path, and its errors, as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 import attrs
@@ -46,8 +52,10 @@ MAX_OPEN = 16
 them must not grow the state without bound)."""
 
 MAX_TEXT = 1 << 20
-"""Characters of a response's text kept for its ``*.done`` events and its item: the
-bound on the shaper's memory (beyond it, the deltas still go out, the whole is cut)."""
+"""The default ``max_text``: characters of a response's text kept for its ``*.done``
+events and its item, the bound on the shaper's memory (beyond it, the deltas still go
+out, the whole is cut); and the most characters of text one shaped event carries (a
+longer delta goes out as several)."""
 
 _REASONS: Final = frozenset(
     {"turn_detected", "client_cancelled", "max_output_tokens", "content_filter"}
@@ -116,7 +124,7 @@ class _Response:
     item_id: str
     text: list[str] = attrs.field(factory=list)
     kept: int = 0
-    """Characters of ``text``: it stops growing at ``MAX_TEXT``."""
+    """Characters of ``text``: it stops growing at its shaper's ``max_text``."""
     metadata: dict[str, str] | None = None
     """Its ``response.create``'s, written into the response of created and done."""
     rid: str = ""
@@ -186,6 +194,14 @@ def _modalities(audio: bool) -> list[str]:
     return ["audio"] if audio else ["text"]
 
 
+SessionObject = Callable[[Mapping[str, Any], str], Event]
+"""The live configuration and the session's id as the session object clients see."""
+
+
+def _pieces(text: str, size: int) -> Iterator[str]:
+    return (text[i : i + size] for i in range(0, len(text), size))
+
+
 @attrs.define(eq=False)
 class OpenAIShaper:
     """``trio_duplex.dialects.Shaper`` for the OpenAI dialect."""
@@ -196,6 +212,10 @@ class OpenAIShaper:
     """The id of the user audio item being heard (speech started, not yet committed)."""
     _last_user: str | None = None
     """The id of the last user audio item committed: its transcript's."""
+    max_text: int = attrs.field(default=MAX_TEXT, kw_only=True)
+    """The most characters of text an event carries (see the module's docstring)."""
+    session_object: SessionObject = attrs.field(default=to_session, kw_only=True)
+    """How ``session.updated`` shows the session (``to_session``; a call's differs)."""
 
     def shape(self, event: Event) -> list[Event]:
         handler = _HANDLERS.get(event["type"])
@@ -261,11 +281,16 @@ class OpenAIShaper:
         if response is None:
             _, response, out = self._response(event, False)
         text = event.get("text", "")
-        if response.kept < MAX_TEXT and isinstance(text, str):
-            response.text.append(text[: MAX_TEXT - response.kept])
+        max_text = self.max_text
+        if response.kept < max_text and isinstance(text, str):
+            response.text.append(text[: max_text - response.kept])
             response.kept += len(text)
         if type(text) is str:
-            out.append(Shaped(response.delta, response.delta_head + _js(text)))
+            if len(text) <= max_text:
+                out.append(Shaped(response.delta, response.delta_head + _js(text)))
+                return out
+            kind, head = response.delta, response.delta_head
+            out.extend([Shaped(kind, head + _js(piece)) for piece in _pieces(text, max_text)])
             return out
         out.append(
             {
@@ -471,22 +496,31 @@ class OpenAIShaper:
         return self._last_user or self._heard or new_item_id()
 
     def _transcript_delta(self, event: Event) -> list[Event]:
+        item_id = self._transcript_id(event)
+        text = event.get("text", "")
+        pieces = (
+            list(_pieces(text, self.max_text))
+            if isinstance(text, str) and len(text) > self.max_text
+            else [text]
+        )
         return [
             {
                 "type": "conversation.item.input_audio_transcription.delta",
-                "item_id": self._transcript_id(event),
+                "item_id": item_id,
                 "content_index": 0,
-                "delta": event.get("text", ""),
+                "delta": piece,
             }
+            for piece in pieces
         ]
 
     def _transcript_done(self, event: Event) -> list[Event]:
+        text = event.get("text", "")
         return [
             {
                 "type": "conversation.item.input_audio_transcription.completed",
                 "item_id": self._transcript_id(event),
                 "content_index": 0,
-                "transcript": event.get("text", ""),
+                "transcript": text[: self.max_text] if isinstance(text, str) else text,
                 "usage": dict(_NO_TOKENS),  # OpenAI's field is required; we bill no tokens
             }
         ]
@@ -506,7 +540,9 @@ class OpenAIShaper:
 
     def _updated(self, event: Event) -> list[Event]:
         session_id = event.get("session_id", "")
-        session = to_session(self.config, session_id if isinstance(session_id, str) else "")
+        session = self.session_object(
+            self.config, session_id if isinstance(session_id, str) else ""
+        )
         return [{"type": "session.updated", "session": session}]
 
     # -- migration ------------------------------------------------------------------
@@ -523,14 +559,22 @@ class OpenAIShaper:
         }
 
     @classmethod
-    def restore(cls, config: dict[str, Any], state: object) -> OpenAIShaper:
-        """The shaper ``state()`` described; ValueError for anything else."""
+    def restore(
+        cls,
+        config: dict[str, Any],
+        state: object,
+        *,
+        max_text: int = MAX_TEXT,
+        session_object: SessionObject = to_session,
+    ) -> OpenAIShaper:
+        """The shaper ``state()`` described (made with these ``max_text`` and
+        ``session_object``); ValueError for anything else."""
         if not isinstance(state, dict) or state.get("state") != STATE_VERSION:
             raise ValueError(f"not a state of the OpenAI shaper ({STATE_VERSION})")
         entries = state.get("open")
         if not isinstance(entries, list) or len(entries) > MAX_OPEN:
             raise ValueError("OpenAI shaper state: 'open' must be a list of open responses")
-        shaper = cls(config)
+        shaper = cls(config, max_text=max_text, session_object=session_object)
         for entry in entries:
             if not (
                 isinstance(entry, list)
@@ -544,7 +588,7 @@ class OpenAIShaper:
                     "OpenAI shaper state: an open response is [id, audio, text, metadata?]"
                 )
             text = [entry[2]] if entry[2] else []
-            if len(entry[2]) > MAX_TEXT:
+            if len(entry[2]) > max_text:
                 raise ValueError("OpenAI shaper state: a response's text is too long")
             metadata = _metadata(entry[3]) if len(entry) == 4 else None
             shaper._open[entry[0]] = _Response.of(entry[0], entry[1], text, len(entry[2]), metadata)

@@ -186,6 +186,11 @@ class ServerCollector(Collector):
             "Journaled events written again by resumes.",
             totals.replayed_events,
         )
+        yield CounterMetricFamily(
+            "trio_duplex_replay_audio_dropped",
+            "Journaled audio frames resumes did not write again (calls replay no audio).",
+            totals.replay_audio_dropped,
+        )
         refusals = CounterMetricFamily(
             "trio_duplex_handshake_refusals",
             "HTTP upgrade requests refused, by reason.",

@@ -23,7 +23,7 @@ import attrs
 from websockets.http11 import Request
 
 from ...core.opening import OPEN, Grant
-from ...dialects import NATIVE, Dialect, by_name
+from ...dialects import CALLS_ONLY, NATIVE, Dialect, by_name
 from .auth import POST_PATHS
 from .http import Endpoints, Posts, origin_allowed
 from .throttle import Throttled
@@ -131,7 +131,9 @@ class Router:
     """Cluster mode: the relay's path, and the check of a request's signature."""
     dialects: Mapping[str, Dialect] = attrs.field(factory=dict)
     """The dialect of each WebSocket path (``--realtime-path``'s); ``path`` is native
-    unless named here."""
+    unless named here. A dialect of ``CALLS_ONLY`` (a call's) is never selected: its path
+    is not ours (404). Only the relay path takes one (a call's resume relayed between
+    nodes, signed)."""
 
     def posts_token(self, head: bytes) -> bool:
         """A POST of a client token or secret (answered by ``posts``, body and all)."""
@@ -168,6 +170,8 @@ class Router:
             if url.path != self.path:
                 return _NOT_OURS
             dialect = NATIVE
+        elif dialect.name in CALLS_ONLY:  # a call's: no client's WebSocket speaks it
+            return _NOT_OURS
         if self.authorize is None:
             return Upgrade(OPEN, dialect=dialect)
         found = self.authorize(request, peer)

@@ -354,7 +354,7 @@ class Opener:
         runner.apply(session.poll(now))  # a due expiry wins before the resume is looked at
         attempt = session.begin_resume(resume.token, resume.last_seq, now)
         sessions.reschedule(runner)
-        replay = Replay(attempt)
+        replay = Replay(attempt, audio=conn.dialect.replays_audio)
         totals = sessions.totals
         try:
             # The core decides what to write; this only writes it, within a bound: a
@@ -381,6 +381,7 @@ class Opener:
             raise
         finally:
             totals.replayed_events += replay.replayed
+            totals.replay_audio_dropped += replay.audio_dropped
         sessions.reschedule(runner)
         if commit is None:
             self._ended_during_resume(conn, runner)

@@ -74,6 +74,8 @@ class Totals:
     engine_errors: int = 0
     """Sessions ended ``engine_error``, and engines that failed before a session."""
     replayed_events: int = 0
+    replay_audio_dropped: int = 0
+    """Journaled audio frames resumes skipped (a dialect that does not replay audio)."""
     ended: Usage = attrs.field(factory=Usage)
     """The sum of the usage of every session that has ended."""
     opened_by: dict[str, int] = attrs.field(factory=dict)
