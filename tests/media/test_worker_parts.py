@@ -12,8 +12,9 @@ from fractions import Fraction
 import av
 import pytest
 
-from trio_duplex.media import _worker
+from trio_duplex.media import _worker, wire
 from trio_duplex.media._worker import Settings, _MediaLoop, downmix, strip_candidates
+from trio_duplex.media.wire import Kind
 
 
 class Recorder(asyncio.DatagramProtocol):
@@ -144,3 +145,32 @@ def test_the_peers_stereo_frames_are_downmixed_to_mono_pcm16() -> None:
         pcm = downmix(mono, frame)
         assert len(pcm) == 1920
         assert set(array("h", pcm)) == {2000}
+
+
+class FakePipe:
+    """A write transport whose buffer holds ``unwritten`` bytes."""
+
+    def __init__(self, unwritten: int) -> None:
+        self.unwritten = unwritten
+        self.written: list[bytes] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return self.unwritten
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
+def test_past_4_mib_unwritten_mic_frames_are_dropped_and_counted() -> None:
+    pipe = FakePipe(_worker.MIC_DROP_BYTES)
+    out = _worker.Output(pipe)  # type: ignore[arg-type]
+    out.send(_worker.Kind.MIC, 1, b"\x00" * 1920)
+    assert len(pipe.written) == 1 and out.mic_dropped == 0  # (at the bound: still written)
+    pipe.unwritten += 1
+    out.send(_worker.Kind.MIC, 1, b"\x00" * 1920)
+    out.send(_worker.Kind.DC_TEXT, 1, b"{}")  # (everything else is still written)
+    assert out.mic_dropped == 1
+    assert [wire.Reader().feed(w)[0].kind for w in pipe.written] == [Kind.MIC, Kind.DC_TEXT]
