@@ -24,7 +24,14 @@ module through another one either (each violation is reported with its chain).
 
 * ``trio_duplex.core``: nothing from server, client, engines or testing, and no trio;
 * ``trio_duplex.engines``: nothing from server, client or testing;
-* ``trio_duplex.server``: nothing from client or testing.
+* ``trio_duplex.server``: nothing from client or testing;
+* ``trio_duplex.media``: nothing from server, client, engines or testing.
+
+And one boundary by name: only ``trio_duplex.media._worker`` (run as a process of its own)
+imports ``av``, ``aiortc``, ``aioice`` or ``pylibsrtp``. PyPI's av wheels link GPL x264 and
+x265 (docs/plans/webrtc.md §0.1): importing any of these in the server's process would map
+them into it. (The speech engine's workers load av through faster-whisper, in their own
+processes too; that indirect import is not seen here.)
 
 The checker's functions take the package name and the graph as arguments, so that the
 self-tests at the end can prove each check fails when it should.
@@ -300,7 +307,13 @@ LAYERS = [
         f"{PACKAGE}.workers",
         _in("server.server", "server.sessions", "cluster", "cli", "client", "testing"),
     ),
+    # The media link and its worker: beside the shell, which uses them; on nothing of it.
+    Layer(f"{PACKAGE}.media", _in("server", "client", "engines", "testing")),
 ]
+
+# Top-level names only these modules may import (anywhere: at module level, in a function,
+# under TYPE_CHECKING), and no module may reach them through another.
+CONFINED = {name: (f"{PACKAGE}.media._worker",) for name in ("av", "aiortc", "aioice", "pylibsrtp")}
 
 
 def layer_violations(graph: ImportGraph, layers: Sequence[Layer]) -> list[str]:
@@ -317,6 +330,23 @@ def layer_violations(graph: ImportGraph, layers: Sequence[Layer]) -> list[str]:
                 for name, line in graph.external.get(reached, ()):
                     if name in layer.external:
                         found.append(f"{module} imports {name}:{via}\n    {reached} line {line}")
+    return found
+
+
+def confined_imports(graph: ImportGraph, confined: Mapping[str, Sequence[str]]) -> list[str]:
+    """Each import of a confined name by a module not allowed it, and each module that
+    reaches an allowed one through the package's imports (it would load it too)."""
+    holders = {m for allowed in confined.values() for m in allowed}
+    found = []
+    for module in sorted(graph.edges):
+        for name, line in graph.external.get(module, ()):
+            if name in confined and module not in confined[name]:
+                found.append(f"{module} imports {name} (line {line})")
+        for chain in _paths_from(module, graph.edges):
+            reached = chain[-1].target
+            if reached in holders and module not in holders:
+                via = "".join(f"\n    {e}" for e in chain)
+                found.append(f"{module} reaches {reached}, which may import them:{via}")
     return found
 
 
@@ -339,6 +369,15 @@ def test_the_package_has_no_import_cycle() -> None:
 def test_the_layers_import_only_downwards() -> None:
     violations = layer_violations(build_graph(PACKAGE_DIR, PACKAGE), LAYERS)
     assert not violations, "layering violations:\n" + "\n".join(violations)
+
+
+def test_only_the_media_worker_imports_the_media_stack() -> None:
+    graph = build_graph(PACKAGE_DIR, PACKAGE)
+    violations = confined_imports(graph, CONFINED)
+    assert not violations, "imports of av/aiortc/aioice/pylibsrtp:\n" + "\n".join(violations)
+    # (not vacuous: the worker is there and imports them)
+    worker = {name for name, _ in graph.external[f"{PACKAGE}.media._worker"]}
+    assert {"av", "aiortc", "aioice"} <= worker
 
 
 def test_the_graph_sees_every_module_and_the_known_edges() -> None:
@@ -412,6 +451,35 @@ def test_layer_violations_direct_transitive_and_external() -> None:
         "p.core.a imports trio:",
         "p.core.b imports trio:",
     ]
+
+
+def test_confined_imports_direct_and_through_the_package() -> None:
+    confined = {"av": ("p.media._worker",), "aiortc": ("p.media._worker",)}
+    clean = _graph(
+        {"p.media._worker": [], "p.media.link": ["p.media.wire"], "p.media.wire": []},
+        **{"p.media._worker": ["av", "aiortc", "json"], "p.media.link": ["trio"]},
+    )
+    assert confined_imports(clean, confined) == []
+    direct = _graph({"p.server.x": [], "p.media._worker": []}, **{"p.server.x": ["av"]})
+    assert confined_imports(direct, confined) == ["p.server.x imports av (line 1)"]
+    # Importing the worker as a module would import aiortc and av with it.
+    through = _graph(
+        {"p.media.link": ["p.media._worker"], "p.media._worker": []},
+        **{"p.media._worker": ["aiortc"]},
+    )
+    (violation,) = confined_imports(through, confined)
+    assert violation.startswith("p.media.link reaches p.media._worker, which may import them:")
+
+
+def test_the_media_layer_is_checked() -> None:
+    (layer,) = [x for x in LAYERS if x.package == f"{PACKAGE}.media"]
+    bad = _graph(
+        {f"{PACKAGE}.media.link": [f"{PACKAGE}.server.config"], f"{PACKAGE}.server.config": []}
+    )
+    (violation,) = layer_violations(bad, [layer])
+    assert violation.startswith(f"{PACKAGE}.media.link reaches {PACKAGE}.server:")
+    fine = _graph({f"{PACKAGE}.media.link": [f"{PACKAGE}.settings"], f"{PACKAGE}.settings": []})
+    assert layer_violations(fine, [layer]) == []
 
 
 def test_build_graph_resolves_every_kind_of_import(tmp_path: Path) -> None:
