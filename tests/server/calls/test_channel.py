@@ -9,6 +9,8 @@ from typing import Any
 import trio
 from trio.testing import MockClock
 
+from trio_duplex.core.opening import OPEN
+from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.engines.voice import VoiceEngine
 from trio_duplex.media.wire import Kind, unpack_audio
 from trio_duplex.testing.media import FakeCall
@@ -385,3 +387,36 @@ async def test_a_cancelled_response_is_cleared_once(autojump_clock: MockClock) -
         await settle()
         assert call.count(Kind.CLEAR) == 2
         assert types(call.events()).count("output_audio_buffer.cleared") == 1
+
+
+# -- the handshake rule: a session whose session.created did not reach its peer -----------
+
+
+class _Preparing(EchoEngine):
+    """Echo, after a ``prepare`` that waits for the test."""
+
+    ready = trio.Event()
+
+    async def prepare(self, nursery: trio.Nursery) -> None:
+        await self.ready.wait()
+
+
+async def test_a_peer_gone_while_the_engine_prepares_gets_no_session(
+    autojump_clock: MockClock,
+) -> None:
+    _Preparing.ready = trio.Event()
+    async with calls(_Preparing) as c:
+        channel, call = c.channel()
+        call.dc_open()
+        await channel.wait_open()
+        c.sim.nursery.start_soon(c._serve, channel, {}, OPEN, None)
+        await settle()
+        assert len(c.sim.sessions()) == 1  # admitted, preparing, watched
+        call.state("failed")
+        await settle()
+        assert not call.texts()  # session.created never written: not delivered
+        assert not c.sim.sessions() and call.released
+        # A call that stays gets its session once the engine is ready.
+        _Preparing.ready.set()
+        _, _, created = await c.open()
+        assert created["type"] == "session.created"
