@@ -300,6 +300,8 @@ LAYERS = [
         for name in ("config", "config_checks")
     ),
     Layer(f"{PACKAGE}.server.sessions", _in("server.front", "server.server", *_SHELL[1:])),
+    # A call's shell: on the session shell and the media link's contract, below the door.
+    Layer(f"{PACKAGE}.server.calls", _in("server.front", "server.server", *_SHELL[1:])),
     Layer(f"{PACKAGE}.server.front", _in("server.server", *_SHELL[1:])),
     *(Layer(f"{PACKAGE}.{node}", _in("server.server", *_SHELL[2:])) for node in _NODE),
     Layer(f"{PACKAGE}.server.server", _in(*_SHELL[2:])),

@@ -24,6 +24,7 @@ from ..server.config import ServerConfig
 from ..server.server import DuplexServer
 from ..server.sessions.connection import Connection
 from ..server.sessions.runner import SessionRunner
+from ..server.sessions.websocket import WebSocket
 from .client import SimClient
 from .probe import Probe, probing
 from .transport import FaultyStream, MemoryListener
@@ -80,7 +81,7 @@ class Simulation:
     def connection_of(self, client: SimClient) -> Connection | None:
         """The server's Connection for ``client``, while it is open."""
         for conn in self.server.connections:
-            if conn.ws.stream is client.transport:
+            if isinstance(conn.ws, WebSocket) and conn.ws.stream is client.transport:
                 return conn
         return None
 

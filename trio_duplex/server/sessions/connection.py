@@ -40,7 +40,8 @@ import trio
 from ...core.frames import BATCH, CloseCode, Encoded
 from ...dialects import NATIVE, Dialect
 from .timers import Entry, Timers
-from .websocket import ConnectionClosed, WebSocket
+from .transport import MessageTransport
+from .websocket import ConnectionClosed
 
 log = logging.getLogger("trio_duplex")
 
@@ -55,7 +56,8 @@ class WriteSampler(Protocol):
 
 @attrs.define(eq=False)
 class Connection:
-    ws: WebSocket
+    ws: MessageTransport
+    """Its transport: a WebSocket, or a WebRTC call's channel (transport.py)."""
     high_water: int
     """Frames queued before an engine's ``send`` waits (see ``congested``)."""
     max_output_bytes: float = math.inf
@@ -93,7 +95,7 @@ class Connection:
     @classmethod
     def open(
         cls,
-        ws: WebSocket,
+        ws: MessageTransport,
         high_water: int,
         *,
         close_timeout: float,

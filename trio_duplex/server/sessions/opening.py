@@ -38,7 +38,8 @@ from .connection import Connection, decode_large
 from .owner import Sessions
 from .placement import Placement, SingleProcess
 from .runner import Prepared, SessionRunner, engine_broke, only_trio_cancellation
-from .websocket import ConnectionClosed, WebSocket
+from .transport import MessageTransport
+from .websocket import ConnectionClosed
 
 log = logging.getLogger("trio_duplex")
 
@@ -59,7 +60,7 @@ class Opener:
 
     async def serve(
         self,
-        ws: WebSocket,
+        ws: MessageTransport,
         query: dict[str, list[str]],
         grant: Grant = OPEN,
         dialect: Dialect | None = None,
@@ -436,7 +437,7 @@ def settle_audio(engine: Engine, config: dict[str, Any]) -> None:
         config["audio"] = negotiate(config["audio"], rate).as_event()
 
 
-def _write_at_once(ws: WebSocket, created: str | bytes) -> bool:
+def _write_at_once(ws: MessageTransport, created: str | bytes) -> bool:
     """Write ``session.created`` from this task without awaiting, if the socket is free
     (a socket, nothing being written); False: it is not (nothing written). What the
     socket holds is read just before (``read_now``: a close frame, FIN or reset that came

@@ -1,0 +1,9 @@
+"""WebRTC calls (OpenAI's ``/v1/realtime/calls`` flow; docs/plans/webrtc.md): the shell
+of one call, between the session shell and the media link (``media/port.py``).
+
+* ``channel``: ``CallChannel``, a ``MessageTransport`` over one call: the data
+  channel's text both ways, the microphone in as the binary lane's input audio, the
+  output audio out as Opus packets, bounded by the worker's credits;
+* ``playout``: ``Playout``, what the client is told of its audio's playback
+  (``output_audio_buffer.*``), sans-IO.
+"""
