@@ -12,6 +12,7 @@ import trio
 from ...core.frames import CloseCode, Opcode
 from ...server.sessions.connection import Connection
 from ...server.sessions.websocket import ConnectionClosed as ClientGone
+from ...server.sessions.websocket import WebSocket
 from ..relay import relay as per_resume_relay
 from ..relay import sign
 from .channel import Channel
@@ -236,14 +237,18 @@ async def relay(
                     # messages, encoded again; once the parser holds nothing, the
                     # client's frames go as they came (checked, not decoded: the
                     # home's WebSocket decodes them). What one read brought, as one
-                    # write to the home, either way.
+                    # write to the home, either way. (A transport that has no
+                    # frames of its own, as a call will not, goes as messages.)
                     get = ws.get_messages
-                    while not ws.parsed_all:
-                        await channel.send(message_frames(await get()))
-                    get_frames = ws.get_frames
+                    if isinstance(ws, WebSocket):
+                        while not ws.parsed_all:
+                            await channel.send(message_frames(await get()))
+                        get_frames = ws.get_frames
+                        while True:
+                            frames, _ = await get_frames()
+                            await channel.send(frames)
                     while True:
-                        frames, _ = await get_frames()
-                        await channel.send(frames)
+                        await channel.send(message_frames(await get()))
                 except ClientGone as exc:
                     client_code = exc.code
                 except trio.BrokenResourceError:
