@@ -37,14 +37,11 @@ import attrs
 from ...core.events import ErrorCode
 from ...core.spelling import Frame
 from ...core.wire import ProtocolError
-from ..jsonwire import LARGE
-from . import OPENAI
+from . import OPENAI, OpenAI
 from .config import to_session
 from .decode import decode as openai_decode
-from .decode import decode_binary
 from .decode import decode_steps as openai_decode_steps
 from .shaper import OpenAIShaper, Shaped
-from .spell import audio_frame
 from .spell import frame as openai_frame
 
 __all__ = ["CALL_AUDIO", "MAX_TEXT", "OPENAI_CALL", "OpenAICall", "call_audio", "call_session"]
@@ -136,22 +133,17 @@ def restore_shaper(config: dict[str, Any], state: dict[str, Any]) -> OpenAIShape
 
 
 @attrs.frozen
-class OpenAICall:
-    """The ``openai-call`` dialect (``trio_duplex.dialects.Dialect``)."""
+class OpenAICall(OpenAI):
+    """The ``openai-call`` dialect (``trio_duplex.dialects.Dialect``): OpenAI's, with
+    the call's opening, decoding, frames and shaper, and no audio replayed."""
 
     name: str = "openai-call"
     subprotocol: str | None = None  # (no WebSocket)
-    large: int = LARGE
-    binary_lane: bool = True
     replays_audio: bool = False
-    speaks_first: bool = True
-    config_locked_closes: bool = False  # OpenAI's rule: the connection goes on after an error
 
     decode = staticmethod(decode)
     decode_steps = staticmethod(decode_steps)
-    decode_binary = staticmethod(decode_binary)
     frame = staticmethod(frame)
-    audio_frame = staticmethod(audio_frame)
     opening = staticmethod(opening)
     shaper = staticmethod(shaper)
     restore_shaper = staticmethod(restore_shaper)
