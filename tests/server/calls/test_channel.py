@@ -109,16 +109,7 @@ async def test_voice_engine_hears_the_mic_and_speaks_a_turn(autojump_clock: Mock
         (engine,) = engines
         # 100 ms at 48 kHz, resampled to the engine's 24 kHz (a few ms held back).
         assert 0 < engine.audio_bytes_received <= 5 * MIC_20_MS // 2
-        call.dc_text(
-            {
-                "type": "conversation.item.create",
-                "item": {
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "hello there"}],
-                },
-            }
-        )
+        call.dc_text(_say("hello there"))
         call.dc_text({"type": "response.create"})
         done = await call.event_of_type("response.done")
         assert done["response"]["status"] == "completed"
@@ -283,16 +274,7 @@ async def test_a_resume_over_a_new_call_replays_the_events_after_n_exactly_once(
 ) -> None:
     async with calls() as c:
         _, call, created = await c.open()
-        call.dc_text(
-            {
-                "type": "conversation.item.create",
-                "item": {
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "hello"}],
-                },
-            }
-        )
+        call.dc_text(_say("hello"))
         call.dc_text({"type": "response.create"})
         await call.event_of_type("response.done")
         journaled = [e for e in call.events() if "server_event_seq" in e]
