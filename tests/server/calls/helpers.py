@@ -19,8 +19,7 @@ import attrs
 import trio
 
 from trio_duplex.core.opening import OPEN, Grant
-from trio_duplex.dialects.openai import OpenAI
-from trio_duplex.dialects.openai import opening as openai_opening
+from trio_duplex.dialects.openai.call import OPENAI_CALL
 from trio_duplex.engines.api import EngineFactory
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.server.calls.channel import CallChannel
@@ -30,29 +29,11 @@ from trio_duplex.server.sessions.websocket import ConnectionClosed
 from trio_duplex.testing import Simulation, running_server
 from trio_duplex.testing.media import FakeCall, FakeMediaLink
 
-CALL_AUDIO = {
-    "wire": "binary",
-    "input": {"format": "pcm16", "rate": 48000},
-    "output": {"format": "opus", "rate": 48000},
-}
 MIC_20_MS = 1920
 """Bytes of 20 ms of the worker's microphone audio (PCM16, 48 kHz, mono)."""
 
 
-def _opening(query: Any, bearer: str | None) -> dict[str, Any]:
-    event = openai_opening(query, bearer)
-    if event["type"] == "session.update":
-        event["session"]["audio"] = dict(CALL_AUDIO)
-    return event
-
-
-@attrs.frozen
-class CallDialect(OpenAI):
-    name: str = "openai-call"
-    opening = staticmethod(_opening)
-
-
-CALL = CallDialect()
+CALL = OPENAI_CALL  # (the dialect a call's session speaks)
 
 
 def tone(chunks: int, seed: int = 1) -> list[bytes]:
