@@ -580,6 +580,20 @@ async def test_the_home_s_close_ends_the_relay_with_its_code(autojump_clock: Moc
         await client.done.wait()
 
 
+async def test_the_home_s_close_and_its_end_in_one_read_end_the_relay_with_its_code(
+    autojump_clock: MockClock,
+) -> None:
+    """The home's close frame and its channel's EOF arrive in one read of the peer
+    connection (as they do when the home closes at once): the close is handed on
+    before the end, so the client gets the home's code, not 1001."""
+    async with scripted() as (home, client, _, _):
+        last = text_frame('{"type":"error","code":"invalid_utf8"}')
+        await home.stream.send_all(_frame(2, 1, last + close_frame(1007)) + _frame(4, 1, b""))
+        assert (await client.event())["code"] == "invalid_utf8"
+        assert await client.close_code() == 1007
+        await client.done.wait()
+
+
 async def test_a_slow_client_holds_the_home_s_credit_until_it_reads(
     autojump_clock: MockClock,
 ) -> None:

@@ -128,6 +128,10 @@ class FrontChannel(Channel):
 
     def on_end(self, reset: bool) -> None:
         self.ended_by_peer = True
+        if self._pending_bytes:
+            # What came before the end in the same read (the home's close frame, as a
+            # rule) is handed on first: once done, the link's deferred flush drops it.
+            self.flush()
         self.finished()
         if reset:
             self.failed = True
