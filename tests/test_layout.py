@@ -25,7 +25,9 @@ module through another one either (each violation is reported with its chain).
 * ``trio_duplex.core``: nothing from server, client, engines or testing, and no trio;
 * ``trio_duplex.engines``: nothing from server, client or testing;
 * ``trio_duplex.server``: nothing from client or testing;
-* ``trio_duplex.media``: nothing from server, client, engines or testing.
+* ``trio_duplex.media``: nothing from server, client, engines or testing;
+* the shell's sans-IO modules (the call endpoints' HTTP, a call's SDP, client secrets and
+  tokens): no trio.
 
 And one boundary by name: only ``trio_duplex.media._worker`` (run as a process of its own)
 imports ``av``, ``aiortc``, ``aioice`` or ``pylibsrtp``. PyPI's av wheels link GPL x264 and
@@ -311,6 +313,12 @@ LAYERS = [
     ),
     # The media link and its worker: beside the shell, which uses them; on nothing of it.
     Layer(f"{PACKAGE}.media", _in("server", "client", "engines", "testing")),
+    # Sans-IO parts of the shell: no trio, however reached (the call endpoints' HTTP, a
+    # call's SDP, the client tokens' store).
+    *(
+        Layer(f"{PACKAGE}.server.{name}", (), external=("trio",))
+        for name in ("front.calls", "front.client_secrets", "front.tokens", "calls.sdp")
+    ),
 ]
 
 # Top-level names only these modules may import (anywhere: at module level, in a function,

@@ -145,6 +145,7 @@ async def test_a_client_secret_opens_exactly_one_session_with_its_locked_session
         assert session["type"] == "realtime" and session["object"] == "realtime.session"
         assert session["instructions"] == "be brief"
         value = issued["value"]
+        assert value.startswith("ek_")  # the agents SDK's browser check (webrtc.md §3.2)
         client, answer = await upgrade(sim, protocols=[f"openai-insecure-api-key.{value}"])
         assert isinstance(answer, AcceptConnection)
         await client.send({"type": "session.update", "session": {}})

@@ -48,6 +48,19 @@ def token(principal: str, config: bytes | None = None, ttl: float = 60.0) -> Cli
     return ClientToken(principal, ttl, config, digest(f"key-of-{principal}"))
 
 
+def test_a_token_starts_with_ek_and_is_taken_once() -> None:
+    # The OpenAI agents SDK takes a key in a browser only if it starts with "ek_".
+    tokens = ClientTokens(limits())
+    issued = [tokens.issue(token("acme"), 0.0) for _ in range(2)]
+    assert all(isinstance(plain, str) and plain.startswith("ek_") for plain in issued)
+    first = issued[0]
+    assert isinstance(first, str) and len(set(issued)) == 2
+    assert len(first) == 3 + 43  # 32 random bytes in URL-safe base64 after the prefix
+    assert tokens.take(first, 1.0) is not None
+    assert tokens.take(first, 1.0) is None  # spent
+    assert tokens.take(first.removeprefix("ek_"), 1.0) is None  # the prefix is part of it
+
+
 def test_a_principal_at_its_count_is_refused_and_another_is_not() -> None:
     tokens = ClientTokens(limits(count=3))
     assert all(isinstance(tokens.issue(token("acme"), 0.0), str) for _ in range(3))

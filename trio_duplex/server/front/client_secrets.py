@@ -39,6 +39,7 @@ _TYPES = {
     403: ("invalid_request_error", "origin_not_allowed"),
     404: ("invalid_request_error", "not_found"),
     413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "unsupported_media_type"),
     429: ("requests", "rate_limit_exceeded"),
     503: ("server_error", "server_overloaded"),
 }

@@ -24,6 +24,10 @@ import attrs
 from ...core.wire import ProtocolError
 from ...dialects.jsonwire import decode_object
 
+TOKEN_PREFIX = "ek_"
+"""Every client token (a client secret too) starts so: the OpenAI agents SDK takes a key
+in a browser only if it does (``apiKey.startsWith('ek_')``), as OpenAI's own secrets do."""
+
 TOKEN_OVERHEAD = 512
 """Bytes counted per token beyond its configuration: its digest, key digest, record,
 dict slot and heap entry: about 300 as tests/server/test_tenancy.py measures it, and
@@ -109,7 +113,7 @@ class ClientTokens:
             return Refused.PRINCIPAL_FULL
         if self.held_bytes + size > limits.max_bytes:
             return Refused.STORE_FULL
-        plain = secrets.token_urlsafe(32)  # URL-safe: it may travel as a subprotocol
+        plain = TOKEN_PREFIX + secrets.token_urlsafe(32)  # URL-safe: may be a subprotocol
         key = digest(plain)
         self._tokens[key] = token
         share.count += 1
@@ -168,4 +172,12 @@ class ClientTokens:
         return f"<ClientTokens, {len(self._tokens)} outstanding, {self.held_bytes} bytes>"
 
 
-__all__ = ["TOKEN_OVERHEAD", "ClientToken", "ClientTokens", "Refused", "TokenLimits", "digest"]
+__all__ = [
+    "TOKEN_OVERHEAD",
+    "TOKEN_PREFIX",
+    "ClientToken",
+    "ClientTokens",
+    "Refused",
+    "TokenLimits",
+    "digest",
+]
