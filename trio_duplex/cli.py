@@ -335,6 +335,9 @@ def _announce(server: DuplexServer, engine: str, port: int, ready_fd: int | None
                 "OpenAI Realtime at %s://%s:%d%s", server.scheme, shown, port,
                 server.config.realtime_path,
             )  # fmt: skip
+        if server.config.calls:
+            web = "https" if server.scheme == "wss" else "http"
+            log.info("WebRTC calls at %s://%s:%d/v1/realtime/calls", web, shown, port)
         if server.config.demo:
             log.info(
                 "demo page at %s://%s:%d/",

@@ -14,6 +14,14 @@ from hypothesis import strategies as st
 from ..helpers import Serve, ServerProcess, exchange
 
 KEYS = "acme: k-acme-123\n"
+OFFER = (  # a browser's offer (no candidates): Opus audio and a data channel
+    "v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0 1\r\n"
+    "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\na=sendrecv\r\n"
+    "a=ice-ufrag:abcd\r\na=ice-pwd:abcdefghijklmnopqrstuvwx\r\na=setup:actpass\r\n"
+    "a=fingerprint:sha-256 " + ":".join(["AB"] * 32) + "\r\na=rtpmap:111 opus/48000/2\r\n"
+    "m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\nc=IN IP4 0.0.0.0\r\na=mid:1\r\n"
+    "a=sctp-port:5000\r\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +29,8 @@ def target(serve_module: Serve, tmp_path_factory: pytest.TempPathFactory) -> Ser
     keys: Path = tmp_path_factory.mktemp("keys") / "keys"
     keys.write_text(KEYS)
     verifier = ("--auth", "tests.server.auth_verifier:verify")  # X-Token: good
-    return serve_module("--api-key-file", str(keys), "--demo", *verifier)
+    calls = ("--calls", "--call-allow-peer", "127.0.0.0/8")  # the WebRTC calls' endpoints
+    return serve_module("--api-key-file", str(keys), "--demo", *verifier, *calls)
 
 
 def status_of(answer: bytes) -> int:
@@ -102,6 +111,13 @@ PATHS = [
     "//[/v1/duplex",  # urlsplit: "Invalid IPv6 URL"
     "http://[x/v1/duplex",
     "/v1/duplex?%zz&&=",
+    "/v1/realtime/calls",
+    "/v1/realtime/calls?model=x",
+    "/v1/realtime/calls?resume=sess_x&last_received_server_event_seq=3",
+    "/v1/realtime/calls?last_received_server_event_seq=-1",
+    "/v1/realtime/calls/rtc_0123456789abcdef0123456789abcdef",
+    "/v1/realtime/calls/rtc_0123456789abcdef0123456789abcdef/hangup",
+    "/v1/realtime/calls/../client_secrets",
 ]
 VERSIONS = ["HTTP/1.1", "HTTP/1.0", "HTTP/2", "", "HTTP/1.1 extra", "HTTP/9.9"]
 NAMES = [
@@ -145,6 +161,9 @@ VALUES = [
     "0",
     "",
     "\u00ff\u00fe",
+    "application/sdp",
+    "multipart/form-data; boundary=b",
+    "multipart/form-data",
     "\ud800",
 ]
 BODIES = [
@@ -160,6 +179,10 @@ BODIES = [
     b"\xed\xa0\x80",
     b"\x81\x05hello",
     b"[" * 100_000,
+    OFFER.encode(),
+    OFFER.encode()[:-40],
+    b"--b\r\nContent-Disposition: form-data; name=sdp\r\n\r\n" + OFFER.encode() + b"\r\n--b--\r\n",
+    b'--b\r\nContent-Disposition: form-data; name="session"\r\n\r\n{"type": 1}\r\n--b--\r\n',
 ]
 
 header_text = st.text(

@@ -371,10 +371,15 @@ class Call:
 
         return guarded
 
-    def fail(self, why: str, exc: BaseException | None = None) -> None:
+    def fail(self, why: str, exc: BaseException | None = None, *, clients: bool = False) -> None:
+        """End the call with ``FAILED``. ``clients``: the client's fault (an offer it
+        cannot be answered on), told at INFO without a traceback; else ours, an ERROR."""
         if self.closing is not None:
             return
-        log.error("call %d failed: %s", self.number, why, exc_info=exc)
+        if clients:
+            log.info("call %d: %s", self.number, why)
+        else:
+            log.error("call %d failed: %s", self.number, why, exc_info=exc)
         self.send(Kind.FAILED, why.encode())
         self.close()
 
@@ -411,7 +416,7 @@ class Call:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as exc:  # aiortc refuses an offer with ValueError/OperationError/...
-            self.fail(_refusal(exc))
+            self.fail(_refusal(exc), clients=True)
             return
         if self.settings.stats:
             self.track.on_sent = self._sent
@@ -543,8 +548,8 @@ def _refusal(exc: BaseException) -> str:
     a parser's ValueError may quote a line of it, and a line may be its ICE password."""
     what = type(exc).__name__
     if isinstance(exc, (OperationError, InvalidAccessError, InvalidStateError)):
-        return f"the offer was refused: {what}: {str(exc)[:200]}"
-    return f"the offer was refused: {what} (a malformed or unsupported offer)"
+        return f"{wire.OFFER_REFUSED}: {what}: {str(exc)[:200]}"
+    return f"{wire.OFFER_REFUSED}: {what} (a malformed or unsupported offer)"
 
 
 # -- the worker ---------------------------------------------------------------------------

@@ -36,6 +36,8 @@ MAX_PAYLOAD: Final = 1024 * 1024
 """A frame's payload at most (an offer or answer is a few KB, an Opus packet ~60 bytes,
 a data-channel message at most the session's ``max_event_bytes``)."""
 MAX_CALL: Final = 2**32 - 1
+OFFER_REFUSED: Final = "the offer was refused"
+"""How a ``FAILED`` for an offer that cannot be answered (the client's fault) begins."""
 
 
 class Kind(enum.IntEnum):

@@ -54,6 +54,15 @@ _CLUSTER_ONLY = (
 )
 """Flags that mean nothing without --cluster."""
 
+_CALLS_ONLY = (
+    "call_host",
+    "call_advertise",
+    "call_ice_server",
+    "call_udp_ports",
+    "call_allow_peer",
+)
+"""Deployment flags of the calls' media that mean nothing without --calls."""
+
 
 MAX_WORKERS = 256
 
@@ -433,6 +442,101 @@ class ServerConfig:
             "one per core",
         ),
     )
+    # WebRTC calls (docs/webrtc.md): OpenAI's POST /v1/realtime/calls, served by a media
+    # worker process (aiortc; the webrtc extra).
+    calls: bool = attrs.field(
+        default=False,
+        metadata=_flag(
+            "serve WebRTC calls at POST /v1/realtime/calls (OpenAI's flow: an SDP offer, "
+            "events on the oai-events data channel, Opus audio) through a media worker "
+            "process; needs the webrtc extra and libopus",
+            shown="off",
+        ),
+    )
+    call_answer_timeout_s: float = attrs.field(
+        default=5.0,
+        validator=check.above(0),
+        metadata=_flag("--calls: the media worker's SDP answer within this, else 503", SECONDS),
+    )
+    call_setup_timeout_s: float = attrs.field(
+        default=10.0,
+        validator=check.above(0),
+        metadata=_flag(
+            "--calls: from the answer to the data channel open (ICE, DTLS, SCTP), else the "
+            "call is dropped",
+            SECONDS,
+        ),
+    )
+    call_consent_timeout_s: float = attrs.field(
+        default=7.0,
+        validator=check.above(0),
+        metadata=_flag(
+            "--calls: a peer that stops answering ICE consent checks for about this long "
+            "is gone (its session detaches, as a dropped WebSocket's does)",
+            SECONDS,
+        ),
+    )
+    call_max_setup: int = attrs.field(
+        default=16,
+        validator=check.at_least(1),
+        metadata=_flag(
+            "--calls: calls between their POST and their data channel open; over it 503", "N"
+        ),
+    )
+    call_max_sdp_bytes: int = attrs.field(
+        default=32 * KiB,
+        validator=[check.at_least(1 * KiB), check.at_most(1 * MiB)],
+        metadata=_flag("--calls: the largest SDP offer taken; over it 413", BYTES),
+    )
+    call_host: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=check.strings,
+        validator=check.ips,
+        metadata=_flag(
+            "--calls: the addresses of the answer's host candidates; repeatable",
+            "IP",
+            "--host if an address, else every address but loopback",
+        ),
+    )
+    call_advertise: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=check.strings,
+        validator=check.ips,
+        metadata=_flag(
+            "--calls: also offer each host candidate at this address (1:1 NAT: the "
+            "public IP of a cloud VM or a container host); repeatable",
+            "IP",
+            "none",
+        ),
+    )
+    call_ice_server: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=check.strings,
+        validator=check.ice_servers,
+        repr=check.ice_servers_repr,
+        metadata=_flag(
+            "--calls: a STUN (stun:HOST:PORT) or TURN (turn:HOST:PORT,USER,CREDENTIAL) "
+            "server for the worker's ICE; repeatable; none: no server is ever contacted",
+            "URL",
+            "none",
+        ),
+    )
+    call_udp_ports: str | None = attrs.field(
+        default=None,
+        validator=check.port_range,
+        metadata=_flag("--calls: bind the calls' UDP sockets in this range", "LOW-HIGH", "any"),
+    )
+    call_allow_peer: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=check.strings,
+        validator=check.networks,
+        metadata=_flag(
+            "--calls: answer ICE from these networks only (and drop offered candidates "
+            "outside them); repeatable",
+            "CIDR",
+            "any",
+        ),
+    )
     # Not flags: WebSocket keepalive and queue depths are tuned by embedders, not operators.
     ping_interval_s: float = attrs.field(default=20.0, validator=check.above(0))
     ping_timeout_s: float = attrs.field(default=20.0, validator=check.above(0))
@@ -470,6 +574,10 @@ class ServerConfig:
                 if getattr(self, name) is not None:
                     value = "<hidden>" if name == "cluster_secret" else getattr(self, name)
                     raise check.NeedsCompanion(name, value, "needs --cluster")
+        if not self.calls:
+            for name in _CALLS_ONLY:
+                if getattr(self, name):
+                    raise check.NeedsCompanion(name, getattr(self, name), "needs --calls")
         if self.workers > 1:
             if self.cluster is None:
                 raise check.NeedsCompanion(

@@ -3,6 +3,7 @@ error that names the field, the value and the rule broken."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -170,3 +171,52 @@ origins = Rule(
     "must be * or an origin such as https://app.example.com (no path, no trailing /)",
     lambda value: all(_is_origin(origin) for origin in value),
 )
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_network(value: str) -> bool:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_port_range(value: str | None) -> bool:
+    if value is None:
+        return True
+    low, sep, high = value.partition("-")
+    if not (sep and low.isascii() and low.isdigit() and high.isascii() and high.isdigit()):
+        return False
+    return 1 <= int(low) <= int(high) <= 65535
+
+
+def _is_ice_server(value: str) -> bool:
+    url, *credentials = value.split(",")
+    if not url.startswith(("stun:", "turn:", "turns:")) or len(url) < 6:
+        return False
+    return len(credentials) == (0 if url.startswith("stun:") else 2)
+
+
+ips = Rule("must be IP addresses", lambda value: all(_is_ip(v) for v in value))
+networks = Rule(
+    "must be CIDRs such as 10.0.0.0/8 or addresses",
+    lambda value: all(_is_network(v) for v in value),
+)
+port_range = Rule("must be LOW-HIGH, two ports, LOW <= HIGH", _is_port_range)
+ice_servers = Rule(
+    "must be stun:HOST:PORT, or turn:HOST:PORT[?transport=udp],USER,CREDENTIAL",
+    lambda value: all(_is_ice_server(v) for v in value),
+)
+
+
+def ice_servers_repr(value: tuple[str, ...]) -> str:
+    """ICE servers, their TURN credentials hidden."""
+    return repr(tuple(v.split(",", 1)[0] + (",<hidden>" if "," in v else "") for v in value))

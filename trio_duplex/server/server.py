@@ -40,7 +40,7 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -60,6 +60,10 @@ from .sessions.opening import Opener
 from .sessions.owner import Observer, Sessions
 from .sessions.placement import Placement, Releasing, SingleProcess
 from .sessions.watchdog import watching_the_loop
+
+if TYPE_CHECKING:
+    from ..media.link import MediaLink
+    from .calls.registry import Calls, Media
 
 log = logging.getLogger("trio_duplex")
 
@@ -97,6 +101,10 @@ class DuplexServer:
     placement: Placement = attrs.field(factory=SingleProcess, init=False)
     """Where sessions live: this process, or (``--cluster``, while ``run`` runs) the
     cluster (``ClusterPlacement``)."""
+    media: MediaLink | None = attrs.field(default=None, init=False)
+    """``--calls``: the media worker's link (media/link.py), run by ``run``."""
+    calls: Calls | None = attrs.field(default=None, init=False)
+    """The calls served now (``serve_calls``)."""
     _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
     _relay_ssl: ssl.SSLContext | None = attrs.field(default=None, init=False, repr=False)
     """What the relay's client trusts when it dials a ``wss://`` node (``--cluster-ca``)."""
@@ -126,7 +134,11 @@ class DuplexServer:
             self.sessions.totals.refusals,
             on_main=not config.metrics_port,
             demo=(
-                DemoPages.load(config.path, tls=self.ssl_context is not None)
+                DemoPages.load(
+                    config.path,
+                    tls=self.ssl_context is not None,
+                    calls_path="/v1/realtime/calls" if config.calls else "",
+                )
                 if config.demo
                 else None
             ),
@@ -151,6 +163,48 @@ class DuplexServer:
         self.gate.resuming_paths = frozenset(
             path for path, dialect in self.door.dialects.items() if dialect.speaks_first
         )
+        if config.calls:
+            self._open_calls()
+
+    def _open_calls(self) -> None:
+        """``--calls``: the calls' door on the main listener, and the media link the
+        calls are set up on (its worker started by ``run``). ValueError: what the calls
+        need is not installed."""
+        import importlib.util
+
+        from ..audio import opus_available
+        from ..media.link import MediaLink
+        from .calls.media_config import media_config
+
+        if importlib.util.find_spec("aiortc") is None:
+            raise ValueError("--calls needs aiortc: pip install 'trio-duplex[webrtc]'")
+        if not opus_available():
+            raise ValueError("--calls needs libopus (apt-get install libopus0), the webrtc extra")
+        self.media = MediaLink(media_config(self.config, self.close_timeout_s))
+        self.serve_calls(self.media)
+
+    def serve_calls(self, media: Media) -> None:
+        """Serve the calls' endpoints (calldoor.py) with calls set up on ``media``
+        (``--calls`` passes its ``MediaLink``; the tests a link in memory)."""
+        from .calls.registry import Calls
+        from .front.calldoor import CallDoor
+        from .front.calls import CALLS_PATH
+
+        config = self.config
+        calls = Calls(config.call_max_setup)
+        self.sessions.observers.append(calls)
+        self.calls = calls
+        self.door.calls = CallDoor(
+            config,
+            self.gate,
+            self.sessions,
+            media,
+            calls,
+            self.opener.serve,
+            self.close_timeout_s,
+            self.endpoints.refused,
+        )
+        self.gate.resuming_paths |= {CALLS_PATH}
 
     def _readiness(self) -> tuple[bool, dict[str, object]]:
         held, most = self.sessions.slots_held, self.config.max_sessions
@@ -224,6 +278,13 @@ class DuplexServer:
             with watching_the_loop(self.config.loop_lag_warning_s):
                 async with sessions.running(), trio.open_nursery() as conns:
                     conns.start_soon(sessions.watch)
+                    if self.media is not None:
+                        await conns.start(self.media.run)
+                        if self.media.broken:
+                            log.warning(
+                                "calls: %s; calls are refused (503) until it runs",
+                                self.media.broken,
+                            )
                     for kind, group in (
                         (Listening.MAIN, listeners),
                         (Listening.INTERNAL, internal),

@@ -226,6 +226,12 @@ class FakeMediaLink:
         self._next += 1
         return call
 
+    def open_call(self, end: CallEnd) -> FakeCall:
+        """As ``MediaLink.open_call`` (the calls' door opens calls so)."""
+        if self.broken:
+            raise trio.BrokenResourceError("the fake media link is broken")
+        return self.open(end)
+
     @property
     def last(self) -> FakeCall:
         """The call opened last."""

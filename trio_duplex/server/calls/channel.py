@@ -204,6 +204,13 @@ class CallChannel:
                 raise CallFailed(self._gone)
             await self._changed.park()
 
+    def inject(self, text: str) -> None:
+        """A client event the call's request carried (form B's ``session``, as a
+        ``session.update``), read before anything its data channel sends."""
+        self._inbox.appendleft(text)
+        self._texts += 1
+        self._arrived.unpark_all()
+
     # -- what the worker sends (CallEnd) --------------------------------------------------
 
     def received(self, kind: Kind, payload: bytes) -> None:

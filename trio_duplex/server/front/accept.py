@@ -32,6 +32,7 @@ from ...dialects import Dialect
 from ..config import ServerConfig
 from ..sessions.websocket import ConnectionClosed, WebSocket
 from .auth import Gate
+from .calldoor import CallAccepted, CallDoor
 from .handshake import Accepted, accept_websocket, refuse_unavailable
 from .http import Endpoints, serve_internal
 from .listen import open_listeners
@@ -76,6 +77,8 @@ class Door:
     """Cluster mode (set while joined): the relay path, and the check of its signature."""
     dialects: dict[str, Dialect] = attrs.field(factory=dict)
     """WebSocket paths other than ``--path`` (native), each with its dialect."""
+    calls: CallDoor | None = None
+    """``--calls``: the WebRTC calls' endpoints (calldoor.py), on the main listener."""
     counted: int = attrs.field(default=0, init=False)
     """TCP connections counted against ``max_connections`` now."""
     refused: int = attrs.field(default=0, init=False)
@@ -148,7 +151,12 @@ class Door:
                 accepted = await self._handshake(stream, ip, relay_only)
             if handshake.cancelled_caught:
                 self.endpoints.refused("timeout")
-            if accepted is not None:
+            if isinstance(accepted, CallAccepted):
+                # The HTTP exchange is over (201 sent); the task goes on as the call's.
+                assert self.calls is not None
+                await _close(stream)
+                await self.calls.serve(accepted)
+            elif accepted is not None:
                 await self.serve(
                     accepted.ws, accepted.query, accepted.grant, accepted.dialect, accepted.bearer
                 )
@@ -171,7 +179,7 @@ class Door:
 
     async def _handshake(
         self, stream: trio.abc.Stream, ip: str | None, relay_only: bool
-    ) -> Accepted | None:
+    ) -> Accepted | CallAccepted | None:
         """The HTTP handshake (handshake.py). ``relay_only``: from the ``--relay-port``
         listener, which takes relayed resumes only."""
         config, gate = self.config, self.gate
@@ -194,6 +202,7 @@ class Door:
             config.write_timeout_s,
             ip,
             max_post_bytes=config.first_message_bytes,
+            calls=None if relay_only else self.calls,
         )
 
     async def _refuse(

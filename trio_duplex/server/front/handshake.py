@@ -38,6 +38,8 @@ from ...dialects import Dialect
 from ..sessions.faults import FAULTS
 from ..sessions.websocket import RECEIVE_SIZE, WebSocket
 from .auth import bearer
+from .calldoor import CallAccepted, CallDoor
+from .calls import is_calls_head
 from .http import MAX_POST_BYTES, answer_post
 from .router import Answer, Router, Upgrade, plain
 
@@ -159,7 +161,8 @@ async def accept_websocket(
     peer: str | None = None,
     *,
     max_post_bytes: int = MAX_POST_BYTES,
-) -> Accepted | None:
+    calls: CallDoor | None = None,
+) -> Accepted | CallAccepted | None:
     """Read the HTTP upgrade request and answer it.
 
     ``router`` says what the request is for (router.py): plain HTTP, answered here, or
@@ -167,7 +170,9 @@ async def accept_websocket(
     and returns the WebSocket, the query, the grant and the dialect; a
     request that is not an upgrade, or that repeats Host, Origin or Authorization, gets
     400; anything that is not HTTP is dropped: those return None. A client token's POST
-    may carry a body of at most ``max_post_bytes``. Bound it with a deadline."""
+    may carry a body of at most ``max_post_bytes``. With ``calls`` (``--calls``), a
+    request to the WebRTC calls' paths is answered by it (calldoor.py), and a call it
+    answered 201 is returned. Bound it with a deadline."""
     where = f"a connection from {peer}" if peer else "a connection"
     refused = _uncounted if router.endpoints is None else router.endpoints.refused
     received = await _read_head(stream, where, refused)
@@ -178,6 +183,8 @@ async def accept_websocket(
     if router.posts is not None and router.posts_token(head):
         await answer_post(stream, head, early, router.posts, where, router.origins, max_post_bytes)
         return None
+    if calls is not None and is_calls_head(head):
+        return await calls.answer(stream, head, early, peer)
     if (page := router.answer_head(head)) is not None:
         await stream.send_all(page)
         return None
