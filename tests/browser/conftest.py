@@ -12,7 +12,7 @@ import math
 import os
 import struct
 import wave
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,9 +52,11 @@ def playwright() -> Iterator[Playwright]:
 
 
 @contextmanager
-def chromium(playwright: Playwright, microphone: Path) -> Iterator[Browser]:
-    """Headless Chromium whose fake microphone plays ``microphone`` (a WAV), in a loop;
-    closed on leaving."""
+def chromium(
+    playwright: Playwright, microphone: Path, extra_args: Sequence[str] = ()
+) -> Iterator[Browser]:
+    """Headless Chromium whose fake microphone plays ``microphone`` (a WAV), in a loop,
+    launched with ``extra_args`` too; closed on leaving."""
     browser = playwright.chromium.launch(
         executable_path=CHROMIUM,
         headless=True,
@@ -64,6 +66,7 @@ def chromium(playwright: Playwright, microphone: Path) -> Iterator[Browser]:
             "--use-fake-device-for-media-stream",
             f"--use-file-for-fake-audio-capture={microphone}",
             "--autoplay-policy=no-user-gesture-required",
+            *extra_args,
         ],
     )
     try:

@@ -106,6 +106,7 @@ def test_the_page_has_no_inline_code_and_loads_nothing_from_elsewhere(
     assert page.urls and all(url.startswith("/demo/") for url in page.urls), page.urls
     # The WebSocket endpoint's path reaches the page in a <meta> (no inline script).
     assert page.meta["trio-duplex-path"] == "/v1/duplex"
+    assert page.meta["trio-duplex-calls"] == ""  # no --calls: no WebRTC mode
     for name in ("demo.js", "audio.js"):
         _, _, code = get(demo.port, "/demo/" + name)
         imports = re.findall(r'(?:from|addModule\()\s*"([^"]+)"', code.decode())

@@ -2,7 +2,11 @@
 // conversation), with the microphone on the binary lane, the engine's audio through the
 // jitter buffer, what was heard and the reply's text, barge-in (the page's own, and the
 // server's), a resume on demand, and the event timeline. Served by `trio-duplex serve
-// --demo` (docs/browser.md).
+// --demo` (docs/browser.md). With `--calls` too, `?transport=webrtc` holds the same
+// session as a WebRTC call (docs/webrtc.md): OpenAI's dialect on the data channel, the
+// microphone and the reply as media tracks, with the browser's own echo cancellation,
+// jitter buffer and playback; a dropped connection is a closed peer connection, resumed
+// by a new call.
 
 import { audioBytes, connect } from "/demo/trio-duplex.js";
 import { AudioIO, CHUNK_MS } from "/demo/audio.js";
@@ -16,6 +20,9 @@ const LOUD_CHUNKS = 2; // the level must pass the threshold this many chunks in 
 const HEARD_KEPT = 100; // final transcripts kept for tests, at most
 
 const $ = (id) => document.getElementById(id);
+const CALLS_PATH = document.querySelector('meta[name="trio-duplex-calls"]').content;
+const WEBRTC = CALLS_PATH !== "" && new URLSearchParams(location.search).get("transport") === "webrtc";
+let micStream = null; // WebRTC mode: the microphone's stream, its track sent on each call
 
 // What the page saw, for the counters and for tests (window.demo).
 const seen = {
@@ -125,7 +132,30 @@ function note(seq) {
   if (seen.seqs.length > SEQS_KEPT) seen.seqs.splice(0, seen.seqs.length - SEQS_KEPT);
 }
 
-function handle(event) {
+// The OpenAI dialect's events (WebRTC mode) as the native ones the page shows.
+const OPENAI_NAMES = {
+  "response.output_audio_transcript.delta": "response.output_text.delta",
+  "response.output_text.delta": "response.output_text.delta",
+  "conversation.item.input_audio_transcription.delta": "input_audio.transcript.delta",
+  "conversation.item.input_audio_transcription.completed": "input_audio.transcript.done",
+};
+
+function fromOpenAI(event) {
+  const type = OPENAI_NAMES[event.type];
+  if (type === "response.output_text.delta") return { ...event, type, text: event.delta };
+  if (type === "input_audio.transcript.delta") return { ...event, type, text: event.delta };
+  if (type === "input_audio.transcript.done") return { ...event, type, text: event.transcript };
+  if (event.type === "response.created") return { ...event, response_id: event.response.id };
+  if (event.type === "response.done") {
+    const status = event.response.status;
+    return { ...event, type: status === "cancelled" ? "response.cancelled" : "response.done", response_id: event.response.id };
+  }
+  if (event.type === "error") return { ...event, code: event.error.code, message: event.error.message };
+  return event;
+}
+
+function handle(received) {
+  const event = WEBRTC ? fromOpenAI(received) : received;
   const seq = event.server_event_seq;
   if (typeof seq === "number") note(seq);
   const type = event.type;
@@ -170,7 +200,7 @@ function handle(event) {
   } else if (type === "response.done" || type === "response.cancelled") {
     if (type === "response.done") {
       seen.responses.done += 1;
-      audio.drain();
+      if (!WEBRTC) audio.drain();
     } else {
       seen.responses.cancelled += 1;
       // Cancelled by the server (a typed turn over it, say): what is buffered goes too.
@@ -200,6 +230,8 @@ function bargeIn(why) {
   if (speaking !== null && !cancelling) {
     cancelling = true;
     send({ type: "response.cancel" }).catch(failed);
+    // A call's audio is queued at the server's end: it drops it (output_audio_buffer.cleared).
+    if (WEBRTC) send({ type: "output_audio_buffer.clear" }).catch(failed);
   }
   row(null, "local", "barge-in", why, false);
   render();
@@ -270,14 +302,45 @@ function onChange(change) {
   render();
 }
 
+async function openCall() {
+  setText("transport", "WebRTC");
+  $("switch-transport").textContent = "use WebSocket";
+  $("switch-transport").href = "?";
+  $("switch-transport").hidden = false;
+  try {
+    // The browser's own echo cancellation and noise suppression, on the call's track.
+    micStream = await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+    });
+    for (const track of micStream.getAudioTracks()) track.enabled = false; // until "Microphone"
+  } catch (error) {
+    failed(error); // no microphone: the call only receives
+  }
+  return connect(`${location.protocol}//${location.host}${CALLS_PATH}`, {
+    transport: "webrtc",
+    dialect: "openai",
+    mediaStream: micStream,
+    onTrack(track) {
+      $("remote-audio").srcObject = new MediaStream([track]);
+    },
+    onChange,
+  });
+}
+
 async function main() {
   const path = document.querySelector('meta[name="trio-duplex-path"]').content;
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
   const pcm16 = { format: "pcm16", rate: RATE };
-  session = await connect(`${scheme}//${location.host}${path}`, {
-    audio: { wire: "binary", input: pcm16, output: pcm16 },
-    onChange,
-  });
+  if (CALLS_PATH !== "" && !WEBRTC) {
+    $("switch-transport").href = "?transport=webrtc";
+    $("switch-transport").hidden = false;
+  }
+  session = WEBRTC
+    ? await openCall()
+    : await connect(`${scheme}//${location.host}${path}`, {
+        audio: { wire: "binary", input: pcm16, output: pcm16 },
+        onChange,
+      });
   setText("session-id", session.sessionId);
   render();
   for await (const event of session) {
@@ -295,11 +358,26 @@ $("text-form").addEventListener("submit", (e) => {
   const text = $("text").value.trim();
   if (!text || !session) return;
   $("transcript").textContent = "";
+  if (WEBRTC) {
+    $("remote-audio").play().catch(() => {}); // a user gesture: the browser lets it play
+    const content = [{ type: "input_text", text }];
+    send({ type: "conversation.item.create", item: { type: "message", role: "user", content } }).catch(failed);
+    send({ type: "response.create" }).catch(failed);
+    return;
+  }
   audio.start().catch(failed); // a user gesture: the browser lets audio start now
   send({ type: "input.text.append", text }).catch(failed);
 });
 $("mic").addEventListener("click", () => {
   const button = $("mic");
+  if (WEBRTC) {
+    // The call's track is live from the start; the button mutes and unmutes it.
+    const tracks = micStream ? micStream.getAudioTracks() : [];
+    const on = tracks.length > 0 && !tracks[0].enabled;
+    for (const track of tracks) track.enabled = on;
+    button.setAttribute("aria-pressed", String(on));
+    return;
+  }
   if (audio.mic) {
     audio.stopMic();
     button.setAttribute("aria-pressed", "false"); // a toggle: its name stays, its state shows

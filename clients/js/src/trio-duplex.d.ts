@@ -96,6 +96,18 @@ export interface HeartbeatOptions {
   confirmEvery?: number;
 }
 
+export interface WebRtcOptions {
+  mediaStream?: MediaStream | null;
+  onTrack?: ((track: MediaStreamTrack, stream: MediaStream | undefined) => void) | null;
+  rtcConfiguration?: RTCConfiguration;
+  RTCPeerConnection?: typeof RTCPeerConnection;
+  fetch?: typeof fetch;
+}
+
+/** A WebSocket-shaped constructor whose every connection is a WebRTC call (what
+ * `connect`'s `transport: "webrtc"` uses; docs/webrtc.md). */
+export function webrtc(options?: WebRtcOptions): WebSocketConstructor;
+
 /** A WebSocket constructor (the browser's, Node ≥ 22's or Node 20's with
  * `--experimental-websocket`, or one with the same interface). */
 export type WebSocketConstructor = new (url: string, protocols?: string | string[]) => WebSocket;
@@ -160,6 +172,23 @@ export interface ConnectOptions {
   maxUnconfirmedBytes?: number;
   /** The WebSocket constructor (default: the global one). */
   WebSocket?: WebSocketConstructor;
+  /** "webrtc": each connection is a WebRTC call (docs/webrtc.md): the URL is the
+   * server's `http(s)://…/v1/realtime/calls`, `dialect` must be "openai", `token` goes
+   * as `Authorization: Bearer` (a client secret, `ek_…`), the events travel on the
+   * `oai-events` data channel and the audio on the tracks (`mediaStream` in, `onTrack`
+   * out; `sendAudio` is refused). A lost peer connection is resumed on a new call.
+   * Default "websocket". */
+  transport?: "websocket" | "webrtc";
+  /** transport "webrtc": the microphone (its audio tracks are sent); none: receive only. */
+  mediaStream?: MediaStream | null;
+  /** transport "webrtc": called with the server's audio track of each call. */
+  onTrack?: ((track: MediaStreamTrack, stream: MediaStream | undefined) => void) | null;
+  /** transport "webrtc": the peer connections' configuration (default: none). */
+  rtcConfiguration?: RTCConfiguration;
+  /** transport "webrtc": the RTCPeerConnection constructor (default: the global one). */
+  RTCPeerConnection?: typeof RTCPeerConnection;
+  /** transport "webrtc": the fetch that POSTs each offer (default: the global one). */
+  fetch?: typeof fetch;
   /** Called synchronously on every change of the connection or the state. */
   onChange?: (change: Change) => void;
   /** The randomness of the backoff jitter and of the first of several URLs (default Math.random). */

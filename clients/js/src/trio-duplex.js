@@ -1080,6 +1080,9 @@ export class Session extends EventTarget {
   /** input_audio_buffer.append of `audio` (bytes in the negotiated input format).
    * @param {ArrayBuffer | ArrayBufferView} audio */
   sendAudio(audio) {
+    if (/** @type {any} */ (this.#WebSocket).audioOnTracks === true) {
+      return Promise.reject(new TypeError("a call's audio travels on its media tracks (transport webrtc)"));
+    }
     let bytes;
     try {
       bytes = toBytes(audio);
@@ -1573,10 +1576,149 @@ export class Session extends EventTarget {
 }
 
 
+// -- WebRTC calls (OpenAI's /v1/realtime/calls flow, docs/webrtc.md) --------------------
+
+const CREDENTIAL_PROTOCOL = "openai-insecure-api-key.";
+
+/** A WebSocket-shaped constructor whose every "connection" is a WebRTC call: a peer
+ * connection with the `oai-events` data channel and `mediaStream`'s audio, its offer
+ * POSTed to the session's URL (an http(s) `/v1/realtime/calls` URL; a resume's query
+ * added by the OpenAI dialect, as for an upgrade) with the credential as `Authorization:
+ * Bearer`. The data channel carries the session's events; the audio travels on the
+ * tracks (`onTrack` gets the server's), so `sendAudio` is refused. A lost peer connection
+ * is a lost connection: the session resumes on a new call, as on a new WebSocket.
+ * @param {{mediaStream?: MediaStream | null, onTrack?: ((track: MediaStreamTrack, stream: MediaStream | undefined) => void) | null,
+ *   rtcConfiguration?: RTCConfiguration, RTCPeerConnection?: typeof RTCPeerConnection, fetch?: typeof fetch}} [options]
+ * @returns {new (url: string, protocols?: string | string[]) => WebSocket} */
+export function webrtc(options = {}) {
+  const PeerConnection = options.RTCPeerConnection ?? globalThis.RTCPeerConnection;
+  const fetchImpl = options.fetch ?? globalThis.fetch;
+  if (typeof PeerConnection !== "function" || typeof fetchImpl !== "function") {
+    throw new TypeError("webrtc needs RTCPeerConnection and fetch (a browser, or pass them in the options)");
+  }
+  const mediaStream = options.mediaStream ?? null;
+  const onTrack = options.onTrack ?? null;
+  const configuration = options.rtcConfiguration ?? {};
+
+  class CallSocket {
+    /** Audio goes on the tracks: Session.sendAudio refuses. */
+    static audioOnTracks = true;
+
+    /** @param {string} url @param {string | string[]} [protocols] */
+    constructor(url, protocols = []) {
+      this.url = url;
+      this.binaryType = "arraybuffer";
+      this.readyState = 0;
+      this.protocol = "";
+      this.extensions = "";
+      this.bufferedAmount = 0;
+      /** @type {((event: any) => void) | null} */ this.onopen = null;
+      /** @type {((event: any) => void) | null} */ this.onmessage = null;
+      /** @type {((event: any) => void) | null} */ this.onclose = null;
+      /** @type {((event: any) => void) | null} */ this.onerror = null;
+      /** The call's `Location` once answered: `/v1/realtime/calls/rtc_...` (its hangup URL). */
+      /** @type {string | null} */ this.location = null;
+      const offered = typeof protocols === "string" ? [protocols] : protocols;
+      const carrier = offered.find((p) => p.startsWith(CREDENTIAL_PROTOCOL));
+      const credential = carrier === undefined ? null : carrier.slice(CREDENTIAL_PROTOCOL.length);
+      this.pc = new PeerConnection(configuration);
+      this.dc = this.pc.createDataChannel("oai-events");
+      this.#start(credential).catch((/** @type {unknown} */ error) => this.#lost(error));
+    }
+
+    /** @param {string | null} credential */
+    async #start(credential) {
+      const { pc, dc } = this;
+      dc.onopen = () => {
+        if (this.readyState !== 0) return;
+        this.readyState = 1;
+        this.onopen?.({ type: "open" });
+      };
+      dc.onmessage = (event) => {
+        if (this.readyState === 1) this.onmessage?.({ data: event.data });
+      };
+      dc.onclose = () => this.#lost(null);
+      pc.onconnectionstatechange = () => {
+        if (pc.connectionState === "failed" || pc.connectionState === "closed") this.#lost(null);
+      };
+      pc.ontrack = (event) => onTrack?.(event.track, event.streams[0]);
+      const tracks = mediaStream === null ? [] : mediaStream.getAudioTracks();
+      if (tracks.length === 0) pc.addTransceiver("audio", { direction: "recvonly" });
+      for (const track of tracks) pc.addTrack(track, /** @type {MediaStream} */ (mediaStream));
+      await pc.setLocalDescription(await pc.createOffer());
+      const offer = /** @type {RTCSessionDescription} */ (pc.localDescription);
+      /** @type {Record<string, string>} */
+      const headers = { "Content-Type": "application/sdp" };
+      if (credential !== null) headers.Authorization = `Bearer ${credential}`;
+      const response = await fetchImpl(this.url, { method: "POST", body: offer.sdp, headers });
+      if (this.readyState > 1) return;
+      if (response.status !== 201) {
+        let why = `HTTP ${response.status}`;
+        try {
+          const body = await response.json();
+          if (isObject(body) && isObject(body.error) && typeof body.error.message === "string") {
+            why += `: ${body.error.message}`;
+          }
+        } catch {
+          // (not OpenAI's error JSON)
+        }
+        throw new Error(`the call was refused: ${why}`);
+      }
+      this.location = response.headers.get("Location");
+      await pc.setRemoteDescription({ type: "answer", sdp: await response.text() });
+    }
+
+    /** @param {unknown} error */
+    #lost(error) {
+      if (this.readyState > 1) return;
+      const opened = this.readyState === 1;
+      this.readyState = 3;
+      if (error !== null) this.onerror?.({ type: "error", error });
+      try {
+        this.pc.close();
+      } catch {
+        // (closed already)
+      }
+      this.onclose?.({ code: 1006, reason: opened ? "peer connection lost" : "", wasClean: false });
+    }
+
+    /** @param {string | ArrayBufferLike | ArrayBufferView | Blob} data */
+    send(data) {
+      if (typeof data !== "string") throw new TypeError("a call's audio travels on its media track");
+      this.dc.send(data);
+    }
+
+    /** Close the peer connection (the session detaches, as for a closed WebSocket; its
+     * close() ends it first). @param {number} [code] @param {string} [reason] */
+    close(code, reason) {
+      this.#lost(null);
+    }
+  }
+  return /** @type {any} */ (CallSocket);
+}
+
 /** Open a session (`options.session`), or resume one (`options.resume`); resolves once
  * it is attached. @param {string | string[]} url @param {Record<string, any>} [options] */
 export async function connect(url, options = {}) {
   const urls = parseUrls(url);
+  if (options.transport != null && options.transport !== "websocket" && options.transport !== "webrtc") {
+    throw new TypeError('transport must be "websocket" or "webrtc"');
+  }
+  if (options.transport === "webrtc") {
+    if ((options.dialect ?? "native") !== "openai") {
+      throw new TypeError('transport "webrtc" speaks the OpenAI dialect: pass dialect: "openai"');
+    }
+    options = {
+      ...options,
+      WebSocket: webrtc({
+        mediaStream: options.mediaStream,
+        onTrack: options.onTrack,
+        rtcConfiguration: options.rtcConfiguration,
+        RTCPeerConnection: options.RTCPeerConnection,
+        fetch: options.fetch,
+      }),
+    };
+  }
   const WebSocketClass = options.WebSocket ?? globalThis.WebSocket;
   if (typeof WebSocketClass !== "function") {
     throw new TypeError(

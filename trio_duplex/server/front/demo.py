@@ -39,6 +39,8 @@ _ASSETS: Final = {
 
 _PATH_MARK: Final = b"{{WS_PATH}}"
 """Where index.html gets the WebSocket endpoint's path (a ``<meta>``; no inline script)."""
+_CALLS_MARK: Final = b"{{CALLS_PATH}}"
+"""Where it gets the WebRTC calls' path (``--calls``), or nothing: no WebRTC mode."""
 
 # A Host header as a browser sends it: a name or an IPv4 address, or a bracketed IPv6
 # one, and maybe a port. Anything else (spaces, ';', quotes) never reaches the CSP.
@@ -69,14 +71,16 @@ class DemoPages:
     """The server speaks ``wss://`` (the CSP names that scheme)."""
 
     @classmethod
-    def load(cls, ws_path: str, *, tls: bool) -> DemoPages:
-        """Read the files from the package; ``ws_path`` is the WebSocket endpoint's path."""
+    def load(cls, ws_path: str, *, tls: bool, calls_path: str = "") -> DemoPages:
+        """Read the files from the package; ``ws_path`` is the WebSocket endpoint's path,
+        ``calls_path`` the WebRTC calls' (empty: the page has no WebRTC mode)."""
         package = resources.files("trio_duplex.demo")
         files: dict[str, tuple[bytes, str]] = {}
         for name, content_type in _ASSETS.items():
             body = package.joinpath(name).read_bytes()  # OSError: an incomplete install
             if name == "index.html":
                 body = body.replace(_PATH_MARK, html.escape(ws_path).encode())
+                body = body.replace(_CALLS_MARK, html.escape(calls_path).encode())
                 files[PAGE_PATH] = (body, content_type)
             files[ASSET_PREFIX + name] = (body, content_type)
         return cls(files, tls)
