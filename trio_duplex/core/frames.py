@@ -448,6 +448,50 @@ def _message(payload: bytes | bytearray, text: bool) -> str | bytes:
         raise FrameError(CloseCode.INVALID_DATA, "a text message must be UTF-8") from None
 
 
+def messages_of(frames: bytes) -> list[str | bytes]:
+    """The messages in ``frames``: whole, unmasked frames as a server sends them (a
+    relayed home's, checked already by the pooled relay's scan), back to back; control
+    frames among them are skipped. For a transport that carries messages, not frames (a
+    call). FrameError: not such frames (a fragment left open, a frame cut short, a
+    masked one, text that is not UTF-8)."""
+    out: list[str | bytes] = []
+    parts: bytearray | None = None
+    text = False
+    pos, n = 0, len(frames)
+    while pos < n:
+        if n - pos < 2:
+            raise FrameError(CloseCode.PROTOCOL_ERROR, "a frame cut short")
+        b0, b1 = frames[pos], frames[pos + 1]
+        if b1 & 0x80:
+            raise FrameError(CloseCode.PROTOCOL_ERROR, "a server's frames are not masked")
+        length, head = b1 & 0x7F, pos + 2
+        if length == 126:
+            length, head = int.from_bytes(frames[head : head + 2], "big"), head + 2
+        elif length == 127:
+            length, head = int.from_bytes(frames[head : head + 8], "big"), head + 8
+        end = head + length
+        if end > n:
+            raise FrameError(CloseCode.PROTOCOL_ERROR, "a frame cut short")
+        opcode, payload = b0 & 0x0F, frames[head:end]
+        pos = end
+        if opcode >= _CLOSE:
+            continue
+        if opcode == _CONT:
+            if parts is None:
+                raise FrameError(CloseCode.PROTOCOL_ERROR, "a continuation with no message")
+            parts += payload
+        elif parts is not None:
+            raise FrameError(CloseCode.PROTOCOL_ERROR, "a message inside a message")
+        else:
+            parts, text = bytearray(payload), opcode == _TEXT
+        if b0 & 0x80:
+            out.append(_message(parts, text))
+            parts = None
+    if parts is not None:
+        raise FrameError(CloseCode.PROTOCOL_ERROR, "a message left unfinished")
+    return out
+
+
 def parse_close(payload: bytes) -> Close:
     if not payload:
         return Close(CloseCode.NO_STATUS, "")

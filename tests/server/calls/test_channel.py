@@ -6,9 +6,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 from trio.testing import MockClock
 
+from trio_duplex.core.frames import (
+    FrameError,
+    Opcode,
+    binary_frame,
+    control_frame,
+    messages_of,
+    text_frame,
+)
 from trio_duplex.core.opening import OPEN
 from trio_duplex.engines.echo import EchoEngine
 from trio_duplex.engines.voice import VoiceEngine
@@ -402,3 +413,52 @@ async def test_a_peer_gone_while_the_engine_prepares_gets_no_session(
         _Preparing.ready.set()
         _, _, created = await c.open()
         assert created["type"] == "session.created"
+
+
+# -- a relayed home's frames (a call's resume on another node) -------------------------------
+
+
+async def test_a_relayed_home_s_frames_go_out_as_the_messages_in_them(
+    autojump_clock: MockClock,
+) -> None:
+    """The pooled relay's front hands a call the home's WebSocket frames, as they came
+    (``write_frames_now``): text in fragments among a ping reaches the data channel
+    whole, output audio the track, in order."""
+    async with calls() as c:
+        channel, call, _ = await c.open()
+        text = '{"type":"response.output_text.delta","delta":"relayed","server_event_seq":7}'
+        fragmented = (
+            bytes((0x01, 10)) + text[:10].encode()  # TEXT, not final
+            + control_frame(Opcode.PING, b"x")
+            + bytes((0x80, len(text) - 10)) + text[10:].encode()  # its final continuation
+        )  # fmt: skip
+        audio = bytes((2, 0, 0, 0)) + (8).to_bytes(8, "big") + b"\xfc\x01\x02"
+        channel.write_frames_now(fragmented + binary_frame(audio))
+        await settle()
+        assert json.loads(call.texts()[-1])["delta"] == "relayed"
+        assert call.audio_seqs() == [8]
+        assert not channel.broken
+        # Frames that are no server's (masked) break the call, not the server.
+        channel.write_frames_now(bytes((0x81, 0x80 | 1)) + b"mask" + b"x")
+        assert channel.broken and channel.peer_gone
+
+
+def test_messages_of_refuses_what_is_not_whole_server_frames() -> None:
+    assert messages_of(text_frame("a") + binary_frame(b"b")) == ["a", b"b"]
+    for bad in (
+        text_frame("abc")[:-1],  # cut short
+        bytes((0x01, 1)) + b"a",  # a fragment never finished
+        bytes((0x80, 1)) + b"a",  # a continuation of nothing
+        bytes((0x81, 2)) + b"\xff\xfe",  # text that is not UTF-8
+    ):
+        with pytest.raises(FrameError):
+            messages_of(bad)
+
+
+@given(st.binary(max_size=300))
+def test_messages_of_any_bytes_is_messages_or_a_frame_error(data: bytes) -> None:
+    try:
+        messages = messages_of(data)
+    except FrameError:
+        return
+    assert all(isinstance(m, (str, bytes)) for m in messages)

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from ..._pace import Pace
-from ...core.frames import CloseCode, Encoded
+from ...core.frames import CloseCode, Encoded, FrameError, messages_of
 from ...core.limits import KiB
 from ...dialects.binary import OUTPUT_AUDIO, input_message
 from ...media.port import CallEnd, CallPort
@@ -408,7 +408,9 @@ class CallChannel:
                 self._write(message)
 
     def write_frames_now(self, frames: bytes) -> None:
-        self._relayed()
+        """Write the messages in a relayed home's ``frames`` (``Encoded``) now."""
+        if self._gone is None:
+            self._write(Encoded(frames))
 
     @property
     def unsent(self) -> bool:
@@ -526,7 +528,20 @@ class CallChannel:
             if message.startswith('{"type":"'):
                 self._act(self.playout.sent_text(message))
         elif isinstance(message, Encoded):
-            self._relayed()
+            # A home's frames, relayed from another node (the pooled relay's front): the
+            # messages in them, each as it would have been written here.
+            try:
+                messages = messages_of(message)
+            except FrameError as exc:
+                log.warning(
+                    "call %d: relayed frames that are no server's (%s)", self.port.call, exc
+                )
+                self._lose("bad relayed frames")
+                return
+            for each in messages:
+                if self._gone is not None:
+                    return
+                self._write(each)
         elif len(message) > 12 and message[0] == OUTPUT_AUDIO:
             seq = int.from_bytes(message[4:12], "big")
             if self.playout.sent_audio(seq):
@@ -538,12 +553,6 @@ class CallChannel:
             log.warning(
                 "call %d: a binary message that is no output audio; dropped", self.port.call
             )
-
-    def _relayed(self) -> None:
-        """WebSocket frames encoded by another server (the pooled relay's front): a call
-        cannot carry them as they are, yet."""
-        log.warning("call %d: relayed WebSocket frames cannot be carried; call cut", self.port.call)
-        self._lose("relayed frames on a call")
 
     def _act(self, outputs: list[Output]) -> None:
         """Do what ``Playout`` says: its events on the data channel, its clears."""

@@ -92,7 +92,6 @@ _UNAUTHORIZED = _refusal(401, "a valid API key, client secret or resume token is
 _ORIGIN = _refusal(403, "origin not allowed")
 _THROTTLED = _refusal(429, "too many failed resumes from this address; retry later")
 _NO_CALL = _refusal(404, "no such call")
-_ELSEWHERE = _refusal(503, "this call's session is not on this node; resume it on its own")
 
 
 @attrs.define(eq=False)
@@ -194,11 +193,7 @@ class CallDoor:
         grant = found
         resuming = request.resume is not None
         busy = None
-        if grant.elsewhere is not None:
-            # A cluster's other node may hold the session; a call cannot be relayed to
-            # it yet (docs/webrtc.md, "Not built"): refused before any media is set up.
-            busy = _ELSEWHERE
-        elif self.sessions.shutting_down:
+        if self.sessions.shutting_down:
             busy = _DRAINING
         elif not resuming and not self.sessions.admits(config.max_sessions):
             busy = _FULL
