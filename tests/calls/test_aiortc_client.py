@@ -1,0 +1,416 @@
+"""OpenAI's WebRTC flow against a real ``trio-duplex serve --calls`` (docs/plans/webrtc.md
+§3.1, §4.4, §5.3): an aiortc client (client.py) posts its offer, talks on ``oai-events``,
+sends its microphone and hears the server's Opus track, then resumes with a new peer
+connection, hangs up, and meets the door's refusals.
+
+UDP on 127.0.0.1 only: the client gathers on loopback alone, and every server answers ICE
+from ``127.0.0.0/8`` alone (``--call-allow-peer``), with no STUN server. Plain functions,
+each an ``asyncio.run`` under a whole-test deadline (``DEADLINE_S``); every wait is on a
+condition with a timeout, never a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.media.rtc import loopback_only
+from trio_duplex.engines.voice import frame_count
+
+from ..helpers import Serve, ServerProcess, exchange
+from .client import (
+    CALL_ID,
+    CALLS_PATH,
+    HELD_BACK,
+    CallClient,
+    PcmTrack,
+    candidates,
+    client,
+    hang_up,
+    speech_pcm,
+)
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 60.0
+"""Each test's whole run (its server is started before, within the fixture's 15 s)."""
+KEY = "sk-calls-test-key"
+CALL_FLAGS = ("--calls", "--call-allow-peer", "127.0.0.0/8", "--disconnect-grace", "30")
+SAID = "what is the capital of france"
+
+
+@pytest.fixture(autouse=True)
+def _loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aioice.ice
+
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", aioice.ice.get_host_addresses)
+    loopback_only()
+
+
+@pytest.fixture(scope="module")
+def echo(serve_module: Serve) -> ServerProcess:
+    return serve_module(*CALL_FLAGS, "--engine", "echo")
+
+
+@pytest.fixture(scope="module")
+def voice(serve_module: Serve) -> ServerProcess:
+    return serve_module(*CALL_FLAGS, "--engine", "voice")
+
+
+@pytest.fixture(scope="module")
+def keyed(serve_module: Serve, tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+    """An echo server that wants an API key (``--api-key-file``)."""
+    keys = tmp_path_factory.mktemp("keys") / "keys.txt"
+    keys.write_text(f"tester:{KEY}\n", encoding="utf-8")
+    return serve_module(*CALL_FLAGS, "--engine", "echo", "--api-key-file", str(keys))
+
+
+def base(server: ServerProcess) -> str:
+    return f"http://127.0.0.1:{server.port}"
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with asyncio.timeout(DEADLINE_S):
+            await test()
+
+    asyncio.run(main())
+
+
+async def connected(
+    server: ServerProcess, mic: Any = None, bearer: str | None = None
+) -> tuple[CallClient, dict[str, Any]]:
+    """A call answered 201, its data channel open and its ``session.created`` read."""
+    call = CallClient(mic)
+    response = await call.post(base(server), bearer)
+    assert response.status_code == 201, (response.status_code, response.text)
+    await call.wait_open()
+    created = await call.event("session.created")
+    return call, created
+
+
+async def metric(server: ServerProcess, name: str) -> float:
+    async with client(base(server)) as http:
+        response = await http.get("/metrics")
+    assert response.status_code == 200
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == name and not sample.labels:
+                return float(sample.value)
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def assert_openai_error(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+# -- 1. the flow, on echo ------------------------------------------------------------------
+
+
+def test_an_offer_is_answered_201_with_loopback_host_candidates_and_a_text_turn_echoes(
+    echo: ServerProcess,
+) -> None:
+    async def test() -> None:
+        call = CallClient()
+        response = await call.post(base(echo))
+        assert response.status_code == 201, (response.status_code, response.text)
+        assert response.headers["content-type"].split(";")[0].strip() == "application/sdp"
+        location = response.headers["location"]
+        assert location.startswith(CALLS_PATH + "/")
+        assert CALL_ID.fullmatch(location.removeprefix(CALLS_PATH + "/")), location
+        # Only 127.0.0.1 host candidates: no srflx (no STUN was asked), no relay.
+        found = candidates(response.text)
+        assert found, response.text
+        assert {(address, typ, kind) for address, _, typ, kind in found} == {
+            ("127.0.0.1", "typ", "host")
+        }
+        assert "srflx" not in response.text and "relay" not in response.text
+        assert re.findall(r"(?m)^m=(\w+)", response.text) == ["audio", "application"]
+
+        await call.wait_open()
+        created = await call.event("session.created")
+        assert call.events[0] is created, call.types
+        resume = created["resume"]
+        assert {"session_id", "resume_token", "attachment_generation", "limits"} <= set(resume)
+        assert resume["resume_token"] and resume["session_id"]
+        assert created["session"]["type"] == "realtime"
+        assert "server_event_seq" not in created
+
+        text = "hello over webrtc, ça va?"
+        call.say(text)
+        done = await call.event("response.done")
+        assert done["response"]["status"] == "completed", done
+        start = call.types.index("response.created")
+        end = call.types.index("response.done")
+        assert call.types[start : end + 1] == [
+            "response.created",
+            "response.output_item.added",
+            "conversation.item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "conversation.item.done",
+            "response.done",
+        ]
+        deltas = [e["delta"] for e in call.events if e["type"] == "response.output_text.delta"]
+        assert "".join(deltas) == text
+        assert (await call.event("response.output_text.done"))["text"] == text
+        seqs = call.seqs()
+        assert seqs == sorted(set(seqs)) and seqs[0] >= 1, seqs
+        assert not call.binary
+        await call.close()
+
+    run(test)
+
+
+# -- 2. the server's audio on the track, on voice ------------------------------------------
+
+
+def test_a_voice_reply_is_heard_on_the_inbound_track(voice: ServerProcess) -> None:
+    """The voice engine speaks each word as a tone of amplitude 0.3 of full scale (RMS
+    ~6950) and puts 80 ms of digital silence between words (voice.py ``_GAP_FRAMES``), so
+    of a reply of N words at least 4(N-1) of the frames heard are silence by construction.
+    The silence baseline is the loudest of the quietest 2(N-1) frames (half of the gaps, so
+    that a gap frame the codec smeared at a tone's edge is not counted); a frame is loud
+    above 10 times that, and never below 300 (-40 dBFS: test_client.py measures decoded
+    Opus silence under 50). At least 1 s of loud frames (50) must be heard."""
+
+    async def test() -> None:
+        call, _ = await connected(voice, PcmTrack(speech_pcm(SAID)))
+        words = "one two three four five six seven eight nine ten eleven twelve".split()  # ~4.6 s
+        call.say(" ".join(words))
+        done = await call.event("response.done", within=30)
+        assert done["response"]["status"] == "completed", done
+        # The reply's audio is on the track, all of it sent by response.done (but for what
+        # aiortc's jitter buffer holds back).
+        expected = frame_count(" ".join(words))
+        await call.until(lambda: len(call.heard) >= expected - HELD_BACK)
+        quiet = sorted(call.heard)[: 2 * (len(words) - 1)]
+        baseline = max(quiet)
+        threshold = max(10 * baseline, 300.0)
+        loud = [r for r in call.heard if r > threshold]
+        assert baseline < 100, quiet
+        assert len(loud) >= 50, (threshold, [round(r) for r in call.heard])
+        # And they are the engine's tones, not noise: their median is near ~6950.
+        assert 4500 < sorted(loud)[len(loud) // 2] < 9000, loud
+        transcript = [
+            e["delta"] for e in call.events if e["type"] == "response.output_audio_transcript.delta"
+        ]
+        assert "".join(transcript).split() == words, call.types
+        await call.close()
+
+    run(test)
+
+
+# -- 3. resume with a new peer connection ---------------------------------------------------
+
+
+def test_a_call_resumed_with_a_new_peer_connection_gets_the_events_after_n_once(
+    voice: ServerProcess,
+) -> None:
+    async def test() -> None:
+        first, created = await connected(voice)
+        session_id = created["resume"]["session_id"]
+        token = created["resume"]["resume_token"]
+        words = [f"word{n}" for n in range(24)]  # ~ 9 s of speech
+        first.say(" ".join(words))
+        await first.event("response.output_audio_transcript.delta")
+        await first.until(lambda: len(first.heard) >= 10)
+        dropped_before = await metric(voice, "trio_duplex_replay_audio_dropped_total")
+        await first.close()  # mid-response
+        seen = first.seqs()
+        assert seen, first.types
+        last = seen[-1]
+        assert "response.done" not in first.types, "the response ended before the close"
+
+        second = CallClient()
+        response = await second.post(
+            base(voice),
+            token,
+            {"resume": session_id, "last_received_server_event_seq": last},
+        )
+        assert response.status_code == 201, (response.status_code, response.text)
+        assert CALL_ID.fullmatch(second.call_id), second.location
+        await second.wait_open()
+        resumed = await second.event("session.resumed")
+        assert second.events[0] is resumed, second.types
+        assert resumed["session_id"] == session_id
+        assert resumed["resume_token"] and resumed["resume_token"] != token
+        done = await second.event("response.done", within=30)
+        assert done["response"]["status"] == "completed", done
+
+        after = second.seqs()
+        assert after and after[0] > last, (last, after[:5])
+        assert after == sorted(set(after)), after  # strictly increasing: no duplicate
+        assert not set(after) & set(seen)
+
+        # The transcript is whole: what the first pc read up to N, then the rest, once.
+        def transcript(call: CallClient, up_to: int | None = None) -> list[str]:
+            return [
+                e["delta"]
+                for e in call.events
+                if e["type"] == "response.output_audio_transcript.delta"
+                and (up_to is None or e["server_event_seq"] <= up_to)
+            ]
+
+        heard = transcript(first, last) + transcript(second)
+        assert "".join(heard).split() == words, heard
+        final = (await second.event("response.output_audio_transcript.done"))["transcript"]
+        assert final.split() == words
+        # The audio made while detached was dropped, not replayed (docs/plans/webrtc.md
+        # §4.4): the gaps in the seqs after N are the audio's.
+        # So every seq after N is accounted for: a text event here, an audio frame dropped
+        # by the replay, or live audio heard on the new track (but for what aiortc's jitter
+        # buffer holds back).
+        dropped = await metric(voice, "trio_duplex_replay_audio_dropped_total") - dropped_before
+        missing = (after[-1] - last) - len(after)
+        assert dropped > 0, dropped
+        live = missing - dropped
+        await second.until(lambda: len(second.heard) >= live - HELD_BACK)
+        assert 0 <= live - len(second.heard) <= HELD_BACK, (missing, dropped, second.heard)
+        await second.close()
+
+    run(test)
+
+
+# -- 4. hangup ------------------------------------------------------------------------------
+
+
+def test_a_hangup_with_the_api_key_ends_the_session_and_its_token(keyed: ServerProcess) -> None:
+    async def test() -> None:
+        call, created = await connected(keyed, bearer=KEY)
+        session_id = created["resume"]["session_id"]
+        token = created["resume"]["resume_token"]
+        unauthorized = await hang_up(base(keyed), call.call_id, None)
+        assert_openai_error(unauthorized, 401)
+        response = await hang_up(base(keyed), call.call_id, KEY)
+        assert response.status_code == 200, (response.status_code, response.text)
+        assert response.content == b""
+        closed = await call.event("session.closed")
+        assert closed["type"] == "session.closed"
+        await call.until(lambda: "closed" in call.states)
+        await call.close()
+        # The session is gone: its resume token opens nothing, and its call is unknown.
+        again = CallClient()
+        refused = await again.post(
+            base(keyed), token, {"resume": session_id, "last_received_server_event_seq": 0}
+        )
+        assert_openai_error(refused, 401)
+        await again.close()
+        assert_openai_error(await hang_up(base(keyed), call.call_id, KEY), 404)
+
+    run(test)
+
+
+def test_a_hangup_by_post_with_the_resume_token_ends_the_session(keyed: ServerProcess) -> None:
+    async def test() -> None:
+        call, created = await connected(keyed, bearer=KEY)
+        token = created["resume"]["resume_token"]
+        response = await hang_up(base(keyed), call.call_id, token, method="POST")
+        assert response.status_code == 200, (response.status_code, response.text)
+        await call.event("session.closed")
+        await call.close()
+
+    run(test)
+
+
+def test_a_hangup_of_an_unknown_call_is_404(keyed: ServerProcess, echo: ServerProcess) -> None:
+    async def test() -> None:
+        unknown = "rtc_" + "0" * 32
+        assert_openai_error(await hang_up(base(keyed), unknown, KEY), 404)
+        assert_openai_error(await hang_up(base(echo), unknown, None), 404)
+        assert_openai_error(await hang_up(base(echo), unknown, None, method="POST"), 404)
+
+    run(test)
+
+
+# -- 5. the GPL boundary at runtime ---------------------------------------------------------
+
+
+def maps(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text(encoding="utf-8", errors="replace")
+
+
+def test_after_a_call_the_server_process_has_no_libavcodec_or_libx264(echo: ServerProcess) -> None:
+    """docs/plans/webrtc.md §0.1, §5.4: av (and the GPL x264 it links) is mapped into the
+    media worker, never into the server. The worker's own maps are the control: the same
+    search finds libavcodec there."""
+
+    async def test() -> None:
+        call, _ = await connected(echo)
+        call.say("a call went through")
+        await call.event("response.done")
+        served = maps(echo.proc.pid)
+        assert "libavcodec" not in served and "libx264" not in served
+        assert "python" in served  # (the maps were read)
+        workers = [
+            child
+            for child in psutil.Process(echo.proc.pid).children(recursive=True)
+            if "libavcodec" in maps(child.pid)
+        ]
+        assert workers, "no child process of the server maps libavcodec: no media worker?"
+        await call.close()
+
+    run(test)
+
+
+# -- 6. refusals on the real server ---------------------------------------------------------
+
+
+def test_an_offer_without_a_data_channel_is_400(keyed: ServerProcess) -> None:
+    async def test() -> None:
+        call = CallClient(data_channel=False)
+        response = await call.post(base(keyed), KEY)
+        assert_openai_error(response, 400)
+        assert call.answer_sdp == ""
+        await call.close()
+
+    run(test)
+
+
+def test_a_call_without_a_credential_is_401(keyed: ServerProcess) -> None:
+    async def test() -> None:
+        for bearer in (None, "sk-not-a-key"):
+            call = CallClient()
+            assert_openai_error(await call.post(base(keyed), bearer), 401)
+            await call.close()
+
+    run(test)
+
+
+def test_a_too_large_offer_is_413(keyed: ServerProcess) -> None:
+    """An offer padded past ``--call-max-sdp-bytes`` (32 KiB), whole; and a head that only
+    announces a body past every bound (refused before a byte of it is read)."""
+
+    async def test() -> None:
+        call = CallClient()
+        offer = await call.offer()
+        padded = offer + "".join(f"a=x-pad:{n:08d}{'p' * 80}\r\n" for n in range(400))
+        assert len(padded.encode()) > 32 * 1024
+        response = await call.post(base(keyed), KEY, sdp=padded)
+        assert_openai_error(response, 413)
+        await call.close()
+
+    run(test)
+    request = (
+        f"POST {CALLS_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+        "Content-Type: application/sdp\r\nContent-Length: 100000000\r\n\r\nv=0\r\n"
+    ).encode()
+    answer = exchange(keyed, request)
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
