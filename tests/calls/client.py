@@ -240,6 +240,16 @@ class CallClient:
         )
         self.send({"type": "response.create"})
 
+    async def packets_received(self) -> int:
+        """RTP packets of the inbound audio received so far (``inbound-rtp`` stats): what
+        arrived, whether or not the jitter buffer has let it out as frames yet."""
+        report = await self.pc.getStats()
+        return sum(
+            int(stats.packetsReceived)
+            for stats in report.values()
+            if getattr(stats, "type", None) == "inbound-rtp"
+        )
+
     @property
     def call_id(self) -> str:
         return self.location.rsplit("/", 1)[-1]

@@ -12,6 +12,7 @@ condition with a timeout, never a sleep.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.media.rtc import loopback_only
 from trio_duplex.engines.voice import frame_count
 
+from ..dialects.openai.reference import validate
 from ..helpers import Serve, ServerProcess, exchange
 from .client import (
     CALL_ID,
@@ -107,6 +109,18 @@ async def metric(server: ServerProcess, name: str) -> float:
     raise AssertionError(f"no {name} in /metrics")
 
 
+EXTENSION_EVENTS = {"session.resumed", "session.closed", "session.event_ack", "session.replaced"}
+"""The resume extension's events (docs/openai.md), which the SDK has no model of."""
+
+
+def assert_openai_events(call: CallClient) -> None:
+    """Every event the call got is one the ``openai`` SDK reads, strictly, with no field
+    it does not name but the dialect's extensions (tests/dialects/openai/reference.py)."""
+    for event in call.events:
+        if event["type"] not in EXTENSION_EVENTS:
+            validate(json.dumps(event))
+
+
 def assert_openai_error(response: Any, status: int) -> dict[str, Any]:
     assert response.status_code == status, (response.status_code, response.text)
     assert response.headers["content-type"].startswith("application/json")
@@ -174,6 +188,7 @@ def test_an_offer_is_answered_201_with_loopback_host_candidates_and_a_text_turn_
         seqs = call.seqs()
         assert seqs == sorted(set(seqs)) and seqs[0] >= 1, seqs
         assert not call.binary
+        assert_openai_events(call)
         await call.close()
 
     run(test)
@@ -213,6 +228,53 @@ def test_a_voice_reply_is_heard_on_the_inbound_track(voice: ServerProcess) -> No
             e["delta"] for e in call.events if e["type"] == "response.output_audio_transcript.delta"
         ]
         assert "".join(transcript).split() == words, call.types
+        assert_openai_events(call)
+        await call.close()
+
+    run(test)
+
+
+def test_a_clear_and_a_cancel_stop_the_audio_within_two_packets(voice: ServerProcess) -> None:
+    """``output_audio_buffer.clear`` mid-response → ``output_audio_buffer.cleared`` for it,
+    and at most 2 more of its packets reach the client; ``response.cancel`` then ends it
+    (the agents SDK's ``interrupt()`` sends the two the other way round, which races the
+    cancelled ``response.done``: see the report). The barrier after it is a text-only
+    turn: its ``response.done`` comes on the data channel, which shares the RTP packets'
+    UDP socket (bundle), so every packet sent before it has arrived once it has. A clear
+    is a valid OpenAI event on a call: no ``error`` answers it."""
+
+    async def test() -> None:
+        call, _ = await connected(voice)
+        call.say(" ".join(f"word{n}" for n in range(24)))  # ~ 9 s of speech
+        started = await call.event("output_audio_buffer.started")
+        await call.until(lambda: len(call.heard) >= 10)
+        call.send({"type": "output_audio_buffer.clear"})
+        cleared = await call.event("output_audio_buffer.cleared")
+        at_clear = await call.packets_received()
+        assert cleared["response_id"] == started["response_id"]
+        call.send({"type": "response.cancel"})
+        done = await call.event("response.done")
+        assert done["response"]["status"] == "cancelled", done
+        assert done["response"]["id"] == cleared["response_id"]
+        start = len(call.events)
+        call.send(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "barrier"}],
+                },
+            }
+        )
+        call.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        barrier = await call.event("response.done", start)
+        assert barrier["response"]["status"] == "completed", barrier
+        after = await call.packets_received() - at_clear
+        assert at_clear >= 10 and 0 <= after <= 2, (at_clear, after)
+        assert "output_audio_buffer.stopped" not in call.types[call.events.index(cleared) :]
+        errors = [e for e in call.events if e["type"] == "error"]
+        assert not errors, errors
         await call.close()
 
     run(test)
@@ -284,6 +346,12 @@ def test_a_call_resumed_with_a_new_peer_connection_gets_the_events_after_n_once(
         live = missing - dropped
         await second.until(lambda: len(second.heard) >= live - HELD_BACK)
         assert 0 <= live - len(second.heard) <= HELD_BACK, (missing, dropped, second.heard)
+        assert_openai_events(first)
+        assert_openai_events(second)
+        # The resumed call is the session's: hung up by its id with the new token.
+        ended = await hang_up(base(voice), second.call_id, resumed["resume_token"])
+        assert ended.status_code == 200, (ended.status_code, ended.text)
+        await second.event("session.closed")
         await second.close()
 
     run(test)
@@ -330,12 +398,75 @@ def test_a_hangup_by_post_with_the_resume_token_ends_the_session(keyed: ServerPr
     run(test)
 
 
+def test_a_detached_calls_session_is_hung_up_by_its_last_call_id(keyed: ServerProcess) -> None:
+    """The peer connection is gone (closed by the client), the session waits detached
+    for a resume: a hangup of its call id still ends it, and a resume then is refused."""
+
+    async def test() -> None:
+        call, created = await connected(keyed, bearer=KEY)
+        await call.close()
+        response = await hang_up(base(keyed), call.call_id, KEY)
+        assert response.status_code == 200, (response.status_code, response.text)
+        again = CallClient()
+        refused = await again.post(
+            base(keyed),
+            created["resume"]["resume_token"],
+            {"resume": created["resume"]["session_id"], "last_received_server_event_seq": 0},
+        )
+        assert_openai_error(refused, 401)
+        await again.close()
+
+    run(test)
+
+
 def test_a_hangup_of_an_unknown_call_is_404(keyed: ServerProcess, echo: ServerProcess) -> None:
     async def test() -> None:
         unknown = "rtc_" + "0" * 32
         assert_openai_error(await hang_up(base(keyed), unknown, KEY), 404)
         assert_openai_error(await hang_up(base(echo), unknown, None), 404)
         assert_openai_error(await hang_up(base(echo), unknown, None, method="POST"), 404)
+
+    run(test)
+
+
+def test_the_openai_sdk_creates_a_call_with_a_session_and_hangs_it_up(
+    keyed: ServerProcess,
+) -> None:
+    """Form B, as the ``openai`` SDK sends it: ``client.realtime.calls.create(sdp=,
+    session=)`` (multipart: the offer and the session's JSON), then
+    ``calls.hangup(call_id)``. The session part is the call's first ``session.update``:
+    ``session.created``, then ``session.updated`` with it."""
+    from openai import AsyncOpenAI
+    from openai.types.realtime import RealtimeSessionCreateRequestParam
+
+    async def test() -> None:
+        call = CallClient()
+        async with client(base(keyed)) as http:
+            sdk = AsyncOpenAI(
+                base_url=base(keyed) + "/v1", api_key=KEY, http_client=http, max_retries=0
+            )
+            session: RealtimeSessionCreateRequestParam = {
+                "type": "realtime",
+                "instructions": "be brief",
+            }
+            raw = await sdk.realtime.calls.with_raw_response.create(
+                sdp=await call.offer(),
+                session=session,
+            )
+            assert raw.status_code == 201
+            assert raw.headers["content-type"].split(";")[0] == "application/sdp"
+            call_id = raw.headers["location"].rsplit("/", 1)[-1]
+            assert CALL_ID.fullmatch(call_id), raw.headers["location"]
+            await call.answer(raw.content.decode())
+            await call.wait_open()
+            updated = await call.event("session.updated")
+            assert call.types[:2] == ["session.created", "session.updated"], call.types
+            assert updated["session"]["instructions"] == "be brief"
+            call.say("form b")
+            assert (await call.event("response.output_text.done"))["text"] == "form b"
+            await sdk.realtime.calls.hangup(call_id)
+            await call.event("session.closed")
+        await call.close()
 
     run(test)
 
