@@ -52,15 +52,23 @@ def speech_pcm(text: str) -> bytes:
 
 class PcmTrack(MediaStreamTrack):
     """A microphone playing ``pcm`` (48 kHz mono PCM16) in 20 ms frames paced by the wall
-    clock, then silence for as long as the call lasts."""
+    clock, then silence for as long as the call lasts. With ``held``, it sends silence
+    until ``play()``; ``played`` is set once the last frame of ``pcm`` has been sent."""
 
     kind = "audio"
 
-    def __init__(self, pcm: bytes) -> None:
+    def __init__(self, pcm: bytes, *, held: bool = False) -> None:
         super().__init__()
         self._pcm = pcm
         self._n = 0
+        self._at: int | None = None if held else 0  # the frame ``pcm`` starts on
         self._start: float | None = None
+        self.played = asyncio.Event()
+
+    def play(self) -> None:
+        """Start ``pcm`` on the next frame."""
+        if self._at is None:
+            self._at = self._n
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -71,7 +79,12 @@ class PcmTrack(MediaStreamTrack):
         due = self._start + self._n * 0.020
         if due > loop.time():
             await asyncio.sleep(due - loop.time())
-        chunk = self._pcm[self._n * FRAME_SAMPLES * 2 : (self._n + 1) * FRAME_SAMPLES * 2]
+        chunk = b""
+        if self._at is not None:
+            at = (self._n - self._at) * FRAME_SAMPLES * 2
+            chunk = self._pcm[at : at + FRAME_SAMPLES * 2]
+            if at + FRAME_SAMPLES * 2 >= len(self._pcm):
+                self.played.set()
         frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
         frame.planes[0].update(chunk.ljust(FRAME_SAMPLES * 2, b"\0"))
         frame.pts = FRAME_SAMPLES * self._n
@@ -239,6 +252,15 @@ class CallClient:
             }
         )
         self.send({"type": "response.create"})
+
+    async def all_arrived(self) -> None:
+        """Once this returns, every RTP packet the server sent before it has arrived:
+        a ``session.heartbeat`` answered on the data channel, which shares the packets'
+        UDP socket (max-bundle), and loopback keeps a socket's datagrams in order. (The
+        last few may still be in aiortc's jitter buffer: ``HELD_BACK``.)"""
+        start = len(self.events)
+        self.send({"type": "session.heartbeat"})
+        await self.event("session.heartbeat_ack", start)
 
     async def packets_received(self) -> int:
         """RTP packets of the inbound audio received so far (``inbound-rtp`` stats): what

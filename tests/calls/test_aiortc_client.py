@@ -22,7 +22,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.media.rtc import loopback_only
+from tests.media.rtc import loopback_only, rms
 from trio_duplex.engines.voice import frame_count
 
 from ..dialects.openai.reference import validate
@@ -109,7 +109,7 @@ async def metric(server: ServerProcess, name: str) -> float:
     raise AssertionError(f"no {name} in /metrics")
 
 
-EXTENSION_EVENTS = {"session.resumed", "session.closed", "session.event_ack", "session.replaced"}
+EXTENSION_EVENTS = {"session.resumed", "session.closed", "session.heartbeat_ack"}
 """The resume extension's events (docs/openai.md), which the SDK has no model of."""
 
 
@@ -194,6 +194,43 @@ def test_an_offer_is_answered_201_with_loopback_host_candidates_and_a_text_turn_
     run(test)
 
 
+def test_the_microphone_reaches_the_engine_and_its_echo_comes_back_on_the_track(
+    echo: ServerProcess,
+) -> None:
+    """An audio turn on echo: espeak-ng's speech on the microphone (after
+    ``session.created``: a call drops the mic until then), ``input_audio_buffer.commit``
+    and ``response.create``; the echo engine answers with the committed audio, which
+    comes back on the inbound track. As much speech comes back as went in: the frames
+    above 300 RMS (-40 dBFS; decoded silence is under 50, test_client.py) heard, against
+    those of the speech sent, within 20% (two Opus passes and a resampling smear its
+    edges)."""
+
+    async def test() -> None:
+        pcm = speech_pcm(SAID)
+        mic = PcmTrack(pcm, held=True)
+        call, _ = await connected(echo, mic)
+        mic.play()
+        await asyncio.wait_for(mic.played.wait(), 10)
+        call.send({"type": "input_audio_buffer.commit"})
+        call.send({"type": "response.create"})
+        committed = await call.event("input_audio_buffer.committed")
+        done = await call.event("response.done")
+        assert done["response"]["status"] == "completed", done
+        assert (await call.event("response.created"))["response"]["output_modalities"] == [
+            "audio"
+        ], committed
+        sent = sum(1 for n in range(0, len(pcm), 1920) if rms(pcm[n : n + 1920]) > 300)
+        assert sent >= 50, sent  # (over a second of speech)
+        await call.event("output_audio_buffer.stopped")  # (the worker sent its last packet)
+        await call.all_arrived()
+        heard = sum(1 for r in call.heard if r > 300)
+        assert 0.8 * sent <= heard <= 1.2 * sent, (sent, heard)
+        assert_openai_events(call)
+        await call.close()
+
+    run(test)
+
+
 # -- 2. the server's audio on the track, on voice ------------------------------------------
 
 
@@ -212,10 +249,12 @@ def test_a_voice_reply_is_heard_on_the_inbound_track(voice: ServerProcess) -> No
         call.say(" ".join(words))
         done = await call.event("response.done", within=30)
         assert done["response"]["status"] == "completed", done
-        # The reply's audio is on the track, all of it sent by response.done (but for what
-        # aiortc's jitter buffer holds back).
+        # The reply's audio is on the track, all of it (but for what aiortc's jitter
+        # buffer holds back).
+        await call.event("output_audio_buffer.stopped")
+        await call.all_arrived()
         expected = frame_count(" ".join(words))
-        await call.until(lambda: len(call.heard) >= expected - HELD_BACK)
+        assert expected - HELD_BACK <= len(call.heard) <= expected, (expected, len(call.heard))
         quiet = sorted(call.heard)[: 2 * (len(words) - 1)]
         baseline = max(quiet)
         threshold = max(10 * baseline, 300.0)
@@ -348,6 +387,12 @@ def test_a_call_resumed_with_a_new_peer_connection_gets_the_events_after_n_once(
         assert 0 <= live - len(second.heard) <= HELD_BACK, (missing, dropped, second.heard)
         assert_openai_events(first)
         assert_openai_events(second)
+        # The live audio on the new pc is told as any response's (docs/plans/webrtc.md
+        # §4.1: started when its first packet is played, stopped once done and played).
+        playout = [t for t in second.types if t.startswith("output_audio_buffer.")]
+        assert playout == ["output_audio_buffer.started", "output_audio_buffer.stopped"], (
+            second.types
+        )
         # The resumed call is the session's: hung up by its id with the new token.
         ended = await hang_up(base(voice), second.call_id, resumed["resume_token"])
         assert ended.status_code == 200, (ended.status_code, ended.text)
