@@ -27,7 +27,7 @@ import httpx2
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from tests.media.rtc import RATE, WAIT_S, ToneTrack, rms
+from ..media.rtc import RATE, WAIT_S, ToneTrack, rms
 
 Event = dict[str, Any]
 
@@ -44,8 +44,8 @@ reply's last frames, 4 to 8 over a resume)."""
 def speech_pcm(text: str) -> bytes:
     """``text`` said by espeak-ng (tests/speech_audio.py), with its half second of silence
     before and a second after, as 48 kHz mono PCM16: what a microphone would send."""
-    from tests.speech_audio import RATE as SPEECH_RATE
-    from tests.speech_audio import at_rate, spoken
+    from ..speech_audio import RATE as SPEECH_RATE
+    from ..speech_audio import at_rate, spoken
 
     return at_rate(spoken(text), SPEECH_RATE, RATE)
 

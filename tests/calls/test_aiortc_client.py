@@ -20,13 +20,14 @@ from typing import Any
 
 import psutil
 import pytest
+from aiortc.mediastreams import MediaStreamTrack
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.media.rtc import loopback_only, rms
 from trio_duplex.engines.voice import frame_count
 
 from ..dialects.openai.reference import validate
 from ..helpers import Serve, ServerProcess, exchange
+from ..media.rtc import loopback_only, rms
 from .client import (
     CALL_ID,
     CALLS_PATH,
@@ -87,7 +88,7 @@ def run(test: Callable[[], Awaitable[None]]) -> None:
 
 
 async def connected(
-    server: ServerProcess, mic: Any = None, bearer: str | None = None
+    server: ServerProcess, mic: MediaStreamTrack | None = None, bearer: str | None = None
 ) -> tuple[CallClient, dict[str, Any]]:
     """A call answered 201, its data channel open and its ``session.created`` read."""
     call = CallClient(mic)
@@ -427,6 +428,8 @@ def test_a_hangup_with_the_api_key_ends_the_session_and_its_token(keyed: ServerP
         assert_openai_error(refused, 401)
         await again.close()
         assert_openai_error(await hang_up(base(keyed), call.call_id, KEY), 404)
+        # (and no credential of it was logged)
+        assert KEY not in keyed.log and token not in keyed.log
 
     run(test)
 

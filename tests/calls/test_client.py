@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.media.rtc import WorkerProcess, loopback_only, opus_packets, rms
 from trio_duplex.media import wire
 from trio_duplex.media.wire import Kind
 
+from ..media.rtc import WorkerProcess, loopback_only, opus_packets, rms
 from .client import CallClient, PcmTrack, speech_pcm
 
 DEADLINE_S = 60.0
