@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import psutil
 import pytest
 from aiortc.mediastreams import MediaStreamTrack
@@ -280,8 +281,7 @@ def test_a_clear_and_a_cancel_stop_the_audio_within_two_packets(voice: ServerPro
     (the agents SDK's ``interrupt()`` sends the two the other way round, which races the
     cancelled ``response.done``: see the report). The barrier after it is a text-only
     turn: its ``response.done`` comes on the data channel, which shares the RTP packets'
-    UDP socket (bundle), so every packet sent before it has arrived once it has. A clear
-    is a valid OpenAI event on a call: no ``error`` answers it."""
+    UDP socket (bundle), so every packet sent before it has arrived once it has."""
 
     async def test() -> None:
         call, _ = await connected(voice)
@@ -313,6 +313,28 @@ def test_a_clear_and_a_cancel_stop_the_audio_within_two_packets(voice: ServerPro
         after = await call.packets_received() - at_clear
         assert at_clear >= 10 and 0 <= after <= 2, (at_clear, after)
         assert "output_audio_buffer.stopped" not in call.types[call.events.index(cleared) :]
+        await call.close()
+
+    run(test)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="server bug (report of 2026-12-03): the core refuses output_audio_buffer.clear "
+    "(unknown_event: no engine accepts it) after the call's Playout has acted on it",
+)
+def test_a_clear_is_answered_cleared_and_no_error(voice: ServerProcess) -> None:
+    """``output_audio_buffer.clear`` is a client event of OpenAI's WebRTC calls (the
+    agents SDK's ``interrupt()`` sends it): answered ``cleared``, never ``error``."""
+
+    async def test() -> None:
+        call, _ = await connected(voice)
+        call.say(" ".join(f"word{n}" for n in range(12)))
+        await call.event("output_audio_buffer.started")
+        call.send({"type": "output_audio_buffer.clear"})
+        await call.event("output_audio_buffer.cleared")
+        await call.all_arrived()
         errors = [e for e in call.events if e["type"] == "error"]
         assert not errors, errors
         await call.close()
@@ -323,63 +345,78 @@ def test_a_clear_and_a_cancel_stop_the_audio_within_two_packets(voice: ServerPro
 # -- 3. resume with a new peer connection ---------------------------------------------------
 
 
+@attrs.frozen
+class Resumed:
+    """A call's session resumed on a new pc mid-response: what each pc got."""
+
+    first: CallClient
+    second: CallClient
+    last: int  # the last server_event_seq the first pc read: the resume's N
+    token: str  # the first pc's resume token
+    resumed: dict[str, Any]  # the second pc's session.resumed
+
+
+async def resumed_mid_response(server: ServerProcess, words: list[str]) -> Resumed:
+    """A call whose pc is closed while its response speaks ``words``, then resumed with a
+    new pc and ``POST ?resume=ID&last_received_server_event_seq=N`` (the resume token as
+    the bearer), its ``session.resumed`` read."""
+    first, created = await connected(server)
+    session_id = created["resume"]["session_id"]
+    token = created["resume"]["resume_token"]
+    first.say(" ".join(words))
+    await first.event("response.output_audio_transcript.delta")
+    await first.until(lambda: len(first.heard) >= 10)
+    await first.close()  # mid-response
+    seen = first.seqs()
+    assert seen, first.types
+    assert "response.done" not in first.types, "the response ended before the close"
+    second = CallClient()
+    response = await second.post(
+        base(server), token, {"resume": session_id, "last_received_server_event_seq": seen[-1]}
+    )
+    assert response.status_code == 201, (response.status_code, response.text)
+    assert CALL_ID.fullmatch(second.call_id), second.location
+    await second.wait_open()
+    resumed = await second.event("session.resumed")
+    assert second.events[0] is resumed, second.types
+    assert resumed["session_id"] == session_id
+    return Resumed(first, second, seen[-1], token, resumed)
+
+
+def transcript(call: CallClient, up_to: int | None = None) -> list[str]:
+    return [
+        e["delta"]
+        for e in call.events
+        if e["type"] == "response.output_audio_transcript.delta"
+        and (up_to is None or e["server_event_seq"] <= up_to)
+    ]
+
+
 def test_a_call_resumed_with_a_new_peer_connection_gets_the_events_after_n_once(
     voice: ServerProcess,
 ) -> None:
     async def test() -> None:
-        first, created = await connected(voice)
-        session_id = created["resume"]["session_id"]
-        token = created["resume"]["resume_token"]
         words = [f"word{n}" for n in range(24)]  # ~ 9 s of speech
-        first.say(" ".join(words))
-        await first.event("response.output_audio_transcript.delta")
-        await first.until(lambda: len(first.heard) >= 10)
         dropped_before = await metric(voice, "trio_duplex_replay_audio_dropped_total")
-        await first.close()  # mid-response
-        seen = first.seqs()
-        assert seen, first.types
-        last = seen[-1]
-        assert "response.done" not in first.types, "the response ended before the close"
-
-        second = CallClient()
-        response = await second.post(
-            base(voice),
-            token,
-            {"resume": session_id, "last_received_server_event_seq": last},
-        )
-        assert response.status_code == 201, (response.status_code, response.text)
-        assert CALL_ID.fullmatch(second.call_id), second.location
-        await second.wait_open()
-        resumed = await second.event("session.resumed")
-        assert second.events[0] is resumed, second.types
-        assert resumed["session_id"] == session_id
-        assert resumed["resume_token"] and resumed["resume_token"] != token
+        call = await resumed_mid_response(voice, words)
+        first, second, last = call.first, call.second, call.last
+        assert call.resumed["resume_token"] and call.resumed["resume_token"] != call.token
         done = await second.event("response.done", within=30)
         assert done["response"]["status"] == "completed", done
 
         after = second.seqs()
         assert after and after[0] > last, (last, after[:5])
         assert after == sorted(set(after)), after  # strictly increasing: no duplicate
-        assert not set(after) & set(seen)
-
+        assert not set(after) & set(first.seqs())
         # The transcript is whole: what the first pc read up to N, then the rest, once.
-        def transcript(call: CallClient, up_to: int | None = None) -> list[str]:
-            return [
-                e["delta"]
-                for e in call.events
-                if e["type"] == "response.output_audio_transcript.delta"
-                and (up_to is None or e["server_event_seq"] <= up_to)
-            ]
-
         heard = transcript(first, last) + transcript(second)
         assert "".join(heard).split() == words, heard
         final = (await second.event("response.output_audio_transcript.done"))["transcript"]
         assert final.split() == words
         # The audio made while detached was dropped, not replayed (docs/plans/webrtc.md
-        # §4.4): the gaps in the seqs after N are the audio's.
-        # So every seq after N is accounted for: a text event here, an audio frame dropped
-        # by the replay, or live audio heard on the new track (but for what aiortc's jitter
-        # buffer holds back).
+        # §4.4): the gaps in the seqs after N are the audio's. So every seq after N is
+        # accounted for: a text event here, an audio frame dropped by the replay, or live
+        # audio heard on the new track (but for what aiortc's jitter buffer holds back).
         dropped = await metric(voice, "trio_duplex_replay_audio_dropped_total") - dropped_before
         missing = (after[-1] - last) - len(after)
         assert dropped > 0, dropped
@@ -388,16 +425,39 @@ def test_a_call_resumed_with_a_new_peer_connection_gets_the_events_after_n_once(
         assert 0 <= live - len(second.heard) <= HELD_BACK, (missing, dropped, second.heard)
         assert_openai_events(first)
         assert_openai_events(second)
-        # The live audio on the new pc is told as any response's (docs/plans/webrtc.md
-        # §4.1: started when its first packet is played, stopped once done and played).
-        playout = [t for t in second.types if t.startswith("output_audio_buffer.")]
-        assert playout == ["output_audio_buffer.started", "output_audio_buffer.stopped"], (
-            second.types
-        )
         # The resumed call is the session's: hung up by its id with the new token.
-        ended = await hang_up(base(voice), second.call_id, resumed["resume_token"])
+        ended = await hang_up(base(voice), second.call_id, call.resumed["resume_token"])
         assert ended.status_code == 200, (ended.status_code, ended.text)
         await second.event("session.closed")
+        await second.close()
+
+    run(test)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="server bug (report of 2026-12-03): the new channel's Playout never saw the "
+    "resumed response's response.created, files its audio under an id-less response that "
+    "never ends, and so tells no started/stopped on that call again",
+)
+def test_a_resumed_calls_audio_is_told_started_and_stopped(voice: ServerProcess) -> None:
+    """docs/plans/webrtc.md §4.1: ``started`` when a response's first packet is played,
+    ``stopped`` once it is done and its last packet played; on a resumed call too, for the
+    live audio of the response resumed mid-way and for the next one."""
+
+    async def test() -> None:
+        call = await resumed_mid_response(voice, [f"word{n}" for n in range(12)])
+        second = call.second
+        await second.event("response.done", within=30)
+        start = len(second.events)
+        second.say("and again")
+        await second.event("response.done", start, within=30)
+        await second.event("output_audio_buffer.stopped", start, within=5)
+        playout = [t for t in second.types if t.startswith("output_audio_buffer.")]
+        assert playout == 2 * ["output_audio_buffer.started", "output_audio_buffer.stopped"], (
+            second.types
+        )
         await second.close()
 
     run(test)
