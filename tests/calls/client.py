@@ -107,6 +107,17 @@ def without_candidates(sdp: str) -> str:
     )
 
 
+_OPEN: set[CallClient] = set()
+"""Every client not closed yet (``close_all``)."""
+
+
+async def close_all() -> None:
+    """Close every client still open: a test's ``finally``, so that a failed test leaves
+    no peer connection (nor aiortc task) behind its loop."""
+    for call in list(_OPEN):
+        await call.close()
+
+
 class CallClient:
     """One peer connection of a call (a resume is a new ``CallClient``)."""
 
@@ -128,6 +139,7 @@ class CallClient:
         self.location = ""
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        _OPEN.add(self)
         self.pc.addTrack(mic if mic is not None else ToneTrack())
         self.pc.on("track", self._track)
         self.pc.on("connectionstatechange", self._state)
@@ -277,6 +289,7 @@ class CallClient:
         return self.location.rsplit("/", 1)[-1]
 
     async def close(self) -> None:
+        _OPEN.discard(self)
         await self.pc.close()
         for task in self._tasks:
             task.cancel()
@@ -326,6 +339,7 @@ __all__ = [
     "CallClient",
     "PcmTrack",
     "candidates",
+    "close_all",
     "hang_up",
     "post_offer",
     "speech_pcm",

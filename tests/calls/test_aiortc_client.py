@@ -37,6 +37,7 @@ from .client import (
     PcmTrack,
     candidates,
     client,
+    close_all,
     hang_up,
     speech_pcm,
 )
@@ -82,8 +83,11 @@ def base(server: ServerProcess) -> str:
 
 def run(test: Callable[[], Awaitable[None]]) -> None:
     async def main() -> None:
-        async with asyncio.timeout(DEADLINE_S):
-            await test()
+        try:
+            async with asyncio.timeout(DEADLINE_S):
+                await test()
+        finally:
+            await close_all()
 
     asyncio.run(main())
 

@@ -16,7 +16,7 @@ from trio_duplex.media import wire
 from trio_duplex.media.wire import Kind
 
 from ..media.rtc import WorkerProcess, loopback_only, opus_packets, rms
-from .client import CallClient, PcmTrack, speech_pcm
+from .client import CallClient, PcmTrack, close_all, speech_pcm
 
 DEADLINE_S = 60.0
 
@@ -36,6 +36,7 @@ def run(test: Callable[[WorkerProcess], Awaitable[None]]) -> None:
             try:
                 await test(worker)
             finally:
+                await close_all()
                 status = await worker.stop()
         assert status == 0, worker.kinds()
 
