@@ -322,12 +322,6 @@ def test_a_clear_and_a_cancel_stop_the_audio_within_two_packets(voice: ServerPro
     run(test)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="server bug (report of 2026-12-03): the core refuses output_audio_buffer.clear "
-    "(unknown_event: no engine accepts it) after the call's Playout has acted on it",
-)
 def test_a_clear_is_answered_cleared_and_no_error(voice: ServerProcess) -> None:
     """``output_audio_buffer.clear`` is a client event of OpenAI's WebRTC calls (the
     agents SDK's ``interrupt()`` sends it): answered ``cleared``, never ``error``."""
@@ -438,13 +432,6 @@ def test_a_call_resumed_with_a_new_peer_connection_gets_the_events_after_n_once(
     run(test)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="server bug (report of 2026-12-03): the new channel's Playout never saw the "
-    "resumed response's response.created, files its audio under an id-less response that "
-    "never ends, and so tells no started/stopped on that call again",
-)
 def test_a_resumed_calls_audio_is_told_started_and_stopped(voice: ServerProcess) -> None:
     """docs/plans/webrtc.md §4.1: ``started`` when a response's first packet is played,
     ``stopped`` once it is done and its last packet played; on a resumed call too, for the
@@ -456,8 +443,9 @@ def test_a_resumed_calls_audio_is_told_started_and_stopped(voice: ServerProcess)
         await second.event("response.done", within=30)
         start = len(second.events)
         second.say("and again")
-        await second.event("response.done", start, within=30)
-        await second.event("output_audio_buffer.stopped", start, within=5)
+        done = await second.event("response.done", start, within=30)
+        # Its stopped comes once its last packet is played, after its response.done.
+        await second.event("output_audio_buffer.stopped", second.events.index(done), within=5)
         playout = [t for t in second.types if t.startswith("output_audio_buffer.")]
         assert playout == 2 * ["output_audio_buffer.started", "output_audio_buffer.stopped"], (
             second.types

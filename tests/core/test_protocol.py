@@ -172,6 +172,20 @@ def test_heartbeat_is_answered_with_heartbeat_ack(extra: dict[str, Any]) -> None
     assert m.receive({"type": "session.heartbeat"}).frame == decision.frame
 
 
+def test_a_playback_clear_is_taken_as_the_transport_s_and_answers_nothing() -> None:
+    """``output_audio_buffer.clear`` (OpenAI's WebRTC calls): the call's transport acts
+    on it; the core takes it, with its seq, and no engine is asked (none accepts it)."""
+    m = machine()
+    clear = {"type": "output_audio_buffer.clear"}
+    assert m.receive(clear) is IGNORE
+    assert m.receive({**clear, "client_event_seq": 1}) is IGNORE
+    assert m.session.client_seq == 1  # its seq counts: the next one is 2
+    assert m.receive({**clear, "client_event_seq": 1}) is IGNORE  # a resend: nothing
+    assert m.receive(text(2)) is TO_ENGINE
+    assert m.session.journal.head == 0
+    m.error({**clear, "client_event_seq": 5}, 3)  # ahead of the next: refused, as any
+
+
 def test_an_ack_frees_the_journal_and_answers_nothing() -> None:
     m = machine()
     m.session.emit({"type": "e"}, 0.0)

@@ -40,6 +40,7 @@ class Slashed:
     large = 1 << 30
     binary_lane = False
     replays_audio = True
+    audio_by_transport = False
     config_locked_closes = True
 
     def decode(self, message: str | bytes, /) -> Event:

@@ -59,6 +59,7 @@ class Speaker:
     large = LARGE
     binary_lane = False
     replays_audio = True
+    audio_by_transport = False
     speaks_first = True
     config_locked_closes = True
 

@@ -30,6 +30,9 @@ class EventType(enum.StrEnum):
     EVENT_ACK = "session.event_ack"
     HEARTBEAT = "session.heartbeat"
     CLOSE = "session.close"
+    PLAYBACK_CLEAR = "output_audio_buffer.clear"
+    """The client stopped the playback of what it was sent (OpenAI's WebRTC calls: the
+    call's transport acts on it, before the core sees it); consumed here, a no-op."""
     # server -> client
     CREATED = "session.created"
     RESUMED = "session.resumed"
@@ -144,7 +147,9 @@ CONTROL_EVENTS: Final = frozenset(
 )
 """Server events that are never journaled and carry no ``server_event_seq``."""
 
-SESSION_INPUT: Final = frozenset({EventType.UPDATE, EventType.HEARTBEAT, EventType.CLOSE})
+SESSION_INPUT: Final = frozenset(
+    {EventType.UPDATE, EventType.HEARTBEAT, EventType.CLOSE, EventType.PLAYBACK_CLEAR}
+)
 """Client events the session itself answers, whatever its engine accepts."""
 
 MANAGED_EVENTS: Final = frozenset(

@@ -151,20 +151,27 @@ def open_with(grant: Grant, event: Event, max_config_bytes: int) -> Open:
     return Open(config, None)
 
 
-def open_spoken(grant: Grant, event: Event, max_config_bytes: int) -> Open:
+def open_spoken(
+    grant: Grant, event: Event, max_config_bytes: int, *, transport_audio: bool = False
+) -> Open:
     """The session the upgrade of a dialect that speaks first opens (``event``: its
     ``Dialect.opening``, a ``session.update`` of the dialect's defaults and the query's
     ``model``). The upgrade asks for nothing but ``model``: with a locked configuration
     the session gets that configuration, as ``?autostart=1``'s does; ``model`` must then
     equal the locked ``model`` if it sets one, and is ignored if it does not.
-    ProtocolError: another model than the locked one (``config_locked``, close 1008)."""
+    ProtocolError: another model than the locked one (``config_locked``, close 1008).
+    ``transport_audio``: the opening's ``audio`` is its transport's (a call's media
+    track), which the session gets whatever the locked configuration says."""
     locked = grant.locked
     if locked is None or event["type"] != EventType.UPDATE:
         return open_with(grant, event, max_config_bytes)
     model = event["session"].get("model")
     if model is not None and "model" in locked and locked["model"] != model:
         raise _config_locked("model")
-    return Open(dict(locked), None)
+    config = dict(locked)
+    if transport_audio and "audio" in event["session"]:
+        config["audio"] = event["session"]["audio"]
+    return Open(config, None)
 
 
 def check_first_event(event: Event) -> None:

@@ -112,11 +112,14 @@ _IGNORE, _TO_ENGINE = IGNORE, TO_ENGINE  # module globals: the per-event path re
 
 # Sets, not enum members, on the per-event path: a member lookup costs ~100 ns on 3.11.
 _PROTOCOL_INPUT = frozenset({*SESSION_INPUT, EventType.EVENT_ACK, EventType.RESUME})
-_ANSWERED_HERE = frozenset({EventType.HEARTBEAT, EventType.EVENT_ACK, EventType.CLOSE})
+_ANSWERED_HERE = frozenset(
+    {EventType.HEARTBEAT, EventType.EVENT_ACK, EventType.CLOSE, EventType.PLAYBACK_CLEAR}
+)
 _PACING = frozenset({ErrorCode.INPUT_BACKPRESSURE, ErrorCode.UNEXPECTED_CLIENT_EVENT_SEQ})
 _UPDATE = str(EventType.UPDATE)
 _HEARTBEAT = str(EventType.HEARTBEAT)
 _ACK = str(EventType.EVENT_ACK)
+_PLAYBACK_CLEAR = str(EventType.PLAYBACK_CLEAR)
 _APPEND = str(EventType.INPUT_AUDIO_APPEND)
 _ATTACHED = State.ATTACHED
 
@@ -276,6 +279,11 @@ class ClientEvents:
                 return self._heartbeat()
             if kind == _ACK:
                 session.ack(event.get("server_event_seq"))
+                return _IGNORE
+            if kind == _PLAYBACK_CLEAR:  # the transport's (a call's) to act on: taken
+                seq = event.get("client_event_seq")
+                if seq is not None and session.is_new_client_seq(seq):
+                    session.note_client_seq(seq)
                 return _IGNORE
             return Decision(Action.END, terminal=session.begin_close(Reason.CLIENT_CLOSE, now))
         except ProtocolError as exc:

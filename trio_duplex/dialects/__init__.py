@@ -93,6 +93,12 @@ class Dialect(Spelling, Protocol):
         ...
 
     @property
+    def audio_by_transport(self) -> bool:
+        """The session's ``audio`` is its transport's (a call's media track), set by
+        ``opening`` whatever a client token locks (native, openai: False)."""
+        ...
+
+    @property
     def speaks_first(self) -> bool:
         """The upgrade itself opens (or resumes) the session: ``opening`` says how."""
         ...

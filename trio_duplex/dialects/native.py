@@ -92,6 +92,7 @@ class Native:
     large: int = LARGE
     binary_lane: bool = True
     replays_audio: bool = True
+    audio_by_transport: bool = False
 
     decode = staticmethod(decode)
     decode_steps = staticmethod(decode_steps)

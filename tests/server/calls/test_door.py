@@ -182,6 +182,11 @@ async def test_a_call_needs_a_credential_and_a_client_secret_opens_one_call(
         secret = minted.json()["value"]
         _, _, created = await d.opened(Authorization=f"Bearer {secret}")
         assert created["type"] == "session.created"
+        # The secret locks the session's configuration, but not the call's audio: that
+        # is its media track's (PCM16 at 48 kHz in on the binary lane, Opus out).
+        (session,) = d.sim.sessions()
+        assert session.config["audio"]["wire"] == "binary"
+        assert session.config["audio"]["output"] == {"format": "opus", "rate": 48000}
         again = await d.post(Authorization=f"Bearer {secret}")  # spent
         assert again.status == 401
         assert not d.link.calls[len(d.link.calls)].released  # the first call is live

@@ -123,9 +123,38 @@ TABLES: dict[str, list[tuple[Step, list[str]]]] = {
     ],
     "the client's clear before any audio mutes the response being produced": [
         (("text", created("r1")), []),
-        (("clear",), ["CLEAR"]),
+        (("clear",), ["CLEAR", "cleared r1"]),  # (always answered)
         (("audio", 2), ["muted"]),
         (("text", done("r1")), []),
+    ],
+    "a clear after a cancelled response played out is still answered cleared": [
+        # The agents SDK's interrupt(): response.cancel, then output_audio_buffer.clear
+        # back to back; the cancel's response.done may come once all was played.
+        (("text", created("r1")), []),
+        (("audio", 1), []),
+        (("played", 1), ["started r1"]),
+        (("text", done("r1", "cancelled")), ["stopped r1"]),
+        (("clear",), ["CLEAR", "cleared r1"]),
+    ],
+    "a response a resume came back to midway takes the audio sent before its done": [
+        # Its response.created was before the resume's point: never seen by this call.
+        (("audio", 5), []),
+        (("played", 5), []),  # (whose it is, nobody knows yet)
+        (("audio", 6), []),
+        (("text", done("r1")), ["started r1"]),
+        (("played", 6), ["stopped r1"]),
+        (("text", created("r2")), []),  # the next response is told as any other
+        (("audio", 7), []),
+        (("played", 7), ["started r2"]),
+        (("text", done("r2")), ["stopped r2"]),
+    ],
+    "audio outside any response ends when the next response is created": [
+        (("audio", 1), []),
+        (("played", 1), []),
+        (("text", created("r1")), []),
+        (("audio", 2), []),
+        (("played", 2), ["started r1"]),
+        (("text", done("r1")), ["stopped r1"]),
     ],
     "a cancelled response with audio queued is cleared": [
         (("text", created("r1")), []),

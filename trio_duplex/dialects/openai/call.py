@@ -140,6 +140,7 @@ class OpenAICall(OpenAI):
     name: str = "openai-call"
     subprotocol: str | None = None  # (no WebSocket)
     replays_audio: bool = False
+    audio_by_transport: bool = True
 
     decode = staticmethod(decode)
     decode_steps = staticmethod(decode_steps)

@@ -22,8 +22,12 @@ The rules: ``started{R}`` once R's first packet is played; ``stopped{R}`` once R
 ``input_audio_buffer.speech_started`` while audio is queued, or a ``response.done``
 with ``status: cancelled`` of a response with audio not yet played) sends ``CLEAR`` and
 ``cleared`` for every response with audio queued, and mutes them and the response
-being produced. Responses play in order: one is not started or stopped before those
-queued ahead of it.
+being produced. The client's clear is always answered ``cleared`` (for the latest
+response, if nothing was queued and it was not cleared already). Responses play in
+order: one is not started or stopped before those queued ahead of it. A response whose
+``response.created`` this call never saw (a resume came back to it midway) takes the
+audio filed under no response when its ``response.done`` comes (``started`` then, if it
+had started).
 
 Which response a packet belongs to: the one most recently started by
 ``response.created`` (the binary lane's rule, docs/protocol.md).
@@ -77,6 +81,8 @@ class _Response:
     """Its ``response.done`` has been sent."""
     muted: bool = False
     """Cleared: its later packets are dropped."""
+    told_cleared: bool = False
+    """Its ``cleared`` was sent."""
 
 
 @attrs.define(eq=False)
@@ -101,18 +107,32 @@ class Playout:
         if not frame.startswith(_WATCHED):
             return []
         if frame.startswith(_CREATED):
+            previous = self._current
             self._current = _Response(_id(_response(frame)))
+            if previous is not None and previous.id is None and not previous.done:
+                previous.done = True  # audio outside a response: it ends with the next one
+                return self._advance()
             return []
         if frame.startswith(_SPEECH):
             return self._clear(list(self._queued))
         body = _response(frame)
-        response = self._find(_id(body))
+        response_id = _id(body)
+        response = self._find(response_id)
+        out: list[Output] = []
         if response is None:
-            return []
+            # A response this call never saw created: one a resume came back to midway
+            # (its response.created was before the resume's point). Its audio so far was
+            # filed under no response: it is this one's.
+            response = self._current
+            if response is None or response.id is not None or response_id is None:
+                return []
+            response.id = response_id
+            if response.started:
+                out.append(self._event(STARTED, response_id))
         response.done = True
         if body.get("status") == "cancelled" and response.last > self._played:
-            return self._clear([response])  # (played out already: it stops as any other)
-        return self._advance()
+            return out + self._clear([response])  # (played out already: it stops as any other)
+        return out + self._advance()
 
     def sent_audio(self, seq: int) -> bool:
         """A packet with ``seq`` is about to go to the worker: False if its response was
@@ -135,7 +155,14 @@ class Playout:
         current = self._current
         if current is not None and not current.done and current not in targets:
             targets.append(current)
-        return self._clear(targets, command=True)
+        out = self._clear(targets, command=True)
+        if len(out) == 1 and current is not None and current.id is not None:
+            # Nothing was queued (played out already, or none yet): the clear is still
+            # answered, as OpenAI answers it, for the latest response (once).
+            if not current.told_cleared:
+                current.told_cleared = True
+                out.append(self._event(CLEARED, current.id))
+        return out
 
     def played(self, seq: int) -> list[Output]:
         """The worker's report: ``seq`` is the last packet it has sent as RTP."""
@@ -176,6 +203,7 @@ class Playout:
         for response in queued:
             response.muted = True
             if response.id is not None:
+                response.told_cleared = True
                 out.append(self._event(CLEARED, response.id))
         queued.clear()
         return out

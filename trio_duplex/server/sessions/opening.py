@@ -223,8 +223,15 @@ class Opener:
         ``spoken``: ``event`` is the upgrade's own (``Dialect.opening``), not the client's."""
         if event["type"] == EventType.UPDATE:
             check_input(None, event)
-        rule = opening.open_spoken if spoken else opening.open_with
-        plan = rule(grant, event, self.config.max_config_bytes)
+        if spoken:
+            plan = opening.open_spoken(
+                grant,
+                event,
+                self.config.max_config_bytes,
+                transport_audio=conn.dialect.audio_by_transport,
+            )
+        else:
+            plan = opening.open_with(grant, event, self.config.max_config_bytes)
         engine = self.new_engine(plan.config)
         if spoken and engine_audio_rate(engine) is None:
             # The dialect's default audio, which no client asked for: an engine that
