@@ -19,7 +19,6 @@ import asyncio
 import json
 import re
 from collections.abc import Callable, Mapping
-from fractions import Fraction
 from typing import Any, Final
 
 import av
@@ -27,7 +26,7 @@ import httpx2
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from ..media.rtc import RATE, WAIT_S, ToneTrack, rms
+from ..media.rtc import RATE, WAIT_S, PacedTrack, ToneTrack, rms
 
 Event = dict[str, Any]
 
@@ -50,19 +49,15 @@ def speech_pcm(text: str) -> bytes:
     return at_rate(spoken(text), SPEECH_RATE, RATE)
 
 
-class PcmTrack(MediaStreamTrack):
+class PcmTrack(PacedTrack):
     """A microphone playing ``pcm`` (48 kHz mono PCM16) in 20 ms frames paced by the wall
     clock, then silence for as long as the call lasts. With ``held``, it sends silence
     until ``play()``; ``played`` is set once the last frame of ``pcm`` has been sent."""
 
-    kind = "audio"
-
     def __init__(self, pcm: bytes, *, held: bool = False) -> None:
         super().__init__()
         self._pcm = pcm
-        self._n = 0
         self._at: int | None = None if held else 0  # the frame ``pcm`` starts on
-        self._start: float | None = None
         self.played = asyncio.Event()
 
     def play(self) -> None:
@@ -70,28 +65,13 @@ class PcmTrack(MediaStreamTrack):
         if self._at is None:
             self._at = self._n
 
-    async def recv(self) -> av.AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        loop = asyncio.get_running_loop()
-        if self._start is None:
-            self._start = loop.time()
-        due = self._start + self._n * 0.020
-        if due > loop.time():
-            await asyncio.sleep(due - loop.time())
-        chunk = b""
-        if self._at is not None:
-            at = (self._n - self._at) * FRAME_SAMPLES * 2
-            chunk = self._pcm[at : at + FRAME_SAMPLES * 2]
-            if at + FRAME_SAMPLES * 2 >= len(self._pcm):
-                self.played.set()
-        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-        frame.planes[0].update(chunk.ljust(FRAME_SAMPLES * 2, b"\0"))
-        frame.pts = FRAME_SAMPLES * self._n
-        frame.sample_rate = RATE
-        frame.time_base = Fraction(1, RATE)
-        self._n += 1
-        return frame
+    def chunk(self, n: int) -> bytes:
+        if self._at is None:
+            return b""
+        at = (n - self._at) * FRAME_SAMPLES * 2
+        if at + FRAME_SAMPLES * 2 >= len(self._pcm):
+            self.played.set()
+        return self._pcm[at : at + FRAME_SAMPLES * 2]
 
 
 def candidates(sdp: str) -> list[list[str]]:

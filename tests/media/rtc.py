@@ -159,8 +159,9 @@ class WorkerProcess:
         return self.process.returncode
 
 
-class ToneTrack(MediaStreamTrack):
-    """A microphone: 20 ms frames of a tone, paced by the wall clock."""
+class PacedTrack(MediaStreamTrack):
+    """A microphone: 20 ms frames (48 kHz mono PCM16) of ``chunk(n)``, paced by the wall
+    clock as a real one is (media pacing: the peer's receiver expects real time)."""
 
     kind = "audio"
 
@@ -168,6 +169,10 @@ class ToneTrack(MediaStreamTrack):
         super().__init__()
         self._n = 0
         self._start: float | None = None
+
+    def chunk(self, n: int) -> bytes:
+        """Frame ``n``'s samples (shorter: padded with silence)."""
+        raise NotImplementedError
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -179,12 +184,19 @@ class ToneTrack(MediaStreamTrack):
         if due > loop.time():
             await asyncio.sleep(due - loop.time())
         frame = av.AudioFrame(format="s16", layout="mono", samples=960)
-        frame.planes[0].update(tone(960, 960 * self._n))
+        frame.planes[0].update(self.chunk(self._n).ljust(960 * 2, b"\0"))
         frame.pts = 960 * self._n
         frame.sample_rate = RATE
         frame.time_base = Fraction(1, RATE)
         self._n += 1
         return frame
+
+
+class ToneTrack(PacedTrack):
+    """A microphone playing a 440 Hz tone."""
+
+    def chunk(self, n: int) -> bytes:
+        return tone(960, 960 * n)
 
 
 class Client:
