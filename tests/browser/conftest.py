@@ -8,13 +8,17 @@ which must not be nested in pytest-trio's.
 
 from __future__ import annotations
 
+import functools
+import http.server
 import math
 import os
 import struct
+import threading
 import wave
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Playwright, sync_playwright
@@ -86,3 +90,25 @@ def browser(playwright: Playwright, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture(scope="module")
 def demo_server(serve_module: Serve) -> ServerProcess:
     return serve_module("--engine", "voice", "--demo")
+
+
+@contextmanager
+def static_origin(folder: Path) -> Iterator[str]:
+    """``folder``'s files served by an ``http.server`` of their own on 127.0.0.1 (a page
+    of another origin than the server's); its origin, ``http://127.0.0.1:PORT``."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -13,18 +13,30 @@ from ..helpers import ServerProcess
 WAIT_MS = 15_000  # the deadline of every wait on the page
 
 
-class Demo:
-    """The demo page, open on a session of its own."""
+class Watched:
+    """A page whose script errors, console errors and every request it makes (HTTP and
+    WebSocket) are kept, from now on."""
 
-    def __init__(self, page: Page, server: ServerProcess) -> None:
+    def __init__(self, page: Page) -> None:
         self.page = page
-        self.origin = f"http://127.0.0.1:{server.port}"
         self.errors: list[str] = []
         self.requests: list[str] = []
         page.on("pageerror", lambda error: self.errors.append(str(error)))
         page.on("console", self._console)
         page.on("request", lambda request: self.requests.append(request.url))
         page.on("websocket", lambda ws: self.requests.append(ws.url))
+
+    def _console(self, message: Any) -> None:
+        if message.type == "error":
+            self.errors.append(message.text)
+
+
+class Demo(Watched):
+    """The demo page, open on a session of its own."""
+
+    def __init__(self, page: Page, server: ServerProcess) -> None:
+        super().__init__(page)
+        self.origin = f"http://127.0.0.1:{server.port}"
 
     @classmethod
     @contextmanager
@@ -39,10 +51,6 @@ class Demo:
             demo.check_clean()
         finally:
             context.close()
-
-    def _console(self, message: Any) -> None:
-        if message.type == "error":
-            self.errors.append(message.text)
 
     def open(self) -> None:
         self.page.goto(self.origin + "/")

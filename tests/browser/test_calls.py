@@ -26,12 +26,9 @@ reach any origin but the two.
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import re
 import shutil
-import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +42,8 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from ..helpers import ServerProcess, Servers
 from ..openai_sdk.conftest import openai_node  # noqa: F401  (the SDK page's bundle)
 from ..speech_audio import RATE, at_rate, reply_to, said, sentences, write_wav
-from .conftest import MIC_RATE, chromium, write_mic_wav
+from .conftest import MIC_RATE, chromium, static_origin, write_mic_wav
+from .page import Watched
 
 pytestmark = pytest.mark.integration
 
@@ -129,22 +127,8 @@ def page_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def page_origin(page_folder: Path) -> Iterator[str]:
     """The pages' origin: an ``http.server`` of its own on 127.0.0.1."""
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(page_folder))
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with static_origin(page_folder) as origin:
+        yield origin
 
 
 @pytest.fixture(scope="module", params=["voice", "speech"])
@@ -206,26 +190,16 @@ def mint_secret(server: ServerProcess, session: dict[str, Any]) -> str:
     return value
 
 
-class CallPage:
+class CallPage(Watched):
     """A page (``name``.html, whose script's global ``name`` holds what it saw in
     ``seen``), watched: its script errors, console errors and every request it makes."""
 
     def __init__(self, page: Page, origin: str, server: ServerProcess, name: str) -> None:
-        self.page = page
+        super().__init__(page)
         self.name = name
         self.origin = origin
         self.base = f"http://127.0.0.1:{server.port}"
-        self.errors: list[str] = []
-        self.requests: list[str] = []
-        page.on("pageerror", lambda error: self.errors.append(str(error)))
-        page.on("console", self._console)
-        page.on("request", lambda request: self.requests.append(request.url))
-        page.on("websocket", lambda ws: self.requests.append(ws.url))
         page.goto(f"{origin}/{name}_page.html")
-
-    def _console(self, message: Any) -> None:
-        if message.type == "error":
-            self.errors.append(message.text)
 
     def seen(self) -> dict[str, Any]:
         value: dict[str, Any] = self.page.evaluate(f"() => {self.name}.seen")

@@ -13,10 +13,7 @@ page comes from a local ``http.server`` (127.0.0.1 is a secure context for
 from __future__ import annotations
 
 import asyncio
-import functools
-import http.server
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +25,7 @@ from trio_duplex.media import wire
 from trio_duplex.media.wire import Kind
 
 from ..media.rtc import CONFIG, WorkerProcess, opus_packets, rms
-from .conftest import CHROMIUM, write_mic_wav
+from .conftest import CHROMIUM, static_origin, write_mic_wav
 
 PAGE = '<!doctype html><html><head><link rel="icon" href="data:,"></head><body></body></html>'
 
@@ -81,22 +78,8 @@ INBOUND = """async () => {
 @pytest.fixture
 def page_url(tmp_path: Path) -> Iterator[str]:
     (tmp_path / "index.html").write_text(PAGE)
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path))
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/index.html"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with static_origin(tmp_path) as origin:
+        yield f"{origin}/index.html"
 
 
 def test_chromium_calls_the_media_worker(page_url: str, tmp_path: Path) -> None:
