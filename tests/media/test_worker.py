@@ -399,7 +399,7 @@ def test_no_call_credential_is_logged_even_at_debug() -> None:
         secrets = credentials(offer) | credentials(answer) | {"Zq8s3cretPassw0rd"}
         assert len(secrets) >= 5, secrets
         log = worker.log.decode()
-        assert "call 2 failed" in log  # (the log is there, and at DEBUG)
+        assert "call 2: the offer was refused" in log  # (the log is there, and at DEBUG)
         assert not [s for s in secrets if s in log]
 
     asyncio.run(main())
