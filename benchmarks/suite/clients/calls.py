@@ -347,6 +347,8 @@ async def ramp(args: argparse.Namespace) -> dict[str, Any]:
     share = Share(args)
     index, shares = (int(x) for x in args.share.split("/"))
     period = args.open + args.settle + args.measure
+    if args.epoch <= 0:  # one process alone: its own schedule, from now
+        args.epoch = time.monotonic()
     loop = asyncio.get_running_loop()
     offset = time.monotonic() - loop.time()  # the loop's clock is time.monotonic here
     kind = Call if args.kind == "call" else Session
@@ -477,7 +479,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--idle-s", type=float, default=0.3, help="probe: silence before each")
     parser.add_argument("--steps", default="1")
     parser.add_argument("--share", default="0/1")
-    parser.add_argument("--epoch", type=float, default=0.0, help="time.monotonic() of step 0")
+    parser.add_argument("--epoch", type=float, default=0.0, help="time.monotonic() of step 0; 0: now (one process alone)")
     parser.add_argument("--open", type=float, default=4.0)
     parser.add_argument("--settle", type=float, default=1.0)
     parser.add_argument("--measure", type=float, default=2.0)
