@@ -616,9 +616,9 @@ def test_the_noise_step_times_a_turn_end_in_noise(tmp_path: Path) -> None:
 
 
 def test_the_calls_shares_add_up_and_a_step_holds_only_within_both_limits() -> None:
-    """Scenario 9's arithmetic: each load generator's share of a step, one step per N
-    from every share's gaps and the engine's microphone lateness in its window, and the
-    calls per core from the CPU slope (no time is measured here)."""
+    """Scenario 9's arithmetic: each load generator's share of a step; a step from every
+    share's gaps and the engine's microphone lateness in each of its windows (it holds if
+    one window does); the calls per core from the CPU slope (no time is measured here)."""
     from benchmarks.suite import _calls
     from benchmarks.suite._suite import Suite
     from benchmarks.suite.clients.calls import my_count
@@ -627,28 +627,35 @@ def test_the_calls_shares_add_up_and_a_step_holds_only_within_both_limits() -> N
         assert sum(my_count(n, i, 2) for i in range(2)) == n
         assert abs(my_count(n, 0, 2) - my_count(n, 1, 2)) <= 1
 
-    def part(n: int, gaps: list[float]) -> dict[str, Any]:
-        return {"sessions": n, "held": n // 2, "dead": 0, "packets": len(gaps),
-                "gaps_ms": gaps, "lateness_ms": [1.0], "errors": {}, "failures": {},
+    def window(gaps: list[float]) -> dict[str, Any]:
+        return {"packets": len(gaps), "gaps_ms": gaps, "lateness_ms": [1.0], "errors": {},
                 "client_cpu_util": 0.5}  # fmt: skip
 
-    shares = [{"steps": [part(4, [20.0] * 99), part(8, [20.0] * 90 + [80.0] * 10)]}] * 2
+    def part(n: int, *windows: list[float]) -> dict[str, Any]:
+        return {"sessions": n, "held": n // 2, "dead": 0, "failures": {},
+                "windows": [window(gaps) for gaps in windows]}  # fmt: skip
+
+    bad = [20.0] * 90 + [80.0] * 10
+    shares = [{"steps": [part(4, bad, [20.0] * 99), part(8, bad, bad)]}] * 2
     samples = [
-        {"t": 10.0, "cpu": 1.0, "rss": 1e6, "worker_rss": 2e6},
-        {"t": 12.0, "cpu": 1.4, "rss": 1e6, "worker_rss": 2e6},
-        {"t": 20.0, "cpu": 3.0, "rss": 1e6, "worker_rss": 2e6},
-        {"t": 22.0, "cpu": 3.8, "rss": 1e6, "worker_rss": 2e6},
+        {"t": float(t), "cpu": cpu, "worker_cpu": cpu / 2, "rss": 1e6, "worker_rss": 2e6}
+        for t, cpu in ((10, 1.0), (12, 1.4), (14, 1.8), (20, 3.0), (22, 3.8), (24, 4.6))
     ]
-    late = {"mic_t": [11.0, 21.0, 30.0], "mic_late": [0.001, 0.030, 0.5]}
+    late = {"mic_t": [11.0, 13.0, 21.0, 23.0], "mic_late": [0.5, 0.001, 0.030, 0.001]}
     suite = Suite(plan=_plan.QUICK)
     first, second = _calls.merge(suite, shares, samples, late)
+    # 4 calls: its first window over both limits, its second within them
+    assert [w["held_slo"] for w in first["windows_tried"]] == [False, True]
     assert first["held"] == 4 and first["gap_p99_ms"] == 20.0 and first["mic_late_p99_ms"] == 1.0
     assert first["held_slo"] and first["server_cpu_util"] == pytest.approx(0.2)
+    assert first["worker_cpu_util"] == pytest.approx(0.1)
+    # 8 calls: neither window held (the first: both limits; the second: the gaps)
     assert second["gap_p99_ms"] == 80.0 and second["mic_late_p99_ms"] == pytest.approx(30.0)
-    assert not second["held_slo"]  # over both limits (either alone would do)
-    assert _calls.per_core([first, second]) is None  # one step held: no slope
-    held = [dict(first, sessions=n, server_cpu_util=0.05 * n) for n in (4, 8)]
-    assert _calls.per_core(held) == pytest.approx(20.0)
+    assert not second["held_slo"] and second["server_cpu_util"] == pytest.approx(0.4)
+    assert _calls.per_core([first, second]) == pytest.approx(20.0)
+    assert _calls.per_core([first]) is None
+    flat = dict(second, sessions=12)  # CPU that stops growing ends the slope's steps
+    assert _calls.per_core([first, second, flat]) == pytest.approx(20.0)
 
 
 def test_the_calls_load_drives_websocket_voice_sessions_of_a_real_server() -> None:
@@ -661,4 +668,5 @@ def test_the_calls_load_drives_websocket_voice_sessions_of_a_real_server() -> No
                    "--measure", "0.3", "--words", "3")  # fmt: skip
     (step,) = _result(out)["steps"]
     assert step["sessions"] == step["held"] == 2 and not step["dead"], step
-    assert not step["errors"] and not step["failures"], step
+    assert not step["failures"] and len(step["windows"]) == 2, step
+    assert not any(window["errors"] for window in step["windows"]), step

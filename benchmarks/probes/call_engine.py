@@ -4,10 +4,13 @@ benchmark (``benchmarks/suite/_calls.py``, scenario 9) cannot see from outside t
 
 - **Microphone lateness.** For each ``input_audio_buffer.append`` the engine reads, how
   late it came against its session's own audio clock: the arrival time less the audio
-  received before it (at 24 kHz PCM16), less the smallest such offset the session had
-  so far. A server keeping up reads each 20 ms chunk within a few milliseconds of its
-  schedule, whatever the constant delay before it (the jitter buffer's); a server falling
-  behind reads them later and later. It is scenario 3's "added latency", on the way in.
+  received before it (at 24 kHz PCM16), less the smallest such offset of the session's
+  last ``WINDOW_S`` seconds. A server keeping up reads each 20 ms chunk within a few
+  milliseconds of its schedule, whatever the constant delay before it (the jitter
+  buffer's); a server falling behind reads them later and later. It is scenario 3's
+  "added latency", on the way in. (The window: audio lost on the way, a chunk the
+  worker's jitter buffer or its 200 ms bound dropped, would otherwise count as lateness
+  for the rest of the session; here for ``WINDOW_S`` at most.)
 - **The engine's send time of each audio frame** (``CLOCK_MONOTONIC``, just before
   ``send``) and the frame's ``server_event_seq``, when ``DUPLEX_BENCH_CALLS_STAMP`` is
   set. The media worker's ``STATS(seq, t_sent)`` (the RTP send time, same clock, same
@@ -34,6 +37,7 @@ import json
 import os
 import time
 from array import array
+from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any, Final, cast
 
@@ -45,6 +49,7 @@ OUT_ENV: Final = "DUPLEX_BENCH_CALLS_OUT"
 STAMP_ENV: Final = "DUPLEX_BENCH_CALLS_STAMP"
 AUDIO_DELTA: Final = "response.output_audio.delta"
 BYTES_PER_S: Final = SAMPLE_RATE * 2
+WINDOW_S: Final = 5.0
 
 
 class Recorder:
@@ -84,7 +89,8 @@ class _Noting:
         self._session = session
         self._recorder = recorder
         self._heard = 0  # PCM16 bytes of microphone audio read
-        self._offset = float("inf")  # the smallest arrival - audio time so far
+        # (arrival, arrival - audio time), rising offsets: the first is the window's least
+        self._least: deque[tuple[float, float]] = deque()
 
     @property
     def config(self) -> Mapping[str, Any]:
@@ -95,10 +101,15 @@ class _Noting:
         if event.get("type") == "input_audio_buffer.append":
             now = time.monotonic()
             offset = now - self._heard / BYTES_PER_S
-            self._offset = min(self._offset, offset)
             self._heard += len(event["audio"])
+            least = self._least
+            while least and least[-1][1] >= offset:
+                least.pop()
+            least.append((now, offset))
+            while least[0][0] < now - WINDOW_S:
+                least.popleft()
             self._recorder.mic_t.append(now)
-            self._recorder.mic_late.append(offset - self._offset)
+            self._recorder.mic_late.append(offset - least[0][1])
         return event
 
     async def send(self, event: Event) -> None:

@@ -58,15 +58,17 @@ class Plan:
     dialect_voice_measure: float = 2.0
     # 9. WebRTC calls against WebSocket voice sessions (both on the voice engine)
     calls_rounds: int = 2
-    calls_steps: tuple[int, ...] = (4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64)
-    calls_ws_steps: tuple[int, ...] = (20, 40, 80, 120, 160, 200, 240, 280, 320, 360, 400)
+    calls_steps: tuple[int, ...] = (2, 4, 6, 8, 10, 12, 14, 16, 20)
+    calls_ws_steps: tuple[int, ...] = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 120, 140)
     calls_open: float = 4.0  # seconds a step has to open its new calls
     calls_ws_open: float = 1.5
     calls_settle: float = 1.0
     calls_measure: float = 2.0
+    calls_windows: int = 2  # measured windows a step; it holds if one does
     calls_gap_ms: float = 30.0  # the client's p99 gap between a call's audio packets
-    calls_memory_steps: tuple[int, ...] = (0, 25, 50)
-    calls_latency_responses: int = 60
+    calls_memory_steps: tuple[int, ...] = (0, 50, 100)  # idle calls (active: the ramp's)
+    calls_memory_open: float = 30.0
+    calls_latency_responses: int = 100
 
 
 FULL = Plan(
@@ -100,9 +102,11 @@ QUICK = Plan(
     resume_trials=((0, 30), (100, 30), (10_000, 2)),
     dialect_voice_measure=1.5,
     calls_rounds=1,
-    calls_steps=(4, 8, 16, 24, 32),
-    calls_ws_steps=(20, 80, 160, 240),
-    calls_measure=1.0,
-    calls_memory_steps=(0, 10),
-    calls_latency_responses=15,
+    calls_steps=(2, 6, 10, 14),
+    calls_ws_steps=(20, 40, 60, 80, 100),
+    calls_open=3.0,
+    calls_measure=1.5,
+    calls_memory_steps=(0, 20),
+    calls_memory_open=10.0,
+    calls_latency_responses=20,
 )
