@@ -300,6 +300,8 @@ def calls(suite: Suite) -> None:
         return
     found: dict[str, list[float | None]] = {CALLS: [], WS: []}
     cores: dict[str, list[float | None]] = {CALLS: [], WS: []}
+    each: dict[str, list[float | None]] = {CALLS: [], WS: []}  # % of a core per call
+    at: dict[str, list[int | None]] = {CALLS: [], WS: []}
     runs: dict[str, list[dict[str, Any]]] = {CALLS: [], WS: []}
     plan = {CALLS: ("call", p.calls_steps), WS: ("ws", p.calls_ws_steps)}
     slowest = 0.0
@@ -317,6 +319,8 @@ def calls(suite: Suite) -> None:
                 suite.fail(f"9 calls / {name} round {r + 1}", exc)
                 found[name].append(None)
                 cores[name].append(None)
+                each[name].append(None)
+                at[name].append(None)
                 continue
             runs[name].append(result)
             best = largest_passing(
@@ -324,8 +328,14 @@ def calls(suite: Suite) -> None:
             )
             found[name].append(float(best) if best else None)
             cores[name].append(per_core(result["steps"]))
+            carried = [s for s in result["steps"] if s["held"] >= s["sessions"] and not s["dead"]]
+            top = carried[-1] if carried else None
+            each[name].append(top["server_cpu_util"] / top["sessions"] * 100 if top else None)
+            at[name].append(top["sessions"] if top else None)
         slowest = max(slowest, time.monotonic() - t0)
-    suite.raw["9 calls"] = {"runs": runs, "largest": found, "per_core": cores}
+    suite.raw["9 calls"] = {
+        "runs": runs, "largest": found, "per_core": cores, "cpu_pct_each": each, "at": at,
+    }  # fmt: skip
     slo = f"gap p99 ≤ {p.calls_gap_ms:g} ms, mic p99 ≤ {p.voice_threshold_ms:g} ms"
     row(suite, "9", f"voice calls held, {slo} (server + worker on 1 core)", found[CALLS],
         "WebSocket sessions, binary lane", found[WS],
@@ -333,6 +343,9 @@ def calls(suite: Suite) -> None:
     row(suite, "9", "voice calls per core, from server + worker CPU per call", cores[CALLS],
         "WebSocket sessions, binary lane", cores[WS],
         note="1 / the slope of CPU against N over the steps that held")  # fmt: skip
+    row(suite, "9", "server + worker CPU per call at the most calls carried", each[CALLS],
+        "WebSocket sessions, binary lane", each[WS], higher_is_better=False, unit="%",
+        note=f"% of a core, fixed costs in; N = {at[CALLS]} calls, {at[WS]} sessions")  # fmt: skip
     _latency(suite)
     _memory(suite, runs[CALLS])
 
