@@ -249,19 +249,25 @@ def _window(
     return step
 
 
-def per_core(steps: list[dict[str, Any]]) -> float | None:
-    """1 / the slope of the server's CPU (with its worker's) against N (least squares),
-    over the steps whose every call was carried, up to the first whose CPU did not grow
-    with N (the core's end, or a stall of the machine's: either would flatten the slope);
-    None for fewer than two. The SLO's knee moves with whatever else the machine runs;
-    the CPU a call costs much less."""
-    points: list[tuple[float, float]] = []
+def growing(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ramp's steps whose every call was carried, up to the first whose CPU did not
+    grow with N: past it the core has ended (or the machine stalled the server) and the
+    server does less than its load asks, so its CPU no longer says what a call costs."""
+    out: list[dict[str, Any]] = []
     for s in steps:
         if s["held"] < s["sessions"] or s["dead"]:
             break
-        if points and float(s["server_cpu_util"]) <= points[-1][1]:
+        if out and float(s["server_cpu_util"]) <= float(out[-1]["server_cpu_util"]):
             break
-        points.append((float(s["sessions"]), float(s["server_cpu_util"])))
+        out.append(s)
+    return out
+
+
+def per_core(steps: list[dict[str, Any]]) -> float | None:
+    """1 / the slope of the server's CPU (with its worker's) against N (least squares)
+    over the ``growing`` steps; None for fewer than two. The SLO's knee moves with
+    whatever else the machine runs; the CPU a call costs much less."""
+    points = [(float(s["sessions"]), float(s["server_cpu_util"])) for s in growing(steps)]
     if len(points) < 2:
         return None
     mean_n = sum(n for n, _ in points) / len(points)
@@ -328,8 +334,8 @@ def calls(suite: Suite) -> None:
             )
             found[name].append(float(best) if best else None)
             cores[name].append(per_core(result["steps"]))
-            carried = [s for s in result["steps"] if s["held"] >= s["sessions"] and not s["dead"]]
-            top = carried[-1] if carried else None
+            grown = growing(result["steps"])
+            top = grown[-1] if grown else None
             each[name].append(top["server_cpu_util"] / top["sessions"] * 100 if top else None)
             at[name].append(top["sessions"] if top else None)
         slowest = max(slowest, time.monotonic() - t0)
@@ -343,7 +349,7 @@ def calls(suite: Suite) -> None:
     row(suite, "9", "voice calls per core, from server + worker CPU per call", cores[CALLS],
         "WebSocket sessions, binary lane", cores[WS],
         note="1 / the slope of CPU against N over the steps that held")  # fmt: skip
-    row(suite, "9", "server + worker CPU per call at the most calls carried", each[CALLS],
+    row(suite, "9", "server + worker CPU per call, at the most calls its CPU grew to", each[CALLS],
         "WebSocket sessions, binary lane", each[WS], higher_is_better=False, unit="%",
         note=f"% of a core, fixed costs in; N = {at[CALLS]} calls, {at[WS]} sessions")  # fmt: skip
     _latency(suite)
@@ -395,8 +401,8 @@ def _latency(suite: Suite) -> None:
 
 def _memory(suite: Suite, call_runs: list[dict[str, Any]]) -> None:
     """ΔRSS per call of the server and of its worker: idle calls (no audio either way) at
-    ``calls_memory_steps``, against the same run's step of 0 calls; active calls at the
-    most calls the first call ramp carried, against that server before its first call."""
+    ``calls_memory_steps``, against the same run's step of 0 calls; active calls between
+    the first call ramp's first step and the most calls it carried (ΔRSS / ΔN)."""
     p = suite.plan
     try:
         idle = ramp_run(suite, "call", p.calls_memory_steps, idle=True)
@@ -410,18 +416,19 @@ def _memory(suite: Suite, call_runs: list[dict[str, Any]]) -> None:
     rows = [(s, "idle", base, s["held"]) for s in steps if s["sessions"] and s["held"]]
     for run in call_runs[:1]:
         carried = [s for s in run["steps"] if s["held"] >= s["sessions"] and not s["dead"]]
-        if carried:
-            before = (run["before"]["rss"], run["before"]["worker_rss"])
-            rows.append((carried[-1], "active", before, carried[-1]["held"]))
+        if len(carried) > 1:  # from its first step: by then the worker has its imports
+            low, high = carried[0], carried[-1]
+            n = high["held"] - low["held"]
+            rows.append((high, "active", (low["server_rss"], low["worker_rss"]), n))
     for step, kind, (server0, worker0), n in rows:
         for who, now, then in (
             ("server", step["server_rss"], server0),
             ("media worker", step["worker_rss"], worker0),
         ):
             suite.rows.append(Row(
-                scenario="9", metric=f"{who} ΔRSS per {kind} call ({n} calls)",
+                scenario="9", metric=f"{who} ΔRSS per {kind} call ({step['held']} calls)",
                 ours=Summary.of([(now - then) / n / 1024]), baseline_name="",
                 baseline=Summary.of([]), ratio=Summary.of([]), higher_is_better=False,
                 unit="KB",
-                note=f"{who} RSS {then / 2**20:.1f} → {now / 2**20:.1f} MiB",
+                note=f"{who} RSS {then / 2**20:.1f} → {now / 2**20:.1f} MiB over {n} calls",
             ))  # fmt: skip
