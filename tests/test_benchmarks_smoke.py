@@ -207,7 +207,7 @@ def _one_clean_voice_step(out: str) -> None:
 
 
 @contextmanager
-def _serving() -> Iterator[int]:
+def _serving(engine: str = "echo") -> Iterator[int]:
     """`trio-duplex serve` as the suite starts it (warnings only), until its port is open:
     that port; stopped at the end."""
     from benchmarks.suite._procs import free_port, port_open
@@ -216,6 +216,7 @@ def _serving() -> Iterator[int]:
     port = free_port()
     flags = duplex_flags(port)
     flags[flags.index("--log-level") + 1] = "warning"
+    flags[flags.index("--engine") + 1] = engine
     server = subprocess.Popen([*DEFAULT_DUPLEX_CMD, *flags], cwd=ROOT, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
@@ -612,3 +613,60 @@ def test_the_noise_step_times_a_turn_end_in_noise(tmp_path: Path) -> None:
     assert row["starts"] == 1 and row["sentences"] == 1 and row["held_open"] == 0, row
     assert 0 < row["p50_ms"] < TAIL_S * 1000, row
     assert "| 64 (-54) |" in table([row])
+
+
+def test_the_calls_shares_add_up_and_a_step_holds_only_within_both_limits() -> None:
+    """Scenario 9's arithmetic: each load generator's share of a step; a step from every
+    share's gaps and the engine's microphone lateness in each of its windows (it holds if
+    one window does); the calls per core from the CPU slope (no time is measured here)."""
+    from benchmarks.suite import _calls
+    from benchmarks.suite._suite import Suite
+    from benchmarks.suite.clients.calls import my_count
+
+    for n in (0, 1, 7, 50):
+        assert sum(my_count(n, i, 2) for i in range(2)) == n
+        assert abs(my_count(n, 0, 2) - my_count(n, 1, 2)) <= 1
+
+    def window(gaps: list[float]) -> dict[str, Any]:
+        return {"packets": len(gaps), "gaps_ms": gaps, "lateness_ms": [1.0], "errors": {},
+                "client_cpu_util": 0.5}  # fmt: skip
+
+    def part(n: int, *windows: list[float]) -> dict[str, Any]:
+        return {"sessions": n, "held": n // 2, "dead": 0, "failures": {},
+                "windows": [window(gaps) for gaps in windows]}  # fmt: skip
+
+    bad = [20.0] * 90 + [80.0] * 10
+    shares = [{"steps": [part(4, bad, [20.0] * 99), part(8, bad, bad)]}] * 2
+    samples = [
+        {"t": float(t), "cpu": cpu, "worker_cpu": cpu / 2, "rss": 1e6, "worker_rss": 2e6}
+        for t, cpu in ((10, 1.0), (12, 1.4), (14, 1.8), (20, 3.0), (22, 3.8), (24, 4.6))
+    ]
+    late = {"mic_t": [11.0, 13.0, 21.0, 23.0], "mic_late": [0.5, 0.001, 0.030, 0.001]}
+    suite = Suite(plan=_plan.QUICK)
+    first, second = _calls.merge(suite, shares, samples, late)
+    # 4 calls: its first window over both limits, its second within them
+    assert [w["held_slo"] for w in first["windows_tried"]] == [False, True]
+    assert first["held"] == 4 and first["gap_p99_ms"] == 20.0 and first["mic_late_p99_ms"] == 1.0
+    assert first["held_slo"] and first["server_cpu_util"] == pytest.approx(0.2)
+    assert first["worker_cpu_util"] == pytest.approx(0.1)
+    # 8 calls: neither window held (the first: both limits; the second: the gaps)
+    assert second["gap_p99_ms"] == 80.0 and second["mic_late_p99_ms"] == pytest.approx(30.0)
+    assert not second["held_slo"] and second["server_cpu_util"] == pytest.approx(0.4)
+    assert _calls.per_core([first, second]) == pytest.approx(20.0)
+    assert _calls.per_core([first]) is None
+    flat = dict(second, sessions=12)  # CPU that stops growing ends the slope's steps
+    assert _calls.per_core([first, second, flat]) == pytest.approx(20.0)
+
+
+def test_the_calls_load_drives_websocket_voice_sessions_of_a_real_server() -> None:
+    """Scenario 9's load generator, one tiny WebSocket step against `trio-duplex serve`
+    on the benchmark's engine (the calls need the media worker: not here)."""
+    with _serving("benchmarks.probes.call_engine:StampedVoice") as port:
+        out = _run("suite.clients.calls", "ramp", "--kind", "ws",
+                   "--url", f"http://127.0.0.1:{port}", "--steps", "2",
+                   "--open", "5", "--settle", "0.2",
+                   "--measure", "0.3", "--words", "3")  # fmt: skip
+    (step,) = _result(out)["steps"]
+    assert step["sessions"] == step["held"] == 2 and not step["dead"], step
+    assert not step["failures"] and len(step["windows"]) == 2, step
+    assert not any(window["errors"] for window in step["windows"]), step

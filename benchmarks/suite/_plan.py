@@ -56,11 +56,24 @@ class Plan:
     dialect_window: int = 16
     dialect_turn_frames: int = 10  # voice: a turn per 10 frames (200 ms)
     dialect_voice_measure: float = 2.0
+    # 9. WebRTC calls against WebSocket voice sessions (both on the voice engine)
+    calls_rounds: int = 2
+    calls_steps: tuple[int, ...] = (2, 4, 6, 8, 10, 12, 14, 16, 20)
+    calls_ws_steps: tuple[int, ...] = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 120, 140)
+    calls_open: float = 4.0  # seconds a step has to open its new calls
+    calls_ws_open: float = 1.5
+    calls_settle: float = 1.0
+    calls_measure: float = 2.0
+    calls_windows: int = 2  # measured windows a step; it holds if one does
+    calls_gap_ms: float = 30.0  # the client's p99 gap between a call's audio packets
+    calls_memory_steps: tuple[int, ...] = (0, 50, 100)  # idle calls (active: the ramp's)
+    calls_memory_open: float = 30.0
+    calls_latency_responses: int = 100
 
 
 FULL = Plan(
     name="full",
-    budget={"1": 85, "2": 55, "3": 225, "4": 160, "5": 30, "6": 60, "8": 170},
+    budget={"1": 85, "2": 55, "3": 225, "4": 160, "5": 30, "6": 60, "8": 170, "9": 600},
     tp_rounds=3,
     tp_warmup=0.5,
     tp_duration=2.0,
@@ -68,7 +81,7 @@ FULL = Plan(
 
 QUICK = Plan(
     name="quick",
-    budget={"1": 25, "2": 11, "3": 48, "4": 20, "5": 8, "6": 12, "8": 40},
+    budget={"1": 25, "2": 11, "3": 48, "4": 20, "5": 8, "6": 12, "8": 40, "9": 120},
     tp_rounds=2,
     tp_warmup=0.3,
     tp_duration=1.0,
@@ -88,4 +101,12 @@ QUICK = Plan(
     hs_duration=1.0,
     resume_trials=((0, 30), (100, 30), (10_000, 2)),
     dialect_voice_measure=1.5,
+    calls_rounds=1,
+    calls_steps=(2, 6, 10, 14),
+    calls_ws_steps=(20, 40, 60, 80, 100),
+    calls_open=3.0,
+    calls_measure=1.5,
+    calls_memory_steps=(0, 20),
+    calls_memory_open=10.0,
+    calls_latency_responses=20,
 )

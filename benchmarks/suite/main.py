@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.suite._calls import calls
 from benchmarks.suite._dialects import dialects
 from benchmarks.suite._plan import FULL, QUICK
 from benchmarks.suite._procs import ROOT, LoadMeter, install_reaper, machine_info, stop_all
@@ -20,7 +21,7 @@ from benchmarks.suite._suite import Suite
 from benchmarks.suite._workload import raise_nofile
 from benchmarks.suite.report import plot_voice
 
-SCENARIOS = {**BASE_SCENARIOS, "8": dialects}
+SCENARIOS = {**BASE_SCENARIOS, "8": dialects, "9": calls}
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
@@ -31,7 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="the short suite (< 3 minutes)")
     parser.add_argument(
-        "--only", default="1,2,3,4,5,6,8", help="comma-separated scenarios (7 runs inside 1 and 4)"
+        "--only",
+        default="1,2,3,4,5,6,8",
+        help="comma-separated scenarios (7 runs inside 1 and 4; 9, the calls, only if named)",
     )
     parser.add_argument("--out", type=Path, help="JSON to write (default: benchmarks/results/)")
     parser.add_argument("--plot", type=Path, help="scenario 3 plot (default: next to the JSON)")

@@ -7,6 +7,7 @@ listeners, TLS, auth, client tokens, the cluster, the workers, the upstream.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -544,6 +545,14 @@ class ServerConfig:
     """Client events queued for the engine before ``input_backpressure``."""
     max_pending_output: int = attrs.field(default=256, validator=check.at_least(1))
     """Frames queued for a connection before the engine's ``send`` waits."""
+    # Not a setting: a benchmark's hook (benchmarks/probes/call_server.py sets it).
+    call_media_stats: Callable[[int, int], None] | None = attrs.field(
+        default=None, repr=False, eq=False
+    )
+    """With one, each call's OFFER asks its media worker for ``STATS`` (media/wire.py),
+    and each is handed to it as ``(seq, sent_ns)``: the output audio frame of
+    ``server_event_seq`` ``seq`` went out as RTP at ``sent_ns`` (``time.monotonic_ns``
+    in the worker, the same clock as the server's). Seqs are per session."""
 
     def __attrs_post_init__(self) -> None:
         if self.client_token_max_bytes_per_key * 2 > self.client_token_max_bytes:

@@ -17,7 +17,7 @@ from trio.testing import MockClock
 
 from trio_duplex.engines.api import EngineFactory
 from trio_duplex.engines.echo import EchoEngine
-from trio_duplex.media.wire import Kind
+from trio_duplex.media.wire import Kind, pack_stats
 from trio_duplex.server.config import ServerConfig
 from trio_duplex.testing import Simulation, running_server
 from trio_duplex.testing.media import FakeCall, FakeMediaLink
@@ -337,3 +337,24 @@ async def test_a_call_counts_as_a_connection_for_its_life(autojump_clock: MockCl
         call.state("closed")
         await settle()
         assert d.sim.server.open_connections == 0
+
+
+async def test_a_benchmark_s_stats_hook_asks_the_worker_for_stats_and_is_given_each(
+    autojump_clock: MockClock,
+) -> None:
+    """ServerConfig.call_media_stats (benchmarks/probes/call_server.py's hook; no flag
+    sets it): each call's OFFER asks the worker for STATS, and each STATS it sends is
+    handed to the hook as (seq, sent_ns). Without a hook the OFFER asks for none."""
+    got: list[tuple[int, int]] = []
+    async with door(call_media_stats=lambda seq, ns: got.append((seq, ns))) as d:
+        _, call = await d.call()
+        (offer,) = call.of_kind(Kind.OFFER)
+        assert json.loads(offer)["stats"] is True
+        call.push(Kind.STATS, pack_stats(7, 123_456_789))
+        call.push(Kind.STATS, pack_stats(8, 143_456_789))
+        assert got == [(7, 123_456_789), (8, 143_456_789)]
+    async with door() as d:
+        _, call = await d.call()
+        (offer,) = call.of_kind(Kind.OFFER)
+        assert "stats" not in json.loads(offer)
+        call.push(Kind.STATS, pack_stats(9, 1))  # (a worker's STATS unasked: ignored)

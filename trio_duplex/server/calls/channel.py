@@ -56,7 +56,7 @@ from ...core.frames import CloseCode, Encoded, FrameError, messages_of
 from ...core.limits import KiB
 from ...dialects.binary import OUTPUT_AUDIO, input_message
 from ...media.port import CallEnd, CallPort
-from ...media.wire import Kind, WireError, unpack_drained, unpack_played
+from ...media.wire import Kind, WireError, unpack_drained, unpack_played, unpack_stats
 from ..sessions.faults import FAULTS
 from ..sessions.websocket import ConnectionClosed
 from .playout import CLIENT_CLEAR, Command, Output, Playout
@@ -115,6 +115,7 @@ class CallChannel:
         "max_queued_packets",
         "max_texts",
         "mic_dropped",
+        "on_stats",
         "peer",
         "playout",
         "port",
@@ -134,6 +135,7 @@ class CallChannel:
         max_texts: int = MAX_TEXTS,
         max_mic_s: float = MAX_MIC_S,
         playout: Playout | None = None,
+        on_stats: Callable[[int, int], None] | None = None,
     ) -> None:
         self.max_message_bytes = max_message_bytes
         """Data-channel messages from the client of more bytes cut the call."""
@@ -146,6 +148,9 @@ class CallChannel:
         self.max_texts = max_texts
         self.max_mic_bytes = round(max_mic_s * MIC_BYTES_PER_S)
         self.playout = Playout() if playout is None else playout
+        self.on_stats = on_stats
+        """Given each ``STATS(seq, sent_ns)`` of the worker (asked for by the OFFER's
+        ``stats``: ServerConfig.call_media_stats, a benchmark's hook)."""
         self.fault_reported = False
         self.mic_dropped = 0
         """Microphone chunks dropped: before the session, or past ``max_mic_s`` unread."""
@@ -242,7 +247,10 @@ class CallChannel:
                 why = "closed" if kind is Kind.CLOSED else payload.decode("utf-8", "replace")
                 self._lose(why[:200] or "failed")
                 self._closed.set()
-            # (STATS is the benchmarks'; anything else is not a worker's frame for a call)
+            elif kind is Kind.STATS:
+                if self.on_stats is not None:
+                    self.on_stats(*unpack_stats(payload))
+            # (anything else is not a worker's frame for a call)
         except WireError as exc:  # a fixed-size payload of the wrong size: the worker's bug
             log.warning("call %d: %s; call cut", self.port.call, exc)
             self._lose("the media worker broke the framing")

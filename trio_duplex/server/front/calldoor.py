@@ -221,6 +221,7 @@ class CallDoor:
                 write_timeout=config.write_timeout_s,
                 close_timeout=self.close_timeout_s,
                 peer=peer,
+                on_stats=config.call_media_stats,
             )
         except trio.BrokenResourceError:
             await self._refuse(stream, _NO_MEDIA, cors, where, "unavailable")
@@ -228,7 +229,9 @@ class CallDoor:
         self.calls.in_setup += 1
         answered = False
         try:
-            payload = {"sdp": offer, "max_event_bytes": config.max_event_bytes}
+            payload: dict[str, object] = {"sdp": offer, "max_event_bytes": config.max_event_bytes}
+            if config.call_media_stats is not None:  # (a benchmark's: per-packet STATS)
+                payload["stats"] = True
             refusal: Refusal | None = None
             answer = None
             with trio.move_on_after(config.call_answer_timeout_s):
