@@ -28,7 +28,7 @@ from trio_duplex.engines.voice import frame_count
 
 from ..dialects.openai.reference import validate
 from ..helpers import TEXT_RESPONSE, Serve, ServerProcess, exchange
-from ..media.rtc import loopback_only, rms
+from ..media.rtc import rms
 from .client import (
     CALL_ID,
     CALLS_PATH,
@@ -49,14 +49,6 @@ DEADLINE_S = 60.0
 KEY = "sk-calls-test-key"
 CALL_FLAGS = ("--calls", "--call-allow-peer", "127.0.0.0/8", "--disconnect-grace", "30")
 SAID = "what is the capital of france"
-
-
-@pytest.fixture(autouse=True)
-def _loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    import aioice.ice
-
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", aioice.ice.get_host_addresses)
-    loopback_only()
 
 
 @pytest.fixture(scope="module")

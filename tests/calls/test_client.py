@@ -10,23 +10,13 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
-import pytest
-
 from trio_duplex.media import wire
 from trio_duplex.media.wire import Kind
 
-from ..media.rtc import WorkerProcess, loopback_only, opus_packets, rms
+from ..media.rtc import WorkerProcess, opus_packets, rms
 from .client import CallClient, PcmTrack, close_all, speech_pcm
 
 DEADLINE_S = 60.0
-
-
-@pytest.fixture(autouse=True)
-def _loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    import aioice.ice
-
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", aioice.ice.get_host_addresses)
-    loopback_only()
 
 
 def run(test: Callable[[WorkerProcess], Awaitable[None]]) -> None:

@@ -19,7 +19,7 @@ import trio
 
 from ..calls.client import CALL_ID, CallClient, close_all
 from ..helpers import ServerProcess
-from ..media.rtc import loopback_only
+from ..media.rtc import loopback_for_the_test
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,6 @@ async def resumed_elsewhere(
 ) -> tuple[list[int], list[int], list[str]]:
     """Open on ``a``, lose the pc mid-reply, resume on ``b``; the seqs each pc read, and
     the words of the whole transcript (up to N on the first, the rest on the second)."""
-    loopback_only()
     try:
         async with asyncio.timeout(60):
             first = CallClient()
@@ -81,8 +80,9 @@ async def resumed_elsewhere(
 
 
 async def test_a_call_resumes_on_another_node_through_the_relay(
-    nodes: Callable[..., list[ServerProcess]],
+    nodes: Callable[..., list[ServerProcess]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    loopback_for_the_test(monkeypatch)
     a, b = nodes(["a", "b"], *CALL_FLAGS)
     before, after, words = await trio.to_thread.run_sync(asyncio.run, resumed_elsewhere(a, b))
     assert after and after[0] > before[-1], (before[-5:], after[:5])

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import aioice.ice
 import av
+import pytest
 from aiortc import (
     RTCConfiguration,
     RTCDataChannel,
@@ -41,6 +42,12 @@ CONFIG: Final = {"hosts": ["127.0.0.1"], "allow_peers": ["127.0.0.0/8"], "log_le
 def loopback_only() -> None:
     """The client's aioice gathers on 127.0.0.1 only (it leaves loopback out by default)."""
     aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"]
+
+
+def loopback_for_the_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``loopback_only`` for one test: aioice's own lookup is put back after it."""
+    monkeypatch.setattr(aioice.ice, "get_host_addresses", aioice.ice.get_host_addresses)
+    loopback_only()
 
 
 def tone(samples: int, start: int, freq: float = 440.0, amplitude: int = 8000) -> bytes:

@@ -12,22 +12,12 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import pytest
-
 from trio_duplex.media import wire
 from trio_duplex.media.wire import Kind
 
-from .rtc import CONFIG, WAIT_S, Client, WorkerProcess, connected, loopback_only, opus_packets, rms
+from .rtc import CONFIG, WAIT_S, Client, WorkerProcess, connected, opus_packets, rms
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def _loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    import aioice.ice
-
-    monkeypatch.setattr(aioice.ice, "get_host_addresses", aioice.ice.get_host_addresses)
-    loopback_only()
 
 
 def run(test: Callable[[WorkerProcess], Awaitable[None]]) -> None:
