@@ -212,6 +212,10 @@ def _register_secrets(config: ServerConfig) -> None:
         if password:
             register_secret(password, urllib.parse.unquote(password))
     register_key_file(config.api_key_file)
+    for server in config.call_ice_server:  # turn:HOST:PORT,USER,CREDENTIAL
+        _, *credentials = server.split(",")
+        if len(credentials) == 2:
+            register_secret(credentials[1])
 
 
 def _engine_factory(engine: str, config: ServerConfig) -> EngineFactory:

@@ -582,6 +582,29 @@ def test_after_a_call_the_server_process_has_no_libavcodec_or_libx264(echo: Serv
     run(test)
 
 
+TURN_CREDENTIAL = "tUrN-cReD-5e4f"
+
+
+def test_a_debug_server_s_worker_logs_at_debug_and_no_turn_credential_is_shown(
+    serve: Serve,
+) -> None:
+    """``--log-level debug`` reaches the media worker (its level is taken when it starts,
+    after the CLI has set up logging), and a TURN server's credential is in no log line
+    and not on the worker's command line (it goes in the worker's environment)."""
+    turn = f"turn:127.0.0.1:9,someone,{TURN_CREDENTIAL}"  # (never reached: no call here)
+    server = serve(*CALL_FLAGS, "--engine", "echo", "--log-level", "debug",
+                   "--call-ice-server", turn)  # fmt: skip
+    (worker,) = [
+        child
+        for child in psutil.Process(server.proc.pid).children(recursive=True)
+        if any("_worker.py" in part for part in child.cmdline())
+    ]
+    settings = json.loads(worker.cmdline()[-1])
+    assert settings["log_level"] == "DEBUG", settings
+    assert TURN_CREDENTIAL not in " ".join(worker.cmdline())
+    assert TURN_CREDENTIAL not in server.log and "someone" not in repr(settings)
+
+
 # -- 6. refusals on the real server ---------------------------------------------------------
 
 

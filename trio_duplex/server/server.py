@@ -279,6 +279,10 @@ class DuplexServer:
                 async with sessions.running(), trio.open_nursery() as conns:
                     conns.start_soon(sessions.watch)
                     if self.media is not None:
+                        from .calls.media_config import worker_log_level
+
+                        level = worker_log_level()  # (the CLI sets up logging after init)
+                        self.media.config = attrs.evolve(self.media.config, log_level=level)
                         await conns.start(self.media.run)
                         if self.media.broken:
                             log.warning(

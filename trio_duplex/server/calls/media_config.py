@@ -28,7 +28,6 @@ def media_config(config: ServerConfig, close_timeout_s: float) -> MediaConfig:
         ports = (int(low), int(high))
     # A peer gone silent is noticed after about interval x (failures + 0.5).
     interval = config.call_consent_timeout_s / (CONSENT_FAILURES + 0.5)
-    debug = logging.getLogger("trio_duplex").isEnabledFor(logging.DEBUG)
     return MediaConfig(
         hosts=config.call_host or MediaConfig.hosts_for(config.host),
         allow_peers=config.call_allow_peer,
@@ -37,8 +36,16 @@ def media_config(config: ServerConfig, close_timeout_s: float) -> MediaConfig:
         consent_interval_s=interval,
         consent_failures=CONSENT_FAILURES,
         close_timeout_s=close_timeout_s,
-        log_level="DEBUG" if debug else "WARNING",
+        log_level=worker_log_level(),
     )
 
 
-__all__ = ["media_config"]
+def worker_log_level() -> str:
+    """The worker's log level: DEBUG while the server's own log is at DEBUG, else
+    WARNING. Asked when the worker starts (the server's logging is set up after the
+    server is built)."""
+    debug = logging.getLogger("trio_duplex").isEnabledFor(logging.DEBUG)
+    return "DEBUG" if debug else "WARNING"
+
+
+__all__ = ["media_config", "worker_log_level"]
