@@ -56,12 +56,13 @@ from .calls import (
     created_response,
     hangup_response,
     new_call_id,
+    openai_refusal,
     parse_call,
     parse_head,
     preflight_response,
     refusal_response,
 )
-from .client_secrets import Refusal, error
+from .client_secrets import Refusal
 from .http import origin_allowed
 from .keys import KeyRing
 from .throttle import Throttled
@@ -77,21 +78,17 @@ MAX_SESSION_BYTES_SLACK = 4096
 """A form-B body's bytes beyond its offer and session parts (boundaries, part heads)."""
 
 
-def _refusal(status: int, message: str) -> Refusal:
-    return Refusal(status, error(status, message))
-
-
-_FULL = _refusal(503, "the server is at capacity; retry later")
-_DRAINING = _refusal(503, "the server is shutting down; retry on another")
-_SETUP_FULL = _refusal(503, "too many calls are being set up; retry later")
-_NO_MEDIA = _refusal(503, "the server's media worker is not running")
-_NO_ANSWER = _refusal(503, "the media worker did not answer the offer in time")
-_FAILED = _refusal(503, "the call could not be set up")
-_UNANSWERABLE = _refusal(400, "the offer cannot be answered (it needs Opus audio)")
-_UNAUTHORIZED = _refusal(401, "a valid API key, client secret or resume token is required")
-_ORIGIN = _refusal(403, "origin not allowed")
-_THROTTLED = _refusal(429, "too many failed resumes from this address; retry later")
-_NO_CALL = _refusal(404, "no such call")
+_FULL = openai_refusal(503, "the server is at capacity; retry later")
+_DRAINING = openai_refusal(503, "the server is shutting down; retry on another")
+_SETUP_FULL = openai_refusal(503, "too many calls are being set up; retry later")
+_NO_MEDIA = openai_refusal(503, "the server's media worker is not running")
+_NO_ANSWER = openai_refusal(503, "the media worker did not answer the offer in time")
+_FAILED = openai_refusal(503, "the call could not be set up")
+_UNANSWERABLE = openai_refusal(400, "the offer cannot be answered (it needs Opus audio)")
+_UNAUTHORIZED = openai_refusal(401, "a valid API key, client secret or resume token is required")
+_ORIGIN = openai_refusal(403, "origin not allowed")
+_THROTTLED = openai_refusal(429, "too many failed resumes from this address; retry later")
+_NO_CALL = openai_refusal(404, "no such call")
 
 
 @attrs.define(eq=False)
@@ -119,6 +116,15 @@ class CallDoor:
     close_timeout_s: float
     refused: Callable[[str], None]
     """Counts a refusal by reason (``Endpoints.refused``)."""
+    _allow_peers: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = attrs.field(
+        init=False
+    )
+
+    def __attrs_post_init__(self) -> None:
+        # --call-allow-peer, parsed once (validated by the config already).
+        self._allow_peers = tuple(
+            ipaddress.ip_network(c, strict=False) for c in self.config.call_allow_peer
+        )
 
     # -- the HTTP request, within the handshake's deadline ------------------------------
 
@@ -155,7 +161,7 @@ class CallDoor:
         config = self.config
         most = config.call_max_sdp_bytes + config.max_config_bytes + MAX_SESSION_BYTES_SLACK
         if parsed.length > most:
-            refusal = _refusal(413, f"the body exceeds {most} bytes")
+            refusal = openai_refusal(413, f"the body exceeds {most} bytes")
             await self._refuse(stream, refusal, cors, where, "too_large")
             return None
         body = await _read_body(stream, early, parsed)
@@ -206,10 +212,12 @@ class CallDoor:
                 offer = check_offer(
                     request.offer,
                     max_bytes=config.call_max_sdp_bytes,
-                    allow_peers=_networks(config.call_allow_peer),
+                    allow_peers=self._allow_peers,
                 )
             except SdpRefused as exc:
-                await self._refuse(stream, _refusal(exc.status, exc.message), cors, where, "sdp")
+                await self._refuse(
+                    stream, openai_refusal(exc.status, exc.message), cors, where, "sdp"
+                )
                 return None
         else:
             await self._refuse(stream, busy, cors, where, "unavailable")
@@ -348,10 +356,6 @@ def _may_end(
         return True
     holder = sessions.registry.holder_of(h.bearer)
     return holder is not None and holder.id == session_id
-
-
-def _networks(cidrs: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    return tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
 
 
 async def _read_body(stream: trio.abc.Stream, early: bytes, head: Head) -> bytes | None:

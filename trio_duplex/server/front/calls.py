@@ -84,35 +84,36 @@ _PHRASES = {
 }
 
 
-def _refusal(status: int, message: str, param: str | None = None) -> Refusal:
+def openai_refusal(status: int, message: str, param: str | None = None) -> Refusal:
+    """A refusal with OpenAI's error body (a fixed ``message``, never the request's)."""
     return Refusal(status, error(status, message, param))
 
 
-_NOT_HTTP = _refusal(400, "not a valid HTTP/1.1 request")
-_BAD_TARGET = _refusal(400, "not a valid request target")
-_TWICE = _refusal(400, "Host, Origin and Authorization may be sent once each")
-_CODINGS = _refusal(400, "transfer codings are not supported")
-_LENGTH = _refusal(400, "a body needs one Content-Length, in digits")
-_NOT_FOUND = _refusal(404, "no such endpoint")
-_NO_ORIGIN = _refusal(400, "a preflight request needs an Origin")
-_MEDIA_TYPE = _refusal(
+_NOT_HTTP = openai_refusal(400, "not a valid HTTP/1.1 request")
+_BAD_TARGET = openai_refusal(400, "not a valid request target")
+_TWICE = openai_refusal(400, "Host, Origin and Authorization may be sent once each")
+_CODINGS = openai_refusal(400, "transfer codings are not supported")
+_LENGTH = openai_refusal(400, "a body needs one Content-Length, in digits")
+_NOT_FOUND = openai_refusal(404, "no such endpoint")
+_NO_ORIGIN = openai_refusal(400, "a preflight request needs an Origin")
+_MEDIA_TYPE = openai_refusal(
     415, "the body must be application/sdp or multipart/form-data with an sdp part"
 )
-_NO_BOUNDARY = _refusal(400, "a multipart body needs a valid boundary")
-_BAD_MULTIPART = _refusal(400, "the body is not valid multipart/form-data")
-_NO_SDP_PART = _refusal(400, "the multipart body has no sdp part", "sdp")
-_TWO_PARTS = _refusal(400, "the multipart body holds a part twice")
-_SDP_TOO_LARGE = _refusal(413, "the SDP offer is too large", "sdp")
-_SESSION_TOO_LARGE = _refusal(413, "the session part is too large", "session")
-_BAD_SESSION = _refusal(400, "the session part must be a JSON object", "session")
-_SESSION_TYPE = _refusal(400, 'session.type must be "realtime"', "session.type")
-_BAD_RESUME = _refusal(400, "resume must be given once, a session id", "resume")
-_BAD_SEQ = _refusal(
+_NO_BOUNDARY = openai_refusal(400, "a multipart body needs a valid boundary")
+_BAD_MULTIPART = openai_refusal(400, "the body is not valid multipart/form-data")
+_NO_SDP_PART = openai_refusal(400, "the multipart body has no sdp part", "sdp")
+_TWO_PARTS = openai_refusal(400, "the multipart body holds a part twice")
+_SDP_TOO_LARGE = openai_refusal(413, "the SDP offer is too large", "sdp")
+_SESSION_TOO_LARGE = openai_refusal(413, "the session part is too large", "session")
+_BAD_SESSION = openai_refusal(400, "the session part must be a JSON object", "session")
+_SESSION_TYPE = openai_refusal(400, 'session.type must be "realtime"', "session.type")
+_BAD_RESUME = openai_refusal(400, "resume must be given once, a session id", "resume")
+_BAD_SEQ = openai_refusal(
     400,
     "last_received_server_event_seq must be given once, a non-negative integer",
     "last_received_server_event_seq",
 )
-_SEQ_ALONE = _refusal(
+_SEQ_ALONE = openai_refusal(
     400, "last_received_server_event_seq needs resume", "last_received_server_event_seq"
 )
 
@@ -408,7 +409,7 @@ def preflight_response(preflight: Preflight, allowed: bool) -> bytes:
     ``allowed``, else 403 without any (the browser then sends nothing more)."""
     cors = cors_headers(preflight.origin, allowed)
     if not cors:
-        refusal = _refusal(403, "origin not allowed")
+        refusal = openai_refusal(403, "origin not allowed")
         return _response(403, [], refusal.body, "application/json")
     lines = [
         cors[0],
@@ -461,6 +462,7 @@ __all__ = [
     "hangup_response",
     "is_calls_head",
     "new_call_id",
+    "openai_refusal",
     "parse_call",
     "parse_head",
     "preflight_response",
