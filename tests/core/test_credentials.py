@@ -18,7 +18,9 @@ from trio_duplex.dialects import NATIVE
 
 
 def stored_values(credentials: Credentials) -> list[Any]:
-    return [getattr(credentials, a.name) for a in attrs.fields(Credentials)]
+    """What it holds of its tokens (every field but the fixed flag, a bool)."""
+    values = [getattr(credentials, a.name) for a in attrs.fields(Credentials)]
+    return [value for value in values if type(value) is not bool]
 
 
 def test_tokens_carry_256_random_bits() -> None:
@@ -151,3 +153,22 @@ def test_confirming_a_superseded_token_changes_nothing() -> None:
     t2 = credentials.rotate(t1)  # a newer resume issued t2 before t1 was confirmed
     credentials.confirm(first)
     assert credentials.check(t1) and credentials.check(t2)  # t2 not shown yet: t1 stays
+
+
+def test_a_fixed_credential_never_rotates_and_holds_only_its_digest() -> None:
+    token = new_token()
+    credentials = Credentials.fixed(token)
+    assert credentials.is_fixed
+    assert credentials.check(token) and not credentials.check(new_token())
+    assert credentials.rotate(token) == token  # the same token, again and again
+    assert credentials.rotate(token) == token
+    assert credentials.pending is None
+    credentials.confirm(hashlib.sha256(token.encode()).digest())  # nothing to confirm
+    assert credentials.check(token)
+    assert stored_values(credentials) == [hashlib.sha256(token.encode()).digest(), None]
+    assert token not in repr(credentials)
+    current, pending = credentials.digests()
+    moved = Credentials.from_digests(current, pending, fixed=True)
+    assert moved.is_fixed and moved.rotate(token) == token
+    with pytest.raises(ValueError, match="pending"):
+        Credentials.from_digests(current, current, fixed=True)

@@ -16,6 +16,7 @@ from trio_duplex.core import migration
 from trio_duplex.core.events import ErrorCode, Reason
 from trio_duplex.core.limits import Limits
 from trio_duplex.core.migration import BadRecord, Frozen, Record, export
+from trio_duplex.core.opening import Assigned
 from trio_duplex.core.replay import Replay
 from trio_duplex.core.session import Registry, Session, State
 from trio_duplex.core.wire import ProtocolError
@@ -394,3 +395,47 @@ def test_input_the_engine_had_not_taken_travels_with_the_record() -> None:
         attrs.evolve(record, pending_input=(({"no": "type"}, 0),))
     with pytest.raises(ValueError):
         attrs.evolve(record, pending_input=(({"type": "x"}, -1),))
+
+
+def test_an_assigned_session_keeps_its_id_and_fixed_token_across_a_move() -> None:
+    """A telephony call's session (``Grant.assigned``): the id and token its door derived,
+    never rotated, here and on the node that adopts its record; a second open of the
+    same id is refused while it lives."""
+    registry = Registry(limits(), spelling=NATIVE)
+    token = "T" * 43
+    old, given = registry.admit({}, "twilio:AC", assigned=Assigned("sess_call", token))
+    assert (old.id, given) == ("sess_call", token)
+    with pytest.raises(ProtocolError) as info:
+        registry.admit({}, "twilio:AC", assigned=Assigned("sess_call", token))
+    assert info.value.code == ErrorCode.SESSION_RESUME_CONFLICT
+    assert registry.slots_held == 1  # the refusal took no slot
+    old.handshake_delivered(0.0)
+    old.detach(1, 0.0)
+    attempt = old.begin_resume(token, 0, 1.0)
+    assert attempt.new_token == token
+    assert old.commit_resume(attempt, 1.0) is not None
+    old.emit(text(1), 1.0)
+
+    data = export(old, Frozen({"n": 1}, 0)).to_bytes()
+    assert orjson.loads(data[len(migration.MAGIC) :])["fixed"] is True
+    moved = restore(Record.from_bytes(data, max_bytes=MAX), limits(), now=5.0)
+    assert moved.id == "sess_call" and moved.credentials.is_fixed
+    again = moved.begin_resume(token, 0, 6.0)
+    assert again.new_token == token and moved.credentials.check(token)
+    # A record of a rotating session says nothing of it, and restores a rotating one.
+    plain, _ = opened(Registry(limits(), spelling=NATIVE))
+    plain_data = export(plain, Frozen({"n": 1}, 0)).to_bytes()
+    assert "fixed" not in orjson.loads(plain_data[len(migration.MAGIC) :])
+    assert not restore(
+        Record.from_bytes(plain_data, max_bytes=MAX), limits(), 5.0
+    ).credentials.is_fixed
+
+
+def test_a_record_s_fixed_flag_is_checked() -> None:
+    session, _ = opened(Registry(limits(), spelling=NATIVE))
+    record = export(session, Frozen({"n": 1}, 0))
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="fixed_token"):
+            attrs.evolve(record, fixed_token=bad)
+    with pytest.raises(ValueError, match="pending"):
+        attrs.evolve(record, fixed_token=True, pending_digest=b"\0" * 32)

@@ -41,6 +41,7 @@ class Slashed:
     binary_lane = False
     replays_audio = True
     audio_by_transport = False
+    resumes_from_ack = False
     config_locked_closes = True
 
     def decode(self, message: str | bytes, /) -> Event:

@@ -60,6 +60,7 @@ class Speaker:
     binary_lane = False
     replays_audio = True
     audio_by_transport = False
+    resumes_from_ack = False
     speaks_first = True
     config_locked_closes = True
 

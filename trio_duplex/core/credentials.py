@@ -6,6 +6,11 @@ too, so a client whose ``session.resumed`` was lost can try again. The client sh
 by presenting the new token (a later resume), or by its first message on the resumed
 connection (``confirm``); either kills every older token. At most two digests are ever
 valid.
+
+A *fixed* credential (``Credentials.fixed``) is one token that never rotates: a
+telephony call's session (server/twilio/), whose token is derived from the call's id on
+whichever node needs it, and which its client (the provider) never reads from
+``session.resumed``. ``rotate`` gives the same token back, and ``confirm`` does nothing.
 """
 
 from __future__ import annotations
@@ -31,12 +36,28 @@ def digest(token: str) -> bytes:
 class Credentials:
     _current: bytes
     _pending: bytes | None = None
+    _fixed: bool = False
 
     @classmethod
-    def from_digests(cls, current: bytes, pending: bytes | None) -> Credentials:
+    def from_digests(
+        cls, current: bytes, pending: bytes | None, *, fixed: bool = False
+    ) -> Credentials:
         """Credentials holding these digests (``digests``): a session moved between
-        nodes keeps exactly the tokens that were valid."""
-        return cls(current, pending)
+        nodes keeps exactly the tokens that were valid (and whether they rotate)."""
+        if fixed and pending is not None:
+            raise ValueError("a fixed credential has no pending token")
+        return cls(current, pending, fixed)
+
+    @classmethod
+    def fixed(cls, token: str) -> Credentials:
+        """Credentials of exactly ``token``, which never rotates (see the module's
+        docstring)."""
+        return cls(digest(token), None, True)
+
+    @property
+    def is_fixed(self) -> bool:
+        """Its one token never rotates (``fixed``)."""
+        return self._fixed
 
     def digests(self) -> tuple[bytes, bytes | None]:
         """The valid digests, current then pending: what a migration record stores."""
@@ -67,7 +88,10 @@ class Credentials:
         return current or pending
 
     def rotate(self, presented: str) -> str:
-        """Issue a new token after ``presented`` passed ``check``; return it (plain)."""
+        """Issue a new token after ``presented`` passed ``check``; return it (plain). A
+        fixed credential's is ``presented`` itself."""
+        if self._fixed:
+            return presented
         _, pending = self._matches(presented)
         if pending:
             self._current = self._pending  # type: ignore[assignment]

@@ -134,6 +134,9 @@ class Record:
     """The dialect it was opened in, by name; a record without one is native's."""
     shaper_state: dict[str, Any] | None = None
     """Its dialect's shaper's state (``Frozen``)."""
+    fixed_token: bool = False
+    """Its one token never rotates (``Credentials.fixed``: a telephony call's session);
+    a record without it rotates (every session before fixed tokens)."""
     version: int = FORMAT
 
     def __attrs_post_init__(self) -> None:
@@ -153,6 +156,10 @@ class Record:
                 raise ValueError("a credential digest must be 32 bytes")
         if self.current_digest is None:
             raise ValueError("the current digest is missing")
+        if type(self.fixed_token) is not bool:
+            raise ValueError("fixed_token must be a boolean")
+        if self.fixed_token and self.pending_digest is not None:
+            raise ValueError("a fixed token has no pending digest")
         _count(self.generation, "generation", least=1)
         _count(self.client_seq, "client_seq")
         _count(self.consumed_seq, "consumed_seq", most=self.client_seq)
@@ -231,6 +238,8 @@ class Record:
             "dialect": self.dialect,
             "shaper": self.shaper_state,
         }
+        if self.fixed_token:  # (only then: other records stay as they were)
+            doc["fixed"] = True
         try:
             return MAGIC + orjson.dumps(doc)
         except orjson.JSONEncodeError as exc:
@@ -292,6 +301,7 @@ def export(session: Session, frozen: Frozen) -> Record:
         pending_input=frozen.pending_input,
         dialect=frozen.dialect,
         shaper_state=frozen.shaper_state,
+        fixed_token=session.credentials.is_fixed,
     )
 
 
@@ -305,7 +315,9 @@ def restore(record: Record, limits: Limits, now: float, spelling: Spelling) -> S
         id=record.session_id,
         config=copy.deepcopy(record.config),
         limits=limits,
-        credentials=Credentials.from_digests(record.current_digest, record.pending_digest),
+        credentials=Credentials.from_digests(
+            record.current_digest, record.pending_digest, fixed=record.fixed_token
+        ),
         journal=Journal.rebuilt(
             limits.journal_max_bytes,
             limits.journal_ttl_s,
@@ -404,5 +416,6 @@ def _parse(doc: Any) -> Record:
         pending_input=tuple(queued),
         dialect=doc.get("dialect", "native"),  # (a record of a node before dialects)
         shaper_state=doc.get("shaper"),
+        fixed_token=doc.get("fixed", False),
         version=doc["v"],
     )

@@ -29,6 +29,19 @@ from .wire import ConfigBudget, ProtocolError, is_seq
 
 
 @attrs.frozen(repr=False)
+class Assigned:
+    """A session whose id and resume token the upgrade's door decided (a telephony call's,
+    derived from its call id: server/twilio/tickets.py). Its token never rotates
+    (``Credentials.fixed``). Never shown whole: its repr names the session only."""
+
+    session_id: str
+    token: str
+
+    def __repr__(self) -> str:
+        return f"Assigned({self.session_id!r})"
+
+
+@attrs.frozen(repr=False)
 class Grant:
     """What an upgrade's credential allows."""
 
@@ -45,11 +58,14 @@ class Grant:
     """Cluster mode: the digest of a credential nothing here knows, maybe the resume token
     of a session on another node: the first message must be a ``session.resume`` with
     exactly that token (which the session's home then checks)."""
+    assigned: Assigned | None = None
+    """A session this upgrade opens gets this id and this fixed token (``Assigned``)."""
 
     def __repr__(self) -> str:
         return (
             f"Grant(principal={self.principal!r}, resume_of={self.resume_of!r}, "
-            f"relayed={self.relayed}, elsewhere={self.elsewhere is not None})"
+            f"relayed={self.relayed}, elsewhere={self.elsewhere is not None}, "
+            f"assigned={self.assigned!r})"
         )
 
     @property
@@ -246,6 +262,7 @@ __all__ = [
     "CONFIG_TIMEOUT",
     "NOT_FAULTS",
     "OPEN",
+    "Assigned",
     "Grant",
     "Open",
     "Resume",

@@ -30,7 +30,7 @@ import enum
 import math
 import secrets
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import attrs
 
@@ -42,6 +42,9 @@ from .journal import Journal
 from .limits import Limits
 from .spelling import Frame, Spelling
 from .wire import ProtocolError, is_seq, utf8_len
+
+if TYPE_CHECKING:
+    from .opening import Assigned
 
 
 class State(enum.Enum):
@@ -467,13 +470,27 @@ class Registry:
         principal: str | None = None,
         locked: bool = False,
         spelling: Spelling | None = None,
+        assigned: Assigned | None = None,
     ) -> tuple[Session, str]:
         """Take a slot and create an OPENING session, written by ``spelling`` (the
-        registry's by default). Returns it and its first token."""
+        registry's by default). Returns it and its first token. ``assigned``: its id and
+        its fixed token (``Credentials.fixed``); refused (``session_resume_conflict``,
+        retryable) while a session of that id is here."""
+        if assigned is not None and assigned.session_id in self.sessions:
+            raise ProtocolError(
+                ErrorCode.SESSION_RESUME_CONFLICT,
+                "a session of this id is open already",
+                close_code=CloseCode.TRY_AGAIN_LATER,
+            )
         self._take_slot()
-        credentials, token = Credentials.issue()
+        if assigned is None:
+            credentials, token = Credentials.issue()
+            session_id = "sess_" + secrets.token_hex(12)
+        else:
+            credentials, token = Credentials.fixed(assigned.token), assigned.token
+            session_id = assigned.session_id
         session = Session(
-            id="sess_" + secrets.token_hex(12),
+            id=session_id,
             config=session_config,
             limits=self.limits,
             credentials=credentials,

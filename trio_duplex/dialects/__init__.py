@@ -99,6 +99,14 @@ class Dialect(Spelling, Protocol):
         ...
 
     @property
+    def resumes_from_ack(self) -> bool:
+        """A resume replays from the session's acknowledged frontier (what its transport
+        proved was played), whatever seq it presents: the client cannot number what it
+        holds (a telephony provider, whose marks are the acks). False: from the
+        presented seq (native, openai)."""
+        ...
+
+    @property
     def speaks_first(self) -> bool:
         """The upgrade itself opens (or resumes) the session: ``opening`` says how."""
         ...
@@ -130,12 +138,14 @@ first use beyond native."""
 _MODULES = {
     "openai": "trio_duplex.dialects.openai",
     "openai-call": "trio_duplex.dialects.openai.call",
+    "twilio": "trio_duplex.dialects.twilio",
 }
 
-CALLS_ONLY: Final = frozenset({"openai-call"})
+CALLS_ONLY: Final = frozenset({"openai-call", "twilio"})
 """Dialects spoken on calls only: no client's WebSocket upgrade selects one (the router
-answers such a path 404). A session of one may still be named by a migration record or a
-relayed resume between the nodes (``by_name``)."""
+answers such a path 404; a telephony stream's door selects ``twilio`` itself). A session
+of one may still be named by a migration record or a relayed resume between the nodes
+(``by_name``)."""
 
 
 def by_name(name: str) -> Dialect:

@@ -93,6 +93,7 @@ class Native:
     binary_lane: bool = True
     replays_audio: bool = True
     audio_by_transport: bool = False
+    resumes_from_ack: bool = False
 
     decode = staticmethod(decode)
     decode_steps = staticmethod(decode_steps)

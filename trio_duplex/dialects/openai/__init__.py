@@ -90,6 +90,7 @@ class OpenAI:
     binary_lane: bool = True
     replays_audio: bool = True
     audio_by_transport: bool = False
+    resumes_from_ack: bool = False
     speaks_first: bool = True
     config_locked_closes: bool = False  # OpenAI's rule: the connection goes on after an error
 

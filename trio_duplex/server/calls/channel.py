@@ -473,6 +473,10 @@ class CallChannel:
         if self._gone is not None:
             raise self._closed_error()
 
+    def playout_fenced(self, fenced: bool) -> None:
+        """A call's audio not played when its session moves is dropped anyway (its resume
+        replays no audio): nothing to do (``MessageTransport``)."""
+
     async def aclose(self, code: int, reason: str = "") -> None:
         """``CLOSE`` the call (its data channel carries no close code: ``code`` is
         logged) and wait at most ``close_timeout`` for the worker's ``CLOSED``. Gives the

@@ -271,7 +271,7 @@ class Opener:
         try:
             # ProtocolError: full, or draining (this node's own, single-step decision)
             session, token = sessions.admit(
-                config, grant.principal, grant.locked is not None, conn.dialect
+                config, grant.principal, grant.locked is not None, conn.dialect, grant.assigned
             )
         except BaseException:
             if leased:
@@ -360,7 +360,10 @@ class Opener:
             raise opening.other_dialect()
         now = trio.current_time()
         runner.apply(session.poll(now))  # a due expiry wins before the resume is looked at
-        attempt = session.begin_resume(resume.token, resume.last_seq, now)
+        last_seq = resume.last_seq
+        if conn.dialect.resumes_from_ack:  # its client presents no seq: the acks tell
+            last_seq = max(last_seq, session.journal.acked_through)
+        attempt = session.begin_resume(resume.token, last_seq, now)
         sessions.reschedule(runner)
         replay = Replay(attempt, audio=conn.dialect.replays_audio)
         totals = sessions.totals

@@ -31,6 +31,7 @@ import trio
 
 from ...core import events, opening
 from ...core.events import Reason
+from ...core.opening import Assigned
 from ...core.session import Commit, Registry, Session, State, Terminal, Usage
 from ...core.spelling import Frame, Spelling
 from ...core.wire import ProtocolError
@@ -221,11 +222,15 @@ class Sessions:
         principal: str | None = None,
         locked: bool = False,
         dialect: Dialect | None = None,
+        assigned: Assigned | None = None,
     ) -> tuple[Session, str]:
         """Take a slot for a new OPENING session, written in ``dialect`` (that of the
-        connection opening it; by default ``self.dialect``). ProtocolError: full, or
-        draining."""
-        return self.registry.admit(config, principal, locked, dialect or self.dialect)
+        connection opening it; by default ``self.dialect``), with the id and fixed token
+        ``assigned`` if given. ProtocolError: full, or draining (or ``assigned``'s id is
+        here already)."""
+        return self.registry.admit(
+            config, principal, locked, dialect or self.dialect, assigned=assigned
+        )
 
     def undelivered(self, session: Session) -> None:
         """Its ``session.created`` was not delivered: nothing ran, the slot is free now."""

@@ -447,12 +447,14 @@ class SessionRunner:
             # heartbeat's ack would tell the client that what it sent before is safe),
             # so the record holds exactly what the session received.
             fenced, conn.generation = conn.generation, 0
+            conn.ws.playout_fenced(True)  # a call's caller stops hearing it now
         self._scope.cancel()
         with trio.move_on_after(self.owner.engine_stop_timeout_s):
             await self._engine_gone.wait()
         frozen = self._frozen() if self._engine_gone.is_set() else None
         if frozen is None and conn is not None and conn.generation == 0:
             conn.generation = fenced  # staying here after all: it hears how the session ends
+            conn.ws.playout_fenced(False)
         return frozen
 
     def _frozen(self) -> Frozen | None:

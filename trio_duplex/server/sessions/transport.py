@@ -131,6 +131,13 @@ class MessageTransport(Protocol):
         """A keepalive: returns once the peer has shown it is there."""
         ...
 
+    def playout_fenced(self, fenced: bool) -> None:
+        """The session's runner fenced this connection off (a migration's freeze:
+        nothing more it sends is taken) or, the migration given up, took it back. A
+        transport that plays audio out stops (and drops) what it has not played yet
+        (a telephony call's ``clear``); the others do nothing."""
+        ...
+
     async def aclose(self, code: int, reason: str = "") -> None:
         """Close with ``code`` and wait for the peer's side of it (bound it with a
         deadline: a dead peer never answers)."""

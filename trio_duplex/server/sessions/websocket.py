@@ -585,6 +585,9 @@ class WebSocket:
         if not self._readable:  # woken by the end of the connection, not a pong
             raise self._closed_error()
 
+    def playout_fenced(self, fenced: bool) -> None:
+        """A WebSocket plays nothing out: nothing to stop (``MessageTransport``)."""
+
     async def aclose(self, code: int, reason: str = "") -> None:
         """Send a close with ``code`` (unless one was sent or received) and read until
         the peer's reply. Bound it with a deadline: a dead peer never replies."""
