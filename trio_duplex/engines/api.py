@@ -56,6 +56,22 @@ class BadEvent(ProtocolError):
         super().__init__(ErrorCode.BAD_EVENT, message, param=param)
 
 
+INPUT_DTMF = "input.dtmf"
+"""A key a phone's caller pressed: ``{"type": "input.dtmf", "digit": "5"}``, one of
+``DTMF_DIGITS`` (a telephony call's session: dialects/twilio). An engine that takes it
+names it in ``accepts``; ``echo``, ``voice`` and ``speech`` take it as a typed turn whose
+text is the digit."""
+DTMF_DIGITS = frozenset("0123456789*#ABCD")
+
+
+def check_dtmf(event: Event) -> str:
+    """``input.dtmf``'s digit; BadEvent if it is not one of ``DTMF_DIGITS``."""
+    digit = event.get("digit")
+    if not isinstance(digit, str) or len(digit) != 1 or digit not in DTMF_DIGITS:
+        raise BadEvent("digit must be one of 0-9, *, #, A-D", param="digit")
+    return digit
+
+
 class ConfigLocked(ProtocolError):
     """Raised by ``Engine.check_locked``: ``config_locked``, naming the field (``param``);
     the event is refused, the connection and the session go on."""

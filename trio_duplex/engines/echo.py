@@ -40,7 +40,7 @@ from typing import Any
 
 import trio
 
-from .api import BadEvent, Engine, EngineSession, Event
+from .api import INPUT_DTMF, BadEvent, Engine, EngineSession, Event, check_dtmf
 from .conversation import (
     EVENTS,
     RESPONSE_EVENTS,
@@ -53,11 +53,14 @@ from .conversation import (
     restored_metadata,
 )
 
-_FIELD = {"input.text.append": "text", "input_audio_buffer.append": "audio"}
+_FIELD = {"input.text.append": "text", "input_audio_buffer.append": "audio", INPUT_DTMF: "digit"}
 _REPLY = {
     "input.text.append": "response.output_text.delta",
     "input_audio_buffer.append": "response.output_audio.delta",
+    INPUT_DTMF: "response.output_text.delta",
 }
+_OUT = {INPUT_DTMF: "text"}
+"""The reply's field where it is not the input's (a key is echoed as text)."""
 _APPEND = "input_audio_buffer.append"
 _STATE = "echo/3"  # the shape of a snapshot holding a batch; a restore takes echo/1-3
 _ONE_STATE = "echo/2"  # the shape of one holding one unanswered event at most
@@ -91,6 +94,9 @@ class EchoEngine(Engine):
         if kind == "input.text.append":  # (the conversation checks nothing of these)
             if not isinstance(event.get("text"), str):
                 raise BadEvent("text must be a string", param="text")
+            return
+        if kind == INPUT_DTMF:
+            check_dtmf(event)
             return
         if kind in RESPONSE_EVENTS:
             check_response_event(event)
@@ -164,13 +170,15 @@ class EchoEngine(Engine):
         unanswered = self._unanswered
         if len(unanswered) == 1:
             event = unanswered[0]
-            field = _FIELD[event["type"]]
-            await session.send({"type": _REPLY[event["type"]], field: event[field]})
+            kind = event["type"]
+            field = _FIELD[kind]
+            await session.send({"type": _REPLY[kind], _OUT.get(kind, field): event[field]})
         else:
             replies = []
             for event in unanswered:
-                field = _FIELD[event["type"]]
-                replies.append({"type": _REPLY[event["type"]], field: event[field]})
+                kind = event["type"]
+                field = _FIELD[kind]
+                replies.append({"type": _REPLY[kind], _OUT.get(kind, field): event[field]})
             await session.send_many(replies)
         unanswered.clear()
 

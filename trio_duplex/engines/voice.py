@@ -78,7 +78,7 @@ from typing import Any, Final, TypeVar
 import attrs
 import trio
 
-from .api import BadEvent, Engine, EngineSession, Event
+from .api import INPUT_DTMF, BadEvent, Engine, EngineSession, Event, check_dtmf
 from .conversation import (
     EVENTS,
     RESPONSE_EVENTS,
@@ -243,7 +243,7 @@ class VoiceEngine(Engine):
     """Speaks ``input.text.append`` as paced synthetic audio; see the module docstring."""
 
     accepts = frozenset(
-        {"input.text.append", "input_audio_buffer.append", *EVENTS, *RESPONSE_EVENTS}
+        {"input.text.append", "input_audio_buffer.append", INPUT_DTMF, *EVENTS, *RESPONSE_EVENTS}
     )
     audio_rate: int | None = SAMPLE_RATE  # it hears and speaks 24 kHz mono PCM16 (protocol v2)
 
@@ -262,6 +262,8 @@ class VoiceEngine(Engine):
         if kind == "input.text.append":
             if not isinstance(event.get("text"), str):
                 raise BadEvent("text must be a string", param="text")
+        elif kind == INPUT_DTMF:
+            check_dtmf(event)
         elif kind in RESPONSE_EVENTS:
             check_response_event(event)
         else:
@@ -284,6 +286,8 @@ class VoiceEngine(Engine):
         kind = event["type"]
         if kind == "input.text.append":
             self._turns.put(_Turn(event["text"]))
+        elif kind == INPUT_DTMF:  # a key: spoken, after what is queued
+            self._turns.put(_Turn(event["digit"]))
         elif kind == "input_audio_buffer.append":
             self.audio_bytes_received += len(event["audio"])  # PCM16 bytes
             self.conversation.append_audio(event["audio"])

@@ -538,6 +538,90 @@ class ServerConfig:
             "any",
         ),
     )
+    # Phone calls (docs/telephony.md): Twilio Media Streams at --twilio-path, its TwiML
+    # webhook at {path}/twiml; on with an auth token (or, in development, without
+    # signatures).
+    twilio_path: str = attrs.field(
+        default="/v1/twilio",
+        validator=check.path,
+        metadata=_flag(
+            "Twilio Media Streams' WebSocket path; {path}/twiml is the voice webhook, "
+            "{path}/status the stream's status callback",
+            "PATH",
+        ),
+    )
+    twilio_auth_token: str | None = attrs.field(
+        default=None,
+        repr=False,
+        validator=check.secret,
+        metadata=_flag(
+            "serve phone calls: the Twilio account's Auth Token, which signs its requests "
+            "(X-Twilio-Signature) and keys the calls' tickets (better given as "
+            "TRIO_DUPLEX_TWILIO_AUTH_TOKEN, which ps does not show)",
+            "TOKEN",
+            "off",
+        ),
+    )
+    twilio_account_sid: str | None = attrs.field(
+        default=None,
+        validator=check.account_sid,
+        metadata=_flag("phone calls of this Twilio account only (recommended)", "AC...", "any"),
+    )
+    twilio_public_url: str | None = attrs.field(
+        default=None,
+        validator=check.public_url,
+        metadata=_flag(
+            "the base URL Twilio is configured with (https://voice.example.com): what its "
+            "signatures cover and what the TwiML's stream URL is built from (required with "
+            "--twilio-auth-token)",
+            "URL",
+            "none",
+        ),
+    )
+    twilio_insecure_no_signature: bool = attrs.field(
+        default=False,
+        metadata=_flag(
+            "development only: serve phone calls without an auth token, taking unsigned "
+            "requests (the calls' tickets are still required; refused with --cluster)",
+            shown="off",
+        ),
+    )
+    twilio_ticket_ttl_s: float = attrs.field(
+        default=60.0,
+        validator=[check.above(0), check.at_most(3600)],
+        metadata=_flag(
+            "a call's ticket, from its TwiML to its stream's start, lives this long", SECONDS
+        ),
+    )
+    twilio_max_redirects: int = attrs.field(
+        default=3,
+        validator=[check.at_least(1), check.at_most(100)],
+        metadata=_flag("failed reconnects of a call in a row before its TwiML hangs up", "N"),
+    )
+    twilio_max_buffered_s: float = attrs.field(
+        default=0.5,
+        validator=[check.above(0), check.at_most(60)],
+        metadata=_flag(
+            "a call's audio sent to Twilio and not yet confirmed played (by a mark) at most",
+            SECONDS,
+        ),
+    )
+    twilio_mark_interval_s: float = attrs.field(
+        default=0.1,
+        validator=[check.above(0), check.at_most(10)],
+        metadata=_flag(
+            "audio between two marks: how finely the server knows what the caller heard",
+            SECONDS,
+        ),
+    )
+    twilio_max_queued_s: float = attrs.field(
+        default=20.0,
+        validator=[check.above(0), check.at_most(600)],
+        metadata=_flag(
+            "a call's audio waiting to be sent to Twilio at most; past it the engine waits",
+            SECONDS,
+        ),
+    )
     # Not flags: WebSocket keepalive and queue depths are tuned by embedders, not operators.
     ping_interval_s: float = attrs.field(default=20.0, validator=check.above(0))
     ping_timeout_s: float = attrs.field(default=20.0, validator=check.above(0))
@@ -587,6 +671,7 @@ class ServerConfig:
             for name in _CALLS_ONLY:
                 if getattr(self, name):
                     raise check.NeedsCompanion(name, getattr(self, name), "needs --calls")
+        self._check_twilio()
         if self.workers > 1:
             if self.cluster is None:
                 raise check.NeedsCompanion(
@@ -610,6 +695,42 @@ class ServerConfig:
                 "needs --cluster-secret (or TRIO_DUPLEX_CLUSTER_SECRET): the nodes sign "
                 "relayed resumes with it",
             )
+
+    @property
+    def twilio(self) -> bool:
+        """Phone calls are served (an auth token, or development's unsigned calls)."""
+        return self.twilio_auth_token is not None or self.twilio_insecure_no_signature
+
+    def _check_twilio(self) -> None:
+        if self.twilio_auth_token is not None and self.twilio_public_url is None:
+            raise check.NeedsCompanion(
+                "twilio_auth_token",
+                "<hidden>",
+                "needs --twilio-public-url: the URL Twilio requests is what it signs",
+            )
+        if self.twilio_insecure_no_signature:
+            if self.cluster is not None:
+                raise check.NeedsCompanion(
+                    "twilio_insecure_no_signature",
+                    True,
+                    "is refused with --cluster (the calls' ticket key is one process's)",
+                )
+            if self.twilio_auth_token is not None:
+                raise check.NeedsCompanion(
+                    "twilio_insecure_no_signature", True, "contradicts --twilio-auth-token"
+                )
+        if self.twilio_max_buffered_s < 2 * self.twilio_mark_interval_s:
+            raise check.NeedsCompanion(
+                "twilio_max_buffered_s",
+                self.twilio_max_buffered_s,
+                "must be at least twice --twilio-mark-interval (the lead must cover an echo)",
+            )
+        if self.twilio:
+            taken = {self.path, self.realtime_path, "/v1/realtime/calls"}
+            if self.twilio_path in taken or self.twilio_path.startswith("/v1/realtime/calls/"):
+                raise check.ConfigError(
+                    "twilio_path", self.twilio_path, "is another endpoint's path"
+                )
 
     @property
     def core_limits(self) -> Limits:

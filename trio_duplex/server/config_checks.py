@@ -167,6 +167,18 @@ def secret(_: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
         )
 
 
+_PUBLIC_URL = re.compile(
+    r"https?://(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?"
+)
+public_url = Rule(
+    "must be http(s)://HOST[:PORT], with no path, query or trailing /",
+    lambda value: value is None or _PUBLIC_URL.fullmatch(value) is not None,
+)
+account_sid = Rule(
+    "must be AC followed by 32 hex digits",
+    lambda value: value is None or re.fullmatch(r"AC[0-9a-f]{32}", value) is not None,
+)
+
 origins = Rule(
     "must be * or an origin such as https://app.example.com (no path, no trailing /)",
     lambda value: all(_is_origin(origin) for origin in value),

@@ -64,6 +64,7 @@ from .sessions.watchdog import watching_the_loop
 if TYPE_CHECKING:
     from ..media.link import MediaLink
     from .calls.registry import Calls, Media
+    from .front.twiliodoor import TwilioDoor
 
 log = logging.getLogger("trio_duplex")
 
@@ -104,6 +105,8 @@ class DuplexServer:
     media: MediaLink | None = attrs.field(default=None, init=False)
     """``--calls``: the media worker's link (media/link.py), run by ``run``."""
     calls: Calls | None = attrs.field(default=None, init=False)
+    twilio: TwilioDoor | None = attrs.field(default=None, init=False)
+    """Phone calls' door (``--twilio-auth-token``), for its metrics."""
     """The calls served now (``serve_calls``)."""
     _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
     _relay_ssl: ssl.SSLContext | None = attrs.field(default=None, init=False, repr=False)
@@ -165,6 +168,27 @@ class DuplexServer:
         )
         if config.calls:
             self._open_calls()
+        if config.twilio:
+            self._open_twilio()
+
+    def _open_twilio(self) -> None:
+        """Phone calls: Twilio's webhooks and streams on the main listener
+        (twiliodoor.py)."""
+        from .front.twiliodoor import TwilioDoor
+
+        if self.config.twilio_auth_token is None:
+            log.warning(
+                "--twilio-insecure-no-signature: phone calls are taken unsigned "
+                "(development only: anyone who can reach this server can place one)"
+            )
+        self.twilio = self.door.twilio = TwilioDoor(
+            self.config,
+            self.sessions,
+            self.opener.serve,
+            self.close_timeout_s,
+            self.endpoints.refused,
+            clustered=self.config.cluster is not None,
+        )
 
     def _open_calls(self) -> None:
         """``--calls``: the calls' door on the main listener, and the media link the

@@ -43,7 +43,7 @@ __all__ = ["INPUT_DTMF", "TWILIO", "TWILIO_AUDIO", "Twilio", "twilio_audio"]
 
 Event = dict[str, Any]
 
-INPUT_DTMF: Final = "input.dtmf"
+INPUT_DTMF: Final = "input.dtmf"  # (engines.api.INPUT_DTMF)
 """A key the caller pressed: ``{"type": "input.dtmf", "digit": "5"}`` (``0-9 * # A-D``),
 an engine event (an engine takes it if its ``accepts`` holds it; docs/engines.md)."""
 

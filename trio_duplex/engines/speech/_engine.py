@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Final
 import attrs
 import trio
 
-from ..api import BadEvent, Engine, EngineSession, Event
+from ..api import INPUT_DTMF, BadEvent, Engine, EngineSession, Event, check_dtmf
 from ..conversation import (
     EVENTS,
     RESPONSE_EVENTS,
@@ -45,7 +45,7 @@ class SpeechEngine(Engine):
     """Hears 16 kHz PCM16, answers each turn with ``responder``'s text, spoken."""
 
     accepts = frozenset(
-        {"input_audio_buffer.append", "input.text.append", *EVENTS, *RESPONSE_EVENTS}
+        {"input_audio_buffer.append", "input.text.append", INPUT_DTMF, *EVENTS, *RESPONSE_EVENTS}
     )
     audio_rate: int | None = SAMPLE_RATE
     turn_detection: ClassVar[Mapping[str, Any] | None] = {
@@ -116,6 +116,8 @@ class SpeechEngine(Engine):
                 raise BadEvent("text must be a string", param="text")
             if len(text) > MAX_TYPED_CHARS:  # it goes into the history and the snapshot
                 raise BadEvent(f"text is over {MAX_TYPED_CHARS} characters", param="text")
+        elif kind == INPUT_DTMF:
+            check_dtmf(event)
         elif kind in RESPONSE_EVENTS:
             check_response_event(event)
         else:
@@ -152,9 +154,10 @@ class SpeechEngine(Engine):
         talk = listener.talk
         if kind == "input_audio_buffer.append":
             listener.take(event["audio"])
-        elif kind == "input.text.append":  # a typed turn: answered like a spoken one
+        elif kind == "input.text.append" or kind == INPUT_DTMF:
+            # A typed turn (a key pressed: its digit), answered like a spoken one.
             self._turns.cancel(None)
-            self._queue_turn(event["text"])
+            self._queue_turn(event["text"] if kind == "input.text.append" else event["digit"])
         elif kind == "response.cancel":
             self._turns.cancel(event.get("response_id"))
         elif kind == "response.create":  # the latest user message, answered

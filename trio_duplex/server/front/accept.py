@@ -29,6 +29,7 @@ import trio
 
 from ...core.opening import Grant
 from ...dialects import Dialect
+from ...dialects.twilio import TWILIO
 from ..config import ServerConfig
 from ..sessions.websocket import ConnectionClosed, WebSocket
 from .auth import Gate
@@ -38,6 +39,7 @@ from .http import Endpoints, serve_internal
 from .listen import open_listeners
 from .router import RelayCheck, Router
 from .tls import tls_handshake
+from .twiliodoor import TwilioDoor
 
 log = logging.getLogger("trio_duplex")
 
@@ -79,6 +81,9 @@ class Door:
     """WebSocket paths other than ``--path`` (native), each with its dialect."""
     calls: CallDoor | None = None
     """``--calls``: the WebRTC calls' endpoints (calldoor.py), on the main listener."""
+    twilio: TwilioDoor | None = None
+    """Phone calls (``--twilio-auth-token``): Twilio's webhooks and streams
+    (twiliodoor.py), on the main listener."""
     counted: int = attrs.field(default=0, init=False)
     """TCP connections counted against ``max_connections`` now."""
     refused: int = attrs.field(default=0, init=False)
@@ -156,6 +161,9 @@ class Door:
                 assert self.calls is not None
                 await _close(stream)
                 await self.calls.serve(accepted)
+            elif accepted is not None and accepted.dialect is TWILIO:
+                assert self.twilio is not None
+                await self.twilio.stream(accepted)
             elif accepted is not None:
                 await self.serve(
                     accepted.ws, accepted.query, accepted.grant, accepted.dialect, accepted.bearer
@@ -192,6 +200,9 @@ class Door:
             posts=gate,
             relay=self.relay if relay_only or config.relay_port is None else None,
             dialects={} if relay_only else self.dialects,
+            twilio=None
+            if relay_only or self.twilio is None
+            else (self.twilio.path, self.twilio.signed),
         )
         # Until it carries a session, a connection's messages are small: the first one
         # is a configuration or a resume, not audio.
@@ -203,6 +214,7 @@ class Door:
             ip,
             max_post_bytes=config.first_message_bytes,
             calls=None if relay_only else self.calls,
+            twilio=None if relay_only else self.twilio,
         )
 
     async def _refuse(

@@ -42,6 +42,7 @@ from .calldoor import CallAccepted, CallDoor
 from .calls import is_calls_head
 from .http import MAX_POST_BYTES, answer_post
 from .router import Answer, Router, Upgrade, plain
+from .twiliodoor import TwilioDoor
 
 _MAX_REQUEST_BYTES = 16384
 """The largest request head taken (431 beyond)."""
@@ -162,6 +163,7 @@ async def accept_websocket(
     *,
     max_post_bytes: int = MAX_POST_BYTES,
     calls: CallDoor | None = None,
+    twilio: TwilioDoor | None = None,
 ) -> Accepted | CallAccepted | None:
     """Read the HTTP upgrade request and answer it.
 
@@ -172,7 +174,8 @@ async def accept_websocket(
     400; anything that is not HTTP is dropped: those return None. A client token's POST
     may carry a body of at most ``max_post_bytes``. With ``calls`` (``--calls``), a
     request to the WebRTC calls' paths is answered by it (calldoor.py), and a call it
-    answered 201 is returned. Bound it with a deadline."""
+    answered 201 is returned. With ``twilio`` (phone calls), its webhooks' POSTs are
+    answered by it (twiliodoor.py). Bound it with a deadline."""
     where = f"a connection from {peer}" if peer else "a connection"
     refused = _uncounted if router.endpoints is None else router.endpoints.refused
     received = await _read_head(stream, where, refused)
@@ -185,6 +188,9 @@ async def accept_websocket(
         return None
     if calls is not None and is_calls_head(head):
         return await calls.answer(stream, head, early, peer)
+    if twilio is not None and twilio.is_head(head):
+        await twilio.answer(stream, head, early, peer)
+        return None
     if (page := router.answer_head(head)) is not None:
         await stream.send_all(page)
         return None

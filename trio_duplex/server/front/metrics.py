@@ -10,7 +10,7 @@ collector), so an unscraped server pays nothing more.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 from prometheus_client import CollectorRegistry, generate_latest
@@ -27,6 +27,9 @@ from ...core.session import State
 from ..config import ServerConfig
 from ..sessions.owner import Sessions
 from ..sessions.runner import SAMPLE_EVERY
+
+if TYPE_CHECKING:
+    from .twiliodoor import TwilioStats
 
 
 class Served(Protocol):
@@ -100,6 +103,9 @@ class ServerCollector(Collector):
                 "1 if the cluster store (--cluster) answered its last call, else 0.",
                 int(store_up),
             )
+        twilio = getattr(self.server, "twilio", None)  # (a server with phone calls)
+        if twilio is not None:
+            yield from _twilio(twilio.stats)
         sampled = self.server.sessions.send_to_write
         yield _histogram(
             "trio_duplex_send_to_write_seconds",
@@ -207,6 +213,32 @@ class ServerCollector(Collector):
             "Engines that failed: sessions ended engine_error, and failures before a session.",
             totals.engine_errors,
         )
+
+
+def _twilio(stats: TwilioStats) -> Iterator[Metric]:
+    """Phone calls' counters (twiliodoor.py); a stream's are added as it ends."""
+    tables: list[tuple[str, str, str, dict[str, int]]] = [
+        ("calls", "Twilio streams by outcome at their start.", "outcome", stats.calls),
+        ("refusals", "Twilio webhooks and streams refused, by reason.", "reason", stats.refusals),
+        ("redirects", "Answers to a call's <Redirect>, by result.", "result", stats.redirects),
+        ("stream_events", "Stream status callbacks, by StreamEvent.", "event", stats.stream_events),
+        ("marks", "Marks sent to Twilio and what came of them.", "kind", stats.marks),
+        ("clears", "clear messages sent to Twilio, by why.", "why", stats.clears),
+        ("dropped", "Twilio messages dropped, by what.", "what", stats.dropped),
+    ]
+    for name, text, label, table in tables:
+        family = CounterMetricFamily(f"trio_duplex_twilio_{name}", text, labels=[label])
+        for key, count in sorted(table.items()):
+            family.add_metric([key], count)
+        yield family
+    audio = CounterMetricFamily(
+        "trio_duplex_twilio_audio_seconds",
+        "Seconds of call audio, by direction (in: from the caller).",
+        labels=["direction"],
+    )
+    for direction, count in sorted(stats.audio_bytes.items()):
+        audio.add_metric([direction], count / 8000)
+    yield audio
 
 
 def _histogram(

@@ -24,6 +24,7 @@ from websockets.http11 import Request
 
 from ...core.opening import OPEN, Grant
 from ...dialects import CALLS_ONLY, NATIVE, Dialect, by_name
+from ...dialects.twilio import TWILIO
 from .auth import POST_PATHS
 from .http import Endpoints, Posts, origin_allowed
 from .throttle import Throttled
@@ -90,6 +91,13 @@ _RELAY_UNSIGNED = Answer(
     _RELAY_FORBIDDEN, "403: a relay request not signed for this node", "relay_unsigned"
 )
 _NO_CREDENTIAL = Answer(_UNAUTHORIZED, "401: no valid credential", "unauthorized")
+_TWILIO_UNSIGNED = Answer(
+    None,
+    "403: a Twilio stream not signed by its account",
+    "twilio_signature",
+    403,
+    "not signed by this Twilio account\n",
+)
 
 _RELAY_DIALECT = Answer(
     plain("400 Bad Request", "a relayed resume names one known dialect\n"),
@@ -134,6 +142,9 @@ class Router:
     unless named here. A dialect of ``CALLS_ONLY`` (a call's) is never selected: its path
     is not ours (404). Only the relay path takes one (a call's resume relayed between
     nodes, signed)."""
+    twilio: tuple[str, Callable[[Request, SplitResult], bool]] | None = None
+    """Phone calls (twiliodoor.py): the stream's path, and the check of its upgrade's
+    ``X-Twilio-Signature``; such an upgrade speaks ``twilio``, its door serves it."""
 
     def posts_token(self, head: bytes) -> bool:
         """A POST of a client token or secret (answered by ``posts``, body and all)."""
@@ -165,6 +176,9 @@ class Router:
                 return _RELAY_UNSIGNED
             relayed = _relayed_dialect(request)
             return _RELAY_DIALECT if relayed is None else Upgrade(*signed, dialect=relayed)
+        twilio = self.twilio
+        if twilio is not None and url.path == twilio[0]:
+            return Upgrade(OPEN, dialect=TWILIO) if twilio[1](request, url) else _TWILIO_UNSIGNED
         dialect = self.dialects.get(url.path)
         if dialect is None:
             if url.path != self.path:
