@@ -137,44 +137,90 @@ class Head:
     length: int
 
 
-def parse_head(head: bytes) -> Head | Refusal:
-    """Parse a request head (its blank line may be included). Refusal (400): a
-    request line that is not ``METHOD /target HTTP/1.x``, a header line that is not
-    ``Name: value``, a bare CR or LF, more than 128 headers, ``Transfer-Encoding``, a
-    ``Content-Length`` that is not one value in ASCII digits, Host, Origin or
-    Authorization sent twice. A call's POST (of ``CALLS_PATH``) needs a Content-Length
-    (its body is the offer); without one, any other request has no body (RFC 9112 §6.3:
-    ``curl -X POST .../hangup`` sends none)."""
+HeadFault = Literal["not_http", "target", "twice", "codings", "length"]
+"""Why ``read_head`` refused a head: each endpoint words it in its own refusal."""
+
+
+@attrs.frozen
+class RequestHead:
+    """A request head as ``read_head`` lexed it, for any endpoint: the target split
+    into ``path`` and ``raw_query`` (as received, still percent-encoded; None without a
+    ``?``, ``""`` for a bare one), every header line in order (not in the repr: they hold
+    credentials), and the ``Content-Length`` (None without one)."""
+
+    method: str
+    path: str
+    raw_query: str | None
+    headers: Headers = attrs.field(repr=False)
+    length: int | None
+
+
+def read_head(head: bytes) -> RequestHead | HeadFault:
+    """Lex a request head (its blank line may be included). The fault: ``not_http`` for
+    a request line that is not ``METHOD /target HTTP/1.x``, a header line that is not
+    ``Name: value``, a bare CR or LF, more than 128 headers; ``target`` for a target that
+    is not origin-form visible ASCII (or holds a ``#``); ``twice`` for Host, Origin or
+    Authorization sent twice; ``codings`` for ``Transfer-Encoding``; ``length`` for a
+    ``Content-Length`` that is not one value in ASCII digits."""
     lines = head.decode("latin-1").removesuffix("\r\n\r\n").split("\r\n")
     if len(lines) - 1 > _MAX_HEADERS or any("\r" in line or "\n" in line for line in lines):
-        return _NOT_HTTP
+        return "not_http"
     parts = lines[0].split(" ")
     if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or parts[2] not in _VERSIONS:
-        return _NOT_HTTP
+        return "not_http"
     method, target, _ = parts
     if not _TARGET.fullmatch(target) or "#" in target:
-        return _BAD_TARGET
-    path, _, query_text = target.partition("?")
+        return "target"
+    path, mark, query_text = target.partition("?")
     headers = Headers()
     for line in lines[1:]:
         name, colon, value = line.partition(":")
         value = value.strip(" \t")
         if not colon or not _TOKEN.fullmatch(name) or not _VALUE.fullmatch(value):
-            return _NOT_HTTP
+            return "not_http"
         headers.set_insecure(name, value)
     if any(len(headers.get_all(name)) > 1 for name in _SINGLE):
-        return _TWICE
+        return "twice"
     if "Transfer-Encoding" in headers:
-        return _CODINGS
+        return "codings"
     lengths = headers.get_all("Content-Length")
-    if not lengths and (method != "POST" or path != CALLS_PATH):  # (curl -X POST .../hangup)
-        length = 0
+    if not lengths:
+        length = None
     elif len(lengths) == 1 and _CONTENT_LENGTH.fullmatch(lengths[0]):
         length = int(lengths[0])
     else:
-        return _LENGTH
+        return "length"
+    return RequestHead(method, path, query_text if mark else None, headers, length)
+
+
+_HEAD_FAULTS: dict[HeadFault, Refusal] = {
+    "not_http": _NOT_HTTP,
+    "target": _BAD_TARGET,
+    "twice": _TWICE,
+    "codings": _CODINGS,
+    "length": _LENGTH,
+}
+
+
+def parse_head(head: bytes) -> Head | Refusal:
+    """Parse a request head (its blank line may be included). Refusal (400): a
+    request line that is not ``METHOD /target HTTP/1.x``, a header line that is not
+    ``Name: value``, a bare CR or LF, more than 128 headers, ``Transfer-Encoding``, a
+    ``Content-Length`` that is not one value in ASCII digits, Host, Origin or
+    Authorization sent twice (``read_head``'s faults). A call's POST (of ``CALLS_PATH``)
+    needs a Content-Length (its body is the offer); without one, any other request has no
+    body (RFC 9112 §6.3: ``curl -X POST .../hangup`` sends none)."""
+    lexed = read_head(head)
+    if isinstance(lexed, str):
+        return _HEAD_FAULTS[lexed]
+    method, path, length = lexed.method, lexed.path, lexed.length
+    if length is None:
+        if method == "POST" and path == CALLS_PATH:
+            return _LENGTH
+        length = 0  # (curl -X POST .../hangup)
+    query_text = lexed.raw_query
     query = parse_qs(query_text, keep_blank_values=True) if query_text else {}
-    return Head(method, path, query, headers, length)
+    return Head(method, path, query, lexed.headers, length)
 
 
 @attrs.frozen
@@ -394,7 +440,12 @@ def cors_headers(origin: str | None, allowed: bool) -> list[str]:
     ]
 
 
-def _response(status: int, lines: list[str], body: bytes = b"", media: str | None = None) -> bytes:
+def http_response(
+    status: int, lines: list[str], body: bytes = b"", media: str | None = None
+) -> bytes:
+    """A whole answer: its status line, ``lines`` (header lines), ``Content-Length``
+    (none on a 204), ``Cache-Control: no-store`` and ``Connection: close`` (one request a
+    connection), then ``body``."""
     head = [f"HTTP/1.1 {status} {_PHRASES.get(status, 'Error')}"]
     if media is not None:
         head.append(f"Content-Type: {media}")
@@ -410,7 +461,7 @@ def preflight_response(preflight: Preflight, allowed: bool) -> bytes:
     cors = cors_headers(preflight.origin, allowed)
     if not cors:
         refusal = openai_refusal(403, "origin not allowed")
-        return _response(403, [], refusal.body, "application/json")
+        return http_response(403, [], refusal.body, "application/json")
     lines = [
         cors[0],
         f"Access-Control-Allow-Methods: {_ALLOW_METHODS}",
@@ -420,13 +471,13 @@ def preflight_response(preflight: Preflight, allowed: bool) -> bytes:
     ]
     if preflight.private_network:
         lines.append("Access-Control-Allow-Private-Network: true")
-    return _response(204, lines)
+    return http_response(204, lines)
 
 
 def created_response(answer_sdp: str, call_id: str, cors: list[str]) -> bytes:
     """201: the call's answer, and where the call is (``Location``)."""
     lines = [f"Location: {CALLS_PATH}/{call_id}", *cors]
-    return _response(201, lines, answer_sdp.encode(), "application/sdp")
+    return http_response(201, lines, answer_sdp.encode(), "application/sdp")
 
 
 def refusal_response(refusal: Refusal, cors: list[str]) -> bytes:
@@ -437,12 +488,12 @@ def refusal_response(refusal: Refusal, cors: list[str]) -> bytes:
         lines.append("WWW-Authenticate: Bearer")
     if refusal.status in (429, 503):
         lines.append(f"Retry-After: {RETRY_AFTER_S}")
-    return _response(refusal.status, lines, refusal.body, "application/json")
+    return http_response(refusal.status, lines, refusal.body, "application/json")
 
 
 def hangup_response(cors: list[str]) -> bytes:
     """200 with an empty body: the call is hung up."""
-    return _response(200, list(cors))
+    return http_response(200, list(cors))
 
 
 def new_call_id() -> str:
@@ -455,16 +506,20 @@ __all__ = [
     "CallRequest",
     "Hangup",
     "Head",
+    "HeadFault",
     "Preflight",
+    "RequestHead",
     "classify",
     "cors_headers",
     "created_response",
     "hangup_response",
+    "http_response",
     "is_calls_head",
     "new_call_id",
     "openai_refusal",
     "parse_call",
     "parse_head",
     "preflight_response",
+    "read_head",
     "refusal_response",
 ]
