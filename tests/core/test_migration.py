@@ -436,6 +436,6 @@ def test_a_record_s_fixed_flag_is_checked() -> None:
     record = export(session, Frozen({"n": 1}, 0))
     for bad in (1, "yes", None):
         with pytest.raises(ValueError, match="fixed_token"):
-            attrs.evolve(record, fixed_token=bad)
+            attrs.evolve(record, fixed_token=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="pending"):
         attrs.evolve(record, fixed_token=True, pending_digest=b"\0" * 32)

@@ -158,12 +158,12 @@ def _start(doc: dict[str, Any], stream_sid: str | None) -> Start:
     if stream_sid is not None:
         raise TwilioMessageError("a second start")
     start = _object(doc, "start")
-    ids = [start.get(name) for name in ("streamSid", "accountSid", "callSid")]
-    for value, pattern, name in zip(
-        ids, (_STREAM, _ACCOUNT, _CALL), ("stream", "account", "call"), strict=True
-    ):
+    ids: list[str] = []
+    for name, pattern in (("stream", _STREAM), ("account", _ACCOUNT), ("call", _CALL)):
+        value = start.get(f"{name}Sid")
         if type(value) is not str or pattern.fullmatch(value) is None:
             raise TwilioMessageError(f"start.{name}Sid is not a valid id")
+        ids.append(value)
     tracks = start.get("tracks", [])
     if (
         type(tracks) is not list

@@ -22,7 +22,7 @@ import math
 import os
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -39,7 +39,9 @@ from .http import Endpoints, serve_internal
 from .listen import open_listeners
 from .router import RelayCheck, Router
 from .tls import tls_handshake
-from .twiliodoor import TwilioDoor
+
+if TYPE_CHECKING:
+    from .twiliodoor import TwilioDoor
 
 log = logging.getLogger("trio_duplex")
 

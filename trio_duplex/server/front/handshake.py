@@ -24,6 +24,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
 import attrs
@@ -42,7 +43,9 @@ from .calldoor import CallAccepted, CallDoor
 from .calls import is_calls_head
 from .http import MAX_POST_BYTES, answer_post
 from .router import Answer, Router, Upgrade, plain
-from .twiliodoor import TwilioDoor
+
+if TYPE_CHECKING:
+    from .twiliodoor import TwilioDoor
 
 _MAX_REQUEST_BYTES = 16384
 """The largest request head taken (431 beyond)."""
