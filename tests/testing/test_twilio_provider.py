@@ -19,6 +19,7 @@ import json
 import math
 import re
 import sys
+import threading
 import warnings
 import wave
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -174,7 +175,7 @@ _chars = st.characters(exclude_categories=["Cs"])  # (no lone surrogates: not UT
 _text = st.text(_chars, max_size=20)
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(
     token=st.text(_chars, min_size=1, max_size=40),
     url=st.builds(
@@ -208,6 +209,7 @@ class _MultiDict:
         return [value for n, value in self.pairs if n == name]
 
 
+@settings(deadline=None)
 @given(pairs=st.lists(st.tuples(st.sampled_from("abc"), _text), max_size=8))
 def test_sign_sorts_a_repeated_names_values_as_twilio_python(pairs: list[tuple[str, str]]) -> None:
     url = "https://example.com/v1/twilio/twiml?resume=1"
@@ -285,6 +287,7 @@ def test_parse_twiml_refuses_what_the_fake_cannot_run(document: str) -> None:
         parse_twiml(document)
 
 
+@settings(deadline=None)
 @given(st.text(max_size=200) | st.binary(max_size=200))
 def test_parse_twiml_takes_anything_with_a_typed_error(document: str | bytes) -> None:
     try:
@@ -674,10 +677,14 @@ def test_what_the_caller_says_in_a_redirects_gap_is_lost() -> None:
             second = await script.next_stream()
             _, start = await _opened(second)
             assert start["streamSid"] == call.stream_sid != call.streams[0].stream_sid
-            await call.send_audio(b"\x02" * 160, realtime=False)
-            media = await _recv(second)
-            assert media["media"]["chunk"] == "1" and media["sequenceNumber"] == "2"
-            assert base64.b64decode(media["media"]["payload"]) == b"\x02" * 160
+            await call.send_audio(b"\x02" * 320, realtime=False)
+            media = [await _recv(second), await _recv(second)]
+            # The new stream counts afresh; audio sent faster than real time is still
+            # stamped 20 ms a chunk apart (its presentation time).
+            assert [m["media"]["chunk"] for m in media] == ["1", "2"]
+            assert [m["media"]["timestamp"] for m in media] == ["0", "20"]
+            assert [m["sequenceNumber"] for m in media] == ["2", "3"]
+            assert base64.b64decode(media[1]["media"]["payload"]) == b"\x02" * 160
             assert call.lost == 320
             await call.stop()
 
@@ -700,10 +707,18 @@ def test_a_refused_upgrade_runs_the_next_verb_and_an_ended_call_takes_no_audio()
 
 
 async def test_run_scenario_runs_the_fake_from_trio_in_a_thread() -> None:
-    async def scenario(n: int) -> list[str]:
-        return [SID.pattern] * n
+    async def scenario(n: int) -> tuple[int, int]:
+        asyncio.get_running_loop()  # (an asyncio loop runs it)
+        return n, threading.get_ident()
 
-    assert await trio.to_thread.run_sync(run_scenario, scenario, 2) == [SID.pattern] * 2
+    n, thread = await trio.to_thread.run_sync(run_scenario, scenario, 2)
+    assert n == 2 and thread != threading.get_ident()
+
+    async def stuck() -> None:
+        await asyncio.Event().wait()
+
+    with pytest.raises(TimeoutError):  # the bound ends a scenario that would hang the test
+        await trio.to_thread.run_sync(lambda: run_scenario(stuck, timeout=0.01))
 
 
 def test_the_fakes_repr_keeps_the_auth_token_out() -> None:
