@@ -29,6 +29,12 @@ module through another one either (each violation is reported with its chain).
 * the shell's sans-IO modules (the call endpoints' HTTP, a call's SDP, client secrets and
   tokens): no trio.
 
+A fake written from a provider's public reference imports nothing of the package at all,
+and beyond the standard library only what it names (``INDEPENDENT``): the fake Twilio
+(``trio_duplex.testing.twilio_provider``, docs/plans/telephony.md §7.3) is the other side of
+the server's reading of Twilio, and would agree with a mistake it shared with the server's
+code.
+
 And one boundary by name: only ``trio_duplex.media._worker`` (run as a process of its own)
 imports ``av``, ``aiortc``, ``aioice`` or ``pylibsrtp``. PyPI's av wheels link GPL x264 and
 x265 (docs/plans/webrtc.md §0.1): importing any of these in the server's process would map
@@ -42,6 +48,7 @@ self-tests at the end can prove each check fails when it should.
 from __future__ import annotations
 
 import ast
+import sys
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +58,7 @@ import trio_duplex
 
 PACKAGE = "trio_duplex"
 PACKAGE_DIR = Path(trio_duplex.__file__).resolve().parent
+STDLIB = frozenset(sys.stdlib_module_names)
 
 
 # -- the graph ------------------------------------------------------------------------------
@@ -325,6 +333,33 @@ LAYERS = [
 # under TYPE_CHECKING), and no module may reach them through another.
 CONFINED = {name: (f"{PACKAGE}.media._worker",) for name in ("av", "aiortc", "aioice", "pylibsrtp")}
 
+# Modules that import nothing of the package (not even under TYPE_CHECKING or in a
+# function), and of the rest only the standard library and these top-level names.
+INDEPENDENT = {
+    # stdlib, websockets' asyncio client, httpx2 for the webhooks, numpy for a WAV's
+    # low-pass before decimating it to 8 kHz
+    f"{PACKAGE}.testing.twilio_provider": ("websockets", "httpx2", "numpy"),
+}
+
+
+def dependence(
+    graph: ImportGraph, independent: Mapping[str, Sequence[str]], stdlib: frozenset[str]
+) -> list[str]:
+    """Each import of the package by an independent module, and each import of something
+    neither in the standard library nor allowed it."""
+    found = []
+    for module, allowed in sorted(independent.items()):
+        if module not in graph.edges:
+            found.append(f"{module}: no such module")
+            continue
+        found += [f"{module} imports the package: {e}" for e in graph.edges[module]]
+        found += [
+            f"{module} imports {name} (line {line})"
+            for name, line in graph.external[module]
+            if name not in stdlib and name not in allowed
+        ]
+    return found
+
 
 def layer_violations(graph: ImportGraph, layers: Sequence[Layer]) -> list[str]:
     found = []
@@ -388,6 +423,15 @@ def test_only_the_media_worker_imports_the_media_stack() -> None:
     # (not vacuous: the worker is there and imports them)
     worker = {name for name, _ in graph.external[f"{PACKAGE}.media._worker"]}
     assert {"av", "aiortc", "aioice"} <= worker
+
+
+def test_the_fakes_import_nothing_of_the_package() -> None:
+    graph = build_graph(PACKAGE_DIR, PACKAGE)
+    violations = dependence(graph, INDEPENDENT, STDLIB)
+    assert not violations, "a fake that depends on what it tests:\n" + "\n".join(violations)
+    # (not vacuous: the fake is there and imports what it says)
+    fake = {name for name, _ in graph.external[f"{PACKAGE}.testing.twilio_provider"]}
+    assert {"websockets", "httpx2", "hmac", "xml"} <= fake
 
 
 def test_the_graph_sees_every_module_and_the_known_edges() -> None:
@@ -479,6 +523,23 @@ def test_confined_imports_direct_and_through_the_package() -> None:
     )
     (violation,) = confined_imports(through, confined)
     assert violation.startswith("p.media.link reaches p.media._worker, which may import them:")
+
+
+def test_dependence_finds_the_package_and_unnamed_imports() -> None:
+    independent = {"p.testing.fake": ("websockets",)}
+    stdlib = frozenset({"json", "asyncio"})
+    clean = _graph({"p.testing.fake": []}, **{"p.testing.fake": ["json", "websockets"]})
+    assert dependence(clean, independent, stdlib) == []
+    # Any edge into the package counts, even one a TYPE_CHECKING import makes.
+    edges = {"p.testing.fake": [Edge("p.testing.fake", "p.core.x", 3, type_checking=True)]}
+    typed = ImportGraph(edges=edges, external={"p.testing.fake": []})
+    assert dependence(typed, independent, stdlib) == [
+        "p.testing.fake imports the package: "
+        "p.testing.fake -> p.core.x (line 3, under TYPE_CHECKING)"
+    ]
+    trio_too = _graph({"p.testing.fake": []}, **{"p.testing.fake": ["trio", "asyncio"]})
+    assert dependence(trio_too, independent, stdlib) == ["p.testing.fake imports trio (line 1)"]
+    assert dependence(_graph({}), independent, stdlib) == ["p.testing.fake: no such module"]
 
 
 def test_the_media_layer_is_checked() -> None:
