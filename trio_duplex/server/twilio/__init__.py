@@ -1,0 +1,1 @@
+"""Phone calls over Twilio Media Streams (docs/plans/telephony.md)."""
