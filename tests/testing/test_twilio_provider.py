@@ -32,7 +32,7 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twilio.request_validator import RequestValidator  # type: ignore[import-untyped]
+from twilio.request_validator import RequestValidator
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request, Response
 

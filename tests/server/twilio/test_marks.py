@@ -714,3 +714,16 @@ TestBook.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def test_a_fence_given_up_sends_again_and_counts_what_it_dropped_as_done() -> None:
+    book = MarkBook(SID)
+    drive(book, [("audio", 1), ("audio", 2)])
+    assert book.fence() and book.fenced
+    assert book.queued(3, payload(3)) == []  # fenced: nothing goes out, nothing is acked
+    assert book.take_acks() is None
+    assert book.unfence() == [] and not book.fenced  # (nothing queued to send)
+    assert book.take_acks() == 3  # what the fence dropped is done with
+    sent = book.queued(4, payload(4))
+    assert [json.loads(message)["event"] for message in sent] == ["media", "mark"]
+    assert book.unfence() == []  # (not fenced: nothing to do)

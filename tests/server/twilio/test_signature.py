@@ -49,7 +49,10 @@ def reference(url: str, pairs: list[tuple[str, str]], token: str = TOKEN) -> str
 
 hosts = st.from_regex(r"[a-z][a-z0-9-]{0,15}(\.[a-z][a-z0-9]{0,8}){0,3}", fullmatch=True)
 ports = st.none() | st.integers(1, 65535)
-segments = st.from_regex(r"([A-Za-z0-9._~!$'()*+,;=:@-]|%[0-9A-F]{2}){0,12}", fullmatch=True)
+# No ";" in a path: the reference's urlparse takes a last segment's ";..." for RFC 2396
+# parameters, which its re-spelling of the URL with or without its port drops (the
+# validator then disagrees with itself); our paths are our own (--twilio-path).
+segments = st.from_regex(r"([A-Za-z0-9._~!$'()*+,=:@-]|%[0-9A-F]{2}){0,12}", fullmatch=True)
 paths = st.lists(segments, max_size=4).map(lambda parts: "/" + "/".join(parts))
 queries = st.none() | st.from_regex(
     r"([A-Za-z0-9._~!$'()*+,;=:@/?&-]|%[0-9A-F]{2}){1,30}", fullmatch=True

@@ -165,7 +165,7 @@ class Door:
                 await self.calls.serve(accepted)
             elif accepted is not None and accepted.dialect is TWILIO:
                 assert self.twilio is not None
-                await self.twilio.stream(accepted)
+                await self.twilio.stream(accepted.ws)
             elif accepted is not None:
                 await self.serve(
                     accepted.ws, accepted.query, accepted.grant, accepted.dialect, accepted.bearer

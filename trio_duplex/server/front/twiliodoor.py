@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 from urllib.parse import SplitResult
 
 import attrs
@@ -83,9 +82,6 @@ from .twilio import (
     status_of,
     twiml_response,
 )
-
-if TYPE_CHECKING:
-    from .handshake import Accepted
 
 log = logging.getLogger("trio_duplex")
 
@@ -279,10 +275,9 @@ class TwilioDoor:
             self.stats.refusals["signature"] += 1
         return ok
 
-    async def stream(self, accepted: Accepted) -> None:
+    async def stream(self, ws: WebSocket) -> None:
         """A stream's life past its 101: its ``start`` read and checked, then its
         session served over a ``TwilioChannel`` until it ends or the stream does."""
-        ws = accepted.ws
         ws.max_message_bytes = MAX_MESSAGE_BYTES
         start: Start | None = None
         with trio.move_on_after(self.config.handshake_timeout_s):
