@@ -50,8 +50,9 @@ The rules (§3.4), and what this module decided where §3.4 leaves room:
   frontier may pass it at once (the ``response.cancelled`` itself is acked then),
   because that response was cancelled: a resume must not replay its audio, and the
   core sends none of it after the cancel either (docs/protocol.md "Decision (delay)").
-  The frontier may so be behind what played between the last echo and the clear, never
-  ahead of it.
+  So the frontier passes no audio that was not proven played except audio a cancel cut
+  off (done with, whether heard or not); the marks after the clear are never stuck
+  behind the cleared ones.
 * ``fence()`` (the migration's, §4.1): sends ``clear`` and freezes everything: no audio
   is sent, no ack is given after it (the frontier is final; what was not proven played is
   replayed by the next stream), the queue is dropped and later frames are dropped.
@@ -200,36 +201,36 @@ class MarkBook:
     """A ``session.closed``/``session.expired`` was written: close once ``drained``."""
     fenced: bool = attrs.field(default=False, init=False)
 
-    _lead_max: int = attrs.field(init=False)
-    _interval: int = attrs.field(init=False)
-    _queue_max: int = attrs.field(init=False)
-    _media_max: int = attrs.field(init=False)
-    _fifo_max: int = attrs.field(init=False)
-    _cleared_max: int = attrs.field(init=False)
+    _lead_max: int = attrs.field(init=False, repr=False)
+    _interval: int = attrs.field(init=False, repr=False)
+    _queue_max: int = attrs.field(init=False, repr=False)
+    _media_max: int = attrs.field(init=False, repr=False)
+    _fifo_max: int = attrs.field(init=False, repr=False)
+    _cleared_max: int = attrs.field(init=False, repr=False)
     _media_head: str = attrs.field(init=False, repr=False)
     _mark_head: str = attrs.field(init=False, repr=False)
     _clear_text: str = attrs.field(init=False, repr=False)
 
     _queue: deque[tuple[int, bytes]] = attrs.field(init=False, factory=deque, repr=False)
-    _queued_bytes: int = attrs.field(default=0, init=False)
+    _queued_bytes: int = attrs.field(default=0, init=False, repr=False)
     _ends: deque[int] = attrs.field(init=False, factory=deque, repr=False)
     """Seqs of queued frames that end a response, oldest first."""
     _fifo: deque[_Mark] = attrs.field(init=False, factory=deque, repr=False)
     _cleared: dict[str, None] = attrs.field(init=False, factory=dict, repr=False)
     """Names of marks outstanding at a clear, oldest first (a dict: an ordered set)."""
-    _lead: int = attrs.field(default=0, init=False)
-    _unmarked: int = attrs.field(default=0, init=False)
+    _lead: int = attrs.field(default=0, init=False, repr=False)
+    _unmarked: int = attrs.field(default=0, init=False, repr=False)
     """Bytes sent since the last mark (part of the lead)."""
-    _stretch_first: int | None = attrs.field(default=None, init=False)
+    _stretch_first: int | None = attrs.field(default=None, init=False, repr=False)
     """The first frame sent since the last mark (None: none)."""
-    _last_sent: int = attrs.field(default=0, init=False)
+    _last_sent: int = attrs.field(default=0, init=False, repr=False)
     """The seq of the last frame sent: the next mark's name."""
-    _end_sent: bool = attrs.field(default=False, init=False)
+    _end_sent: bool = attrs.field(default=False, init=False, repr=False)
     """A response's last frame went out since the last mark: a mark is due."""
-    _seen: int = attrs.field(default=0, init=False)
+    _seen: int = attrs.field(default=0, init=False, repr=False)
     """The newest seq written (audio or text)."""
-    _frontier: int = attrs.field(default=0, init=False)
-    _taken: int = attrs.field(default=0, init=False)
+    _frontier: int = attrs.field(default=0, init=False, repr=False)
+    _taken: int = attrs.field(default=0, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         rate = self.bytes_per_s
