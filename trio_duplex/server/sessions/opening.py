@@ -43,6 +43,9 @@ from .websocket import ConnectionClosed
 
 log = logging.getLogger("trio_duplex")
 
+_OPENAI = frozenset({"openai", "openai-call"})
+"""The dialects whose session object names ``turn_detection`` (OpenAI's)."""
+
 
 @attrs.define(eq=False)
 class Opener:
@@ -237,8 +240,10 @@ class Opener:
             # The dialect's default audio, which no client asked for: an engine that
             # knows no audio format passes audio through as it comes (docs/engines.md).
             plan.config.pop("audio", None)
-        if spoken and "turn_detection" not in plan.config:
-            # What the engine does of itself, shown as the session's (Engine.turn_detection).
+        if spoken and "turn_detection" not in plan.config and conn.dialect.name in _OPENAI:
+            # What the engine does of itself, shown as the session's (Engine.turn_detection):
+            # OpenAI's session object always names it. (A telephony call's session shows
+            # nothing to anyone: its configuration stays as opened, so ``echo`` echoes.)
             detection = getattr(engine, "turn_detection", None)
             plan.config["turn_detection"] = None if detection is None else dict(detection)
         if plan.first is None:
