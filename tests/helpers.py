@@ -514,3 +514,11 @@ TEXT_RESPONSE = [
     "response.done",
 ]
 """A text response's events on the OpenAI dialect, each run of deltas written as one."""
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server whose URL must be known first)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
