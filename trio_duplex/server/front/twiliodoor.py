@@ -40,6 +40,7 @@ from websockets.http11 import Request
 from ...core.credentials import digest
 from ...core.events import Reason
 from ...core.opening import Assigned, Grant
+from ...core.session import State
 from ...dialects import Dialect
 from ...dialects.twilio import TWILIO
 from ...dialects.twilio.messages import (
@@ -246,7 +247,7 @@ class TwilioDoor:
         if not ended:
             return
         runner = self.sessions.runner(self.keys.session_id(account, call))
-        if runner is not None and runner.conn is None:  # detached: nobody will resume it
+        if runner is not None and runner.session.state is State.DETACHED:  # nobody will resume it
             log.info("call %s completed: its detached session ends", call)
             runner.end(Reason.CLIENT_CLOSE)
 
