@@ -212,3 +212,49 @@ def test_the_forms_of_secrets_are_masked() -> None:
     }  # fmt: skip
     for line, masked in lines.items():
         assert redact(line) == masked, line
+
+
+@pytest.mark.integration
+async def test_a_debug_run_of_a_phone_call_logs_no_secret(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A phone call through the fake Twilio at ``--log-level debug``: the auth token (from
+    ``TRIO_DUPLEX_TWILIO_AUTH_TOKEN``), the signatures Twilio sent, the tickets the TwiML
+    carried and the call's derived resume token are in no line."""
+    from trio_duplex.server.twilio.tickets import TwilioKeys
+    from trio_duplex.testing.twilio_provider import FakeCall, FakeTwilio, run_scenario, sign
+
+    token, account = secrets.token_hex(16), "AC" + secrets.token_hex(16)
+    monkeypatch.setenv("TRIO_DUPLEX_TWILIO_AUTH_TOKEN", token)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = _launch(servers, "--port", str(port), "--log-level", "debug",
+                     "--twilio-public-url", base)  # fmt: skip
+    await trio.to_thread.run_sync(server.wait_for_line, READY, 30)
+
+    async def scenario(url: str) -> FakeCall:
+        async with FakeTwilio(url, token, account) as twilio:
+            call = await twilio.place_call()
+            await call.send_silence(0.5)
+            await call.dtmf("7")
+            await call.wait_for(lambda c: c.received_events("mark"), timeout=TIMEOUT)
+            await call.stop()
+            await call.wait_ended()
+            return call
+
+    call = await trio.to_thread.run_sync(run_scenario, scenario, base)
+    server.interrupt()
+    assert await trio.to_thread.run_sync(server.wait, 30) == 0, server.log
+    keys = TwilioKeys.derive(token)
+    session_id = keys.session_id(account, call.call_sid)
+    held = {
+        "auth token": token,
+        "resume token": keys.resume_token(session_id),
+        "ticket": call.streams[0].parameters["trio_duplex_ticket"],
+        "upgrade's signature": sign(token, f"ws://127.0.0.1:{port}/v1/twilio"),
+        "webhook's signature": sign(token, f"{base}/v1/twilio/twiml", call.form),
+    }
+    assert f"session {session_id}" in server.log  # (the call was served and logged)
+    for name, value in held.items():
+        assert value not in server.log, f"the {name} is in the log"
+        assert value[4:-4] not in server.log, f"part of the {name} is in the log"

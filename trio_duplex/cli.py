@@ -206,7 +206,7 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def _register_secrets(config: ServerConfig) -> None:
     """The secrets the settings hold, masked in every log line (logs.py); the proxy's
     factory registers its upstream key and header values itself."""
-    register_secret(config.cluster_secret)
+    register_secret(config.cluster_secret, config.twilio_auth_token)
     for url in (config.cluster, config.upstream):
         password = None if url is None else urllib.parse.urlsplit(url).password
         if password:

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from ..helpers import Serve, ServerProcess, exchange
 
 KEYS = "acme: k-acme-123\n"
+TWILIO_TOKEN = "0123456789abcdef0123456789abcdef"
+"""Phone calls' endpoints on too (their webhooks' forms, their stream's upgrade)."""
 OFFER = (  # a browser's offer (no candidates): Opus audio and a data channel
     "v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0 1\r\n"
     "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=mid:0\r\na=sendrecv\r\n"
@@ -30,7 +32,8 @@ def target(serve_module: Serve, tmp_path_factory: pytest.TempPathFactory) -> Ser
     keys.write_text(KEYS)
     verifier = ("--auth", "tests.server.auth_verifier:verify")  # X-Token: good
     calls = ("--calls", "--call-allow-peer", "127.0.0.0/8")  # the WebRTC calls' endpoints
-    return serve_module("--api-key-file", str(keys), "--demo", *verifier, *calls)
+    twilio = ("--twilio-auth-token", TWILIO_TOKEN, "--twilio-public-url", "http://127.0.0.1")
+    return serve_module("--api-key-file", str(keys), "--demo", *verifier, *calls, *twilio)
 
 
 def status_of(answer: bytes) -> int:
@@ -118,6 +121,12 @@ PATHS = [
     "/v1/realtime/calls/rtc_0123456789abcdef0123456789abcdef",
     "/v1/realtime/calls/rtc_0123456789abcdef0123456789abcdef/hangup",
     "/v1/realtime/calls/../client_secrets",
+    "/v1/twilio",
+    "/v1/twilio/twiml",
+    "/v1/twilio/twiml?resume=1&attempt=1&t=1",
+    "/v1/twilio/twiml?resume=1&attempt=x&t=",
+    "/v1/twilio/status",
+    "/v1/twilio/status?%zz",
 ]
 VERSIONS = ["HTTP/1.1", "HTTP/1.0", "HTTP/2", "", "HTTP/1.1 extra", "HTTP/9.9"]
 NAMES = [
@@ -135,6 +144,8 @@ NAMES = [
     "Expect",
     "X-Token",
     "Content-Type",
+    "X-Twilio-Signature",
+    "X-Twilio-Webhooks-Signature-Settings",
 ]
 VALUES = [
     "127.0.0.1",
@@ -164,6 +175,9 @@ VALUES = [
     "application/sdp",
     "multipart/form-data; boundary=b",
     "multipart/form-data",
+    "application/x-www-form-urlencoded",
+    "application/x-www-form-urlencoded; charset=utf-8",
+    "3OjyaTG0gpHq3kT7s0cU9uy/8ls=",
     "\ud800",
 ]
 BODIES = [
@@ -183,6 +197,10 @@ BODIES = [
     OFFER.encode()[:-40],
     b"--b\r\nContent-Disposition: form-data; name=sdp\r\n\r\n" + OFFER.encode() + b"\r\n--b--\r\n",
     b'--b\r\nContent-Disposition: form-data; name="session"\r\n\r\n{"type": 1}\r\n--b--\r\n',
+    b"AccountSid=AC" + b"1" * 32 + b"&CallSid=CA" + b"2" * 32 + b"&CallStatus=ringing",
+    b"AccountSid=AC%zz&CallSid=&CallSid=CA",
+    b"CallStatus=completed&StreamEvent=stream-error&StreamError=%ED%A0%80",
+    b"=&&==&%",
 ]
 
 header_text = st.text(
