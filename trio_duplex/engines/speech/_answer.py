@@ -52,6 +52,9 @@ class Response:
     cancelled: bool = False
     finished: bool = False  # played whole (or cancelled): only its end is left to send
     said: list[str] = attrs.Factory(list)  # the text deltas sent, in order
+    spoken_at: list[int] = attrs.Factory(list)
+    """Each spoken clause of ``said``'s first audio frame's ``server_event_seq`` (0: none
+    yet); not kept by a snapshot (a restored response is ended as it was)."""
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
     metadata: dict[str, str] | None = None  # its response.create's, for response.created
     modalities: tuple[str] | None = None  # its response.create's own; None: the session's
@@ -62,6 +65,20 @@ def response(response_id: str, turn: str | Asked) -> Response:
         return Response(response_id, turn)
     return Response(response_id, turn.transcript, metadata=turn.metadata,
                     modalities=turn.modalities)  # fmt: skip
+
+
+def heard(response: Response, delivered_seq: int) -> list[str]:
+    """What of a response the client is known to have heard: all of it, unless it was
+    cancelled while the client acknowledges what it played (a phone call's marks: its
+    ``delivered_seq`` moved), then the clauses whose first audio frame it confirmed (a
+    clause it began hearing counts whole; one never spoken counts as not heard). A
+    restored response (no ``spoken_at``) keeps all it said."""
+    spoken_at = response.spoken_at
+    if not response.cancelled or delivered_seq == 0 or len(spoken_at) != len(response.said):
+        return response.said
+    return [
+        text for text, seq in zip(response.said, spoken_at, strict=True) if 0 < seq <= delivered_seq
+    ]
 
 
 @attrs.define(eq=False)
@@ -96,7 +113,7 @@ class Answerer:
         elif not response.finished:  # restored mid-reply: responder and audio left behind
             response.cancelled = True
             response.finished = True
-        said = "".join(response.said).strip()
+        said = "".join(heard(response, session.delivered_seq())).strip()
         self.history.append({"role": "assistant", "text": said})
         if conversing_:
             status = "incomplete" if response.cancelled else "completed"
@@ -115,6 +132,7 @@ class Answerer:
                     if start + index * FRAME_SECONDS < now:  # synthesis fell behind
                         start = now - index * FRAME_SECONDS
                     await self._text(session, response, clause)
+                    clause_index = len(response.said) - 1
                     for at in range(0, len(pcm), FRAME_BYTES):
                         await trio.sleep_until(start + index * FRAME_SECONDS)
                         await send_live(
@@ -123,6 +141,8 @@ class Answerer:
                              "response_id": response.response_id,
                              "audio": pcm[at : at + FRAME_BYTES]},
                         )  # fmt: skip
+                        if at == 0:
+                            response.spoken_at[clause_index] = session.sent_seq()
                         index += 1
             # Done when the last frame has played, not when it was sent.
             await trio.sleep_until(start + index * FRAME_SECONDS)
@@ -141,6 +161,7 @@ class Answerer:
              "text": text},
         )  # fmt: skip
         response.said.append(text)
+        response.spoken_at.append(0)
 
     async def _synthesise(
         self, transcript: str, send: trio.MemorySendChannel[tuple[str, bytes]]
