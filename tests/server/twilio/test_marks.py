@@ -1,17 +1,21 @@
 """``MarkBook`` alone: tables of what the channel tells it and what it sends Twilio.
 
-Each step is one input (a frame queued, a text written, an echo, a clear, the fence);
-its expected outputs are written short: ``media 3,4`` (one ``media`` carrying frames 3
-and 4 whole: each frame's payload is its seq's byte, so the driver reads them back),
-``mark 4``, ``clear``, and ``ack 4`` when the frontier moved to 4 (``take_acks``). Then
-a hypothesis state machine drives any interleaving and checks the frontier against a
-model of what Twilio has provably played. No I/O, no clock.
+Each step is one input (a frame queued, a text written, an echo, a clear, the fence,
+``finish``); its expected outputs are written short: ``media 3,4`` (one ``media``
+carrying frames 3 and 4 whole: each frame's payload is its seq's byte, so the driver
+reads them back), ``mark 4``, ``clear``, and ``ack 4`` when the frontier moved to 4
+(``take_acks``). A real-time trickle is played against a fake Twilio to count its marks.
+Then a hypothesis state machine drives any interleaving and checks the frontier against
+a model of what Twilio has provably played, that every mark has a reason and none due is
+missed, and that once a response or the stream ends all of it is marked and drains. No
+I/O, no clock.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 from collections import deque
 from typing import Any
 
@@ -104,6 +108,8 @@ def drive(book: MarkBook, steps: list[Step]) -> list[list[str]]:
             outputs = book.echoed(mark)
         elif name == "clear":
             outputs = book.clear()
+        elif name == "finish":
+            outputs = book.finish()
         else:
             assert name == "fence", name
             outputs = book.fence()
@@ -115,22 +121,76 @@ def drive(book: MarkBook, steps: list[Step]) -> list[list[str]]:
     return said
 
 
-def trickle(first: int, last: int) -> list[tuple[Step, list[str]]]:
-    """Frames that each find the queue empty: each goes out alone, a mark after it."""
-    return [(("audio", s), [f"media {s}", f"mark {s}"]) for s in range(first, last + 1)]
+def trickle(
+    first: int, last: int, *, every: int = 5, since: int = 0
+) -> list[tuple[Step, list[str]]]:
+    """Frames that each find the queue empty (a real-time engine's): each goes out alone,
+    and a mark follows every ``every`` frames of them (the interval: 5 at the defaults,
+    ``since`` of them already sent unmarked before ``first``)."""
+    steps: list[tuple[Step, list[str]]] = []
+    for seq in range(first, last + 1):
+        since += 1
+        said = [f"media {seq}"]
+        if since == every:
+            said.append(f"mark {seq}")
+            since = 0
+        steps.append((("audio", seq), said))
+    return steps
 
 
-# Defaults: a lead of 4000 bytes (0.5 s), a mark per 800 bytes (0.1 s), media of at most
-# 800 bytes (five frames), at most 4000 // 800 + 1 = 6 marks out.
+def real_time(frames: int, echo_after: int) -> list[tuple[Step, list[str]]]:
+    """One response's ``frames`` frames as a real-time engine writes them (each finds the
+    queue empty), a mark's echo coming back ``echo_after`` frames after it, then the
+    response's end texts and the echoes still due."""
+    steps = trickle(1, frames)  # a mark per 5 frames: the defaults' interval
+    late: list[str] = []
+    for seq in reversed(range(5, frames + 1, 5)):
+        if seq + echo_after <= frames:
+            steps.insert(seq + echo_after, (("echo", str(seq)), [f"ack {seq}"]))
+        else:
+            late.insert(0, str(seq))
+    end = frames + 1
+    if frames % 5:
+        late.append(str(frames))
+    ends = [f"mark {frames}"] if frames % 5 else [] if late else [f"ack {end}"]
+    done = [] if late else [f"ack {end + 1}"]
+    steps.append((("text", text("response.output_audio.done", end, response_id="r1")), ends))
+    steps.append((("text", text("response.done", end + 1, response_id="r1")), done))
+    for index, name in enumerate(late):
+        acked = end + 1 if index == len(late) - 1 else int(name)
+        steps.append((("echo", name), [f"ack {acked}"]))
+    return steps
+
+
+# Defaults: a lead of 4000 bytes (0.5 s), a mark per 800 bytes (0.1 s: five frames),
+# media of at most 800 bytes (five frames), at most 4000 // 800 + 1 = 6 marks out.
 TABLES: dict[str, tuple[dict[str, Any], list[tuple[Step, list[str]]]]] = {
-    "a trickle goes out frame by frame, each echo acks its frame": (
+    "a trickle goes out frame by frame, a mark per interval and at the response's end": (
         {},
         [
-            *trickle(1, 3),
-            (("text", text("response.done", 4, response_id="r1")), []),
-            (("echo", "1"), ["ack 1"]),
-            (("echo", "2"), ["ack 2"]),
-            (("echo", "3"), ["ack 4"]),  # the response.done after it too
+            *trickle(1, 7),  # (a mark after 5: not after each frame, though each empties the queue)
+            (("text", text("response.output_text.delta", 8, text="hi")), []),
+            (("echo", "5"), ["ack 5"]),  # 6 and 7 unproven: the text waits
+            (("text", text("response.done", 9, response_id="r1")), ["mark 7"]),
+            (("echo", "7"), ["ack 9"]),  # the texts after it too
+        ],
+    ),
+    "a real-time trickle of 25 frames (0.5 s) sends ceil(25/5) marks, not 25": (
+        {},
+        real_time(25, 2),  # (test_a_real_time_trickle_... counts them: at most 25/5 + 1)
+    ),
+    "a real-time trickle ending mid-interval gets its last mark at the response's end": (
+        {},
+        real_time(23, 3),
+    ),
+    "a response's end marks audio already sent (and only once)": (
+        {},
+        [
+            *trickle(1, 2),
+            (("text", text("response.output_audio.done", 3, response_id="r1")), ["mark 2"]),
+            (("text", text("response.done", 4, response_id="r1")), []),  # nothing unmarked
+            (("echo", "2"), ["ack 4"]),
+            (("text", text("response.done", 5, response_id="r2")), ["ack 5"]),  # no audio
         ],
     ),
     "text with nothing queued or unconfirmed is acked at once": (
@@ -143,11 +203,11 @@ TABLES: dict[str, tuple[dict[str, Any], list[tuple[Step, list[str]]]]] = {
         ],
     ),
     "text between audio waits for the mark after the audio before it": (
-        {},
+        {"mark_interval_s": 0.02},  # a mark per frame
         [
-            *trickle(1, 1),
+            *trickle(1, 1, every=1),
             (("text", text("response.output_text.delta", 2, text="a")), []),
-            *trickle(3, 3),
+            *trickle(3, 3, every=1),
             (("text", text("response.output_text.delta", 4, text="b")), []),
             (("echo", "1"), ["ack 2"]),  # frame 1 played: the text after it is done
             (("echo", "3"), ["ack 4"]),
@@ -156,7 +216,7 @@ TABLES: dict[str, tuple[dict[str, Any], list[tuple[Step, list[str]]]]] = {
     "text between frames of one unmarked stretch waits for the mark after both": (
         {"max_buffered_s": 0.04, "mark_interval_s": 0.02},  # two frames out, 3 marks
         [
-            *trickle(1, 2),
+            *trickle(1, 2, every=1),
             (("audio", 3), []),  # the lead is full: it waits
             (("text", text("response.output_text.delta", 4, text="a")), []),
             (("audio", 5), []),
@@ -172,40 +232,43 @@ TABLES: dict[str, tuple[dict[str, Any], list[tuple[Step, list[str]]]]] = {
             *[(("audio", s), []) for s in range(6, 17)],  # the lead is full (4000)
             (("echo", "1"), ["media 6,7,8,9,10", "mark 10", "ack 1"]),
             (("echo", "2"), ["media 11,12,13,14,15", "mark 15", "ack 2"]),
-            (("echo", "3"), ["media 16", "mark 16", "ack 3"]),
+            (("echo", "3"), ["media 16", "ack 3"]),  # 160 < 800, the lead not full: no mark
             (("echo", "4"), ["ack 4"]),
             (("echo", "5"), ["ack 5"]),
             (("echo", "10"), ["ack 10"]),
-            (("echo", "15"), ["ack 15"]),
-            (("echo", "16"), ["ack 16"]),
+            (("echo", "15"), ["ack 15"]),  # 16 unproven
+            (("text", text("response.done", 17, response_id="r1")), ["mark 16"]),
+            (("echo", "16"), ["ack 17"]),
         ],
     ),
     "a mark when the lead is full, even before an interval of audio went": (
         {"max_media_s": 0.04, "max_buffered_s": 0.02},  # lead 160, media 320, 1 mark out
         [
-            *trickle(1, 1),
+            (("audio", 1), ["media 1", "mark 1"]),  # 160 < 800, yet a mark
             *[(("audio", s), []) for s in range(2, 8)],
-            (("echo", "1"), ["media 2,3", "mark 3", "ack 1"]),  # 320 < 800, yet a mark
+            (("echo", "1"), ["media 2,3", "mark 3", "ack 1"]),
             (("audio", 8), []),
             (("echo", "3"), ["media 4,5", "mark 5", "ack 3"]),
         ],
     ),
-    "marks every interval, not after every media": (
+    "a mark per interval of audio, not after every media": (
         {"max_media_s": 0.02, "mark_interval_s": 0.04, "max_buffered_s": 0.06},
         [
-            *trickle(1, 1),  # lead 480: three frames, a mark per two, 2 marks out
+            # a lead of three frames, a media per frame, a mark per two, 2 marks out
+            (("audio", 1), ["media 1"]),
             (("audio", 2), ["media 2", "mark 2"]),
-            (("audio", 3), ["media 3"]),  # both marks out: waits
+            (("audio", 3), ["media 3", "mark 3"]),  # the lead is full: a mark
             (("audio", 4), []),
             (("audio", 5), []),
-            (("echo", "1"), ["media 4", "mark 4", "ack 1"]),  # the lead is full again
-            (("echo", "2"), ["media 5", "mark 5", "ack 2"]),
+            (("echo", "2"), ["media 4", "media 5", "mark 5", "ack 2"]),
+            (("echo", "3"), ["ack 3"]),
+            (("echo", "5"), ["ack 5"]),
         ],
     ),
     "a response's end gets a mark even with the next response queued behind it": (
         {"max_buffered_s": 0.02},  # one frame out at a time
         [
-            *trickle(1, 1),
+            (("audio", 1), ["media 1", "mark 1"]),  # (the lead is full)
             (("audio", 2), []),
             (("text", text("response.done", 3, response_id="r1")), []),
             (("text", text("response.created", 4, response_id="r2")), []),
@@ -216,22 +279,42 @@ TABLES: dict[str, tuple[dict[str, Any], list[tuple[Step, list[str]]]]] = {
             (("echo", "6"), ["ack 6"]),
         ],
     ),
+    "a queued response's end stops the media on it, its mark there": (
+        {"max_buffered_s": 0.1},  # lead 800: a burst queues behind it
+        [
+            (("audio", 1, 800), ["media 1", "mark 1"]),
+            (("audio", 2), []),
+            (("audio", 3), []),
+            (("text", text("response.done", 4, response_id="r1")), []),
+            (("audio", 5), []),
+            (("echo", "1"), ["media 2,3", "mark 3", "media 5", "ack 1"]),
+            (("echo", "3"), ["ack 4"]),  # 5 unmarked mid-response
+        ],
+    ),
     "at most max_buffered/mark_interval + 1 marks out; a due mark waits for an echo": (
         {},
         [
-            *trickle(1, 6),
-            (("audio", 7), ["media 7"]),  # six marks out: none after it
-            (("audio", 8), ["media 8"]),
-            (("echo", "1"), ["mark 8", "ack 1"]),
-            (("echo", "2"), ["ack 2"]),
-            (("echo", "6"), ["ack 6"]),  # (3..5 popped by it: in-order play)
-            (("echo", "8"), ["ack 8"]),
+            *[
+                step
+                for s in range(1, 12, 2)  # six one-frame responses, a mark at each end
+                for step in [
+                    (("audio", s), [f"media {s}"]),
+                    (("text", text("response.done", s + 1, response_id="r")), [f"mark {s}"]),
+                ]
+            ],
+            (("audio", 13), ["media 13"]),
+            (("text", text("response.done", 14, response_id="r")), []),  # six out: waits
+            (("audio", 15), ["media 15"]),
+            (("echo", "1"), ["mark 15", "ack 2"]),  # (the waiting mark falls on 15)
+            (("echo", "3"), ["ack 4"]),
+            (("echo", "11"), ["ack 12"]),  # (5..9 popped by it: in-order play)
+            (("echo", "15"), ["ack 15"]),
         ],
     ),
     "the lead bound: nothing more goes out until an echo frees room": (
         {"max_buffered_s": 0.04, "max_media_s": 0.02, "mark_interval_s": 0.02},
         [
-            *trickle(1, 2),
+            *trickle(1, 2, every=1),
             (("audio", 3), []),  # lead 320 = max: waits
             (("audio", 4), []),
             (("echo", "1"), ["media 3", "mark 3", "ack 1"]),
@@ -245,60 +328,107 @@ TABLES: dict[str, tuple[dict[str, Any], list[tuple[Step, list[str]]]]] = {
             (("audio", 1, 2000), ["media 1", "mark 1"]),
             (("audio", 2, 3000), ["media 2", "mark 2"]),  # lead 2000 < 4000
             (("audio", 3), []),  # lead 5000: over by one media
-            (("echo", "1"), ["media 3", "mark 3", "ack 1"]),
+            (("echo", "1"), ["media 3", "ack 1"]),
+            (("text", text("response.done", 4, response_id="r1")), ["mark 3"]),
+            (("echo", "2"), ["ack 2"]),
+            (("echo", "3"), ["ack 4"]),
         ],
     ),
     "stale echoes are ignored": (
         {},
         [
-            *trickle(1, 1),
+            *trickle(1, 5),
             (("echo", "99"), []),
             (("echo", "garbage"), []),
             (("echo", ""), []),
-            (("echo", "1"), ["ack 1"]),
-            (("echo", "1"), []),  # twice: stale
+            (("echo", "4"), []),  # never a mark: stale
+            (("echo", "5"), ["ack 5"]),
+            (("echo", "5"), []),  # twice: stale
         ],
     ),
-    "a clear: its marks' echoes ack nothing, the marks after it are acked": (
+    "a closing stream's last audio is marked, its echo drains it": (
+        {},
+        [
+            *trickle(1, 3),
+            (("text", text("session.closed", reason="client_close")), ["mark 3"]),
+            (("echo", "3"), ["ack 3"]),
+        ],
+    ),
+    "closing with audio queued: the mark falls on the last of it, when it goes": (
+        {"max_media_s": 0.02},  # a media per frame
+        [
+            *[(("audio", s, 800), [f"media {s}", f"mark {s}"]) for s in range(1, 6)],
+            (("audio", 6), []),  # the lead is full
+            (("audio", 7), []),
+            (("text", text("session.expired", reason="idle_ttl_expired")), []),
+            (("echo", "1"), ["media 6", "media 7", "mark 7", "ack 1"]),  # 320 < 800
+            (("echo", "5"), ["ack 5"]),
+            (("echo", "7"), ["ack 7"]),
+        ],
+    ),
+    "finish, for a close with no terminal text, marks the same": (
         {},
         [
             *trickle(1, 2),
+            (("finish",), ["mark 2"]),
+            (("audio", 3), ["media 3", "mark 3"]),  # (closing: every frame's the last)
+            (("echo", "3"), ["ack 3"]),
+        ],
+    ),
+    "a clear: its marks' echoes ack nothing, the marks after it are acked": (
+        {"mark_interval_s": 0.02},
+        [
+            *trickle(1, 2, every=1),
             (("text", text("response.cancelled", 3, response_id="r1")), ["clear", "ack 3"]),
             (("echo", "1"), []),  # (Twilio may echo cleared marks: not proof of play)
-            *trickle(4, 4),
+            *trickle(4, 4, every=1),
             (("echo", "2"), []),
             (("echo", "4"), ["ack 4"]),
+        ],
+    ),
+    "a cancel clears audio sent unmarked, too": (
+        {},
+        [
+            *trickle(1, 7),
+            (("text", text("response.cancelled", 8, response_id="r1")), ["clear", "ack 8"]),
+            (("echo", "5"), []),
+            *trickle(9, 10),
+            (("text", text("response.done", 11, response_id="r2")), ["mark 10"]),
+            (("echo", "10"), ["ack 11"]),
         ],
     ),
     "a cancel with nothing queued or unconfirmed sends no clear": (
         {},
         [
             *trickle(1, 1),
-            (("echo", "1"), ["ack 1"]),
-            (("text", text("response.cancelled", 2, response_id="r1")), ["ack 2"]),
+            (("text", text("response.output_audio.done", 2, response_id="r1")), ["mark 1"]),
+            (("echo", "1"), ["ack 2"]),
+            (("text", text("response.cancelled", 3, response_id="r1")), ["ack 3"]),
         ],
     ),
     "a cancel drops what is queued, too": (
         {"max_buffered_s": 0.02},
         [
-            *trickle(1, 1),
+            *trickle(1, 1, every=1),  # (the lead is full: a mark)
             (("audio", 2), []),
             (("audio", 3), []),
             (("clear",), ["clear", "ack 3"]),
             (("echo", "1"), []),
-            *trickle(4, 4),
+            *trickle(4, 4, every=1),
             (("echo", "4"), ["ack 4"]),
         ],
     ),
     "the fence: clear, and nothing is sent or acked after it": (
         {"max_buffered_s": 0.02},
         [
-            *trickle(1, 1),
+            *trickle(1, 1, every=1),
             (("audio", 2), []),
             (("fence",), ["clear"]),
             (("echo", "1"), []),  # the frontier is final
             (("audio", 3), []),
             (("text", text("response.done", 4, response_id="r1")), []),
+            (("text", text("session.closed", reason="client_close")), []),
+            (("finish",), []),
             (("text", text("response.cancelled", 5, response_id="r1")), []),
             (("fence",), []),
             (("clear",), []),
@@ -308,10 +438,10 @@ TABLES: dict[str, tuple[dict[str, Any], list[tuple[Step, list[str]]]]] = {
         {},
         [
             (("text", text("response.created", 1, response_id="r1")), ["ack 1"]),
-            *trickle(2, 3),
-            (("echo", "2"), ["ack 2"]),
-            (("fence",), ["clear"]),
-            (("echo", "3"), []),
+            *trickle(2, 8),
+            (("echo", "6"), ["ack 6"]),
+            (("fence",), ["clear"]),  # (7 and 8 unmarked: dropped, nothing to wait for)
+            (("echo", "8"), []),
         ],
     ),
 }
@@ -325,8 +455,58 @@ def test_tables(name: str) -> None:
     assert drive(book, steps) == [expected for _, expected in table]
 
 
-def test_counters() -> None:
+@pytest.mark.parametrize("frames", [1, 4, 5, 6, 23, 25, 60])
+@pytest.mark.parametrize("delay", [0, 1, 7, 20])
+@pytest.mark.parametrize("end", ["response.output_audio.done", "response.done", "session.closed"])
+def test_a_real_time_trickle_sends_a_mark_per_interval_and_at_its_end(
+    frames: int, delay: int, end: str
+) -> None:
+    """A real-time engine writes a frame every 20 ms and Twilio plays it as it comes,
+    echoing a mark ``delay`` frames after its audio played: at the defaults (a mark per
+    0.1 s) one response of ``frames`` frames sends a ``media`` per frame and at most
+    ``ceil(frames / 5) + 1`` marks (the measured engine's 25 frames: 6, not 25), and yet
+    its end is marked: once every echo is in, all of it is proven played and acked."""
     book = MarkBook(SID)
+    received = 0  # bytes Twilio has, played as they come
+    echoes: deque[tuple[int, str]] = deque()  # (the tick it comes back, its name)
+    marks: list[str] = []
+    media = 0
+    tick = 0
+
+    def twilio(outputs: list[str]) -> None:
+        nonlocal received, media
+        for out in outputs:
+            message = json.loads(out)
+            if message["event"] == "media":
+                received += len(base64.b64decode(message["media"]["payload"]))
+                media += 1
+            else:
+                assert message["event"] == "mark", message
+                marks.append(message["mark"]["name"])
+                echoes.append((tick + delay, message["mark"]["name"]))
+
+    def echo_due() -> None:
+        while echoes and echoes[0][0] <= tick:
+            twilio(book.echoed(echoes.popleft()[1]))
+
+    for seq in range(1, frames + 1):
+        tick = seq
+        twilio(book.queued(seq, payload(seq)))
+        echo_due()
+    last = frames + 1 if end != "session.closed" else frames
+    twilio(book.text(text(end, None if end == "session.closed" else last, response_id="r")))
+    while echoes:
+        tick += 1
+        echo_due()
+    assert (media, received) == (frames, frames * FRAME)  # frame by frame, no delay
+    assert len(marks) <= math.ceil(frames / 5) + 1, marks
+    assert book.marks_sent == len(marks) and marks[-1] == str(frames)  # the end is marked
+    assert book.drained and book.frontier == last
+    assert book.take_acks() == last
+
+
+def test_counters() -> None:
+    book = MarkBook(SID, mark_interval_s=0.02)  # a mark per frame
     drive(
         book,
         [
@@ -347,7 +527,7 @@ def test_counters() -> None:
 
 
 def test_an_echo_past_the_head_pops_through_it() -> None:
-    book = MarkBook(SID)
+    book = MarkBook(SID, mark_interval_s=0.02)
     drive(book, [("audio", 1), ("audio", 2), ("audio", 3)])
     assert book.outstanding == 3
     assert book.echoed("2") == []
@@ -372,12 +552,26 @@ def test_may_write_holds_the_queue_at_max_queued() -> None:
 def test_closing_and_drained() -> None:
     book = MarkBook(SID)
     assert book.drained and not book.closing
-    book.queued(1, payload(1))
-    book.text(text("session.closed", reason="client_close"))
+    assert [json.loads(m)["event"] for m in book.queued(1, payload(1))] == ["media"]
+    assert not book.drained and book.outstanding == 0  # sent, unmarked: not drained
+    marked = book.text(text("session.closed", reason="client_close"))
+    assert [json.loads(m)["mark"]["name"] for m in marked] == ["1"]
     assert book.closing and not book.drained
     book.echoed("1")
     assert book.drained
     assert MarkBook(SID).text(text("session.expired", reason="idle_ttl_expired")) == []
+
+
+@pytest.mark.parametrize("cut", ["clear", "fence"])
+def test_a_clear_or_the_fence_leaves_nothing_unmarked_to_wait_for(cut: str) -> None:
+    """Audio sent unmarked and then cut off is dropped with it: the close waits for
+    nothing (no mark could prove it played: Twilio dropped it)."""
+    book = MarkBook(SID)
+    drive(book, [("audio", 1), ("audio", 2)])
+    assert not book.drained and book.outstanding == 0
+    assert [json.loads(m)["event"] for m in getattr(book, cut)()] == ["clear"]
+    assert book.drained and book.lead_bytes == 0
+    assert book.finish() == [] and book.drained  # (and closing marks nothing after it)
 
 
 def test_seqs_must_increase() -> None:
@@ -405,8 +599,10 @@ def test_bad_configuration() -> None:
 
 def test_stream_sid_is_encoded_as_json() -> None:
     book = MarkBook('a"b\\c')
-    out = book.queued(1, b"\xff")
-    assert [json.loads(m)["streamSid"] for m in out] == ['a"b\\c', 'a"b\\c']
+    out = book.queued(1, b"\xff") + book.text(text("response.done", 2))
+    assert [json.loads(m)["event"] for m in out] == ["media", "mark"]
+    out += book.clear()
+    assert [json.loads(m)["streamSid"] for m in out] == ['a"b\\c'] * 3
 
 
 # -- sniffing ---------------------------------------------------------------------------
@@ -537,7 +733,8 @@ class BookMachine(RuleBasedStateMachine):
         )
         self.lead_max = round(buffered * 8000)
         self.media_max = round(media * 8000)
-        self.fifo_max = self.lead_max // round(interval * 8000) + 1
+        self.interval = round(interval * 8000)
+        self.fifo_max = self.lead_max // self.interval + 1
         self.seq = 0
         self.sizes: dict[int, int] = {}
         self.unsent: deque[int] = deque()  # audio queued, not yet in a media
@@ -553,7 +750,11 @@ class BookMachine(RuleBasedStateMachine):
         self.last_sent = 0
         self.frontier = 0
         self.fenced_at: int | None = None
+        self.fence_cut: set[int] = set()  # audio the fence dropped (done with if unfenced)
         self.max_lead = 0
+        self.stretch: list[int] = []  # audio sent since the last mark
+        self.ends: set[int] = set()  # frames that end a response, not yet marked after
+        self.closing = False
 
     # -- following the output ---------------------------------------------------------
 
@@ -577,6 +778,7 @@ class BookMachine(RuleBasedStateMachine):
                     count += 1
                     self.sent_index[seq] = self.index
                     self.unproven.append(seq)
+                    self.stretch.append(seq)
                     self.last_sent = seq
                 assert at == len(data) and count >= 1
                 assert count == 1 or len(data) <= self.media_max
@@ -588,6 +790,9 @@ class BookMachine(RuleBasedStateMachine):
                 assert self.since_mark > 0, "a mark follows audio"
                 assert name == str(self.last_sent)
                 assert not self.marks or int(name) > int(self.marks[-1])
+                assert self.due(), "a mark has a reason (an empty queue is none)"
+                self.ends.difference_update(self.stretch)
+                self.stretch.clear()
                 self.marks.append(name)
                 self.out_marks.append((name, self.index, self.since_mark))
                 self.since_mark = 0
@@ -596,9 +801,22 @@ class BookMachine(RuleBasedStateMachine):
                 self.out_marks.clear()
                 if self.fenced_at is None:
                     self.dropped.update(self.unproven, self.unsent)
+                else:
+                    self.fence_cut.update(self.unproven, self.unsent)
+                self.stretch.clear()
+                self.ends.clear()
                 self.unproven.clear()
                 self.unsent.clear()
                 self.lead = self.since_mark = 0
+
+    def due(self) -> bool:
+        """Is a mark due after the audio sent since the last one (§ the rules)?"""
+        return bool(self.stretch) and (
+            self.since_mark >= self.interval
+            or self.lead >= self.lead_max
+            or not self.ends.isdisjoint(self.stretch)
+            or (self.closing and not self.unsent)
+        )
 
     def echo(self, name: str) -> None:
         if name in [m for m, _, _ in self.out_marks]:
@@ -630,12 +848,26 @@ class BookMachine(RuleBasedStateMachine):
 
     @rule(which=st.sampled_from(TEXTS))
     def text(self, which: tuple[str, bool]) -> None:
-        kind, journaled = which
+        self.write(*which)
+
+    def write(self, kind: str, journaled: bool) -> None:
         seq = None
         if journaled:
             self.seq += 1
             seq = self.seq
+        if kind in ("response.done", "response.output_audio.done"):
+            if self.unsent:
+                self.ends.add(self.unsent[-1])
+            elif self.stretch:
+                self.ends.add(self.stretch[-1])
+        elif kind == "session.closed":
+            self.closing = True
         self.follow(self.book.text(text(kind, seq, response_id="r")))
+
+    @rule()
+    def finish(self) -> None:
+        self.closing = True
+        self.follow(self.book.finish())
 
     @rule()
     def echo_oldest(self) -> None:
@@ -667,9 +899,23 @@ class BookMachine(RuleBasedStateMachine):
         self.fenced_at = self.frontier
         self.follow(self.book.fence())
 
+    @precondition(lambda self: self.fenced_at is not None)
     @rule()
-    def drain(self) -> None:
-        """Twilio plays everything: every mark is echoed, in order, until none is out."""
+    def unfence(self) -> None:
+        self.fenced_at = None
+        self.dropped.update(self.fence_cut)
+        self.fence_cut.clear()
+        self.follow(self.book.unfence())
+
+    @rule(end=st.sampled_from(["response.done", "response.output_audio.done", "close", "finish"]))
+    def drain(self, end: str) -> None:
+        """The response ends (or the stream), then Twilio plays everything: every mark
+        is echoed, in order, until none is out. Nothing is left unmarked."""
+        if end == "finish":
+            self.finish()
+        else:
+            self.write("session.closed" if end == "close" else end, end != "close")
+        self.check_frontier()
         while self.out_marks:
             self.echo(self.out_marks[0][0])
             self.check_frontier()
@@ -695,6 +941,12 @@ class BookMachine(RuleBasedStateMachine):
             if seq in self.sizes:
                 assert seq in self.proven or seq in self.dropped, f"{seq} acked unplayed"
         assert book.take_acks() is None
+
+    @invariant()
+    def check_no_mark_missed(self) -> None:
+        """A mark due goes out at once, unless the FIFO is full (an echo then sends it)."""
+        if self.fenced_at is None and len(self.out_marks) < self.fifo_max:
+            assert not self.due(), "a mark was due and not sent"
 
     @invariant()
     def check_bounds(self) -> None:
@@ -724,6 +976,6 @@ def test_a_fence_given_up_sends_again_and_counts_what_it_dropped_as_done() -> No
     assert book.take_acks() is None
     assert book.unfence() == [] and not book.fenced  # (nothing queued to send)
     assert book.take_acks() == 3  # what the fence dropped is done with
-    sent = book.queued(4, payload(4))
+    sent = book.queued(4, payload(4)) + book.text(text("response.done", 5))
     assert [json.loads(message)["event"] for message in sent] == ["media", "mark"]
     assert book.unfence() == []  # (not fenced: nothing to do)

@@ -12,9 +12,10 @@ backpressure). Twilio itself would buffer ten minutes; we never let it.
 
 This is the state machine alone: no I/O, no clock, no awaits. The channel tells it what
 the session wrote (``queued``: a kind-2 frame's audio, ``text``: any text frame), what
-Twilio echoed (``echoed``) and when to cut the audio off (``clear`` for a barge-in,
-``fence`` for a migration); each returns the Twilio messages to send now, in order
-(compact JSON texts), and ``take_acks`` hands over the frontier when it moved.
+Twilio echoed (``echoed``), when to cut the audio off (``clear`` for a barge-in,
+``fence`` for a migration) and that the stream ends (``finish``); each returns the
+Twilio messages to send now, in order (compact JSON texts), and ``take_acks`` hands over
+the frontier when it moved.
 
 The rules (§3.4), and what this module decided where §3.4 leaves room:
 
@@ -23,15 +24,24 @@ The rules (§3.4), and what this module decided where §3.4 leaves room:
   goes out frame by frame: no added delay). **A frame is never split**: acks are per
   seq, so a piece of a frame could never be marked; a frame longer than ``max_media_s``
   goes alone, and the lead bound is then ``max_buffered_s`` plus that frame.
-* A ``mark`` named by the last frame's seq follows a ``media`` when at least
-  ``mark_interval_s`` of audio went since the last mark, when the queue is empty, at a
-  response's end (the audio before a ``response.done`` or ``response.output_audio.done``;
-  coalescing stops there so the mark falls on the end), and **when the lead is full**
-  (else, with ``mark_interval_s`` longer than the room left, nothing would be echoed
-  and the stream would stall).
-  **At most ``max_buffered_s / mark_interval_s + 1`` marks are outstanding**: a trickle
-  of 20 ms frames would otherwise put a mark after each. A mark due while that many are
-  out waits, its audio unmarked, and goes out on the next echo.
+* A ``mark`` named by the last frame's seq follows the audio sent since the last mark
+  when it is due: when at least ``mark_interval_s`` of that audio went, at a response's
+  end (the audio before a ``response.done`` or ``response.output_audio.done``, queued or
+  already sent; coalescing stops there so the mark falls on the end), **when the lead is
+  full** (else, with ``mark_interval_s`` longer than the room left, nothing would be
+  echoed and the stream would stall), and while ``closing`` once the queue is empty (the
+  stream's last audio: its echo proves it played, and ``drained`` waits for it).
+  **An empty queue alone is no reason**: a real-time engine's audio comes frame by frame
+  (20 ms each), each finding the queue empty, and a mark after each would be 50 marks a
+  second out and 50 echoes in, whatever ``mark_interval_s`` says; so such a trickle goes
+  out a ``media`` per frame and a mark per ``mark_interval_s`` of it, and one at its
+  response's end. Mid-response, the last frames sent may then wait unmarked (the
+  frontier stays before them) until more audio fills the interval, the response ends or
+  the stream closes; none waits for good: every response ends with a ``response.done``
+  or a ``response.cancelled`` (whose clear drops it), and the fence drops it too.
+  **At most ``max_buffered_s / mark_interval_s + 1`` marks are outstanding**: a run of
+  short responses would otherwise put a mark after each. A mark due while that many are
+  out waits, its audio unmarked, and goes out on the next echo that leaves it due.
 * ``echoed(name)``: the head of the FIFO of marks sent is popped, its audio leaves the
   lead, and the frontier moves. **An echo of a later mark in the FIFO pops every mark
   up to it** (counted ``marks_skipped``): Twilio plays in order, so that echo proves the
@@ -56,8 +66,11 @@ The rules (§3.4), and what this module decided where §3.4 leaves room:
 * ``fence()`` (the migration's, §4.1): sends ``clear`` and freezes everything: no audio
   is sent, no ack is given after it (the frontier is final; what was not proven played is
   replayed by the next stream), the queue is dropped and later frames are dropped.
-* ``session.closed``/``session.expired`` set ``closing``; the channel closes once
-  ``drained`` (nothing queued, nothing sent and unconfirmed).
+* ``session.closed``/``session.expired`` set ``closing`` (as ``finish()`` does, for a
+  close without one): what is unmarked is marked once the queue is empty, and the
+  channel closes once ``drained`` (nothing queued, nothing sent and unconfirmed, marked
+  or not). A clear or the fence leaves nothing to wait for: what they cut off is
+  dropped here, marked or not, as Twilio drops it (a mark after it would prove nothing).
 
 Every bound holds by construction: the queue by ``may_write`` (the writer's credit:
 ``max_queued_s`` plus the one frame that crossed it), the FIFO as above, the cleared set
@@ -198,7 +211,8 @@ class MarkBook:
     audio_bytes_dropped: int = attrs.field(default=0, init=False)
     """Queued audio never sent: dropped by a clear or the fence, or written after it."""
     closing: bool = attrs.field(default=False, init=False)
-    """A ``session.closed``/``session.expired`` was written: close once ``drained``."""
+    """A ``session.closed``/``session.expired`` was written (or ``finish()`` called):
+    the last audio is marked, and the channel closes once ``drained``."""
     fenced: bool = attrs.field(default=False, init=False)
 
     _lead_max: int = attrs.field(init=False, repr=False)
@@ -316,8 +330,11 @@ class MarkBook:
                 out = self.clear()
         elif kind in RESPONSE_ENDS:
             queue = self._queue
-            if queue and (not self._ends or self._ends[-1] != queue[-1][0]):
-                self._ends.append(queue[-1][0])
+            if queue:
+                if not self._ends or self._ends[-1] != queue[-1][0]:
+                    self._ends.append(queue[-1][0])
+            elif self._stretch_first is not None:
+                self._end_sent = True  # the response's last frame went out unmarked
         elif kind in TERMINALS:
             self.closing = True
         if not self.fenced:
@@ -362,6 +379,17 @@ class MarkBook:
         self.clears_fence += 1
         self._drop()
         return [self._clear_text]
+
+    def finish(self) -> list[str]:
+        """The stream is ending (``session.closed``/``session.expired`` does this; a
+        close without one may): from now on the audio sent is marked once the queue is
+        empty, so that its echo can prove it played and ``drained`` can come."""
+        self.closing = True
+        if self.fenced:
+            return []
+        out = self._pump()
+        self._advance()
+        return out
 
     def unfence(self) -> list[str]:
         """The migration was given up and the session goes on here (to end soon, as it
@@ -444,9 +472,9 @@ class MarkBook:
             return
         due = (
             self._end_sent
-            or not self._queue
             or self._unmarked >= self._interval
             or self._lead >= self._lead_max  # no more audio goes out until an echo
+            or (self.closing and not self._queue)  # the stream's last audio
         )
         if not due:
             return
