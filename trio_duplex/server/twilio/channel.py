@@ -314,6 +314,7 @@ class TwilioChannel:
         half second (the caller's deadline is ``close_timeout`` for all of it)."""
         del code, reason
         ws = self.ws
+        self._send(self.book.finish())  # the last audio marked, so that its echo drains it
         with trio.move_on_after(max(0.0, self.close_timeout - _CLOSE_S)):
             try:
                 while not self.book.drained and not self.broken:
