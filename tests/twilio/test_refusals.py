@@ -196,7 +196,10 @@ async def test_echoed_audio_is_marked_and_its_acks_free_the_journal(
             journal = metric(metrics(echo_server), "trio_duplex_journal_bytes")
             await call.stop()
             await call.wait_ended()
-            assert journal == 0, journal  # every event acked: its audio was played
+            # Acked as played, so forgotten: all but what follows the last mark (at most one
+            # --twilio-mark-interval, 800 bytes, and its frames' headers; the echo engine
+            # ends no response, so its last audio is marked when the stream closes).
+            assert journal <= 800 + 5 * 12, journal
             return call
 
     call = await trio.to_thread.run_sync(run_scenario, scenario, base_url(echo_server))
