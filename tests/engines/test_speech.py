@@ -225,6 +225,26 @@ async def test_speech_over_a_reply_cancels_it_before_speech_started() -> None:
     assert ("response.output_audio.delta", "resp_1") not in kinds[second:]
     assert ("response.done", "resp_1") not in kinds
     assert "door" in normalise(of(talk.outputs, "input_audio.transcript.done")[0]["text"])
+    # A barge-in says why (OpenAI's status_details.reason), unlike a client's cancel.
+    assert talk.outputs[cancelled].get("reason") == "turn_detected"
+
+
+@needs_speech
+async def test_with_interrupt_response_false_speech_over_a_reply_does_not_cancel_it() -> None:
+    engine = SpeechEngine(voice="flite")
+    await ready_pool(engine)
+    config = {"turn_detection": {"type": "server_vad", "interrupt_response": False}}
+    async with talking(engine, config) as talk:
+        talk.put(appends(say(DOOR)))
+        with trio.fail_after(60):
+            await talk.until(lambda o: bool(of(o, "response.output_audio.delta")))
+            talk.put(appends(say(LONG)))  # while the reply plays
+            await talk.until(lambda o: len(of(o, "input_audio.transcript.done")) == 2)
+            await talk.until(lambda o: bool(of(o, "response.done")))
+    kinds = [(e["type"], e.get("response_id")) for e in talk.outputs]
+    second = [i for i, k in enumerate(kinds) if k[0] == "input_audio_buffer.speech_started"][1]
+    assert ("response.cancelled", "resp_1") not in kinds
+    assert kinds.index(("response.done", "resp_1")) > second  # it played on, whole
 
 
 @needs_speech

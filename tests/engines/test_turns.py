@@ -24,6 +24,7 @@ class Reply:
     cancelled: bool = False
     finished: bool = False
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    cancel_reason: str | None = None
 
 
 def new_turns() -> Turns[str, Reply]:
@@ -202,6 +203,18 @@ async def test_send_end_sends_the_one_end(cancelled: bool, ending: str) -> None:
     sent: list[Event] = []
     await send_end(session_for(Inbox(10), sent), Reply("resp_3", "a", cancelled=cancelled))
     assert sent == [{"type": f"response.{ending}", "response_id": "resp_3"}]
+
+
+async def test_a_barge_in_s_cancel_says_why_in_its_end() -> None:
+    turns = new_turns()
+    reply = turns.speaking = Reply("resp_4", "a")
+    turns.cancel(None, "turn_detected")
+    assert reply.cancelled and reply.scope.cancel_called
+    sent: list[Event] = []
+    await send_end(session_for(Inbox(10), sent), reply)
+    assert sent == [
+        {"type": "response.cancelled", "response_id": "resp_4", "reason": "turn_detected"}
+    ]
 
 
 async def test_the_reader_reads_nothing_while_full_and_a_start_makes_room(

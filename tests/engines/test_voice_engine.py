@@ -437,7 +437,7 @@ def test_voice_engine_is_the_registered_factory() -> None:
 
     engine = load_engine_factory("voice")({"a": 1})
     assert isinstance(engine, VoiceEngine)
-    native = {"input.text.append", "input_audio_buffer.append", "response.cancel"}
+    native = {"input.text.append", "input_audio_buffer.append", "response.cancel", "input.dtmf"}
     assert engine.accepts == native | EVENTS | {"response.create"}
 
 

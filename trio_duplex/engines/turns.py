@@ -33,6 +33,7 @@ class Response(Protocol):
     """What the loop needs of an engine's response."""
 
     cancelled: bool  # a cancel was read: no more audio, response.cancelled ends it
+    cancel_reason: str | None  # why, when not the client's response.cancel (a barge-in)
 
     @property
     def response_id(self) -> str: ...
@@ -71,7 +72,10 @@ class Turns(Generic[T, R]):
         self.queued.append(turn)
         self._turn_queued.unpark_all()
 
-    def cancel(self, response_id: str | None) -> None:
+    def cancel(self, response_id: str | None, reason: str | None = None) -> None:
+        """Stop the response speaking (``response_id``'s, or any: None). ``reason``: why,
+        when it is not the client's ``response.cancel`` (``turn_detected``: a barge-in),
+        said in its ``response.cancelled``."""
         # Synchronous: once this returns, the speaker sends no further audio.
         speaking = self.speaking
         if (
@@ -80,6 +84,7 @@ class Turns(Generic[T, R]):
             and response_id in (None, speaking.response_id)
         ):
             speaking.cancelled = True
+            speaking.cancel_reason = reason
             speaking.scope.cancel()
 
     def end_input(self) -> None:
@@ -141,9 +146,15 @@ async def speak_unless_cancelled(response: Response, speak: Callable[[], Awaitab
 
 
 async def send_end(session: EngineSession, response: Response) -> None:
-    """The response's one end: ``response.cancelled`` if a cancel was read, else done."""
-    ending = "response.cancelled" if response.cancelled else "response.done"
-    await session.send({"type": ending, "response_id": response.response_id})
+    """The response's one end: ``response.cancelled`` if a cancel was read (with its
+    ``reason`` when it was not the client's ``response.cancel``), else done."""
+    if not response.cancelled:
+        await session.send({"type": "response.done", "response_id": response.response_id})
+        return
+    event: Event = {"type": "response.cancelled", "response_id": response.response_id}
+    if response.cancel_reason is not None:
+        event["reason"] = response.cancel_reason
+    await session.send(event)
 
 
 async def send_live(session: EngineSession, event: Event) -> None:

@@ -215,6 +215,7 @@ class _Response:
     next_frame: int = 0  # the first frame whose audio is not sequenced
     delta_sent: bool = False  # that frame's text delta is (it starts a word)
     cancelled: bool = False  # a cancel was read: no more audio, response.cancelled ends it
+    cancel_reason: str | None = None  # (never set: voice hears no speech to barge in on)
     scope: trio.CancelScope = attrs.Factory(trio.CancelScope)  # what a cancel cancels
     modalities: tuple[str, ...] | None = None  # a response.create's (text only: next_frame
     # counts the words sent)

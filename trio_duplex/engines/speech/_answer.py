@@ -51,6 +51,7 @@ class Response:
     created: bool = False
     cancelled: bool = False
     finished: bool = False  # played whole (or cancelled): only its end is left to send
+    cancel_reason: str | None = None  # turn_detected: a barge-in (not the client's cancel)
     said: list[str] = attrs.Factory(list)  # the text deltas sent, in order
     spoken_at: list[int] = attrs.Factory(list)
     """Each spoken clause of ``said``'s first audio frame's ``server_event_seq`` (0: none

@@ -7,7 +7,9 @@ Its rules (docs/speech.md, "End of turn" and "Partial transcripts"):
   (Silero VAD, inline: a fraction of a millisecond per 32 ms window) and acts on what it
   detects, in order. While a turn's final decode is awaited, audio waits in ``buffer``
   (bounded by the engine: the client then gets ``input_backpressure``).
-- STARTED: any response playing is cancelled at once (barge-in), then ``speech_started``.
+- STARTED: any response playing is cancelled at once (barge-in, unless the session's
+  ``turn_detection.interrupt_response`` is false; reason ``turn_detected``), then
+  ``speech_started``.
 - While a turn goes on, every ``partial_every_s`` (0.5) of its audio the turn so far is
   re-decoded in a task of its own, only if a pool worker is idle then (``partial=True``:
   otherwise skipped, never queued). A word two decodes in a row agree on, that is not
@@ -38,7 +40,7 @@ from ..turns import Turns
 from ._capacity import BYTES_PER_SECOND
 from ._detector import Detected, Kind, TurnDetector, TurnSettings
 from ._pool import RecogniserFailed, RecogniserPool
-from ._talk import Talk, answers_turns, detects_turns
+from ._talk import Talk, answers_turns, detects_turns, interrupts
 from ._vad import VadStream, vad_model
 
 log = logging.getLogger("trio_duplex.engines.speech")
@@ -210,7 +212,8 @@ class Listener:
         elif found.kind is Kind.STARTED:
             if self.turn_started:  # restored mid-turn: this turn was announced
                 return
-            self.turns.cancel(None)  # barge-in: the user speaks over the response
+            if interrupts(self.config):  # barge-in: the user speaks over the response
+                self.turns.cancel(None, "turn_detected")
             started: Event = {
                 "type": "input_audio_buffer.speech_started",
                 "audio_start_ms": round(self.origin_ms + found.at_ms),
@@ -225,7 +228,8 @@ class Listener:
         else:
             await self.turns.wait_room(self.no_room_for_turn)
             text, failure = await self._final(found.audio)
-            self.turns.cancel(None)
+            if interrupts(self.config):  # (else the reply plays on; this turn's waits)
+                self.turns.cancel(None, "turn_detected")
             event: Event = (
                 {"type": "input_audio.transcript.done", "text": text}
                 if text is not None
@@ -251,8 +255,10 @@ class Listener:
 
     async def _end_turn(self, session: EngineSession, found: Detected) -> None:
         """A detected turn has ended: ``speech_stopped``, the item committed, then its
-        transcript (or its failure) once decoded, then its answer."""
-        self.turns.cancel(None)
+        transcript (or its failure) once decoded, then its answer (after the reply
+        playing, with ``interrupt_response`` false)."""
+        if interrupts(self.config):
+            self.turns.cancel(None, "turn_detected")
         if self.talk.awaiting is None:  # (restored: the last node had announced it)
             self.talk.announcing += self.talk.stop_turn(self.origin_ms + found.at_ms)
             await self.talk.announce(session)

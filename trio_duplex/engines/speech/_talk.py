@@ -25,6 +25,12 @@ def detects_turns(config: Mapping[str, Any]) -> bool:
     return config.get("turn_detection", {}) is not None
 
 
+def interrupts(config: Mapping[str, Any]) -> bool:
+    """Speech over a reply cancels it (OpenAI's ``interrupt_response``, default true)."""
+    detection = config.get("turn_detection")
+    return not (isinstance(detection, dict) and detection.get("interrupt_response") is False)
+
+
 def answers_turns(config: Mapping[str, Any]) -> bool:
     """A detected turn is answered at once (OpenAI's ``create_response``, default true)."""
     detection = config.get("turn_detection")
