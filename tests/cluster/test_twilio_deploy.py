@@ -22,16 +22,16 @@ import functools
 import re
 import signal
 import time
-from collections.abc import Callable
 from typing import Any, Final
 
 import attrs
 import pytest
 import trio
 
+from trio_duplex.cluster.store import Store
 from trio_duplex.testing.twilio_provider import FakeCall, FakeTwilio, run_scenario
 
-from ..helpers import ServerProcess
+from ..helpers import ServerProcess, Servers
 from ..twilio.ledger import (
     FRAME_S,
     HEADER,
@@ -45,12 +45,15 @@ from ..twilio.ledger import (
     parse_heard,
 )
 from .balancer import Balancer, open_balancer, reserve
+from .conftest import RedisServer, node_flags
 
 pytestmark = pytest.mark.integration
 
 TOKEN: Final = "twilio-deploy-test-auth-token-0123456789"
 ACCOUNT: Final = "AC" + "5" * 32
 TIMEOUT: Final = 20.0
+STARTUP_S: Final = 45.0
+"""Three nodes start side by side: a loaded CI machine takes more than the usual 15 s."""
 LONG_KEY, LONG_FRAMES = "6", 300
 """The reply a SIGTERM interrupts: 6 s of 20 ms frames."""
 SHORT_KEY, SHORT_FRAMES = "1", 50
@@ -155,22 +158,33 @@ async def _scenario(base_url: str, nodes: list[ServerProcess], echo_cleared: boo
 
 @pytest.mark.parametrize("echo_cleared", [True, False], ids=["cleared-echoed", "cleared-dropped"])
 async def test_a_call_survives_a_deploy_through_its_redirect(
-    nodes: Callable[..., list[ServerProcess]], monkeypatch: pytest.MonkeyPatch, echo_cleared: bool
+    servers: Servers,
+    redis_server: RedisServer,
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    echo_cleared: bool,
 ) -> None:
     """Twilio's page says a ``clear`` echoes the marks it dropped; the other reading (it
     drops them) is run too: the frontier must not move on either."""
-    sock = reserve()
-    public = f"http://127.0.0.1:{sock.getsockname()[1]}"
     monkeypatch.setenv("TRIO_DUPLEX_TWILIO_AUTH_TOKEN", TOKEN)  # (not on a command line)
-    flags = ("--relay-port", "0", "--engine", "tests.twilio.ledger:factory")
-    twilio = ("--twilio-public-url", public, "--twilio-account-sid", ACCOUNT)
-    cluster = nodes("abc", *flags, *twilio)
-    balancer: Balancer
-    async with open_balancer([n.port for n in cluster], sock) as balancer:
-        assert balancer.ready == [n.port for n in cluster]
-        with trio.fail_after(TIMEOUT * 4):
-            run = functools.partial(run_scenario, timeout=TIMEOUT * 4)
-            outcome = await trio.to_thread.run_sync(run, _scenario, public, cluster, echo_cleared)
+    with reserve() as sock:
+        public = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        flags = (
+            *("--relay-port", "0", "--engine", "tests.twilio.ledger:factory"),
+            *("--twilio-public-url", public, "--twilio-account-sid", ACCOUNT),
+        )
+        cluster = servers.start_many(
+            *((*node_flags(redis_server, name), *flags) for name in "abc"),
+            ready_timeout=STARTUP_S,
+        )
+        balancer: Balancer
+        async with open_balancer([n.port for n in cluster], sock) as balancer:
+            assert balancer.ready == [n.port for n in cluster]
+            with trio.fail_after(TIMEOUT * 4):
+                run = functools.partial(run_scenario, timeout=TIMEOUT * 4)
+                outcome = await trio.to_thread.run_sync(
+                    run, _scenario, public, cluster, echo_cleared
+                )
     call = outcome.call
     old, ports = cluster[outcome.serving], [n.port for n in cluster]
 
