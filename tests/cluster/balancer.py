@@ -11,6 +11,9 @@ ended too, and the connection is closed once both are done. Everything is bounde
 connections at once, a node's connect and readiness answer, each read.
 
 ``routes`` records where each connection went (the node's port), for a test to read.
+Two levers a test pulls, as a network or an operator would: ``avoid`` (ports that get no
+new connection, ready or not) and ``cut`` (every connection to a node closed at once,
+both ways, with no WebSocket close: a drop).
 """
 
 from __future__ import annotations
@@ -49,11 +52,14 @@ class Balancer:
     ready: list[int] = attrs.field(factory=list)
     """The ports whose last readiness check answered 200, in ``node_ports``' order."""
     routes: list[Route] = attrs.field(factory=list)
+    avoid: set[int] = attrs.field(factory=set)
+    """Ports that get no new connection whatever their readiness."""
     refused: int = 0
     """Connections closed because no node was ready (or the limit was reached)."""
     _next: int = 0
     _open: int = 0
     _polled: trio.Event = attrs.field(factory=trio.Event)
+    _pairs: dict[int, tuple[int, trio.SocketStream, trio.SocketStream]] = attrs.field(factory=dict)
 
     @property
     def url(self) -> str:
@@ -90,7 +96,7 @@ class Balancer:
             found[port] = head.startswith((b"HTTP/1.1 200 ", b"HTTP/1.0 200 "))
 
     def _pick(self) -> int | None:
-        ready = self.ready
+        ready = [p for p in self.ready if p not in self.avoid]
         if not ready or self._open >= MAX_CONNECTIONS:
             return None
         port = ready[self._next % len(ready)]
@@ -110,13 +116,27 @@ class Balancer:
                     node = await trio.open_tcp_stream("127.0.0.1", port)
                 if connecting.cancelled_caught:
                     return
-                async with node, trio.open_nursery() as nursery:
-                    nursery.start_soon(_pump, client, node)
-                    nursery.start_soon(_pump, node, client)
+                key = id(client)
+                self._pairs[key] = (port, client, node)
+                try:
+                    async with node, trio.open_nursery() as nursery:
+                        nursery.start_soon(_pump, client, node)
+                        nursery.start_soon(_pump, node, client)
+                finally:
+                    del self._pairs[key]
             except OSError:
                 return
             finally:
                 self._open -= 1
+
+    async def cut(self, port: int) -> int:
+        """Close every connection to ``port``, both sides, at once (no close frame of
+        anyone's: the peers see their TCP connection end). How many were cut."""
+        pairs = [(c, n) for p, c, n in self._pairs.values() if p == port]
+        for client, node in pairs:
+            await client.aclose()
+            await node.aclose()
+        return len(pairs)
 
 
 async def _pump(source: trio.SocketStream, sink: trio.SocketStream) -> None:
