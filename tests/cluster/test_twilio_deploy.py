@@ -34,6 +34,8 @@ from trio_duplex.testing.twilio_provider import FakeCall, FakeTwilio, run_scenar
 
 from ..helpers import ServerProcess, Servers
 from ..twilio.ledger import (
+    BURST_KEY,
+    FRAME,
     FRAME_S,
     HEADER,
     RATE,
@@ -56,8 +58,11 @@ TIMEOUT: Final = 20.0
 STARTUP_S: Final = 45.0
 """Three nodes start side by side: a loaded CI machine takes more than the usual 15 s."""
 LONG_KEY, LONG_FRAMES = "6", 300
-"""The reply a SIGTERM interrupts: 6 s of 20 ms frames."""
+"""The reply a SIGTERM interrupts: 6 s of 20 ms frames, paced in real time (``*``: all
+at once, the channel holding what Twilio may not take yet)."""
 SHORT_KEY, SHORT_FRAMES = "1", 50
+HEARD_FIRST: Final = RATE + 3 * FRAME + FRAME // 2
+"""Codes of the long reply the caller hears before the interruption: 53.5 frames."""
 LEAD_S: Final = 0.5
 """``--twilio-max-buffered``: the most audio sent and not confirmed played."""
 SEAM_MARGIN_S: Final = 0.25
@@ -122,6 +127,7 @@ async def _scenario(
     nodes: list[ServerProcess],
     interrupt: Callable[[int], None],
     twilio_options: tuple[bool, bool],
+    long_key: str,
 ) -> Outcome:
     echo_cleared, follow_drop = twilio_options
     async with FakeTwilio(
@@ -146,9 +152,10 @@ async def _scenario(
         talker = asyncio.create_task(talk())
         first_sid = call.streams[0].stream_sid
         serving = await asyncio.to_thread(_serving, nodes, first_sid, "opens")
-        await call.dtmf(LONG_KEY)
-        # Once the caller has heard a second of the long reply: the interruption.
-        await call.wait_for(lambda c: len(_heard(c, 0)) >= RATE, timeout=TIMEOUT)
+        await call.dtmf(long_key)
+        # Once the caller has heard a second and a bit of the long reply (not on a mark's
+        # boundary: one every 100 ms of audio sent at once): the interruption.
+        await call.wait_for(lambda c: len(_heard(c, 0)) >= HEARD_FIRST, timeout=TIMEOUT)
         seam_at = time.monotonic()
         interrupt(serving)
         await call.wait_for(lambda c: len(c.streams) >= 2, timeout=TIMEOUT)
@@ -184,6 +191,7 @@ async def _call_through_a_balancer(
     monkeypatch: pytest.MonkeyPatch,
     interrupt: Interrupt,
     twilio_options: tuple[bool, bool],
+    long_key: str = LONG_KEY,
 ) -> tuple[list[ServerProcess], Balancer, Outcome]:
     """Three nodes behind the balancer, and a call through it, interrupted mid-reply
     (``twilio_options``: the fake's ``echo_cleared_marks``, ``follow_redirect_on_drop``)."""
@@ -211,11 +219,14 @@ async def _call_through_a_balancer(
                     cluster,
                     functools.partial(interrupt, cluster, balancer, token),
                     twilio_options,
+                    long_key,
                 )
     return cluster, balancer, outcome
 
 
-def _check_the_reply_and_the_caller(outcome: Outcome, seam_at: float) -> dict[str, Any]:
+def _check_the_reply_and_the_caller(
+    outcome: Outcome, seam_at: float, long_key: str = LONG_KEY
+) -> dict[str, Any]:
     """What the caller heard of the interrupted reply and after, and what the engine
     received of the caller's chunks (its report, returned), across the seam."""
     call = outcome.call
@@ -245,7 +256,7 @@ def _check_the_reply_and_the_caller(outcome: Outcome, seam_at: float) -> dict[st
     assert short == list(range(SHORT_FRAMES)), short
     report = _report_heard(call, 1, 3)
     assert report is not None
-    assert report["keys"] == [LONG_KEY, SHORT_KEY, "#"]
+    assert report["keys"] == [long_key, SHORT_KEY, "#"]
     assert report["bad"] == 0 and report["partial"] == 0, report
 
     # The caller's chunks: each received at most once, in order; every one sent before the
@@ -274,20 +285,27 @@ def _sigterm(nodes: list[ServerProcess], _b: Balancer, _t: object, serving: int)
     nodes[serving].proc.send_signal(signal.SIGTERM)
 
 
-@pytest.mark.parametrize("echo_cleared", [True, False], ids=["cleared-echoed", "cleared-dropped"])
+@pytest.mark.parametrize(
+    ("echo_cleared", "long_key"),
+    [(True, LONG_KEY), (False, LONG_KEY), (True, BURST_KEY)],
+    ids=["cleared-echoed", "cleared-dropped", "burst"],
+)
 async def test_a_call_survives_a_deploy_through_its_redirect(
     servers: Servers,
     redis_server: RedisServer,
     store: Store,
     monkeypatch: pytest.MonkeyPatch,
     echo_cleared: bool,
+    long_key: str,
 ) -> None:
     """SIGTERM the node serving the call: its drain fences the session (``clear``),
     hands it over and closes the stream; Twilio's ``<Redirect>`` lands on another node,
     which adopts it. Twilio's page says a ``clear`` echoes the marks it dropped; the
-    other reading (it drops them) is run too: the frontier must not move on either."""
+    other reading (it drops them) is run too: the frontier must not move on either. The
+    burst: the whole reply is in the session's journal at the SIGTERM, most of it not yet
+    sent to Twilio: the record carries it, and the new node replays it, paced."""
     cluster, balancer, outcome = await _call_through_a_balancer(
-        servers, redis_server, monkeypatch, _sigterm, (echo_cleared, False)
+        servers, redis_server, monkeypatch, _sigterm, (echo_cleared, False), long_key
     )
     call = outcome.call
     old, ports = cluster[outcome.serving], [n.port for n in cluster]
@@ -313,7 +331,7 @@ async def test_a_call_survives_a_deploy_through_its_redirect(
     routed = {r.port for r in balancer.routes if r.at >= first.closed_at}
     assert ports[outcome.serving] not in routed, balancer.routes
 
-    report = _check_the_reply_and_the_caller(outcome, clears[0])
+    report = _check_the_reply_and_the_caller(outcome, clears[0], long_key)
     assert report["restored"] == 1  # adopted from the migration record: restored once
 
     # The session ended by the caller's stop, on the new node; no error anywhere.

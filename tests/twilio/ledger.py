@@ -23,7 +23,9 @@ The codes (disjoint sets, none 0x7F or 0xFF, μ-law's silence):
   counts as ``bad`` and the engine looks for the next ``INPUT_SYNC``.
 
 What it does: a key ``1``…``9`` starts a response of that many seconds of frames, paced
-in real time (a frame every 20 ms against absolute deadlines, as ``voice`` paces); ``#``
+in real time (a frame every 20 ms against absolute deadlines, as ``voice`` paces); ``*``
+a response of ``BURST_S`` seconds sent at once, as one batch (a model faster than real
+time: the call's channel holds what Twilio may not take yet); ``#``
 starts the report, a response whose body is the ledger: the chunks received (as runs of
 consecutive numbers, in the order they came), the bad blocks, the keys and how often the
 engine was restored. Keys pressed while a response plays wait for it to end. Every key
@@ -61,6 +63,8 @@ NIBBLE0: Final = 0x80
 HEADER: Final = 4
 """Codes of a frame's header: sync, response, index (two digits)."""
 REPORT_KEY: Final = "#"
+BURST_KEY: Final = "*"
+BURST_S: Final = 6
 _APPEND: Final = "input_audio_buffer.append"
 _STATE: Final = "ledger/1"
 
@@ -226,7 +230,20 @@ class LedgerEngine(Engine):
                 continue
             if playing is not None and trio.current_time() >= start + playing["next"] * FRAME_S:
                 index = playing["next"]
-                if index < len(self._frames):
+                if playing["key"] == BURST_KEY and index < len(self._frames):
+                    await session.send_many(  # all or none of them (a migration's stop)
+                        [
+                            {
+                                "type": "response.output_audio.delta",
+                                "response_id": playing["id"],
+                                "audio": pcm_of(frame),
+                            }
+                            for frame in self._frames[index:]
+                        ]
+                    )
+                    playing["next"] = len(self._frames)
+                    start = trio.current_time() - playing["next"] * FRAME_S
+                elif index < len(self._frames):
                     audio = pcm_of(self._frames[index])
                     await session.send(
                         {
@@ -270,7 +287,7 @@ class LedgerEngine(Engine):
                 self.runs.append([number, number])
 
     def _begin(self, key: str) -> dict[str, Any] | None:
-        if key != REPORT_KEY and key not in "123456789":
+        if key not in (REPORT_KEY, BURST_KEY) and key not in "123456789":
             return None
         self.responses += 1
         playing = {
@@ -322,9 +339,11 @@ class LedgerEngine(Engine):
 def frames_of(playing: Mapping[str, Any]) -> list[bytes]:
     """A response's frames: the report's, or ``key`` seconds of a spoken one's."""
     response = int(playing["response"])
-    if playing["key"] == REPORT_KEY:
+    key = playing["key"]
+    if key == REPORT_KEY:
         return report_frames(response, playing["report"])
-    return [frame_codes(response, i) for i in range(round(int(playing["key"]) / FRAME_S))]
+    seconds = BURST_S if key == BURST_KEY else int(key)
+    return [frame_codes(response, i) for i in range(round(seconds / FRAME_S))]
 
 
 def factory(config: Mapping[str, Any]) -> Engine:
