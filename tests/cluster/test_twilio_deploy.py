@@ -281,6 +281,13 @@ def _session_of(node: ServerProcess, stream_sid: str) -> str:
     return opened.group(1)
 
 
+def _assert_clean_logs(cluster: list[ServerProcess]) -> None:
+    """No error, no traceback, and no secret (the auth token, a ticket) in any log."""
+    for node in cluster:
+        assert " ERROR " not in node.log and "Traceback" not in node.log, node.log
+        assert TOKEN not in node.log and not re.search(r"v1\.[or]\.\d", node.log), node.log
+
+
 def _sigterm(nodes: list[ServerProcess], _b: Balancer, _t: object, serving: int) -> None:
     nodes[serving].proc.send_signal(signal.SIGTERM)
 
@@ -339,8 +346,7 @@ async def test_a_call_survives_a_deploy_through_its_redirect(
     assert f"session {session} handed over to the cluster" in old.log
     assert f"session {session} adopted (migrated here)" in cluster[new].log
     cluster[new].wait_for_line(rf"session {session} ended: client_close", TIMEOUT)
-    for node in cluster:
-        assert " ERROR " not in node.log and "Traceback" not in node.log, node.log
+    _assert_clean_logs(cluster)
 
 
 def _drop(
@@ -382,5 +388,4 @@ async def test_a_dropped_call_is_relayed_to_its_session_home(
     session = _session_of(home, first.stream_sid)
     assert f"session {session}: relaying its resume to its home node" in cluster[new].log
     home.wait_for_line(rf"session {session} ended: client_close", TIMEOUT)
-    for node in cluster:
-        assert " ERROR " not in node.log and "Traceback" not in node.log, node.log
+    _assert_clean_logs(cluster)
