@@ -237,7 +237,9 @@ class TwilioDoor:
             status_url_of(public, self.path),
             ticket,
             redirect_url(public, self.path, attempt, now),
-            1 if attempt > 1 else 0,
+            # The first reconnect at once (a drain's close looks like a short stream's:
+            # the redirect cannot tell them apart), the later ones a second apart.
+            1 if attempt > 2 else 0,
         )
 
     def _status(self, account: str, call: str, stream_event: str | None, ended: bool) -> None:

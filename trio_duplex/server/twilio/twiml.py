@@ -5,7 +5,7 @@ A call's first TwiML, and every ``<Redirect>``'s while the call goes on::
 
     <?xml version="1.0" encoding="UTF-8"?>
     <Response>
-      <Pause length="1"/>                      (from the second attempt on)
+      <Pause length="1"/>                      (from the third attempt on)
       <Connect>
         <Stream url="wss://PUBLIC/v1/twilio" statusCallback="https://PUBLIC/v1/twilio/status">
           <Parameter name="trio_duplex_ticket" value="v1.o.1764760000.Q0FG..."/>
