@@ -79,6 +79,7 @@ class Plan:
     tel_windows: int = 2  # measured windows a step; it holds if one does
     tel_every: float = 1.5  # seconds between a call's replies (a key; a session's text)
     tel_underrun: float = 0.01  # the playout may run dry inside replies this share at most
+    tel_ws_frame_ms: float = 20.0  # a session's μ-law frames up (a call's channel: 40 ms appends)
     tel_jitter_ms: float = 20.0  # the SLO's playout starts a reply this long after its first byte
 
 

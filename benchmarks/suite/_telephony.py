@@ -132,6 +132,7 @@ def fleet(
         "--epoch", f"{epoch:.3f}", "--open", str(p.tel_open), "--settle", str(p.tel_settle),
         "--measure", str(p.tel_measure), "--windows", str(windows),
         "--every", str(p.tel_every), "--jitter-ms", str(p.tel_jitter_ms),
+        "--ws-frame-ms", str(p.tel_ws_frame_ms),
     ]  # fmt: skip
     results: list[dict[str, Any] | BaseException] = [BenchError("no result")] * SHARES
     timeout = 30 + len(steps) * period

@@ -347,9 +347,13 @@ class Session(Leg):
 
     async def sender(self) -> None:
         second = tone_second()
+        # 20 ms frames, or (``--ws-frame-ms 40``) what a call's channel hands the core: the
+        # channel batches two 20 ms ``media`` into one 40 ms append.
+        size = round(self.share.args.ws_frame_ms * RATE / 1000)
+        period = size / RATE
         frames = [
-            BINARY_HEADER.pack(INPUT_AUDIO_KIND, 0, 0, 0) + second[i : i + CHUNK]
-            for i in range(0, len(second), CHUNK)
+            BINARY_HEADER.pack(INPUT_AUDIO_KIND, 0, 0, 0) + second[i : i + size]
+            for i in range(0, len(second) - size + 1, size)
         ]
         loop = asyncio.get_running_loop()
         due = loop.time()
@@ -361,7 +365,7 @@ class Session(Leg):
                     await asyncio.sleep(delay)
                 await self.ws.send(frames[n % len(frames)])
                 n += 1
-                due += FRAME_S
+                due += period
         except Exception:
             self.dead = True
 
@@ -553,6 +557,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--measure", type=float, default=3.0)
     parser.add_argument("--windows", type=int, default=2)
     parser.add_argument("--every", type=float, default=1.5, help="seconds between replies")
+    parser.add_argument(
+        "--ws-frame-ms", type=float, default=20.0, help="a session's input frames (20, 40)"
+    )
     parser.add_argument(
         "--jitter-ms", type=float, default=20.0, help="the modelled playout's start delay"
     )
