@@ -5,9 +5,10 @@ a schedule shared by every load-generator process of a run (scenario 9's, ``call
 
 Both kinds do the same thing, so that the only difference is the dialect and its channel:
 
-- **Up**: 160 bytes of μ-law (20 ms of a 440 Hz tone) every 20 ms in real time. A call
-  sends them as Twilio does (``media`` JSON, base64; the fake's ``send_audio``, paced by
-  its clock); a session as binary-lane input frames.
+- **Up**: 160 bytes of μ-law (20 ms of a 440 Hz tone) every 20 ms in real time, on
+  absolute deadlines (a late frame is sent at once and the next ones catch up). A call
+  sends them as Twilio does (``media`` JSON, base64; the fake's ``send_audio``); a
+  session as binary-lane input frames.
 - **A reply**: every ``--every`` seconds (on a random phase per call) a call presses a
   key (``dtmf`` ``5``: the voice engine speaks the digit, 6 frames, 120 ms) and a session
   appends the text ``5`` (``input.text.append``): the same audio.
@@ -272,10 +273,24 @@ class Phone(Leg):
         ]
 
     async def sender(self) -> None:
+        """A ``media`` every 20 ms on absolute deadlines, as a session's frames: late ones
+        catch up. (The fake's own pacing, ``send_audio(realtime=True)``, starts a new run
+        after a stall of more than a frame, so the audio falls behind the wall clock for
+        good, and the engine's microphone lateness, measured against the least of the
+        last 5 s, would count one stall of the load generator for 5 s.)"""
         second = tone_second()
+        chunks = [second[i : i + CHUNK] for i in range(0, len(second), CHUNK)]
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        n = 0
         try:
             while not self.call.ended:
-                await self.call.send_audio(second)
+                delay = due - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await self.call.send_audio(chunks[n % len(chunks)], realtime=False)
+                n += 1
+                due += FRAME_S
         except Exception:
             pass
         self.dead = True
