@@ -452,8 +452,6 @@ async def ramp(args: argparse.Namespace) -> dict[str, Any]:
     share = Share(args)
     index, shares = (int(x) for x in args.share.split("/"))
     period = args.open + args.settle + args.windows * args.measure
-    if args.epoch <= 0:  # one process alone: its own schedule, from now
-        args.epoch = time.monotonic()
     loop = asyncio.get_running_loop()
     offset = time.monotonic() - loop.time()
     twilio: Any = None
@@ -468,6 +466,8 @@ async def ramp(args: argparse.Namespace) -> dict[str, Any]:
     limit = asyncio.Semaphore(OPEN_CONCURRENCY)
     tick = asyncio.create_task(ticker(share))
     tone_second()  # (before the first step: it takes a moment)
+    if args.epoch <= 0:  # one process alone: its own schedule, from now (after the imports)
+        args.epoch = time.monotonic()
 
     async def add_one() -> None:
         one: Leg = Phone(share, twilio) if args.kind == "phone" else Session(share)
