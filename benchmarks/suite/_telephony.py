@@ -329,7 +329,9 @@ def deploy_gap(suite: Suite) -> None:
     ready nodes, fake providers in 2 processes; SIGTERM the node holding them; per call,
     the last audio heard on the old stream to the first on the new one, split into the
     close → the ``<Redirect>``'s TwiML answer → ``start`` → the first ``media``; p50/p99,
-    the audio heard twice per call (§4.3) and the calls lost (must be 0). It waits for the
-    3-node deploy harness (``tests/cluster/balancer.py``, ``tests/cluster/
-    test_twilio_deploy.py``), which is not on main yet."""
+    the audio heard twice per call (§4.3) and the calls lost (must be 0). The 3-node
+    deploy harness it would build on (``tests/cluster/balancer.py``, a readiness-routing
+    TCP forwarder; ``tests/cluster/test_twilio_deploy.py``, the nodes, the fake following
+    the ``<Redirect>``, the seam's accounting) reached main at 4080fe3..291642d, after this
+    scenario was built; not started."""
     suite.say("10 telephony: the audio gap across a deploy is not built (deploy_gap, a TODO)")
