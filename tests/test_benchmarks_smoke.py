@@ -670,3 +670,113 @@ def test_the_calls_load_drives_websocket_voice_sessions_of_a_real_server() -> No
     assert step["sessions"] == step["held"] == 2 and not step["dead"], step
     assert not step["failures"] and len(step["windows"]) == 2, step
     assert not any(window["errors"] for window in step["windows"]), step
+
+
+def test_the_telephony_playout_counts_what_runs_dry_inside_a_reply_only() -> None:
+    """Scenario 10's arithmetic (no time is measured): a gap spanning a key press is the
+    silence between two replies; the fake's playout (no start delay) runs dry when a
+    reply's first frame is short, one that starts 20 ms later does not; a window's
+    replies, their audio and waits."""
+    from benchmarks.suite.clients import telephony as tel
+
+    assert tel.inside([(1.0, 1.1), (2.0, 3.5), (4.0, 4.2)], [0.5, 3.0]) == [(1.0, 1.1), (4.0, 4.2)]
+    # 15 ms, then 20 ms frames that come 20 and 50 ms after the first: dry 5 ms, then 10 ms
+    frames = [(0.0, 120), (0.020, 160), (0.050, 160)]
+    assert tel.dry_time(frames, 0.0) == pytest.approx([0.005, 0.010])
+    assert tel.dry_time(frames, 0.020) == []
+    assert tel.dry_time(frames, 0.005) == pytest.approx([0.010])  # (it covered the first)
+    playout = tel.Playout()
+    for t, n in frames:
+        playout.arrive(t, n)
+    assert [x for gap in playout.gaps for x in gap] == pytest.approx([0.015, 0.020, 0.040, 0.050])
+
+    session = tel.Session(tel.Share(tel.parse_args(["ramp", "--url", "http://x"])))
+    session.triggers = [0.9, 1.0, 2.0, 3.2]  # the first before the window, the last after
+    for t0 in (1.0, 2.0):
+        for t, n in frames:
+            session.arrivals.append(t0 + 0.022 + t)
+            session.audio_bytes.append(n)
+            session.playout.arrive(t0 + 0.022 + t, n)
+    got = session.harvest(1.0, 3.0, 0.020)
+    assert got["replies"] == 2 and got["audio_s"] == pytest.approx(880 / 8000)
+    assert got["wait_ms"] == pytest.approx([22.0, 22.0])
+    assert got["dry_ms"] == pytest.approx([5.0, 10.0] * 2) and got["replies_dry"] == 2
+    assert got["dry_jb_ms"] == [] and got["replies_dry_jb"] == 0
+    session.triggers.append(2.9)  # a reply asked and not begun
+    assert session.harvest(1.0, 3.0, 0.020)["wait_ms"][-1] == -1.0
+
+
+def test_a_telephony_step_holds_only_within_the_underrun_and_mic_limits() -> None:
+    """Scenario 10's step: every share's windows together, the underrun as a share of the
+    replies' audio, the engine's microphone lateness in the window; it holds if one
+    window does."""
+    from benchmarks.suite import _telephony
+    from benchmarks.suite._suite import Suite
+
+    def window(dry_jb: list[float]) -> dict[str, Any]:
+        return {"audio_s": 1.0, "dry_ms": [5.0], "dry_jb_ms": dry_jb, "replies": 8,
+                "replies_dry": 1, "replies_dry_jb": len(dry_jb), "wait_ms": [22.0, -1.0],
+                "errors": {}, "client_cpu_util": 0.1, "client_lag_p99_ms": 2.0}  # fmt: skip
+
+    def part(*windows: list[float]) -> dict[str, Any]:
+        return {"sessions": 4, "held": 2, "dead": 0, "failures": {},
+                "windows": [window(w) for w in windows]}  # fmt: skip
+
+    # Share 0: its first window 30 ms dry of 1 s, its second 4 ms; share 1: none (of 1 s).
+    shares = [{"steps": [part([30.0], [4.0])]}, {"steps": [part([], [])]}]
+    samples = [
+        {"t": float(t), "cpu": cpu, "rss": 1e6} for t, cpu in ((10, 1.0), (12, 1.4), (14, 1.8))
+    ]
+    late = {"mic_t": [11.0, 13.0], "mic_late": [0.001, 0.002]}
+    suite = Suite(plan=_plan.QUICK)
+    (step,) = _telephony.merge(suite, shares, samples, late)
+    assert [w["held_slo"] for w in step["windows_tried"]] == [False, True]
+    assert step["underrun_pct"] == pytest.approx(0.2) and step["raw_underrun_pct"] == 0.5
+    assert step["replies"] == 16 and step["unanswered"] == 2 and step["wait_p99_ms"] == 22.0
+    assert step["mic_late_p99_ms"] == pytest.approx(2.0) and step["held"] == 4
+    assert step["server_cpu_util"] == pytest.approx(0.2)
+    late["mic_late"][1] = 0.030  # the mic over its limit: no window holds
+    assert not _telephony.merge(suite, shares, samples, late)[0]["held_slo"]
+
+
+_TELEPHONY_TINY = """
+import json, attrs
+from benchmarks.suite import _plan, _telephony
+from benchmarks.suite._suite import Suite
+plan = attrs.evolve(_plan.QUICK, tel_rounds=1, tel_steps=(2,), tel_ws_steps=(2,),
+                    tel_open=2.0, tel_settle=0.5, tel_measure=1.0, tel_every=0.4)
+suite = Suite(plan=plan, pin=False, log_level="warning")
+_telephony.telephony(suite)
+print("@result " + json.dumps({"rows": [r.as_dict() for r in suite.rows], "errors": suite.errors,
+      "raw": suite.raw["10 telephony"]}, default=str))
+"""
+
+
+def test_the_telephony_benchmark_runs_calls_and_sessions_on_a_real_server() -> None:
+    """Scenario 10 at its smallest: one round, 2 phone calls through the fake Twilio and 2
+    μ-law WebSocket sessions, a second measured twice each; the report's shape (its
+    figures are not judged: a tiny run on a shared machine says nothing of them, and
+    nothing here divides by the CPU it measured)."""
+    run = subprocess.run([sys.executable, "-c", _TELEPHONY_TINY], cwd=ROOT,
+                         capture_output=True, text=True, timeout=150)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = _result(run.stdout)
+    assert not out["errors"], out["errors"]
+    assert [r["scenario"] for r in out["rows"]] == ["10"] * 3
+    raw = out["raw"]
+    assert set(raw) == {"runs", "largest", "per_core", "cpu_pct_each", "at"}
+    for name in _telephony_names():
+        (run_,) = raw["runs"][name]
+        (step,) = run_["steps"]
+        assert step["sessions"] == step["held"] == 2 and not step["dead"], step
+        assert not step["failures"] and not step["errors"], step
+        assert step["replies"] > 0 and step["audio_s"] > 0 and step["mic_chunks"] > 0, step
+        assert len(step["windows_tried"]) == 2, step
+        assert raw["per_core"][name] == [None]  # one step: no slope
+        assert isinstance(step["held_slo"], bool)
+
+
+def _telephony_names() -> tuple[str, str]:
+    from benchmarks.suite import _telephony
+
+    return _telephony.PHONE, _telephony.WS

@@ -4,10 +4,15 @@ benchmark (``benchmarks/suite/_calls.py``, scenario 9) cannot see from outside t
 
 - **Microphone lateness.** For each ``input_audio_buffer.append`` the engine reads, how
   late it came against its session's own audio clock: the arrival time less the audio
-  received before it (at 24 kHz PCM16), less the smallest such offset of the session's
-  last ``WINDOW_S`` seconds. A server keeping up reads each 20 ms chunk within a few
-  milliseconds of its schedule, whatever the constant delay before it (the jitter
-  buffer's); a server falling behind reads them later and later. It is scenario 3's
+  received up to its end (at 24 kHz PCM16), less the smallest such offset of the
+  session's last ``WINDOW_S`` seconds: the lateness of its newest sample, whatever the
+  appends' sizes. (Counted to its start instead, an append of half the usual size, as a
+  phone call's channel makes when a key flushes 20 ms of its 40 ms batch, lowers the
+  least by the difference, and every whole append after it reads that much late for
+  ``WINDOW_S``; with appends of one size both ways give the same figure.) A server
+  keeping up reads each 20 ms chunk within a few milliseconds of its schedule, whatever
+  the constant delay before it (the jitter buffer's); a server falling behind reads them
+  later and later. It is scenario 3's
   "added latency", on the way in. (The window: audio lost on the way, a chunk the
   worker's jitter buffer or its 200 ms bound dropped, would otherwise count as lateness
   for the rest of the session; here for ``WINDOW_S`` at most.)
@@ -100,8 +105,8 @@ class _Noting:
         event = await self._session.receive(**kwargs)
         if event.get("type") == "input_audio_buffer.append":
             now = time.monotonic()
-            offset = now - self._heard / BYTES_PER_S
             self._heard += len(event["audio"])
+            offset = now - self._heard / BYTES_PER_S
             least = self._least
             while least and least[-1][1] >= offset:
                 least.pop()

@@ -69,11 +69,23 @@ class Plan:
     calls_memory_steps: tuple[int, ...] = (0, 50, 100)  # idle calls (active: the ramp's)
     calls_memory_open: float = 30.0
     calls_latency_responses: int = 100
+    # 10. phone calls (fake Twilio) against WebSocket μ-law sessions (both on the voice engine)
+    tel_rounds: int = 2
+    tel_steps: tuple[int, ...] = (4, 8, 16, 24, 32, 40, 48, 56, 64, 80)
+    tel_ws_steps: tuple[int, ...] = (4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
+    tel_open: float = 3.0  # seconds a step has to open its new calls
+    tel_settle: float = 1.0
+    tel_measure: float = 3.0
+    tel_windows: int = 2  # measured windows a step; it holds if one does
+    tel_every: float = 1.5  # seconds between a call's replies (a key; a session's text)
+    tel_underrun: float = 0.01  # the playout may run dry inside replies this share at most
+    tel_ws_frame_ms: float = 20.0  # a session's μ-law frames up (a call's channel: 40 ms appends)
+    tel_jitter_ms: float = 20.0  # the SLO's playout starts a reply this long after its first byte
 
 
 FULL = Plan(
     name="full",
-    budget={"1": 85, "2": 55, "3": 225, "4": 160, "5": 30, "6": 60, "8": 170, "9": 600},
+    budget={"1": 85, "2": 55, "3": 225, "4": 160, "5": 30, "6": 60, "8": 170, "9": 600, "10": 600},
     tp_rounds=3,
     tp_warmup=0.5,
     tp_duration=2.0,
@@ -81,7 +93,7 @@ FULL = Plan(
 
 QUICK = Plan(
     name="quick",
-    budget={"1": 25, "2": 11, "3": 48, "4": 20, "5": 8, "6": 12, "8": 40, "9": 120},
+    budget={"1": 25, "2": 11, "3": 48, "4": 20, "5": 8, "6": 12, "8": 40, "9": 120, "10": 150},
     tp_rounds=2,
     tp_warmup=0.3,
     tp_duration=1.0,
@@ -109,4 +121,9 @@ QUICK = Plan(
     calls_memory_steps=(0, 20),
     calls_memory_open=10.0,
     calls_latency_responses=20,
+    tel_rounds=1,
+    tel_steps=(4, 16, 32, 48),
+    tel_ws_steps=(4, 16, 32, 64, 96),
+    tel_measure=2.0,
+    tel_every=1.0,
 )

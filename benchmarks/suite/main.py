@@ -18,10 +18,11 @@ from benchmarks.suite._procs import ROOT, LoadMeter, install_reaper, machine_inf
 from benchmarks.suite._scenarios import SCENARIOS as BASE_SCENARIOS
 from benchmarks.suite._stats import format_table
 from benchmarks.suite._suite import Suite
+from benchmarks.suite._telephony import telephony
 from benchmarks.suite._workload import raise_nofile
 from benchmarks.suite.report import plot_voice
 
-SCENARIOS = {**BASE_SCENARIOS, "8": dialects, "9": calls}
+SCENARIOS = {**BASE_SCENARIOS, "8": dialects, "9": calls, "10": telephony}
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
@@ -34,7 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         default="1,2,3,4,5,6,8",
-        help="comma-separated scenarios (7 runs inside 1 and 4; 9, the calls, only if named)",
+        help="comma-separated scenarios (7 runs inside 1 and 4; 9, the WebRTC calls, and 10, "
+        "the phone calls, only if named)",
     )
     parser.add_argument("--out", type=Path, help="JSON to write (default: benchmarks/results/)")
     parser.add_argument("--plot", type=Path, help="scenario 3 plot (default: next to the JSON)")
