@@ -744,7 +744,8 @@ import json, attrs
 from benchmarks.suite import _plan, _telephony
 from benchmarks.suite._suite import Suite
 plan = attrs.evolve(_plan.QUICK, tel_rounds=1, tel_steps=(2,), tel_ws_steps=(2,),
-                    tel_open=2.0, tel_settle=0.5, tel_measure=1.0, tel_every=0.4)
+                    tel_open=2.0, tel_settle=0.5, tel_measure=1.0, tel_every=0.4,
+                    tel_deploy_calls=0)
 suite = Suite(plan=plan, pin=False, log_level="warning")
 _telephony.telephony(suite)
 print("@result " + json.dumps({"rows": [r.as_dict() for r in suite.rows], "errors": suite.errors,
@@ -774,6 +775,45 @@ def test_the_telephony_benchmark_runs_calls_and_sessions_on_a_real_server() -> N
         assert len(step["windows_tried"]) == 2, step
         assert raw["per_core"][name] == [None]  # one step: no slope
         assert isinstance(step["held_slo"], bool)
+
+
+_DEPLOY_TINY = """
+import json, attrs
+from benchmarks.suite import _plan, _telephony
+from benchmarks.suite._suite import Suite
+suite = Suite(plan=attrs.evolve(_plan.QUICK, tel_deploy_calls=1), pin=False, log_level="warning")
+_telephony.deploy_gap(suite)
+print("@result " + json.dumps({"rows": [r.as_dict() for r in suite.rows], "errors": suite.errors,
+      "raw": suite.raw["10 telephony deploy"]}, default=str))
+"""
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_the_deploy_gap_runs_a_call_across_a_sigterm_of_its_node() -> None:
+    """Scenario 10's deploy gap at its smallest: three ``--cluster`` nodes on a real
+    redis-server behind the balancer, one call homed on the node SIGTERMed mid-reply (and
+    the control call elsewhere); the report's shape and the seam's order (its times are
+    not judged)."""
+    run = subprocess.run([sys.executable, "-c", _DEPLOY_TINY], cwd=ROOT,
+                         capture_output=True, text=True, timeout=150)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = _result(run.stdout)
+    assert not out["errors"], out["errors"]
+    assert [r["metric"] for r in out["rows"]] == [
+        "deploy: audio gap per call, p50", "deploy: audio gap per call, p99",
+        "deploy: audio gap per call, max", "deploy: audio heard twice per call, p50",
+        "deploy: calls lost",
+    ]  # fmt: skip
+    raw = out["raw"]
+    assert raw["calls"] == 1 and raw["lost"] == 0 and not raw["failures"], raw
+    assert raw["home_exit"] == 0 and raw["home_streams"] == 1, raw
+    assert 0 not in {node for _, node in raw["routed_after"]}, raw  # not the drained node
+    (seam,) = raw["seams"]
+    # The seam's steps in their order: the close, the TwiML, the start, the first media.
+    steps = [seam[k] for k in ("close_ms", "twiml_ms", "start_ms", "media_ms")]
+    assert steps == sorted(steps) and steps[-1] <= seam["gap_ms"], seam
+    assert seam["heard_before_ms"] >= 400 and seam["heard_after_ms"] > 0, seam
+    assert raw["reference_ms"] > seam["heard_before_ms"], raw
 
 
 def _telephony_names() -> tuple[str, str]:

@@ -81,6 +81,7 @@ class Plan:
     tel_underrun: float = 0.01  # the playout may run dry inside replies this share at most
     tel_ws_frame_ms: float = 20.0  # a session's μ-law frames up (a call's channel: 40 ms appends)
     tel_jitter_ms: float = 20.0  # the SLO's playout starts a reply this long after its first byte
+    tel_deploy_calls: int = 8  # calls across the deploy (homed on the node SIGTERMed)
 
 
 FULL = Plan(
@@ -126,4 +127,5 @@ QUICK = Plan(
     tel_ws_steps=(4, 16, 32, 64, 96),
     tel_measure=2.0,
     tel_every=1.0,
+    tel_deploy_calls=2,
 )

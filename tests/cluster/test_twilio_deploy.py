@@ -6,7 +6,7 @@ repeated only where the old node's last echoes had not come back, and every chun
 caller's audio taken before the fence reaches the engine exactly once.
 
 Real ``trio-duplex serve --cluster`` processes, a real redis-server, the test balancer
-(tests/cluster/balancer.py: a node gets new connections while its ``/readyz`` is 200),
+(trio_duplex/testing/balancer.py: a node gets new connections while its ``/readyz`` is 200),
 the fake Twilio (trio_duplex/testing/twilio_provider.py, written from Twilio's reference)
 and the ledger engine (tests/twilio/ledger.py), whose audio says which frame of which
 response it is, and whose report (a response too, to ``#``) says which of the caller's
@@ -30,6 +30,7 @@ import pytest
 import trio
 
 from trio_duplex.cluster.store import Store
+from trio_duplex.testing.balancer import Balancer, open_balancer, reserve
 from trio_duplex.testing.twilio_provider import FakeCall, FakeTwilio, run_scenario
 
 from ..helpers import ServerProcess, Servers
@@ -47,7 +48,6 @@ from ..twilio.ledger import (
     input_chunk,
     parse_heard,
 )
-from .balancer import Balancer, open_balancer, reserve
 from .conftest import RedisServer, node_flags
 
 pytestmark = pytest.mark.integration
