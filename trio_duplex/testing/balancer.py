@@ -5,7 +5,10 @@ What docs/telephony.md asks of an operator's balancer in front of a cluster taki
 calls (docs/plans/telephony.md §2.1): a draining node turns not-ready, so a
 ``<Redirect>``'s TwiML and the stream it starts land on live nodes. The nodes' readiness
 is polled every ``POLL_S`` (100 ms: what a balancer's health check does, the only wait
-here that is a sleep); a connection that comes while no node is ready is closed at once.
+here that is a sleep); a connection that comes while no node is ready is closed at once,
+and a node that refuses a connection (a draining node may close its listener before the
+next poll sees it not ready) is taken out until the poll finds it ready again, the
+connection tried on the next: what a balancer's retry of the next upstream does.
 Bytes are forwarded as they come, each way; when one side ends its half the other's is
 ended too, and the connection is closed once both are done. Everything is bounded: the
 connections at once, a node's connect and readiness answer, each read.
@@ -97,25 +100,44 @@ class Balancer:
 
     def _pick(self) -> int | None:
         ready = [p for p in self.ready if p not in self.avoid]
-        if not ready or self._open >= MAX_CONNECTIONS:
+        if not ready:
             return None
         port = ready[self._next % len(ready)]
         self._next += 1
         return port
 
-    async def handle(self, client: trio.SocketStream) -> None:
-        async with client:
+    async def _connect(self) -> tuple[int, trio.SocketStream] | None:
+        """A connection to a ready node: another one if a node refuses (a draining node
+        may close its listener before the next poll sees it not ready: a load balancer
+        retries the next upstream then, and takes that one out until it answers)."""
+        for _ in range(len(self.node_ports)):
             port = self._pick()
             if port is None:
-                self.refused += 1
-                return
-            self.routes.append(Route(time.monotonic(), port))
-            self._open += 1
+                return None
             try:
                 with trio.move_on_after(CONNECT_TIMEOUT_S) as connecting:
                     node = await trio.open_tcp_stream("127.0.0.1", port)
-                if connecting.cancelled_caught:
+            except OSError:
+                node = None
+            if node is not None and not connecting.cancelled_caught:
+                return port, node
+            if port in self.ready:
+                self.ready.remove(port)  # out until the poll finds it ready again
+        return None
+
+    async def handle(self, client: trio.SocketStream) -> None:
+        async with client:
+            if self._open >= MAX_CONNECTIONS:
+                self.refused += 1
+                return
+            self._open += 1
+            try:
+                connected = await self._connect()
+                if connected is None:
+                    self.refused += 1
                     return
+                port, node = connected
+                self.routes.append(Route(time.monotonic(), port))
                 key = id(client)
                 self._pairs[key] = (port, client, node)
                 try:
