@@ -312,19 +312,27 @@ def serve_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "trio_duplex", "serve", *args]
 
 
+READY_TIMEOUT_S = 60.0
+"""How long a server may take to log that it is serving: a deadline for one that never
+does, not a speed asserted. The suite runs on two workers (pyproject's -n 2), each
+starting servers, up to three at once, so a start can take several times what it does
+alone; 15 s was missed on a loaded 2-core machine (seven seconds for one echo server,
+over 15 for three side by side)."""
+
+
 @attrs.define
 class Servers:
     """Every server process started through it is stopped by ``stop_all``."""
 
     started: list[ServerProcess] = attrs.field(factory=list)
 
-    def start(self, *args: str, ready_timeout: float = 15.0) -> ServerProcess:
+    def start(self, *args: str, ready_timeout: float = READY_TIMEOUT_S) -> ServerProcess:
         server = self.launch(*args)
         server.url = server.wait_for_line(READY, ready_timeout).group(1)
         return server
 
     def start_many(
-        self, *commands: tuple[str, ...], ready_timeout: float = 15.0
+        self, *commands: tuple[str, ...], ready_timeout: float = READY_TIMEOUT_S
     ) -> list[ServerProcess]:
         """Start a server per command at once, then wait until each is ready: a few
         seconds of imports each, spent side by side."""
