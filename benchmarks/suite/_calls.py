@@ -32,10 +32,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import psutil
 
 from benchmarks.suite._procs import (
@@ -301,49 +302,76 @@ def ramp_run(suite: Suite, kind: str, steps: Sequence[int], idle: bool = False) 
     return {"before": before, "steps": merged}
 
 
+@attrs.define
+class Ramps:
+    """What interleaved rounds of two ramps found, per ramp (its name), a value a round."""
+
+    runs: dict[str, list[dict[str, Any]]]
+    found: dict[str, list[float | None]]
+    """The largest N of each round's ramp that held its SLO."""
+    cores: dict[str, list[float | None]]
+    """N per core, from the server's CPU against N (``per_core``)."""
+    each: dict[str, list[float | None]]
+    """% of a core per session at the most its CPU grew to."""
+    at: dict[str, list[int | None]]
+    """That N."""
+
+    def raw(self) -> dict[str, Any]:
+        return {"runs": self.runs, "largest": self.found, "per_core": self.cores,
+                "cpu_pct_each": self.each, "at": self.at}  # fmt: skip
+
+
+def interleaved(
+    suite: Suite,
+    label: str,
+    rounds: int,
+    plan: Mapping[str, tuple[str, Sequence[int]]],
+    ramp: Callable[[Suite, str, Sequence[int]], dict[str, Any]],
+) -> Ramps:
+    """``rounds`` rounds of each of ``plan``'s two ramps (name: its kind and its steps of
+    N), their order swapped every round (scenarios 9 and 10), as many as fit the time
+    budget; a ramp that fails is told and counts as nothing for its round."""
+    names = list(plan)
+    found = Ramps({n: [] for n in names}, {n: [] for n in names}, {n: [] for n in names},
+                  {n: [] for n in names}, {n: [] for n in names})  # fmt: skip
+    slowest = 0.0
+    for r in range(rounds):
+        if r > 0 and suite.time_left() < slowest:
+            suite.say(f"{label}: {r} of {rounds} rounds fit the time budget")
+            break
+        t0 = time.monotonic()
+        for name in names if r % 2 == 0 else names[::-1]:
+            kind, steps = plan[name]
+            try:
+                result = ramp(suite, kind, steps)
+            except BenchError as exc:
+                suite.fail(f"{label} / {name} round {r + 1}", exc)
+                for column in (found.found, found.cores, found.each, found.at):
+                    column[name].append(None)
+                continue
+            found.runs[name].append(result)
+            best = largest_passing(
+                [(s["sessions"], 0.0 if s["held_slo"] else 1.0) for s in result["steps"]], 0.5
+            )
+            found.found[name].append(float(best) if best else None)
+            found.cores[name].append(per_core(result["steps"]))
+            grown = growing(result["steps"])
+            top = grown[-1] if grown else None
+            found.each[name].append(top["server_cpu_util"] / top["sessions"] * 100 if top else None)
+            found.at[name].append(top["sessions"] if top else None)
+        slowest = max(slowest, time.monotonic() - t0)
+    return found
+
+
 def calls(suite: Suite) -> None:
     p = suite.plan
     if not suite.available("duplex"):
         suite.say(f"9 calls skipped: {suite.missing['duplex']}")
         return
-    found: dict[str, list[float | None]] = {CALLS: [], WS: []}
-    cores: dict[str, list[float | None]] = {CALLS: [], WS: []}
-    each: dict[str, list[float | None]] = {CALLS: [], WS: []}  # % of a core per call
-    at: dict[str, list[int | None]] = {CALLS: [], WS: []}
-    runs: dict[str, list[dict[str, Any]]] = {CALLS: [], WS: []}
     plan = {CALLS: ("call", p.calls_steps), WS: ("ws", p.calls_ws_steps)}
-    slowest = 0.0
-    for r in range(p.calls_rounds):
-        if r > 0 and suite.time_left() < slowest:
-            suite.say(f"9 calls: {r} of {p.calls_rounds} rounds fit the time budget")
-            break
-        t0 = time.monotonic()
-        order = [CALLS, WS] if r % 2 == 0 else [WS, CALLS]
-        for name in order:
-            kind, steps = plan[name]
-            try:
-                result = ramp_run(suite, kind, steps)
-            except BenchError as exc:
-                suite.fail(f"9 calls / {name} round {r + 1}", exc)
-                found[name].append(None)
-                cores[name].append(None)
-                each[name].append(None)
-                at[name].append(None)
-                continue
-            runs[name].append(result)
-            best = largest_passing(
-                [(s["sessions"], 0.0 if s["held_slo"] else 1.0) for s in result["steps"]], 0.5
-            )
-            found[name].append(float(best) if best else None)
-            cores[name].append(per_core(result["steps"]))
-            grown = growing(result["steps"])
-            top = grown[-1] if grown else None
-            each[name].append(top["server_cpu_util"] / top["sessions"] * 100 if top else None)
-            at[name].append(top["sessions"] if top else None)
-        slowest = max(slowest, time.monotonic() - t0)
-    suite.raw["9 calls"] = {
-        "runs": runs, "largest": found, "per_core": cores, "cpu_pct_each": each, "at": at,
-    }  # fmt: skip
+    ramps = interleaved(suite, "9 calls", p.calls_rounds, plan, ramp_run)
+    suite.raw["9 calls"] = ramps.raw()
+    found, cores, each, at, runs = ramps.found, ramps.cores, ramps.each, ramps.at, ramps.runs
     slo = f"gap p99 ≤ {p.calls_gap_ms:g} ms, mic p99 ≤ {p.voice_threshold_ms:g} ms"
     row(suite, "9", f"voice calls held, {slo} (server + worker on 1 core)", found[CALLS],
         "WebSocket sessions, binary lane", found[WS],

@@ -60,7 +60,7 @@ from typing import Any
 
 import trio
 
-from benchmarks.suite._calls import growing, per_core, read_recorder, tree
+from benchmarks.suite._calls import interleaved, read_recorder, tree
 from benchmarks.suite._procs import (
     PY,
     BenchError,
@@ -72,7 +72,7 @@ from benchmarks.suite._procs import (
     start_server,
 )
 from benchmarks.suite._scenarios import row
-from benchmarks.suite._stats import largest_passing, percentile
+from benchmarks.suite._stats import percentile
 from benchmarks.suite._suite import SERVER_CPU, Suite
 from trio_duplex.testing.balancer import Balancer, open_balancer, reserve
 from trio_duplex.testing.twilio_provider import FakeCall, FakeTwilio, run_scenario
@@ -290,41 +290,10 @@ def telephony(suite: Suite) -> None:
     if not suite.available("duplex"):
         suite.say(f"10 telephony skipped: {suite.missing['duplex']}")
         return
-    found: dict[str, list[float | None]] = {PHONE: [], WS: []}
-    cores: dict[str, list[float | None]] = {PHONE: [], WS: []}
-    each: dict[str, list[float | None]] = {PHONE: [], WS: []}  # % of a core per call
-    at: dict[str, list[int | None]] = {PHONE: [], WS: []}
-    runs: dict[str, list[dict[str, Any]]] = {PHONE: [], WS: []}
     plan = {PHONE: ("phone", p.tel_steps), WS: ("ws", p.tel_ws_steps)}
-    slowest = 0.0
-    for r in range(p.tel_rounds):
-        if r > 0 and suite.time_left() < slowest:
-            suite.say(f"10 telephony: {r} of {p.tel_rounds} rounds fit the time budget")
-            break
-        t0 = time.monotonic()
-        for name in [PHONE, WS] if r % 2 == 0 else [WS, PHONE]:
-            kind, steps = plan[name]
-            try:
-                result = ramp_run(suite, kind, steps)
-            except BenchError as exc:
-                suite.fail(f"10 telephony / {name} round {r + 1}", exc)
-                for d in (found, cores, each, at):
-                    d[name].append(None)
-                continue
-            runs[name].append(result)
-            best = largest_passing(
-                [(s["sessions"], 0.0 if s["held_slo"] else 1.0) for s in result["steps"]], 0.5
-            )
-            found[name].append(float(best) if best else None)
-            cores[name].append(per_core(result["steps"]))
-            grown = growing(result["steps"])
-            top = grown[-1] if grown else None
-            each[name].append(top["server_cpu_util"] / top["sessions"] * 100 if top else None)
-            at[name].append(top["sessions"] if top else None)
-        slowest = max(slowest, time.monotonic() - t0)
-    suite.raw["10 telephony"] = {
-        "runs": runs, "largest": found, "per_core": cores, "cpu_pct_each": each, "at": at,
-    }  # fmt: skip
+    ramps = interleaved(suite, "10 telephony", p.tel_rounds, plan, ramp_run)
+    suite.raw["10 telephony"] = ramps.raw()
+    found, cores, each, at = ramps.found, ramps.cores, ramps.each, ramps.at
     slo = (
         f"underrun ≤ {p.tel_underrun:.0%} of the replies' audio, "
         f"mic p99 ≤ {p.voice_threshold_ms:g} ms"
