@@ -250,7 +250,13 @@ async def test_twilio_s_completed_status_ends_a_detached_call_s_session(
             await ws.send(start(ticket, call=call_sid))
             silence = base64.b64encode(b"\xff" * 160).decode()
             media = {"event": "media", "streamSid": STREAM, "media": {"payload": silence}}
-            await ws.send(json.dumps(media))
+            for _ in range(10):  # 200 ms: through the 8-24-8 kHz resamplers, echoed
+                await ws.send(json.dumps(media))
+            # Its echo: the session is open (session.created written before it), so the
+            # drop below detaches it (a drop before that leaves it undelivered, rightly).
+            async with asyncio.timeout(10):
+                while json.loads(await ws.recv())["event"] != "media":
+                    pass
             ws.transport.abort()  # the line drops: no stop, no close
 
     await trio.to_thread.run_sync(run_scenario, dropped)
