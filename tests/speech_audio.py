@@ -256,6 +256,34 @@ def _whisper() -> Any:
     return WhisperModel(path, device="cpu", compute_type="int8", cpu_threads=1)
 
 
+@functools.cache
+def _engine_model() -> Any:
+    from trio_duplex.engines.speech import _whisper
+    from trio_duplex.engines.speech._models import choose_model
+
+    choice = choose_model(None)
+    return _whisper.load(choice.source, choice.is_path, choice.expected_sha256)
+
+
+def engine_hears(pcm: bytes, rate: int = RATE) -> str:
+    """What the speech engine's recogniser makes of ``pcm`` (one turn's speech, no silence
+    around it) reaching a server at ``rate``: resampled to 16 kHz by the server's own
+    ``Resampler``, decoded by the engine's ``_whisper.decode`` (its model, prompt and beam
+    search), here in the test's process. Deterministic, as ``recognise`` is not (the
+    transcribe call falls back to sampling when its first pass repeats itself: "The man
+    reminder, no, no, no, no, no." in one run, "The men remind them of the two days." in
+    another): the reference a test judges a reply to the caller's words against, when
+    the server hears them at a rate (a phone's 8 kHz) where tiny.en mishears the text."""
+    from trio_duplex.audio import Resampler
+    from trio_duplex.engines.speech import _whisper
+
+    samples = np.frombuffer(pcm, dtype="<i2")
+    if rate != _whisper.SAMPLE_RATE:
+        resampler = Resampler(rate, _whisper.SAMPLE_RATE)
+        samples = np.concatenate([resampler.process(samples), resampler.drain()])
+    return _whisper.decode(_engine_model(), samples.astype("<i2").tobytes())
+
+
 def recognise(pcm: bytes, rate: int = RATE) -> str:
     """What Whisper tiny.en (the engine's packaged model, run here in the test's own
     process) hears in ``pcm``: how a test checks that a reply says its text."""
