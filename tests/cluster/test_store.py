@@ -194,6 +194,27 @@ async def test_a_handed_over_session_is_taken_over_by_one_node(
     assert list(await raw.hkeys(store.keys.sessions("b"))) == ["s1"]
 
 
+async def test_findable_looks_where_a_resume_would_and_claims_nothing(
+    store: Store, raw: coredis.Redis[str]
+) -> None:
+    assert not await store.findable("s1", "b")
+    await store.register("a", URL_A)
+    await store.register("b", URL_B)
+    await store.claim_session("s1", "a", ttl_s=30)
+    assert await store.findable("s1", "b")
+    # Asked by its home, which does not hold it: an entry its release has not dropped yet.
+    assert not await store.findable("s1", "a")
+    await store.forget("a")
+    assert not await store.findable("s1", "b")  # its home left: no resume would find it
+    await store.hand_over("s2", "a", b"record", ttl_s=30)
+    assert await store.findable("s2", "b")
+    assert await store.findable("s2", "b")
+    assert (await store.locate("s2", "b")).kind == "migrated"  # asking claimed nothing
+    # A record the cluster did not seal (whoever else writes to Redis) is no session.
+    await raw.set(store.keys.migration("s3"), "forged")
+    assert not await store.findable("s3", "b")
+
+
 async def test_a_claim_given_back_or_lapsed_frees_the_record_for_another_node(
     store: Store,
 ) -> None:

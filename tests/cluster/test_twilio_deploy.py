@@ -33,11 +33,12 @@ from trio_duplex.cluster.store import Store
 from trio_duplex.testing.balancer import Balancer, open_balancer, reserve
 from trio_duplex.testing.twilio_provider import FakeCall, FakeTwilio, run_scenario
 
-from ..helpers import ServerProcess, Servers
+from ..helpers import ServerProcess, Servers, free_port
 from ..twilio.ledger import (
     BURST_KEY,
     FRAME,
     FRAME_S,
+    HANG_UP_KEY,
     HEADER,
     RATE,
     Heard,
@@ -389,3 +390,38 @@ async def test_a_dropped_call_is_relayed_to_its_session_home(
     assert f"session {session}: relaying its resume to its home node" in cluster[new].log
     home.wait_for_line(rf"session {session} ended: client_close", TIMEOUT)
     _assert_clean_logs(cluster)
+
+
+async def test_a_call_whose_session_ended_is_hung_up_by_its_redirect(
+    cluster: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine ends the call's session (the ledger's ``0``: an assistant that hangs
+    up); the server closes the stream and Twilio runs the ``<Redirect>``: a node of a
+    cluster answers ``<Hangup/>`` at once, as a single server does, rather than
+    reconnecting a stream to a session no resume can find (the door asks the cluster's
+    store, claiming nothing: ``Store.findable``). Before, a cluster node answered every
+    redirect with a ``<Connect>`` until ``--twilio-max-redirects`` ran out, the caller
+    hearing silence meanwhile."""
+    monkeypatch.setenv("TRIO_DUPLEX_TWILIO_AUTH_TOKEN", TOKEN)
+    port = free_port()
+    node = cluster(
+        "a",
+        *("--port", str(port), "--engine", "tests.twilio.ledger:factory"),
+        *("--twilio-public-url", f"http://127.0.0.1:{port}", "--twilio-account-sid", ACCOUNT),
+    )
+
+    async def scenario(base: str) -> FakeCall:
+        async with FakeTwilio(base, TOKEN, ACCOUNT) as twilio:
+            call = await twilio.place_call()
+            await call.dtmf(HANG_UP_KEY)
+            await call.wait_ended(timeout=TIMEOUT)
+            return call
+
+    call = await trio.to_thread.run_sync(run_scenario, scenario, f"http://127.0.0.1:{port}")
+    assert len(call.streams) == 1 and call.streams[0].ended_by == "server_close", call.streams
+    redirects = [f for f in call.fetches if "resume=1" in f.url]
+    assert len(redirects) == 1, call.fetches
+    assert redirects[0].status == 200 and "<Hangup/>" in redirects[0].body, redirects[0]
+    assert call.state == "completed", (call.state, call.failure)
+    node.wait_for_line(r"call CA[0-9a-f]{32}: its session is gone; hanging up", TIMEOUT)
+    _assert_clean_logs([node])

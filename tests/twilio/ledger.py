@@ -28,7 +28,8 @@ a response of ``BURST_S`` seconds sent at once, as one batch (a model faster tha
 time: the call's channel holds what Twilio may not take yet); ``#``
 starts the report, a response whose body is the ledger: the chunks received (as runs of
 consecutive numbers, in the order they came), the bad blocks, the keys and how often the
-engine was restored. Keys pressed while a response plays wait for it to end. Every key
+engine was restored; ``0`` ends the session (an assistant that hangs up: the server
+closes the stream). Keys pressed while a response plays wait for it to end. Every key
 is recorded. It migrates (``snapshot``/``restore``): the ledger, the responses waiting,
 the one playing and the index of its next frame.
 """
@@ -64,6 +65,7 @@ HEADER: Final = 4
 """Codes of a frame's header: sync, response, index (two digits)."""
 REPORT_KEY: Final = "#"
 BURST_KEY: Final = "*"
+HANG_UP_KEY: Final = "0"
 BURST_S: Final = 6
 _APPEND: Final = "input_audio_buffer.append"
 _STATE: Final = "ledger/1"
@@ -222,6 +224,8 @@ class LedgerEngine(Engine):
         while True:
             playing = self.playing
             if playing is None and self.waiting:
+                if self.waiting[0] == HANG_UP_KEY:
+                    return
                 playing = self._begin(self.waiting.popleft())
                 if playing is not None:
                     await session.send({"type": "response.created", "response_id": playing["id"]})

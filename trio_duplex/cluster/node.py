@@ -317,6 +317,17 @@ class ClusterNode:
         self._answered()
         return located
 
+    async def findable(self, session_id: str) -> bool:
+        """``Store.findable``; True when the store does not answer (the resume, tried,
+        answers for itself)."""
+        try:
+            found = await self.store.findable(session_id, self.node_id)
+        except _FAILED as exc:
+            self._failed(exc)
+            return True
+        self._answered()
+        return found
+
     # -- admission -----------------------------------------------------------------------
 
     async def acquire(self, *, moving: str | None = None) -> bool:

@@ -151,6 +151,9 @@ class ClusterPlacement:
         grant = Grant(None, resume_of=accepted.session_id, relayed=True)
         return grant, {PROOF_HEADER: accepted.proof}
 
+    async def findable(self, session_id: str) -> bool:
+        return await self.node.findable(session_id)
+
     async def resume_elsewhere(self, conn: Connection, event: Event, session_id: str) -> bool:
         """A resume of a session this node does not hold. True: relayed to its home (and
         over); False: not found elsewhere, the local path answers. ProtocolError: its

@@ -465,6 +465,23 @@ class Store:
             return Located("lost", node_id=home)
         return Located("stalled" if str(found[4]) == "1" else "lost", node_id=home)
 
+    async def findable(self, session_id: str, node_id: str) -> bool:
+        """Could a resume find the session, which ``node_id`` does not hold: a
+        handed-over record that opens, or a directory entry whose home is a member other
+        than ``node_id`` (an entry of ``node_id``'s own is one its release has not
+        dropped yet)? Reads only (``locate`` claims a record): for a phone call's
+        ``<Redirect>``, which reconnects the call's stream only to a session still
+        there."""
+        key, mkey = self.keys.session(session_id), self.keys.migration(session_id)
+        sealed = await self._bounded(lambda: self._client.mget([key, mkey]))
+        home_sealed, record_sealed = sealed[0], sealed[1]
+        if record_sealed is not None:
+            if self.sealer.open_private(mkey, record_sealed, self._now_ms()) is not None:
+                return True
+            self.complaints("a migration record", mkey)
+        home = self._open_home(key, home_sealed) if home_sealed is not None else None
+        return home is not None and home != node_id and home in await self.nodes()
+
     async def adopted(self, session_id: str, node_id: str, ttl_s: float) -> bool:
         """``node_id`` has taken the handed-over session over: it is now its home (directory
         TTL ``ttl_s``) and the record is gone, in one step. False: its claim had lapsed.

@@ -188,6 +188,7 @@ class DuplexServer:
             self.close_timeout_s,
             self.endpoints.refused,
             clustered=self.config.cluster is not None,
+            findable=lambda session_id: self.placement.findable(session_id),
         )
 
     def _open_calls(self) -> None:

@@ -133,6 +133,10 @@ class TwilioStats:
         self.audio_bytes["out"] += mark_book.audio_bytes_out
 
 
+async def _nowhere_else(session_id: str) -> bool:
+    return False
+
+
 @attrs.define(eq=False)
 class TwilioDoor:
     config: ServerConfig
@@ -143,6 +147,9 @@ class TwilioDoor:
     """Counts a refusal by reason (``Endpoints.refused``)."""
     clustered: bool = False
     """Cluster mode: a call's session this node does not hold may live on another."""
+    findable: Callable[[str], Awaitable[bool]] = attrs.field(default=_nowhere_else)
+    """Is a session this node does not hold held by another, or handed over
+    (``Placement.findable``: in a single process, never)?"""
     keys: TwilioKeys = attrs.field(init=False)
     stats: TwilioStats = attrs.field(factory=TwilioStats, init=False)
 
@@ -211,11 +218,10 @@ class TwilioDoor:
         if isinstance(call, Refusal):
             await self._refuse(stream, call, where, "account")
             return
-        await stream.send_all(
-            twiml_response(self._twiml(public, parsed, call.account_sid, call.call_sid))
-        )
+        document = await self._twiml(public, parsed, call.account_sid, call.call_sid)
+        await stream.send_all(twiml_response(document))
 
-    def _twiml(self, public: str, head: WebhookHead, account: str, call: str) -> str:
+    async def _twiml(self, public: str, head: WebhookHead, account: str, call: str) -> str:
         """The TwiML of a call's first webhook, or of its ``<Redirect>``."""
         now = time.time()
         config = self.config
@@ -224,7 +230,7 @@ class TwilioDoor:
         if is_resume(head.query):
             found = next_attempt(head.query, now)
             session_id = self.keys.session_id(account, call)
-            gone = not self.clustered and self.sessions.runner(session_id) is None
+            gone = self.sessions.runner(session_id) is None and not await self.findable(session_id)
             if found is None or found > config.twilio_max_redirects or gone:
                 self.stats.redirects["hangup"] += 1
                 log.info("call %s: its session is gone; hanging up", call)

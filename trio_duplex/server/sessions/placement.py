@@ -10,7 +10,8 @@ The points, in a session's life:
 
 * ``lease``, before the local admission of an open; ``release`` gives it back;
 * ``claim``, once the session is admitted, before its client hears of it;
-* ``resume_elsewhere``, for a resume of a session not held here;
+* ``resume_elsewhere``, for a resume of a session not held here (``findable``, to ask
+  whether one is, claiming nothing);
 * ``migrates`` when the drain begins, and ``hand_over`` during it;
 * ``released``, once a session's slot is free (its lease and directory entry).
 """
@@ -53,6 +54,10 @@ class Placement(Protocol):
         False: answer it here (it was never elsewhere, or it has just moved here).
         ProtocolError: its home is gone, or cannot be reached now."""
 
+    async def findable(self, session_id: str) -> bool:
+        """Is a session not held here held elsewhere, or handed over, so that a resume
+        could find it? Claims nothing (a phone call's ``<Redirect>`` asks)."""
+
     def migrates(self) -> Callable[[SessionRunner], bool] | None:
         """When the drain begins: which sessions it hands over rather than ends (None:
         none)."""
@@ -85,6 +90,9 @@ class SingleProcess:
         pass
 
     async def resume_elsewhere(self, conn: Connection, event: Event, session_id: str) -> bool:
+        return False
+
+    async def findable(self, session_id: str) -> bool:
         return False
 
     def migrates(self) -> Callable[[SessionRunner], bool] | None:
