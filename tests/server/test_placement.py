@@ -46,6 +46,10 @@ class Recording:
         self.calls.append(f"resume_elsewhere {session_id}")
         return False
 
+    async def findable(self, session_id: str) -> bool:
+        self.calls.append(f"findable {session_id}")
+        return False
+
     def migrates(self) -> Callable[[SessionRunner], bool] | None:
         self.calls.append("migrates")
         return lambda runner: False

@@ -132,6 +132,13 @@ RESUME_REFUSALS: Final = frozenset(
 TERMINAL_EVENTS: Final = frozenset({EventType.CLOSED, EventType.EXPIRED})
 """The events that end a session: exactly one per session, and nothing after it."""
 
+INPUT_DTMF: Final = "input.dtmf"
+"""An engine event no client sends itself: a key a phone's caller pressed, ``{"type":
+"input.dtmf", "digit": "5"}``, one of ``DTMF_DIGITS``, made by a telephony dialect's
+channel (dialects/twilio) from the provider's own message; an engine takes it if its
+``accepts`` names it (engines.api)."""
+DTMF_DIGITS: Final = frozenset("0123456789*#ABCD")
+
 CONTROL_EVENTS: Final = frozenset(
     {
         EventType.CREATED,

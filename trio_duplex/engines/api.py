@@ -42,7 +42,8 @@ import trio
 from .._pace import EVERY, Pace
 from ..audio import ENGINE_RATES, AudioConfig
 from ..core import events, flow
-from ..core.events import CONTROL_EVENTS, ErrorCode, EventType
+from ..core.events import CONTROL_EVENTS, DTMF_DIGITS, ErrorCode, EventType
+from ..core.events import INPUT_DTMF as INPUT_DTMF  # (an engine's API: re-exported)
 from ..core.journal import Journal
 from ..core.wire import ProtocolError
 
@@ -56,12 +57,10 @@ class BadEvent(ProtocolError):
         super().__init__(ErrorCode.BAD_EVENT, message, param=param)
 
 
-INPUT_DTMF = "input.dtmf"
-"""A key a phone's caller pressed: ``{"type": "input.dtmf", "digit": "5"}``, one of
-``DTMF_DIGITS`` (a telephony call's session: dialects/twilio). An engine that takes it
-names it in ``accepts``; ``echo``, ``voice`` and ``speech`` take it as a typed turn whose
-text is the digit."""
-DTMF_DIGITS = frozenset("0123456789*#ABCD")
+# ``INPUT_DTMF`` (core.events): a key a phone's caller pressed, ``{"type": "input.dtmf",
+# "digit": "5"}``, one of ``DTMF_DIGITS``. An engine that takes it names it in
+# ``accepts``; ``echo``, ``voice`` and ``speech`` take it as a typed turn whose text is
+# the digit.
 
 
 def check_dtmf(event: Event) -> str:

@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import attrs
 
-from ...core.events import ErrorCode, EventType
+from ...core.events import INPUT_DTMF, ErrorCode, EventType
 from ...core.wire import ProtocolError
 from ..jsonwire import LARGE, encode
 from ..native import audio_frame, decode_binary
@@ -42,10 +42,6 @@ from ..native import decode as native_decode
 __all__ = ["INPUT_DTMF", "TWILIO", "TWILIO_AUDIO", "Twilio", "twilio_audio"]
 
 Event = dict[str, Any]
-
-INPUT_DTMF: Final = "input.dtmf"  # (engines.api.INPUT_DTMF)
-"""A key the caller pressed: ``{"type": "input.dtmf", "digit": "5"}`` (``0-9 * # A-D``),
-an engine event (an engine takes it if its ``accepts`` holds it; docs/engines.md)."""
 
 TWILIO_AUDIO: Final[Mapping[str, Any]] = {
     "wire": "binary",
