@@ -1,7 +1,7 @@
 """The speech engine's recogniser on an outside set: word error rate per voice.
 
     python -m benchmarks.speech_wer [--voices espeak-ng,flite,piper] [--limit N]
-        [--recognisers whisper,pool] [--worst 5] [--json FILE]
+        [--recognisers whisper,pool] [--no-browser] [--no-phone] [--worst 5] [--json FILE]
 
 The set is ``benchmarks/data/slurp_test_first100.txt``: SLURP's first 100 test sentences,
 every one (or the first ``--limit`` in file order), none chosen. Each voice says them:
@@ -10,7 +10,12 @@ espeak-ng (``en-us``, 150 words a minute), flite (``slt``) and Piper (the bundle
 the engine's 16 kHz. The *browser path* is the same audio as a browser's microphone
 delivers it: resampled to 48 kHz (soxr, as the browser resamples a source to its
 AudioContext) and back to 16 kHz by the demo's AudioWorklet (``demo/mic-worklet.js``:
-the mean of each 3 input samples, float → PCM16 as the worklet rounds).
+the mean of each 3 input samples, float → PCM16 as the worklet rounds). The *phone path*
+is the same audio as a phone call's stream delivers it to the engine: resampled to 8 kHz
+(soxr: the telephone band's upper edge, as a phone network's codec band-limits; its 300 Hz
+lower edge is not modelled), G.711 μ-law both ways (the server's tables), and back to
+16 kHz by the server's ``Resampler``, as the Twilio dialect hands a call's audio to a
+16 kHz engine.
 
 Recognisers:
 
@@ -57,6 +62,7 @@ from trio_duplex.testing.transcripts import word_error_rate, word_errors
 SET: Final = Path(__file__).resolve().parent / "data" / "slurp_test_first100.txt"
 RATE: Final = 16_000
 BROWSER_RATE: Final = 48_000
+PHONE_RATE: Final = 8_000
 Pcm = npt.NDArray[np.int16]
 
 
@@ -151,6 +157,16 @@ def browser_path(samples: Pcm) -> Pcm:
     return out
 
 
+def phone_path(samples: Pcm) -> Pcm:
+    """16 kHz → 8 kHz (the server's soxr ``Resampler``) → μ-law → PCM16 → 16 kHz: a
+    phone call's audio as the engine receives it (the module docstring)."""
+    from trio_duplex.audio import _g711
+
+    narrow = _resample(samples, RATE, PHONE_RATE)
+    line = _g711.encode(_g711.ULAW_ENCODE, narrow)
+    return _resample(_g711.decode(_g711.ULAW_DECODE, line), PHONE_RATE, RATE)
+
+
 # -- the recognisers -----------------------------------------------------------------
 
 
@@ -237,7 +253,7 @@ class Heard:
 class Result:
     recogniser: str
     voice: str
-    path: str  # "direct" or "browser"
+    path: str  # "direct", "browser" or "phone"
     heard: list[Heard]
 
     @property
@@ -293,6 +309,8 @@ def run(args: argparse.Namespace) -> list[Result]:
             paths = {"direct": direct}
             if not args.no_browser:
                 paths["browser"] = [browser_path(x) for x in direct]
+            if not args.no_phone:
+                paths["phone"] = [phone_path(x) for x in direct]
             for path, audio in paths.items():
                 for r in recognisers.values():
                     result = Result(r.name, label, path, measure(r, texts, audio))
@@ -330,6 +348,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--recognisers", default="whisper", help="whisper, pool")
     parser.add_argument("--limit", type=int, help="the first N sentences (default: all)")
     parser.add_argument("--no-browser", action="store_true", help="skip the browser path")
+    parser.add_argument("--no-phone", action="store_true", help="skip the phone path")
     parser.add_argument("--worst", type=int, default=5, help="worst sentences shown per row")
     parser.add_argument("--json", type=Path, help="write every sentence's result here too")
     args = parser.parse_args(argv)

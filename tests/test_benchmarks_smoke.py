@@ -564,11 +564,28 @@ def test_the_browser_path_keeps_speech_band_audio() -> None:
     assert 7000 < np.sqrt(2 * np.mean(middle**2)) < 8200  # a 1 kHz tone passes, ~unchanged
 
 
+def test_the_phone_path_keeps_the_telephone_band_and_drops_above_it() -> None:
+    import numpy as np
+
+    from benchmarks.speech_wer import phone_path
+
+    t = np.arange(16_000) / 16_000
+
+    def through(hz: float) -> float:
+        tone = (8000 * np.sin(2 * np.pi * hz * t)).astype(np.int16)
+        out = phone_path(tone)
+        assert out.dtype == np.int16 and abs(len(out) - len(tone)) <= 4
+        return float(np.sqrt(2 * np.mean(out[1000:-1000].astype(np.float64) ** 2)))
+
+    assert 7500 < through(1000) < 8500  # in the band: μ-law's few per cent of error
+    assert through(6000) < 400  # above 4 kHz: gone at 8 kHz
+
+
 @pytest.mark.skipif(
     shutil.which("espeak-ng") is None or importlib.util.find_spec("faster_whisper") is None,
     reason="needs espeak-ng and the speech extra",
 )
-def test_the_wer_benchmark_hears_one_sentence_both_paths(tmp_path: Path) -> None:
+def test_the_wer_benchmark_hears_one_sentence_every_path(tmp_path: Path) -> None:
     """benchmarks.speech_wer on the first sentence, espeak-ng, the new recogniser only:
     a row per path, the sentence heard (something, not judged), nothing timed."""
     from benchmarks import speech_wer
@@ -579,13 +596,14 @@ def test_the_wer_benchmark_hears_one_sentence_both_paths(tmp_path: Path) -> None
     assert [(r.voice, r.path) for r in results] == [
         ("espeak-ng (en-us, 150 wpm)", "direct"),
         ("espeak-ng (en-us, 150 wpm)", "browser"),
+        ("espeak-ng (en-us, 150 wpm)", "phone"),
     ]
     for r in results:
         (heard,) = r.heard
         assert heard.words == 4 and heard.hypothesis.strip(), heard
         assert 0 <= r.wer <= 2
     report = json.loads(out.read_text())
-    assert len(report["results"]) == 2 and report["results"][0]["heard"][0]["words"] == 4
+    assert len(report["results"]) == 3 and report["results"][0]["heard"][0]["words"] == 4
 
 
 def test_the_noise_step_trims_a_sentence_to_its_speech() -> None:
