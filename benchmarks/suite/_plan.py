@@ -71,8 +71,11 @@ class Plan:
     calls_latency_responses: int = 100
     # 10. phone calls (fake Twilio) against WebSocket μ-law sessions (both on the voice engine)
     tel_rounds: int = 2
-    tel_steps: tuple[int, ...] = (4, 8, 16, 24, 32, 40, 48, 56, 64, 80)
-    tel_ws_steps: tuple[int, ...] = (4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
+    # (One ramp for both kinds, past where a quiet 2-core machine held them: 80 calls and
+    # 128 sessions both held at the tops of the ramps of 2026-12-03, which then compared
+    # the ramps' lengths rather than the two kinds.)
+    tel_steps: tuple[int, ...] = (4, 8, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192)
+    tel_ws_steps: tuple[int, ...] = (4, 8, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192)
     tel_open: float = 3.0  # seconds a step has to open its new calls
     tel_settle: float = 1.0
     tel_measure: float = 3.0

@@ -298,8 +298,15 @@ def telephony(suite: Suite) -> None:
         f"underrun ≤ {p.tel_underrun:.0%} of the replies' audio, "
         f"mic p99 ≤ {p.voice_threshold_ms:g} ms"
     )
+    tops = [
+        f"{kind}: {sum(n == steps[-1] for n in found[name])} of {len(found[name])}"
+        for name, (kind, steps) in plan.items()
+        if any(n == steps[-1] for n in found[name])
+    ]
+    topped = f"; the ramp's top held (a floor, not the knee) in rounds of {', '.join(tops)}"
     row(suite, "10", f"phone calls held, {slo} (server on 1 core)", found[PHONE], WS,
-        found[WS], note="largest N of the ramp that held; the voice engine both ways")  # fmt: skip
+        found[WS], note="largest N of the ramp that held; the voice engine both ways"
+        + (topped if tops else ""))  # fmt: skip
     row(suite, "10", "phone calls per core, from server CPU per call", cores[PHONE], WS,
         cores[WS], note="1 / the slope of CPU against N over the steps whose CPU grew")  # fmt: skip
     row(suite, "10", "server CPU per call, at the most calls its CPU grew to", each[PHONE],
