@@ -793,6 +793,10 @@ def test_the_telephony_benchmark_runs_calls_and_sessions_on_a_real_server() -> N
         assert len(step["windows_tried"]) == 2, step
         assert raw["per_core"][name] == [None]  # one step: no slope
         assert isinstance(step["held_slo"], bool)
+    # A ramp whose top (its one step) held is named in the row's note: a floor.
+    topped = [n for n in _telephony_names() if raw["largest"][n] == [2]]
+    held_row = out["rows"][0]
+    assert ("the ramp's top held" in held_row["note"]) == bool(topped), (held_row, topped)
 
 
 _DEPLOY_TINY = """
