@@ -639,7 +639,7 @@ def test_the_calls_shares_add_up_and_a_step_holds_only_within_both_limits() -> N
     one window does); the calls per core from the CPU slope (no time is measured here)."""
     from benchmarks.suite import _calls
     from benchmarks.suite._suite import Suite
-    from benchmarks.suite.clients.calls import my_count
+    from benchmarks.suite.clients._ramp import my_count
 
     for n in (0, 1, 7, 50):
         assert sum(my_count(n, i, 2) for i in range(2)) == n
@@ -755,6 +755,32 @@ def test_a_telephony_step_holds_only_within_the_underrun_and_mic_limits() -> Non
     assert step["server_cpu_util"] == pytest.approx(0.2)
     late["mic_late"][1] = 0.030  # the mic over its limit: no window holds
     assert not _telephony.merge(suite, shares, samples, late)[0]["held_slo"]
+
+
+_CALLS_WS_TINY = """
+import json, attrs
+from benchmarks.suite import _calls, _plan
+from benchmarks.suite._suite import Suite
+plan = attrs.evolve(_plan.QUICK, calls_ws_open=1.5, calls_settle=0.5, calls_measure=1.0)
+suite = Suite(plan=plan, pin=False, log_level="warning")
+print("@result " + json.dumps(_calls.ramp_run(suite, "ws", (2, 4)), default=str))
+"""
+
+
+def test_the_calls_ramp_runs_its_load_generators_on_one_schedule() -> None:
+    """Scenario 9's ramp (``_calls.ramp_run``: ``run_fleet`` and ``merge_steps``, which
+    scenario 10 shares) at its smallest: 2 then 4 WebSocket voice sessions on a real
+    server, every share's steps merged a step per N, the server sampled at each window's
+    edges; the shape, not the figures."""
+    run = subprocess.run([sys.executable, "-c", _CALLS_WS_TINY], cwd=ROOT,
+                         capture_output=True, text=True, timeout=150)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = _result(run.stdout)
+    assert [step["sessions"] for step in out["steps"]] == [2, 4], out
+    for step in out["steps"]:
+        assert step["held"] == step["sessions"] and not step["dead"], step
+        assert step["packets"] > 0 and step["server_cpu_util"] > 0, step
+        assert len(step["windows_tried"]) == 2, step
 
 
 _TELEPHONY_TINY = """

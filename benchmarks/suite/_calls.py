@@ -25,6 +25,7 @@ engine as built, noting microphone lateness and, for the latency phase, its send
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -34,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import psutil
@@ -134,33 +135,30 @@ def read_recorder(path: Path) -> dict[str, Any]:
     return data
 
 
-def fleet(
-    suite: Suite, proc: Proc, url: str, kind: str, steps: Sequence[int], *, idle: bool = False
-) -> tuple[list[dict[str, Any]], list[dict[str, float]]]:
-    """Run ``SHARES`` load generators on one schedule; every process's steps, and the
-    server's samples at each step's window edges (``calls_windows`` + 1 a step)."""
-    p = suite.plan
-    opening = p.calls_open if kind == "call" else p.calls_ws_open
-    if idle:
-        opening = p.calls_memory_open
-    windows = p.calls_windows
-    period = opening + p.calls_settle + windows * p.calls_measure
-    epoch = time.monotonic() + 3.0  # every load generator has imported aiortc by then
-    args = [
-        "ramp", "--kind", kind, "--url", url, "--steps", ",".join(map(str, steps)),
-        "--epoch", f"{epoch:.3f}", "--open", str(opening), "--settle", str(p.calls_settle),
-        "--measure", str(p.calls_measure), "--gap-ms", str(p.calls_gap_ms),
+def run_fleet(
+    suite: Suite, proc: Proc, client: str, args: Sequence[str], steps: Sequence[int], *,
+    opening: float, settle: float, measure: float, windows: int, lead_s: float,
+) -> tuple[list[dict[str, Any]], list[dict[str, float]]]:  # fmt: skip
+    """``SHARES`` processes of ``benchmarks.suite.clients.<client>`` (each given ``args``,
+    the schedule's flags and its share) on one schedule, starting ``lead_s`` from now
+    (every process has started by then): every process's steps, and the server's samples
+    at each step's window edges (``windows`` + 1 a step). Scenarios 9 and 10."""
+    period = opening + settle + windows * measure
+    epoch = time.monotonic() + lead_s
+    argv = [
+        "ramp", *args, "--steps", ",".join(map(str, steps)), "--epoch", f"{epoch:.3f}",
+        "--open", str(opening), "--settle", str(settle), "--measure", str(measure),
         "--windows", str(windows),
-    ] + (["--idle"] if idle else [])  # fmt: skip
+    ]  # fmt: skip
     results: list[dict[str, Any] | BaseException] = [BenchError("no result")] * SHARES
     timeout = 30 + len(steps) * period
 
     def one(i: int) -> None:
         try:
-            argv = suite.py_client("calls", [*args, "--share", f"{i}/{SHARES}"])
+            command = suite.py_client(client, [*argv, "--share", f"{i}/{SHARES}"])
             results[i] = run_to_result(
-                f"calls load generator {i}", argv, on_mark=lambda _: None, timeout=timeout,
-                watch=proc,
+                f"{client} load generator {i}", command, on_mark=lambda _: None,
+                timeout=timeout, watch=proc,
             )  # fmt: skip
         except BaseException as exc:
             results[i] = exc
@@ -170,9 +168,8 @@ def fleet(
         t.start()
     samples: list[dict[str, float]] = []
     for j in range(len(steps)):
-        first = epoch + j * period + opening + p.calls_settle
-        edges = [first + w * p.calls_measure for w in range(windows + 1)]
-        for edge in edges:
+        first = epoch + j * period + opening + settle
+        for edge in [first + w * measure for w in range(windows + 1)]:
             while time.monotonic() < edge and any(t.is_alive() for t in threads):
                 time.sleep(min(0.01, max(0.0, edge - time.monotonic())))
             if not any(t.is_alive() for t in threads):
@@ -188,33 +185,70 @@ def fleet(
     return out, samples
 
 
-def merge(
-    suite: Suite, shares: list[dict[str, Any]], samples: list[dict[str, float]],
-    recorder: dict[str, Any],
+Window = Callable[
+    [list[dict[str, Any]], list[dict[str, Any]], dict[str, float], dict[str, float],
+     list[float], list[float]],
+    dict[str, Any],
+]  # fmt: skip
+"""One measured window of a step from every share's part of it: (the shares' steps, their
+windows, the server's samples at its edges, the recorder's microphone times and
+lateness) → the step's figures, ``held_slo`` among them."""
+
+
+def merge_steps(
+    shares: list[dict[str, Any]], samples: list[dict[str, float]], windows: int,
+    recorder: dict[str, Any], window: Window, kept: Sequence[str],
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """One step per N: of its windows, the first that held (else its first), each from
-    every share's gaps together, the engine's microphone lateness in the window, and the
-    server's CPU (with its worker's) and RSS at its edges."""
-    p = suite.plan
-    per = p.calls_windows + 1
+    """One step per N: of its ``windows``, the first that held (else its first), each
+    judged by ``window`` from every share's part together; ``windows_tried`` keeps the
+    ``kept`` figures of each. Scenarios 9 and 10."""
+    per = windows + 1
     count = min(min(len(s["steps"]) for s in shares), len(samples) // per)
     mic_t, mic_late = recorder.get("mic_t", []), recorder.get("mic_late", [])
     steps = []
     for j in range(count):
         parts = [s["steps"][j] for s in shares]
         edges = samples[j * per : (j + 1) * per]
-        tried = []
-        for w in range(p.calls_windows):
-            a, b = edges[w], edges[w + 1]
-            got = [part["windows"][w] for part in parts]
-            tried.append(_window(suite, parts, got, a, b, mic_t, mic_late))
+        tried = [
+            window(parts, [part["windows"][w] for part in parts], edges[w], edges[w + 1],
+                   mic_t, mic_late)
+            for w in range(windows)
+        ]  # fmt: skip
         step = next((t for t in tried if t["held_slo"]), tried[0])
-        step["windows_tried"] = [
-            {k: t[k] for k in ("gap_p99_ms", "mic_late_p99_ms", "server_cpu_util", "held_slo")}
-            for t in tried
-        ]
+        step["windows_tried"] = [{k: t[k] for k in kept} for t in tried]
         steps.append(step)
     return steps
+
+
+def fleet(
+    suite: Suite, proc: Proc, url: str, kind: str, steps: Sequence[int], *, idle: bool = False
+) -> tuple[list[dict[str, Any]], list[dict[str, float]]]:
+    """Scenario 9's load generators (``run_fleet``)."""
+    p = suite.plan
+    opening = p.calls_open if kind == "call" else p.calls_ws_open
+    if idle:
+        opening = p.calls_memory_open
+    args = ["--kind", kind, "--url", url, "--gap-ms", str(p.calls_gap_ms)]
+    return run_fleet(
+        suite, proc, "calls", [*args, *(["--idle"] if idle else [])], steps,
+        opening=opening, settle=p.calls_settle, measure=p.calls_measure,
+        windows=p.calls_windows,
+        lead_s=3.0,  # every load generator has imported aiortc by then
+    )  # fmt: skip
+
+
+KEPT: Final = ("gap_p99_ms", "mic_late_p99_ms", "server_cpu_util", "held_slo")
+
+
+def merge(
+    suite: Suite, shares: list[dict[str, Any]], samples: list[dict[str, float]],
+    recorder: dict[str, Any],
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Scenario 9's steps (``merge_steps``): each window from every share's gaps together,
+    the engine's microphone lateness in the window, and the server's CPU (with its
+    worker's) and RSS at its edges."""
+    window = functools.partial(_window, suite)
+    return merge_steps(shares, samples, suite.plan.calls_windows, recorder, window, KEPT)
 
 
 def _window(

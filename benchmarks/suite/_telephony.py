@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import queue
@@ -60,7 +61,7 @@ from typing import Any
 
 import trio
 
-from benchmarks.suite._calls import interleaved, read_recorder, tree
+from benchmarks.suite._calls import interleaved, merge_steps, read_recorder, run_fleet, tree
 from benchmarks.suite._procs import (
     PY,
     BenchError,
@@ -68,7 +69,6 @@ from benchmarks.suite._procs import (
     free_port,
     pinned,
     redis,
-    run_to_result,
     start_server,
 )
 from benchmarks.suite._scenarios import row
@@ -135,80 +135,30 @@ def server(suite: Suite) -> Iterator[tuple[Proc, str, Path]]:
 def fleet(
     suite: Suite, proc: Proc, url: str, kind: str, steps: Sequence[int]
 ) -> tuple[list[dict[str, Any]], list[dict[str, float]]]:
-    """``SHARES`` load generators on one schedule; every process's steps, and the server's
-    samples at each step's window edges (``tel_windows`` + 1 a step)."""
+    """Scenario 10's load generators (``_calls.run_fleet``)."""
     p = suite.plan
-    windows = p.tel_windows
-    period = p.tel_open + p.tel_settle + windows * p.tel_measure
-    # Every load generator has started by then: the fake's imports and tables take ~1 s
-    # of CPU, and 5 s were seen on a machine with a load of 12.
-    epoch = time.monotonic() + 8.0
     args = [
-        "ramp", "--kind", kind, "--url", url, "--steps", ",".join(map(str, steps)),
-        "--epoch", f"{epoch:.3f}", "--open", str(p.tel_open), "--settle", str(p.tel_settle),
-        "--measure", str(p.tel_measure), "--windows", str(windows),
-        "--every", str(p.tel_every), "--jitter-ms", str(p.tel_jitter_ms),
-        "--ws-frame-ms", str(p.tel_ws_frame_ms),
+        "--kind", kind, "--url", url, "--every", str(p.tel_every),
+        "--jitter-ms", str(p.tel_jitter_ms), "--ws-frame-ms", str(p.tel_ws_frame_ms),
     ]  # fmt: skip
-    results: list[dict[str, Any] | BaseException] = [BenchError("no result")] * SHARES
-    timeout = 30 + len(steps) * period
-
-    def one(i: int) -> None:
-        try:
-            argv = suite.py_client("telephony", [*args, "--share", f"{i}/{SHARES}"])
-            results[i] = run_to_result(
-                f"telephony load generator {i}", argv, on_mark=lambda _: None,
-                timeout=timeout, watch=proc,
-            )  # fmt: skip
-        except BaseException as exc:
-            results[i] = exc
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(SHARES)]
-    for t in threads:
-        t.start()
-    samples: list[dict[str, float]] = []
-    for j in range(len(steps)):
-        first = epoch + j * period + p.tel_open + p.tel_settle
-        for edge in [first + w * p.tel_measure for w in range(windows + 1)]:
-            while time.monotonic() < edge and any(t.is_alive() for t in threads):
-                time.sleep(min(0.01, max(0.0, edge - time.monotonic())))
-            if not any(t.is_alive() for t in threads):
-                break
-            samples.append(tree(proc))
-    for t in threads:
-        t.join(timeout)
-    out: list[dict[str, Any]] = []
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r if isinstance(r, BenchError) else BenchError(str(r))
-        out.append(r)
-    return out, samples
+    return run_fleet(
+        suite, proc, "telephony", args, steps,
+        opening=p.tel_open, settle=p.tel_settle, measure=p.tel_measure, windows=p.tel_windows,
+        # Every load generator has started by then: the fake's imports and tables take
+        # ~1 s of CPU, and 5 s were seen on a machine with a load of 12.
+        lead_s=8.0,
+    )  # fmt: skip
 
 
 def merge(
     suite: Suite, shares: list[dict[str, Any]], samples: list[dict[str, float]],
     recorder: dict[str, Any],
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """One step per N: of its windows, the first that held (else its first), from every
-    share's window together, the engine's microphone lateness in it, and the server's CPU
-    at its edges."""
-    p = suite.plan
-    per = p.tel_windows + 1
-    count = min(min(len(s["steps"]) for s in shares), len(samples) // per)
-    mic_t, mic_late = recorder.get("mic_t", []), recorder.get("mic_late", [])
-    steps = []
-    for j in range(count):
-        parts = [s["steps"][j] for s in shares]
-        edges = samples[j * per : (j + 1) * per]
-        tried = [
-            window(suite, parts, [part["windows"][w] for part in parts], edges[w], edges[w + 1],
-                   mic_t, mic_late)
-            for w in range(p.tel_windows)
-        ]  # fmt: skip
-        step = next((t for t in tried if t["held_slo"]), tried[0])
-        step["windows_tried"] = [{k: t[k] for k in KEPT} for t in tried]
-        steps.append(step)
-    return steps
+    """Scenario 10's steps (``_calls.merge_steps``): each window from every share's part
+    together, the engine's microphone lateness in it, and the server's CPU at its
+    edges."""
+    judge = functools.partial(window, suite)
+    return merge_steps(shares, samples, suite.plan.tel_windows, recorder, judge, KEPT)
 
 
 def window(

@@ -31,7 +31,6 @@ import collections
 import json
 import math
 import random
-import sys
 import time
 import urllib.request
 from fractions import Fraction
@@ -46,6 +45,7 @@ from benchmarks.suite._workload import (
     emit,
     raise_nofile,
 )
+from benchmarks.suite.clients._ramp import Ramp, log
 
 RATE: Final = 48_000
 FRAME_S: Final = 0.020
@@ -54,11 +54,6 @@ WORDS: Final = (
     "the quick brown fox jumps over a lazy dog while seven bright birds sing "
     "above quiet rivers and tall green hills under morning light"
 ).split()
-OPEN_CONCURRENCY: Final = 6
-
-
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def long_text(words: int) -> str:
@@ -345,71 +340,32 @@ def p99_of(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else math.nan
 
 
-def my_count(n: int, index: int, shares: int) -> int:
-    """This share's part of ``n``: the shares differ by at most one and add up to n."""
-    return (n + shares - 1 - index) // shares
-
-
 async def ramp(args: argparse.Namespace) -> dict[str, Any]:
     share = Share(args)
-    index, shares = (int(x) for x in args.share.split("/"))
-    period = args.open + args.settle + args.windows * args.measure
     if args.epoch <= 0:  # one process alone: its own schedule, from now
         args.epoch = time.monotonic()
-    loop = asyncio.get_running_loop()
-    offset = time.monotonic() - loop.time()  # the loop's clock is time.monotonic here
     kind = Call if args.kind == "call" else Session
     if args.kind == "call":
         from tests.media.rtc import loopback_only
 
         loopback_only()
         patch_receiver()
-    held: list[Call | Session] = []
-    failures: collections.Counter[str] = collections.Counter()
+    legs = Ramp(args, lambda: kind(share))
+    held: list[Call | Session] = legs.held
     steps: list[dict[str, Any]] = []
-    limit = asyncio.Semaphore(OPEN_CONCURRENCY)
-
-    async def add_one() -> None:
-        one = kind(share)
-        async with limit:
-            try:
-                await one.open()
-            except Exception as exc:
-                failures[type(exc).__name__] += 1
-                log(f"{args.kind} {args.share}: a {args.kind} failed to open: {exc!r}"[:300])
-                await one.stop()
-                return
-        held.append(one)
-
-    async def until(t: float) -> None:
-        delay = t - offset - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
     try:
-        for j, n in enumerate(int(s) for s in args.steps.split(",")):
-            start = args.epoch + j * period
-            if time.monotonic() > start + args.open:
-                log(f"{args.kind} {args.share}: step {n} missed its start; ramp ends")
+        for j, n in enumerate(legs.steps()):
+            open_s = await legs.begin(j, n)
+            if open_s is None:
                 break
-            await until(start)
-            want = my_count(n, index, shares) - len(held)
-            t0 = time.monotonic()
-            adding = asyncio.gather(*(add_one() for _ in range(max(0, want))))
-            try:
-                async with asyncio.timeout(max(0.1, start + args.open - time.monotonic())):
-                    await adding
-            except TimeoutError:
-                log(f"{args.kind} {args.share}: opening for step {n} ran past its window")
-            open_s = time.monotonic() - t0
             windows = []
             for w in range(args.windows):
-                await until(start + args.open + args.settle + w * args.measure)
+                await legs.until(legs.window_start(j, w))
                 share.gaps, share.lateness, share.errors = [], [], collections.Counter()
                 packets0 = sum(one.packets for one in held)
                 share.measuring = True
                 c0 = cpu_seconds()
-                await until(start + args.open + args.settle + (w + 1) * args.measure)
+                await legs.until(legs.window_start(j, w + 1))
                 share.measuring = False
                 c1 = cpu_seconds()
                 windows.append({
@@ -419,31 +375,22 @@ async def ramp(args: argparse.Namespace) -> dict[str, Any]:
                     "errors": dict(share.errors),
                     "client_cpu_util": (c1 - c0) / args.measure,
                 })  # fmt: skip
-            step = {
-                "sessions": n,
-                "mine": my_count(n, index, shares),
-                "held": len(held),
-                "dead": sum(one.dead for one in held),
-                "open_s": round(open_s, 3),
-                "failures": dict(failures),
-                "windows": windows,
-            }
-            steps.append(step)
+            steps.append(legs.step(n, open_s, windows))
             p99 = min((p99_of(window["gaps_ms"]) for window in windows), default=math.nan)
             log(
                 f"{args.kind} {args.share} n={n} held={len(held)} gap_p99={p99:.1f}ms "
-                f"client_cpu={windows[-1]['client_cpu_util']:.0%} failures={dict(failures)}"
+                f"client_cpu={windows[-1]['client_cpu_util']:.0%} "
+                f"failures={dict(legs.failures)}"
             )
-            if len(held) < my_count(n, index, shares) // 2:
-                log(f"{args.kind} {args.share}: fewer than half of step {n} opened; ramp ends")
+            if legs.too_few(n):
                 break
             if p99 > 4 * args.gap_ms:  # far past the SLO on this share alone: over
                 log(f"{args.kind} {args.share}: gap p99 {p99:.0f} ms at {n}; ramp ends")
                 break
         if args.hold:  # the memory phase: keep them open until the orchestrator is done
-            await until(args.epoch + args.hold)
+            await legs.until(args.epoch + args.hold)
     finally:
-        await asyncio.gather(*(one.stop() for one in held), return_exceptions=True)
+        await legs.stop()
     return {"steps": steps, "kind": args.kind, "share": args.share}
 
 

@@ -45,7 +45,6 @@ import json
 import math
 import os
 import random
-import sys
 import time
 from typing import Any, Final
 
@@ -58,13 +57,13 @@ from benchmarks.suite._workload import (
     emit,
     raise_nofile,
 )
+from benchmarks.suite.clients._ramp import Ramp, log
 
 RATE: Final = 8000
 FRAME_S: Final = 0.020
 CHUNK: Final = 160
 DIGIT: Final = "5"
 ACCOUNT: Final = "AC" + "0" * 32
-OPEN_CONCURRENCY: Final = 6
 TOKEN_ENV: Final = "TRIO_DUPLEX_TWILIO_AUTH_TOKEN"
 SESSION_UPDATE_ULAW: Final = json.dumps(
     {
@@ -79,10 +78,6 @@ SESSION_UPDATE_ULAW: Final = json.dumps(
     },
     separators=(",", ":"),
 )
-
-
-def log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 _TONE: list[bytes] = []
@@ -420,11 +415,6 @@ class Session(Leg):
 
 
 # ------------------------------------------------------------------------------ ramp
-def my_count(n: int, index: int, shares: int) -> int:
-    """This share's part of ``n``: the shares differ by at most one and add up to n."""
-    return (n + shares - 1 - index) // shares
-
-
 def pool(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Every leg's window together."""
     return {
@@ -450,68 +440,38 @@ async def ticker(share: Share) -> None:
 
 async def ramp(args: argparse.Namespace) -> dict[str, Any]:
     share = Share(args)
-    index, shares = (int(x) for x in args.share.split("/"))
-    period = args.open + args.settle + args.windows * args.measure
-    loop = asyncio.get_running_loop()
-    offset = time.monotonic() - loop.time()
     twilio: Any = None
     if args.kind == "phone":
         from trio_duplex.testing.twilio_provider import FakeTwilio
 
         # The server's auth token, from the environment (never on a command line).
         twilio = FakeTwilio(args.url, os.environ[TOKEN_ENV], ACCOUNT, timeout=20.0)
-    held: list[Leg] = []
-    failures: collections.Counter[str] = collections.Counter()
     steps: list[dict[str, Any]] = []
-    limit = asyncio.Semaphore(OPEN_CONCURRENCY)
     tick = asyncio.create_task(ticker(share))
     tone_second()  # (before the first step: it takes a moment)
     if args.epoch <= 0:  # one process alone: its own schedule, from now (after the imports)
         args.epoch = time.monotonic()
 
-    async def add_one() -> None:
-        one: Leg = Phone(share, twilio) if args.kind == "phone" else Session(share)
-        async with limit:
-            try:
-                await one.open()  # type: ignore[attr-defined]
-            except Exception as exc:
-                failures[type(exc).__name__] += 1
-                log(f"{args.kind} {args.share}: one failed to open: {exc!r}"[:300])
-                await one.stop()
-                return
-        held.append(one)
+    def make() -> Phone | Session:
+        return Phone(share, twilio) if args.kind == "phone" else Session(share)
 
-    async def until(t: float) -> None:
-        delay = t - offset - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
+    legs = Ramp(args, make)
+    held: list[Phone | Session] = legs.held
     try:
-        for j, n in enumerate(int(s) for s in args.steps.split(",")):
-            start = args.epoch + j * period
-            if time.monotonic() > start + args.open:
-                log(f"{args.kind} {args.share}: step {n} missed its start; ramp ends")
+        for j, n in enumerate(legs.steps()):
+            open_s = await legs.begin(j, n)
+            if open_s is None:
                 break
-            await until(start)
-            want = my_count(n, index, shares) - len(held)
-            t0 = time.monotonic()
-            adding = asyncio.gather(*(add_one() for _ in range(max(0, want))))
-            try:
-                async with asyncio.timeout(max(0.1, start + args.open - time.monotonic())):
-                    await adding
-            except TimeoutError:
-                log(f"{args.kind} {args.share}: opening for step {n} ran past its window")
-            open_s = time.monotonic() - t0
             windows = []
             for w in range(args.windows):
-                a = args.epoch + j * period + args.open + args.settle + w * args.measure
-                await until(a)
+                a = legs.window_start(j, w)
+                await legs.until(a)
                 for one in held:
                     one.forget(a)
                 share.errors, share.lag = collections.Counter(), []
                 share.measuring = True
                 c0 = cpu_seconds()
-                await until(a + args.measure)
+                await legs.until(a + args.measure)
                 share.measuring = False
                 c1 = cpu_seconds()
                 # Replies asked late in the window may not have begun: read them a little
@@ -526,25 +486,16 @@ async def ramp(args: argparse.Namespace) -> dict[str, Any]:
                     "client_lag_p99_ms": lag[int(len(lag) * 0.99)] if lag else math.nan,
                 })  # fmt: skip
                 windows.append(window)
-            step = {
-                "sessions": n,
-                "mine": my_count(n, index, shares),
-                "held": len(held),
-                "dead": sum(one.dead for one in held),
-                "open_s": round(open_s, 3),
-                "failures": dict(failures),
-                "windows": windows,
-            }
-            steps.append(step)
+            steps.append(legs.step(n, open_s, windows))
             last = windows[-1] if windows else {}
             log(
                 f"{args.kind} {args.share} n={n} held={len(held)} "
                 f"audio={last.get('audio_s', 0):.1f}s dry={sum(last.get('dry_ms', [])):.0f}ms "
                 f"(buffered {sum(last.get('dry_jb_ms', [])):.0f}ms) "
-                f"client_cpu={last.get('client_cpu_util', 0):.0%} failures={dict(failures)}"
+                f"client_cpu={last.get('client_cpu_util', 0):.0%} "
+                f"failures={dict(legs.failures)}"
             )
-            if len(held) < my_count(n, index, shares) // 2:
-                log(f"{args.kind} {args.share}: fewer than half of step {n} opened; ramp ends")
+            if legs.too_few(n):
                 break
             audio = min((w["audio_s"] for w in windows), default=0.0)
             dry = min((sum(w["dry_jb_ms"]) for w in windows), default=0.0)
@@ -553,7 +504,7 @@ async def ramp(args: argparse.Namespace) -> dict[str, Any]:
                 break
     finally:
         tick.cancel()
-        await asyncio.gather(*(one.stop() for one in held), return_exceptions=True)
+        await legs.stop()
         if twilio is not None:
             await twilio.aclose()
     return {"steps": steps, "kind": args.kind, "share": args.share}
