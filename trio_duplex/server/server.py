@@ -187,8 +187,8 @@ class DuplexServer:
             self.opener.serve,
             self.close_timeout_s,
             self.endpoints.refused,
+            lambda session_id: self.placement.findable(session_id),
             clustered=self.config.cluster is not None,
-            findable=lambda session_id: self.placement.findable(session_id),
         )
 
     def _open_calls(self) -> None:

@@ -133,10 +133,6 @@ class TwilioStats:
         self.audio_bytes["out"] += mark_book.audio_bytes_out
 
 
-async def _nowhere_else(session_id: str) -> bool:
-    return False
-
-
 @attrs.define(eq=False)
 class TwilioDoor:
     config: ServerConfig
@@ -145,11 +141,11 @@ class TwilioDoor:
     close_timeout_s: float
     refused: Callable[[str], None]
     """Counts a refusal by reason (``Endpoints.refused``)."""
-    clustered: bool = False
-    """Cluster mode: a call's session this node does not hold may live on another."""
-    findable: Callable[[str], Awaitable[bool]] = attrs.field(default=_nowhere_else)
+    findable: Callable[[str], Awaitable[bool]]
     """Is a session this node does not hold held by another, or handed over
     (``Placement.findable``: in a single process, never)?"""
+    clustered: bool = False
+    """Cluster mode: a call's session this node does not hold may live on another."""
     keys: TwilioKeys = attrs.field(init=False)
     stats: TwilioStats = attrs.field(factory=TwilioStats, init=False)
 
