@@ -83,10 +83,11 @@ def _read_wav(path: Path) -> Pcm:
             raise SystemExit(f"{path}: not mono PCM16")
         rate = wav.getframerate()
         samples = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").astype(np.int16)
-    return samples if rate == RATE else _resample(samples, rate, RATE)
+    return samples if rate == RATE else resample(samples, rate, RATE)
 
 
-def _resample(samples: Pcm, src: int, dst: int) -> Pcm:
+def resample(samples: Pcm, src: int, dst: int) -> Pcm:
+    """A whole stretch of PCM16 through the server's own ``Resampler`` (drained)."""
     resampler = Resampler(src, dst)
     return np.concatenate((resampler.process(samples), resampler.drain())).astype(np.int16)
 
@@ -149,7 +150,7 @@ def browser_path(samples: Pcm) -> Pcm:
     """16 kHz → 48 kHz (soxr) → 16 kHz as the demo's AudioWorklet downsamples: the mean
     of each 3 input samples (its box filter), then ``v < 0 ? v * 0x8000 : v * 0x7fff``
     stored in an Int16Array (truncated toward zero)."""
-    up = _resample(samples, RATE, BROWSER_RATE).astype(np.float64) / 32768.0
+    up = resample(samples, RATE, BROWSER_RATE).astype(np.float64) / 32768.0
     up = up[: len(up) - len(up) % 3]
     mean = np.clip(up.reshape(-1, 3).mean(axis=1), -1.0, 1.0)
     scaled = np.where(mean < 0, mean * 0x8000, mean * 0x7FFF)
@@ -162,9 +163,9 @@ def phone_path(samples: Pcm) -> Pcm:
     phone call's audio as the engine receives it (the module docstring)."""
     from trio_duplex.audio import _g711
 
-    narrow = _resample(samples, RATE, PHONE_RATE)
+    narrow = resample(samples, RATE, PHONE_RATE)
     line = _g711.encode(_g711.ULAW_ENCODE, narrow)
-    return _resample(_g711.decode(_g711.ULAW_DECODE, line), PHONE_RATE, RATE)
+    return resample(_g711.decode(_g711.ULAW_DECODE, line), PHONE_RATE, RATE)
 
 
 # -- the recognisers -----------------------------------------------------------------

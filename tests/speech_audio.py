@@ -257,31 +257,29 @@ def _whisper() -> Any:
 
 
 @functools.cache
-def _engine_model() -> Any:
-    from trio_duplex.engines.speech import _whisper
-    from trio_duplex.engines.speech._models import choose_model
+def _engine_decode() -> Any:
+    from benchmarks.speech_wer import Whisper
 
-    choice = choose_model(None)
-    return _whisper.load(choice.source, choice.is_path, choice.expected_sha256)
+    return Whisper()
 
 
 def engine_hears(pcm: bytes, rate: int = RATE) -> str:
     """What the speech engine's recogniser makes of ``pcm`` (one turn's speech, no silence
     around it) reaching a server at ``rate``: resampled to 16 kHz by the server's own
     ``Resampler``, decoded by the engine's ``_whisper.decode`` (its model, prompt and beam
-    search), here in the test's process. Deterministic, as ``recognise`` is not (the
-    transcribe call falls back to sampling when its first pass repeats itself: "The man
-    reminder, no, no, no, no, no." in one run, "The men remind them of the two days." in
-    another): the reference a test judges a reply to the caller's words against, when
-    the server hears them at a rate (a phone's 8 kHz) where tiny.en mishears the text."""
-    from trio_duplex.audio import Resampler
-    from trio_duplex.engines.speech import _whisper
+    search; ``benchmarks/speech_wer.py``'s ``Whisper``), here in the test's process.
+    Deterministic, as ``recognise`` is not (the transcribe call falls back to sampling
+    when its first pass repeats itself: "The man reminder, no, no, no, no, no." in one
+    run, "The men remind them of the two days." in another): the reference a test judges
+    a reply to the caller's words against, when the server hears them at a rate (a
+    phone's 8 kHz) where tiny.en mishears the text."""
+    from benchmarks.speech_wer import resample
 
     samples = np.frombuffer(pcm, dtype="<i2")
-    if rate != _whisper.SAMPLE_RATE:
-        resampler = Resampler(rate, _whisper.SAMPLE_RATE)
-        samples = np.concatenate([resampler.process(samples), resampler.drain()])
-    return _whisper.decode(_engine_model(), samples.astype("<i2").tobytes())
+    if rate != RATE:
+        samples = resample(samples, rate, RATE)
+    text: str = _engine_decode().hear(samples.astype("<i2").tobytes())
+    return text
 
 
 def recognise(pcm: bytes, rate: int = RATE) -> str:
